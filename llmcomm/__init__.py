@@ -1,0 +1,30 @@
+"""llmcomm: communication of distributed LLM training — predicted, recorded and imported traces.
+
+Public names: the specs (:class:`ModelSpec`, :class:`ParallelConfig`, :class:`Cluster`, :func:`load_model`,
+:func:`load_cluster`), the rank :class:`Layout`, and :class:`Trace` with :func:`read_trace`.
+"""
+
+from __future__ import annotations
+
+from .errors import ConfigError, DataError, LLMCommError, TraceFormatError
+from .layout import Layout, layout
+from .specs import (
+    Cluster,
+    ModelSpec,
+    ParallelConfig,
+    TrainingJob,
+    list_clusters,
+    list_models,
+    load_cluster,
+    load_model,
+    validate,
+)
+from .trace import EVENTS_SCHEMA, Trace, read_trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EVENTS_SCHEMA", "Cluster", "ConfigError", "DataError", "LLMCommError", "Layout", "ModelSpec",
+    "ParallelConfig", "Trace", "TraceFormatError", "TrainingJob", "layout", "list_clusters", "list_models",
+    "load_cluster", "load_model", "read_trace", "validate",
+]

@@ -1,0 +1,19 @@
+"""The library's error types. Every rejection of user input raises one of these."""
+
+from __future__ import annotations
+
+
+class LLMCommError(Exception):
+    """Base class of every error llmcomm raises on purpose."""
+
+
+class ConfigError(LLMCommError, ValueError):
+    """A model / parallel / cluster combination breaks a rule; the message names the rule."""
+
+
+class TraceFormatError(LLMCommError, ValueError):
+    """A trace or measurement file is malformed; the message names the file, the field and the rule."""
+
+
+class DataError(LLMCommError, RuntimeError):
+    """External data is missing or fails its checksum."""

@@ -1,0 +1,487 @@
+"""Model, parallelism and cluster specifications, their catalogues and their validation.
+
+Field names follow Megatron-LM's command-line arguments (``--num-layers`` -> ``num_layers``) so that a
+Megatron launch script translates into a :class:`ModelSpec` and a :class:`ParallelConfig` line by line.
+
+Parameter count of a transformer with ``L`` layers, hidden size ``h``, ``a`` heads of ``d`` channels,
+``g`` key/value groups, FFN size ``f`` and vocabulary ``V`` (Megatron-LM's layout)::
+
+    attention  = h·a·d (Q) + 2·h·g·d (K, V) + a·d·h (out)            [+ a·d + 2·g·d + h biases]
+    mlp        = k·h·f with k = 3 for a gated (SwiGLU) MLP, else 2      [+ (k-1)·f + h biases]
+    moe layer  = E·k·h·f_e (experts) + h·E (router) + k·h·(S·f_e) (S shared experts)
+    norms      = 2 per layer, 1 final; LayerNorm has 2·h parameters, RMSNorm h
+    embedding  = V·h (+ P·h learned positions);   output layer V·h unless tied
+
+For GPT-3 this reduces to Megatron's ``12·L·h²·(1 + 13/(12h) + (V+s)/(12·L·h))``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+RECOMPUTE_MODES = ("none", "selective", "full")
+PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+
+def data_dir() -> Path:
+    """The project's ``data/`` folder (override with ``$LLMCOMM_DATA``)."""
+    env = os.environ.get("LLMCOMM_DATA")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "data"
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name (``bf16`` -> 2)."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ConfigError(f"dtype={dtype!r} is not one of {sorted(DTYPE_BYTES)}") from None
+
+
+# --------------------------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, dense or mixture-of-experts, in Megatron-LM's argument names."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    num_query_groups: int | None = None  # KV heads (GQA); None -> num_attention_heads
+    kv_channels: int | None = None  # head dimension; None -> hidden_size // num_attention_heads
+    gated_mlp: bool = False  # SwiGLU: three FFN matrices instead of two
+    tied_embeddings: bool = True  # output layer shares the input embedding
+    add_bias_linear: bool = False  # biases on the linear layers (GPT-2/3 style)
+    add_qkv_bias: bool = False  # biases only on Q, K, V (Qwen2 style)
+    normalization: str = "LayerNorm"  # or "RMSNorm"
+    position_embedding_type: str = "rope"  # "learned_absolute" adds max_position_embeddings·h parameters
+    max_position_embeddings: int | None = None
+    num_experts: int = 0  # 0 for a dense model
+    moe_router_topk: int = 0
+    moe_ffn_hidden_size: int | None = None  # per expert; None -> ffn_hidden_size
+    num_shared_experts: int = 0  # shared expert FFN size = num_shared_experts · moe_ffn_hidden_size
+    moe_layer_freq: int | tuple[int, ...] = 1  # int k: every k-th layer is MoE; tuple: 0/1 per layer
+    seq_length: int = 2048  # default training sequence length
+    source: str = ""
+    published_parameters: float | None = None
+    published_active_parameters: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.moe_layer_freq, list):
+            object.__setattr__(self, "moe_layer_freq", tuple(self.moe_layer_freq))
+        self.validate()
+
+    # -- derived sizes -------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def query_groups(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    def moe_layer_pattern(self) -> tuple[bool, ...]:
+        """Which layers are MoE layers (``True``), in order."""
+        if not self.is_moe:
+            return (False,) * self.num_layers
+        if isinstance(self.moe_layer_freq, tuple):
+            return tuple(bool(x) for x in self.moe_layer_freq)
+        k = self.moe_layer_freq
+        return tuple(i % k == 0 for i in range(self.num_layers))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer_pattern())
+
+    def padded_vocab_size(self, tp: int = 1, divisible_by: int = 128) -> int:
+        """Megatron pads the vocabulary to a multiple of ``divisible_by · tp``."""
+        m = divisible_by * tp
+        return int(math.ceil(self.vocab_size / m) * m)
+
+    # -- parameter counts ------------------------------------------------------------------------
+    def _mlp_matrices(self) -> int:
+        return 3 if self.gated_mlp else 2
+
+    def attention_parameters(self) -> int:
+        """Q, K, V and output projections of one layer, with biases where the model has them."""
+        h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
+        p = h * a * d + 2 * h * g * d + a * d * h
+        if self.add_bias_linear:
+            p += a * d + 2 * g * d + h
+        elif self.add_qkv_bias:
+            p += a * d + 2 * g * d
+        return p
+
+    def dense_mlp_parameters(self) -> int:
+        """One dense MLP: ``k·h·f`` (+ biases)."""
+        h, f, k = self.hidden_size, self.ffn_hidden_size, self._mlp_matrices()
+        return k * h * f + (((k - 1) * f + h) if self.add_bias_linear else 0)
+
+    def expert_parameters(self) -> int:
+        """One routed expert: ``k·h·f_e``."""
+        return self._mlp_matrices() * self.hidden_size * self.expert_ffn_hidden_size
+
+    def moe_mlp_parameters(self, active: bool = False) -> int:
+        """One MoE block: routed experts (all, or the top-k when ``active``), router and shared experts."""
+        h, k = self.hidden_size, self._mlp_matrices()
+        n = self.moe_router_topk if active else self.num_experts
+        shared = k * h * self.num_shared_experts * self.expert_ffn_hidden_size
+        return n * self.expert_parameters() + h * self.num_experts + shared
+
+    def norm_parameters(self) -> int:
+        return (2 if self.normalization == "LayerNorm" else 1) * self.hidden_size
+
+    def embedding_parameters(self) -> int:
+        p = self.vocab_size * self.hidden_size
+        if self.position_embedding_type == "learned_absolute":
+            p += (self.max_position_embeddings or self.seq_length) * self.hidden_size
+        return p
+
+    def output_parameters(self) -> int:
+        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+
+    def layer_parameters(self, layer: int, active: bool = False) -> int:
+        """Parameters of transformer layer ``layer`` (0-based)."""
+        mlp = (
+            self.moe_mlp_parameters(active)
+            if self.moe_layer_pattern()[layer]
+            else self.dense_mlp_parameters()
+        )
+        return self.attention_parameters() + mlp + 2 * self.norm_parameters()
+
+    def num_parameters(self) -> int:
+        """Total parameter count (every expert counted)."""
+        return self._count(active=False)
+
+    def num_active_parameters(self) -> int:
+        """Parameters touched per token: only ``moe_router_topk`` experts of each MoE layer."""
+        return self._count(active=True)
+
+    def _count(self, active: bool) -> int:
+        pattern = self.moe_layer_pattern()
+        n_moe = sum(pattern)
+        n_dense = self.num_layers - n_moe
+        per_layer_common = self.attention_parameters() + 2 * self.norm_parameters()
+        return (
+            self.embedding_parameters()
+            + self.output_parameters()
+            + self.norm_parameters()
+            + self.num_layers * per_layer_common
+            + n_dense * self.dense_mlp_parameters()
+            + n_moe * (self.moe_mlp_parameters(active) if n_moe else 0)
+        )
+
+    # -- validation --------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first broken rule."""
+        for f in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size",
+                  "seq_length"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ConfigError(f"model {self.name}: {f}={v!r} must be a positive integer")
+        if self.num_attention_heads % self.query_groups:
+            raise ConfigError(
+                f"model {self.name}: num_query_groups={self.query_groups} does not divide "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"model {self.name}: num_attention_heads={self.num_attention_heads} does not divide "
+                f"hidden_size={self.hidden_size} (set kv_channels)"
+            )
+        if self.normalization not in ("LayerNorm", "RMSNorm"):
+            raise ConfigError(f"model {self.name}: normalization={self.normalization!r} is not LayerNorm or RMSNorm")
+        if self.position_embedding_type not in ("rope", "learned_absolute", "none"):
+            raise ConfigError(
+                f"model {self.name}: position_embedding_type={self.position_embedding_type!r} is not "
+                "rope, learned_absolute or none"
+            )
+        if self.num_experts < 0:
+            raise ConfigError(f"model {self.name}: num_experts={self.num_experts} must be >= 0")
+        if self.is_moe:
+            if not 1 <= self.moe_router_topk <= self.num_experts:
+                raise ConfigError(
+                    f"model {self.name}: moe_router_topk={self.moe_router_topk} must be in "
+                    f"[1, num_experts={self.num_experts}]"
+                )
+            if isinstance(self.moe_layer_freq, tuple):
+                if len(self.moe_layer_freq) != self.num_layers:
+                    raise ConfigError(
+                        f"model {self.name}: moe_layer_freq has {len(self.moe_layer_freq)} entries but "
+                        f"num_layers={self.num_layers}"
+                    )
+            elif self.moe_layer_freq < 1:
+                raise ConfigError(f"model {self.name}: moe_layer_freq={self.moe_layer_freq} must be >= 1")
+        elif self.moe_router_topk or self.num_shared_experts:
+            raise ConfigError(f"model {self.name}: moe_router_topk/num_shared_experts need num_experts > 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if isinstance(d["moe_layer_freq"], tuple):
+            d["moe_layer_freq"] = list(d["moe_layer_freq"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], origin: str = "<dict>") -> ModelSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"{origin}: unknown model field(s) {unknown}; known fields: {sorted(known)}")
+        missing = [f.name for f in dataclasses.fields(cls)
+                   if f.default is dataclasses.MISSING and f.name not in d]
+        if missing:
+            raise ConfigError(f"{origin}: missing required model field(s) {missing}")
+        return cls(**dict(d))
+
+
+def model_catalogue_dir() -> Path:
+    return data_dir() / "models"
+
+
+def list_models() -> list[str]:
+    """Names of the models in the catalogue, sorted."""
+    return sorted(p.stem for p in model_catalogue_dir().glob("*.yaml"))
+
+
+def load_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
+    """A :class:`ModelSpec` from the catalogue (``"gpt3-175b"``) or from a YAML file path."""
+    p = Path(name_or_path)
+    if not p.is_file():
+        p = model_catalogue_dir() / f"{name_or_path}.yaml"
+        if not p.is_file():
+            raise ConfigError(
+                f"model {str(name_or_path)!r} is neither a file nor in the catalogue; known: {', '.join(list_models())}"
+            )
+    with open(p, encoding="utf-8") as fh:
+        d = yaml.safe_load(fh)
+    if not isinstance(d, dict):
+        raise ConfigError(f"{p}: a model file must hold a mapping of ModelSpec fields")
+    return ModelSpec.from_dict(d, origin=str(p))
+
+
+# ------------------------------------------------------------------------------------------ parallel
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one training job is split over GPUs (Megatron-LM's argument names).
+
+    ``world = tp · cp · dp · pp``; expert parallelism ``ep`` subdivides the ``cp · dp`` ranks of the expert
+    layers (Megatron's expert layout), so it does not multiply the world size.
+    ``num_microbatches = global_batch / (micro_batch · dp)``.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    cp: int = 1
+    sp: bool = False
+    vpp: int = 1  # virtual pipeline stages (model chunks) per rank; >1 means interleaved 1F1B
+    micro_batch: int = 1
+    global_batch: int | None = None  # None -> micro_batch · dp (one micro-batch per rank)
+    seq_len: int | None = None  # None -> the model's seq_length
+    act_dtype: str = "bf16"
+    grad_reduce_dtype: str = "fp32"
+    param_dtype: str = "bf16"
+    distributed_optimizer: bool = False
+    fsdp: bool = False
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    order: str = DEFAULT_ORDER
+
+    def __post_init__(self) -> None:
+        if self.global_batch is None:
+            object.__setattr__(self, "global_batch", self.micro_batch * self.dp)
+        if self.vpp > 1 and self.schedule == "1f1b":
+            object.__setattr__(self, "schedule", "interleaved")
+        self.validate()
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel size of the expert weights: ``cp·dp / ep``."""
+        return self.cp * self.dp // self.ep
+
+    def sequence_length(self, model: ModelSpec | None = None) -> int:
+        if self.seq_len is not None:
+            return self.seq_len
+        if model is None:
+            raise ConfigError("seq_len is unset and no model was given to take seq_length from")
+        return model.seq_length
+
+    def validate(self) -> None:
+        for f in ("tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch", "global_batch"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{f}={v!r} must be a positive integer")
+        if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 1):
+            raise ConfigError(f"seq_len={self.seq_len!r} must be a positive integer")
+        for f in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
+            dtype_bytes(getattr(self, f))
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ConfigError(f"recompute={self.recompute!r} is not one of {RECOMPUTE_MODES}")
+        if self.schedule not in PIPELINE_SCHEDULES:
+            raise ConfigError(f"schedule={self.schedule!r} is not one of {PIPELINE_SCHEDULES}")
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise ConfigError(
+                f"micro_batch*dp={self.micro_batch * self.dp} does not divide global_batch={self.global_batch}"
+            )
+        if self.sp and self.tp == 1:
+            raise ConfigError("sp=True needs tp > 1 (sequence parallelism splits over the TP group)")
+        if (self.cp * self.dp) % self.ep:
+            raise ConfigError(f"ep={self.ep} does not divide cp*dp={self.cp * self.dp}")
+        if self.vpp > 1:
+            if self.pp < 2:
+                raise ConfigError(f"vpp={self.vpp} (interleaved schedule) needs pp >= 2, got pp={self.pp}")
+            if self.num_microbatches % self.pp:
+                raise ConfigError(
+                    f"pp={self.pp} does not divide num_microbatches={self.num_microbatches} "
+                    "(required by the interleaved schedule)"
+                )
+        if self.schedule == "interleaved" and self.vpp == 1:
+            raise ConfigError("schedule='interleaved' needs vpp > 1")
+        if self.fsdp and self.distributed_optimizer:
+            raise ConfigError("fsdp and distributed_optimizer are alternatives; set one")
+        from .layout import parse_order  # local import: layout imports this module
+
+        parse_order(self.order)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], origin: str = "<dict>") -> ParallelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"{origin}: unknown parallel field(s) {unknown}")
+        return cls(**dict(d))
+
+
+# ------------------------------------------------------------------------------------------- cluster
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs, nodes and links. Bandwidths are per GPU, one direction, in bytes/s."""
+
+    name: str
+    gpus_per_node: int
+    gpu: str
+    peak_bf16_flops: float  # dense, no sparsity
+    gpu_memory_bytes: float
+    intra_node_bandwidth: float  # NVLink, per GPU per direction
+    inter_node_bandwidth: float  # NIC per GPU per direction
+    num_nodes: int | None = None  # None: as many as a configuration needs
+    source: str = ""
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("gpus_per_node", "peak_bf16_flops", "gpu_memory_bytes", "intra_node_bandwidth",
+                  "inter_node_bandwidth"):
+            if getattr(self, f) <= 0:
+                raise ConfigError(f"cluster {self.name}: {f}={getattr(self, f)!r} must be > 0")
+        if self.num_nodes is not None and self.num_nodes < 1:
+            raise ConfigError(f"cluster {self.name}: num_nodes={self.num_nodes} must be >= 1")
+
+    @property
+    def num_gpus(self) -> int | None:
+        return None if self.num_nodes is None else self.num_nodes * self.gpus_per_node
+
+    def with_nodes(self, num_nodes: int) -> Cluster:
+        return dataclasses.replace(self, num_nodes=num_nodes)
+
+    def for_world(self, world_size: int) -> Cluster:
+        """This cluster sized to hold ``world_size`` GPUs (whole nodes)."""
+        return self.with_nodes(max(1, math.ceil(world_size / self.gpus_per_node)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def list_clusters() -> list[str]:
+    return sorted(p.stem for p in (data_dir() / "clusters").glob("*.yaml"))
+
+
+def load_cluster(name_or_path: str | os.PathLike[str], num_nodes: int | None = None) -> Cluster:
+    """A :class:`Cluster` from ``data/clusters`` or a YAML path; optionally with ``num_nodes`` set."""
+    p = Path(name_or_path)
+    if not p.is_file():
+        p = data_dir() / "clusters" / f"{name_or_path}.yaml"
+        if not p.is_file():
+            raise ConfigError(f"cluster {str(name_or_path)!r} not found; known: {', '.join(list_clusters())}")
+    with open(p, encoding="utf-8") as fh:
+        d = yaml.safe_load(fh)
+    known = {f.name for f in dataclasses.fields(Cluster)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"{p}: unknown cluster field(s) {unknown}")
+    c = Cluster(**{k: (float(v) if k.endswith(("bandwidth", "flops", "bytes")) else v) for k, v in d.items()})
+    return c if num_nodes is None else c.with_nodes(num_nodes)
+
+
+# ------------------------------------------------------------------------------------ cross-checking
+def validate(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster | None = None) -> None:
+    """Check that ``parallel`` can run ``model`` (on ``cluster``); raise :class:`ConfigError` naming the rule."""
+    if model.num_attention_heads % parallel.tp:
+        raise ConfigError(f"tp={parallel.tp} does not divide num_attention_heads={model.num_attention_heads}")
+    if model.query_groups % parallel.tp:
+        raise ConfigError(f"tp={parallel.tp} does not divide num_query_groups={model.query_groups}")
+    if model.ffn_hidden_size % parallel.tp:
+        raise ConfigError(f"tp={parallel.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}")
+    chunks = parallel.pp * parallel.vpp
+    if model.num_layers % chunks:
+        raise ConfigError(
+            f"pp*vpp={chunks} does not divide num_layers={model.num_layers}"
+            if parallel.vpp > 1 else f"pp={parallel.pp} does not divide num_layers={model.num_layers}"
+        )
+    if parallel.ep > 1 and not model.is_moe:
+        raise ConfigError(f"ep={parallel.ep} needs an MoE model; {model.name} has num_experts=0")
+    if model.is_moe and model.num_experts % parallel.ep:
+        raise ConfigError(f"ep={parallel.ep} does not divide num_experts={model.num_experts}")
+    s = parallel.sequence_length(model)
+    if parallel.cp > 1 and s % (2 * parallel.cp):
+        raise ConfigError(f"2*cp={2 * parallel.cp} does not divide seq_len={s}")
+    if parallel.sp and (s // parallel.cp) % parallel.tp:
+        raise ConfigError(f"tp={parallel.tp} does not divide seq_len/cp={s // parallel.cp} (needed by sp)")
+    if cluster is not None and cluster.num_gpus is not None and cluster.num_gpus != parallel.world_size:
+        raise ConfigError(
+            f"tp*pp*dp*cp={parallel.world_size} but the cluster {cluster.name} has {cluster.num_gpus} GPUs"
+        )
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """A model, a parallel configuration and (optionally) a cluster, validated together."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    cluster: Cluster | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        validate(self.model, self.parallel, self.cluster)

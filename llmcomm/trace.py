@@ -1,0 +1,538 @@
+"""The events table, :class:`Trace`, and its derived views: flows, communication matrix and volumes.
+
+One row of the events table is one communication call as one rank issued it (see ``EVENT_COLUMNS``).
+Every path into the project — prediction, recording, import — produces this table, so one set of
+functions compares them.
+
+``bytes`` follows nccl-tests: all_reduce/broadcast: the buffer; all_gather: the gathered output;
+reduce_scatter: the input before scattering; all_to_all: what this rank sends in total (per-peer sizes in
+``split_bytes``, aligned with ``group``); send/recv: the tensor.
+
+``count`` (an extension of DESIGN.md's table) says how many identical calls a row stands for: 1 in an
+expanded trace (recorded, imported, small predictions); more in the aggregated form a large prediction
+uses. Every derived quantity multiplies by it, so both forms give the same matrix and volumes.
+
+Flows: the bytes each rank puts on the wire towards each other rank, for a chosen algorithm. Each event
+yields the flows *leaving its own rank*, so summing over all ranks' events counts each byte once:
+
+=============== ============================================ =============================================
+op              ``ring`` (to the successor in group order)   ``direct`` (to every other member)
+=============== ============================================ =============================================
+all_reduce      2(n-1)/n · S                                 2/n · S to each (reduce-scatter + all-gather)
+all_gather      (n-1)/n · S                                  1/n · S to each
+reduce_scatter  (n-1)/n · S                                  1/n · S to each
+broadcast       S, except the root's predecessor             S from the root to each (root = ``peer``,
+                (pipelined ring from the root = ``peer``)    else ``group[0]``)
+all_to_all      ``split_bytes[j]`` to ``group[j]``           same
+send            S to ``peer``                                same
+recv            nothing (the sender's event carries it)      same
+=============== ============================================ =============================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import scipy.sparse as sp
+
+from .errors import TraceFormatError
+
+PHASES = ("forward", "backward", "optimizer", "setup")
+PARALLELISM_TAGS = ("tp", "sp", "cp", "pp", "dp", "ep", "other")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+ALGORITHMS = ("ring", "direct")
+META_KEY = b"llmcomm.meta"
+SCHEMA_VERSION = 1
+
+EVENTS_SCHEMA = pa.schema([
+    pa.field("rank", pa.int32(), nullable=False),
+    pa.field("iteration", pa.int32(), nullable=False),
+    pa.field("microbatch", pa.int32(), nullable=False),
+    pa.field("layer", pa.int32(), nullable=False),
+    pa.field("phase", pa.string(), nullable=False),
+    pa.field("parallelism", pa.string(), nullable=False),
+    pa.field("op", pa.string(), nullable=False),
+    pa.field("group", pa.list_(pa.int32()), nullable=False),
+    pa.field("peer", pa.int32(), nullable=False),
+    pa.field("bytes", pa.int64(), nullable=False),
+    pa.field("dtype", pa.string(), nullable=False),
+    pa.field("split_bytes", pa.list_(pa.int64()), nullable=True),
+    pa.field("t_start_ns", pa.int64(), nullable=True),
+    pa.field("t_end_ns", pa.int64(), nullable=True),
+    pa.field("source", pa.string(), nullable=False),
+    pa.field("count", pa.int64(), nullable=False),
+])
+EVENT_COLUMNS: tuple[str, ...] = tuple(EVENTS_SCHEMA.names)
+DEFAULTS: dict[str, Any] = {
+    "iteration": 0, "microbatch": -1, "layer": -1, "peer": -1, "dtype": "", "split_bytes": None,
+    "t_start_ns": None, "t_end_ns": None, "count": 1,
+}
+
+FLOW_TAGS = ("iteration", "microbatch", "layer", "phase", "parallelism", "op")
+
+
+# ------------------------------------------------------------------------------------- conversion
+def _list_types_mapper(t: pa.DataType) -> pd.ArrowDtype | None:
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pd.ArrowDtype(t)
+    return None
+
+
+def events_to_table(events: pd.DataFrame, origin: str = "<events>") -> pa.Table:
+    """The events DataFrame as an Arrow table in exactly ``EVENTS_SCHEMA``; missing optional columns take
+    their defaults. Raises :class:`TraceFormatError` naming the column and the rule."""
+    df = events
+    missing = [c for c in EVENT_COLUMNS if c not in df.columns and c not in DEFAULTS]
+    if missing:
+        raise TraceFormatError(f"{origin}: events lack required column(s) {missing}")
+    extra = [c for c in df.columns if c not in EVENT_COLUMNS]
+    if extra:
+        raise TraceFormatError(f"{origin}: events have unknown column(s) {extra}; allowed: {list(EVENT_COLUMNS)}")
+    n = len(df)
+    arrays = []
+    for f in EVENTS_SCHEMA:
+        if f.name in df.columns:
+            col = df[f.name]
+            if DEFAULTS.get(f.name) is not None and not pa.types.is_list(f.type) and col.isna().any():
+                col = col.fillna(DEFAULTS[f.name])
+            try:
+                if isinstance(col.dtype, pd.ArrowDtype):
+                    arr = pa.array(col.array).cast(f.type)
+                elif pa.types.is_list(f.type):
+                    arr = pa.array([None if (v is None or (isinstance(v, float) and np.isnan(v))) else v
+                                    for v in col.tolist()], type=f.type)
+                elif pa.types.is_string(f.type):
+                    arr = pa.array(col.astype(str).tolist() if col.dtype != object else col.tolist(), type=f.type)
+                elif col.isna().any():
+                    if not f.nullable:
+                        raise TraceFormatError(f"{origin}: column {f.name!r} has missing values; it must not")
+                    arr = pa.array(col.astype("Int64"), type=f.type)
+                else:
+                    vals = col.to_numpy()
+                    if vals.dtype.kind == "f" and not np.all(np.mod(vals, 1) == 0):
+                        raise TraceFormatError(f"{origin}: column {f.name!r} must hold integers")
+                    arr = pa.array(vals.astype(np.int64)).cast(f.type)
+            except TraceFormatError:
+                raise
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+                raise TraceFormatError(f"{origin}: column {f.name!r} cannot be read as {f.type}: {e}") from None
+        else:
+            default = DEFAULTS[f.name]
+            arr = pa.nulls(n, type=f.type) if default is None else pa.array(np.full(n, default), type=f.type) \
+                if not isinstance(default, str) else pa.array([default] * n, type=f.type)
+        if not f.nullable and arr.null_count:
+            raise TraceFormatError(f"{origin}: column {f.name!r} has {arr.null_count} null value(s); it must not")
+        arrays.append(arr)
+    return pa.Table.from_arrays(arrays, schema=EVENTS_SCHEMA)
+
+
+def table_to_events(table: pa.Table) -> pd.DataFrame:
+    """Arrow table -> events DataFrame (list columns as ``pd.ArrowDtype``, nullable times as ``Int64``)."""
+    df = table.to_pandas(types_mapper=_list_types_mapper)
+    for c in ("t_start_ns", "t_end_ns"):
+        df[c] = df[c].astype("Int64")
+    return df
+
+
+def validate_events(table: pa.Table, origin: str = "<events>") -> None:
+    """Semantic checks on an events table: known ops/phases/parallelisms, non-negative bytes, the rank in
+    its own group, a peer for send/recv, split sizes matching the group for all_to_all."""
+    def bad(col: str, rule: str, mask: np.ndarray) -> None:
+        i = int(np.nonzero(mask)[0][0])
+        raise TraceFormatError(f"{origin}: field {col!r} row {i}: {rule}")
+
+    for col, allowed in (("op", OPS), ("phase", PHASES), ("parallelism", PARALLELISM_TAGS)):
+        vals = table.column(col).to_numpy(zero_copy_only=False)
+        m = ~np.isin(vals, allowed)
+        if m.any():
+            bad(col, f"{vals[np.nonzero(m)[0][0]]!r} is not one of {list(allowed)}", m)
+    b = table.column("bytes").to_numpy()
+    if (b < 0).any():
+        bad("bytes", "must be >= 0", b < 0)
+    cnt = table.column("count").to_numpy()
+    if (cnt < 1).any():
+        bad("count", "must be >= 1", cnt < 1)
+    op = table.column("op").to_numpy(zero_copy_only=False)
+    peer = table.column("peer").to_numpy()
+    p2p = np.isin(op, ("send", "recv"))
+    if (p2p & (peer < 0)).any():
+        bad("peer", "send/recv need a peer >= 0", p2p & (peer < 0))
+    rank = table.column("rank").to_numpy()
+    grp = table.column("group").combine_chunks()
+    lens = grp.value_lengths().to_numpy(zero_copy_only=False)
+    coll = np.isin(op, COLLECTIVES)
+    if (coll & (lens == 0)).any():
+        bad("group", "a collective needs its group's ranks", coll & (lens == 0))
+    offsets = grp.offsets.to_numpy()
+    flat = grp.values.to_numpy(zero_copy_only=False)
+    hit = flat == np.repeat(rank, lens)
+    has_self = np.add.reduceat(hit.astype(np.int64), offsets[:-1]) if len(flat) else np.zeros(len(rank))
+    has_self = np.where(lens > 0, has_self, 1)
+    if (has_self != 1).any():
+        bad("group", "the issuing rank must appear exactly once in its group", has_self != 1)
+    a2a = op == "all_to_all"
+    if a2a.any():
+        sb = table.column("split_bytes").combine_chunks()
+        sl = pc.fill_null(sb.value_lengths(), 0).to_numpy(zero_copy_only=False)
+        valid = sb.is_valid().to_numpy(zero_copy_only=False)
+        m = a2a & valid & (sl != lens)
+        if m.any():
+            bad("split_bytes", "an all_to_all's split sizes must have one entry per group member", m)
+
+
+# ------------------------------------------------------------------------------------------ Trace
+@dataclass
+class Trace:
+    """A communication trace: ``events`` (the events table), ``meta`` (model, parallel config, source,
+    command, versions...), and for MoE runs ``routing`` (``iteration, microbatch, layer, src_rank, expert,
+    tokens``)."""
+
+    events: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+    routing: pd.DataFrame | None = None
+
+    # -- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_records(cls, records: Iterable[Mapping[str, Any]], meta: Mapping[str, Any] | None = None,
+                     routing: pd.DataFrame | None = None) -> Trace:
+        df = pd.DataFrame.from_records(list(records))
+        return cls.from_events(df, meta, routing)
+
+    @classmethod
+    def from_events(cls, events: pd.DataFrame, meta: Mapping[str, Any] | None = None,
+                    routing: pd.DataFrame | None = None, origin: str = "<events>") -> Trace:
+        """Normalize any DataFrame with the event columns (defaults filled) into a checked Trace."""
+        if len(events.columns) == 0:
+            events = pd.DataFrame({c: [] for c in EVENT_COLUMNS if c not in DEFAULTS})
+        table = events_to_table(events, origin)
+        validate_events(table, origin)
+        return cls(table_to_events(table), dict(meta or {}), routing)
+
+    def to_table(self) -> pa.Table:
+        return events_to_table(self.events)
+
+    @property
+    def world_size(self) -> int:
+        """``meta['world_size']`` if recorded, else one more than the highest rank seen."""
+        if "world_size" in self.meta:
+            return int(self.meta["world_size"])
+        if len(self.events) == 0:
+            return 0
+        g = pa.array(self.events["group"].array).flatten().to_numpy(zero_copy_only=False)
+        hi = max(int(self.events["rank"].max()), int(self.events["peer"].max()), int(g.max()) if len(g) else -1)
+        return hi + 1
+
+    # -- persistence ------------------------------------------------------------------------------
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the events as zstd parquet with ``meta`` in the schema metadata; ``routing`` (if any) to
+        ``<stem>.routing.parquet`` beside it. Each file goes to a temporary name first, then is renamed."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = self.to_table()
+        meta = json.dumps(self.meta, default=_json_default, sort_keys=True).encode()
+        table = table.replace_schema_metadata({META_KEY: meta, b"llmcomm.schema_version": str(SCHEMA_VERSION)})
+        _atomic_write_parquet(table, path)
+        rpath = routing_path(path)
+        if self.routing is not None:
+            _atomic_write_parquet(pa.Table.from_pandas(self.routing, schema=ROUTING_SCHEMA,
+                                                       preserve_index=False), rpath)
+        return path
+
+    # -- views ------------------------------------------------------------------------------------
+    def select(self, **filters: Any) -> Trace:
+        """A Trace with only the events whose columns match: ``t.select(parallelism="tp", phase=["forward"])``."""
+        df = self.events
+        mask = np.ones(len(df), dtype=bool)
+        for col, val in filters.items():
+            if val is None:
+                continue
+            if col not in df.columns:
+                raise TraceFormatError(f"select: no column {col!r}; columns: {list(df.columns)}")
+            vals = [val] if isinstance(val, (str, int, np.integer)) else list(val)
+            mask &= df[col].isin(vals).to_numpy()
+        return Trace(df[mask].reset_index(drop=True), dict(self.meta), self.routing)
+
+    def flows(self, algorithm: str = "ring", **filters: Any) -> pd.DataFrame:
+        """Flows ``src, dst, bytes`` (float64, bytes × count) plus the event's tags; see the module doc."""
+        t = self.select(**filters) if filters else self
+        return flows_from_table(t.to_table(), algorithm)
+
+    def matrix(self, algorithm: str = "direct", world_size: int | None = None, **filters: Any) -> sp.csr_matrix:
+        """Sparse ``world × world`` matrix of bytes from ``src`` (row) to ``dst`` (column).
+
+        ``algorithm="direct"`` gives the logical (who-talks-to-whom) traffic; ``"ring"`` the ring flows.
+        Filters select events first (``parallelism=``, ``op=``, ``phase=``, ``iteration=``...)."""
+        n = world_size or self.world_size
+        f = self.flows(algorithm, **filters)
+        return flows_to_matrix(f, n)
+
+    def volumes(self, by: Sequence[str] = ("parallelism",), bytes_col: str = "bytes") -> pd.DataFrame:
+        """Total event bytes (× count) and call counts grouped by ``by`` columns (nccl-tests sizes)."""
+        df = self.events
+        by = list(by)
+        tot = pd.DataFrame({**{c: df[c] for c in by},
+                            "bytes": df[bytes_col].to_numpy(np.int64) * df["count"].to_numpy(np.int64),
+                            "calls": df["count"].to_numpy(np.int64)})
+        if not by:
+            return pd.DataFrame({"bytes": [int(tot["bytes"].sum())], "calls": [int(tot["calls"].sum())]})
+        return tot.groupby(by, sort=True, observed=True)[["bytes", "calls"]].sum().reset_index()
+
+    def expand(self) -> Trace:
+        """The expanded form: every row with ``count = k`` repeated k times with ``count = 1``."""
+        c = self.events["count"].to_numpy()
+        if (c == 1).all():
+            return self
+        df = self.events.loc[self.events.index.repeat(c)].reset_index(drop=True)
+        df["count"] = 1
+        return Trace(df, dict(self.meta), self.routing)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __repr__(self) -> str:
+        return f"Trace({len(self.events)} events, source={self.meta.get('source', '?')!r}, world={self.world_size})"
+
+
+ROUTING_SCHEMA = pa.schema([
+    pa.field("iteration", pa.int32()),
+    pa.field("microbatch", pa.int32()),
+    pa.field("layer", pa.int32()),
+    pa.field("src_rank", pa.int32()),
+    pa.field("expert", pa.int32()),
+    pa.field("tokens", pa.int64()),
+])
+
+
+def routing_path(path: Path) -> Path:
+    return path.with_name(path.name.removesuffix(".parquet") + ".routing.parquet")
+
+
+def manifest_path(path: Path) -> Path:
+    return path.with_name(path.name.removesuffix(".parquet") + ".manifest.json")
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    raise TypeError(f"cannot store {type(o).__name__} in trace metadata")
+
+
+def _atomic_write_parquet(table: pa.Table, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _schemas_equal(a: pa.Schema, b: pa.Schema) -> bool:
+    return a.remove_metadata().equals(b.remove_metadata())
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read a trace written by :meth:`Trace.write` (or a partitioned dataset directory of such files).
+
+    The file's schema must equal ``EVENTS_SCHEMA`` exactly; a manifest ``<stem>.manifest.json`` beside it
+    is merged into ``meta``; ``<stem>.routing.parquet`` becomes ``routing``."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such trace file")
+    try:
+        if path.is_dir():
+            import pyarrow.dataset as ds
+
+            dataset = ds.dataset(path, format="parquet")
+            if not _schemas_equal(dataset.schema, EVENTS_SCHEMA):
+                raise TraceFormatError(f"{path}: schema differs from the events schema:\n{dataset.schema}")
+            table = dataset.to_table()
+            meta_raw = None
+            first = sorted(path.rglob("*.parquet"))
+            if first:
+                meta_raw = (pq.read_schema(first[0]).metadata or {}).get(META_KEY)
+        else:
+            schema = pq.read_schema(path)
+            if not _schemas_equal(schema, EVENTS_SCHEMA):
+                diff = _schema_diff(schema, EVENTS_SCHEMA)
+                raise TraceFormatError(f"{path}: schema differs from the events schema: {diff}")
+            table = pq.read_table(path)
+            meta_raw = (schema.metadata or {}).get(META_KEY)
+    except TraceFormatError:
+        raise
+    except (pa.ArrowInvalid, OSError) as e:
+        raise TraceFormatError(f"{path}: not a readable parquet trace: {e}") from None
+    validate_events(table, str(path))
+    meta: dict[str, Any] = json.loads(meta_raw) if meta_raw else {}
+    mpath = manifest_path(path)
+    if mpath.is_file():
+        with open(mpath, encoding="utf-8") as fh:
+            try:
+                meta.update(json.load(fh))
+            except json.JSONDecodeError as e:
+                raise TraceFormatError(f"{mpath}: manifest is not valid JSON: {e}") from None
+    routing = None
+    rpath = routing_path(path)
+    if rpath.is_file():
+        rt = pq.read_table(rpath)
+        if not _schemas_equal(rt.schema, ROUTING_SCHEMA):
+            raise TraceFormatError(f"{rpath}: routing schema differs: {_schema_diff(rt.schema, ROUTING_SCHEMA)}")
+        routing = rt.to_pandas()
+    return Trace(table_to_events(table), meta, routing)
+
+
+def _schema_diff(got: pa.Schema, want: pa.Schema) -> str:
+    g = {f.name: f for f in got}
+    w = {f.name: f for f in want}
+    parts = []
+    for name in w:
+        if name not in g:
+            parts.append(f"field {name!r} missing")
+        elif not g[name].equals(w[name]):
+            parts.append(f"field {name!r} is {g[name].type}{'' if g[name].nullable else ' not null'}, "
+                         f"expected {w[name].type}{'' if w[name].nullable else ' not null'}")
+    parts += [f"field {n!r} unexpected" for n in g if n not in w]
+    if not parts and got.names != want.names:
+        parts.append(f"column order {got.names} != {want.names}")
+    return "; ".join(parts) or "differs"
+
+
+# ------------------------------------------------------------------------------------------ flows
+def flows_from_table(table: pa.Table, algorithm: str = "ring") -> pd.DataFrame:
+    """Vectorized flow decomposition of an events table (see the module docstring for the rules)."""
+    if algorithm not in ALGORITHMS:
+        raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
+    n_ev = table.num_rows
+    op = table.column("op").to_numpy(zero_copy_only=False)
+    rank = table.column("rank").to_numpy().astype(np.int64)
+    peer = table.column("peer").to_numpy().astype(np.int64)
+    size = table.column("bytes").to_numpy().astype(np.float64) * table.column("count").to_numpy()
+    grp = table.column("group").combine_chunks() if n_ev else pa.array([], pa.list_(pa.int32()))
+    lens = grp.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64) if n_ev else np.zeros(0, np.int64)
+    offsets = grp.offsets.to_numpy().astype(np.int64)[:-1] if n_ev else np.zeros(0, np.int64)
+    flat = grp.values.to_numpy(zero_copy_only=False).astype(np.int64) if n_ev else np.zeros(0, np.int64)
+    ev_of_flat = np.repeat(np.arange(n_ev), lens)
+    pos_in_group = np.arange(len(flat)) - np.repeat(offsets, lens)
+    is_self = flat == rank[ev_of_flat]
+    my_pos = np.full(n_ev, -1, dtype=np.int64)
+    my_pos[ev_of_flat[is_self]] = pos_in_group[is_self]
+    nf = np.maximum(lens, 1).astype(np.float64)
+
+    src_parts, dst_parts, byte_parts, ev_parts = [], [], [], []
+
+    def emit(ev: np.ndarray, dst: np.ndarray, b: np.ndarray) -> None:
+        src_parts.append(rank[ev])
+        dst_parts.append(dst)
+        byte_parts.append(b)
+        ev_parts.append(ev)
+
+    # point to point: the sender's event carries the flow
+    ev = np.nonzero(op == "send")[0]
+    emit(ev, peer[ev], size[ev])
+
+    # all_to_all: per-peer split sizes (both algorithms); without splits, an even split
+    a2a = op == "all_to_all"
+    if a2a.any():
+        sb = table.column("split_bytes").combine_chunks()
+        cnt = table.column("count").to_numpy()
+        has_split = sb.is_valid().to_numpy(zero_copy_only=False)
+        sflat = sb.values.to_numpy(zero_copy_only=False).astype(np.float64) if len(sb.values) else np.zeros(0)
+        sl = pc.fill_null(sb.value_lengths(), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        soff = sb.offsets.to_numpy().astype(np.int64)[:-1]
+        sel = a2a[ev_of_flat] & ~is_self
+        evs = ev_of_flat[sel]
+        with_split = has_split[evs] & (sl[evs] == lens[evs])
+        split = sflat[np.where(with_split, soff[evs] + pos_in_group[sel], 0)] * cnt[evs] if len(sflat) else 0.0
+        per_peer = np.where(with_split, split, size[evs] / nf[evs])
+        emit(evs, flat[sel], per_peer)
+
+    if algorithm == "ring":
+        factor = np.zeros(n_ev)
+        factor[op == "all_reduce"] = 2.0
+        factor[(op == "all_gather") | (op == "reduce_scatter")] = 1.0
+        ring = (factor > 0) & (lens > 1)
+        ev = np.nonzero(ring)[0]
+        succ = flat[offsets[ev] + (my_pos[ev] + 1) % lens[ev]]
+        emit(ev, succ, factor[ev] * (lens[ev] - 1) / lens[ev] * size[ev])
+        # broadcast: pipelined ring starting at the root; everyone but the root's predecessor forwards S
+        bc = np.nonzero((op == "broadcast") & (lens > 1))[0]
+        if len(bc):
+            root = np.where(peer[bc] >= 0, peer[bc], flat[offsets[bc]])
+            root_pos = _position_of(flat, offsets, lens, bc, root)
+            keep = (my_pos[bc] + 1) % lens[bc] != root_pos
+            ev = bc[keep]
+            emit(ev, flat[offsets[ev] + (my_pos[ev] + 1) % lens[ev]], size[ev])
+    else:
+        share = np.zeros(n_ev)
+        share[op == "all_reduce"] = 2.0
+        share[(op == "all_gather") | (op == "reduce_scatter")] = 1.0
+        sel = (share[ev_of_flat] > 0) & ~is_self
+        evs = ev_of_flat[sel]
+        emit(evs, flat[sel], share[evs] / nf[evs] * size[evs])
+        bc_mask = op == "broadcast"
+        if bc_mask.any():
+            root_ev = np.where(peer >= 0, peer, -2)
+            first = np.full(n_ev, -2, dtype=np.int64)
+            first[lens > 0] = flat[offsets[lens > 0]]
+            root_ev = np.where(root_ev >= 0, root_ev, first)
+            sel = bc_mask[ev_of_flat] & ~is_self & (rank[ev_of_flat] == root_ev[ev_of_flat])
+            evs = ev_of_flat[sel]
+            emit(evs, flat[sel], size[evs])
+
+    ev_all = np.concatenate(ev_parts) if ev_parts else np.zeros(0, np.int64)
+    out = {
+        "src": np.concatenate(src_parts).astype(np.int64) if src_parts else np.zeros(0, np.int64),
+        "dst": np.concatenate(dst_parts).astype(np.int64) if dst_parts else np.zeros(0, np.int64),
+        "bytes": np.concatenate(byte_parts).astype(np.float64) if byte_parts else np.zeros(0),
+    }
+    for tag in FLOW_TAGS:
+        col = table.column(tag).to_numpy(zero_copy_only=False)
+        out[tag] = col[ev_all]
+    return pd.DataFrame(out)
+
+
+def _position_of(flat: np.ndarray, offsets: np.ndarray, lens: np.ndarray, evs: np.ndarray,
+                 who: np.ndarray) -> np.ndarray:
+    """Position of rank ``who[i]`` inside the group of event ``evs[i]`` (-1 when absent)."""
+    pos = np.full(len(evs), -1, dtype=np.int64)
+    for k in range(int(lens[evs].max()) if len(evs) else 0):
+        inside = k < lens[evs]
+        hit = inside & (flat[np.where(inside, offsets[evs] + k, 0)] == who) & (pos < 0)
+        pos[hit] = k
+    return pos
+
+
+def flows_to_matrix(flows: pd.DataFrame, world_size: int) -> sp.csr_matrix:
+    """Sum flows into a sparse ``world × world`` CSR matrix (duplicates added)."""
+    if len(flows) and (flows["src"].max() >= world_size or flows["dst"].max() >= world_size):
+        raise TraceFormatError(f"flows reach rank {max(flows['src'].max(), flows['dst'].max())} "
+                               f">= world_size={world_size}")
+    m = sp.coo_matrix((flows["bytes"].to_numpy(np.float64),
+                       (flows["src"].to_numpy(np.int64), flows["dst"].to_numpy(np.int64))),
+                      shape=(world_size, world_size))
+    return m.tocsr()
+
+
+def concat(traces: Sequence[Trace], meta: Mapping[str, Any] | None = None) -> Trace:
+    """One trace of the events of several (e.g. one per rank)."""
+    df = pd.concat([t.events for t in traces], ignore_index=True) if traces else pd.DataFrame()
+    return Trace.from_events(df, meta or (dict(traces[0].meta) if traces else {}))
