@@ -175,10 +175,10 @@ def validate_events(table: pa.Table, origin: str = "<events>") -> None:
     coll = np.isin(op, COLLECTIVES)
     if (coll & (lens == 0)).any():
         bad("group", "a collective needs its group's ranks", coll & (lens == 0))
-    offsets = grp.offsets.to_numpy()
     flat = grp.values.to_numpy(zero_copy_only=False)
-    hit = flat == np.repeat(rank, lens)
-    has_self = np.add.reduceat(hit.astype(np.int64), offsets[:-1]) if len(flat) else np.zeros(len(rank))
+    ev_of_flat = np.repeat(np.arange(len(rank)), lens)
+    hit = flat == rank[ev_of_flat]
+    has_self = np.bincount(ev_of_flat[hit], minlength=len(rank))
     has_self = np.where(lens > 0, has_self, 1)
     if (has_self != 1).any():
         bad("group", "the issuing rank must appear exactly once in its group", has_self != 1)
