@@ -158,6 +158,13 @@ class Layout:
             stride *= self.size(d)
         return rank
 
+    def group_table(self) -> pd.DataFrame:
+        """:attr:`coords` plus, per parallelism, the id of the group each rank belongs to (``tp_group``...)."""
+        out = self.coords.copy()
+        for p in PARALLELISMS:
+            out[f"{p}_group"] = self.group_index(p)
+        return out
+
     def membership(self) -> pd.DataFrame:
         """Long table ``rank, parallelism, group_id, position`` for every parallelism with size > 1."""
         frames = []

@@ -38,7 +38,7 @@ def layout_grid(coords: pd.DataFrame, color_by: str, ax: Axes | None = None, gpu
     for r, gid in zip(coords["rank"].to_numpy(), ids, strict=True):
         row, col = divmod(int(r), gpus_per_node)
         ax.add_patch(Rectangle((col, nodes - 1 - row), 0.95, 0.9, color=pal[uniq[gid]], alpha=0.85))
-        ax.text(col + 0.47, nodes - 1 - row + 0.45, f"{r}\n{color_by}{gid}", ha="center", va="center", fontsize=6)
+        ax.text(col + 0.47, nodes - 1 - row + 0.45, f"r{r}\ng{gid}", ha="center", va="center", fontsize=7)
     ax.set_xlim(0, gpus_per_node)
     ax.set_ylim(0, nodes)
     ax.set_xticks(np.arange(gpus_per_node) + 0.47, [str(i) for i in range(gpus_per_node)])
@@ -49,15 +49,14 @@ def layout_grid(coords: pd.DataFrame, color_by: str, ax: Axes | None = None, gpu
     return ax
 
 
-def parameter_check(df: pd.DataFrame, ax: Axes | None = None) -> Axes:
-    """Computed vs published parameter counts (columns ``name, computed, published``), log-log."""
-    ax = ax or plt.subplots(figsize=(5, 5))[1]
-    sns.scatterplot(data=df, x="published", y="computed", hue="family", ax=ax, s=40)
-    lo, hi = df[["computed", "published"]].min().min() * 0.7, df[["computed", "published"]].max().max() * 1.4
-    ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, ls="--")
-    ax.set(xscale="log", yscale="log", xlabel="published parameters", ylabel="computed parameters",
-           xlim=(lo, hi), ylim=(lo, hi))
-    for _, r in df.iterrows():
-        ax.annotate(r["name"], (r["published"], r["computed"]), fontsize=5, alpha=0.7,
-                    xytext=(3, -3), textcoords="offset points")
+def parameter_check(df: pd.DataFrame, ax: Axes | None = None, tolerance: float = 0.02) -> Axes:
+    """Relative error of computed vs published parameter counts per model (columns ``name, family,
+    rel_error``), with the ±tolerance band shaded."""
+    d = df.sort_values(["family", "computed"])
+    ax = ax or plt.subplots(figsize=(6, 0.22 * len(d) + 1))[1]
+    ax.axvspan(-100 * tolerance, 100 * tolerance, color="0.9", zorder=0)
+    sns.scatterplot(data=d.assign(pct=100 * d["rel_error"]), x="pct", y="name", hue="family", ax=ax, s=45, zorder=3)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set(xlabel="(computed − published) / published  [%]", ylabel="")
+    ax.legend(fontsize=7, loc="lower right")
     return ax

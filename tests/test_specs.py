@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 
 import llmcomm as lc
+from llmcomm.catalogue import matches_published, significant_digits
 from llmcomm.specs import ModelSpec, ParallelConfig, validate
 
 CATALOGUE = lc.list_models()
@@ -19,20 +19,8 @@ REQUIRED = [
 ]
 
 
-def _significant_digits(x: float) -> int:
-    mant = f"{x:.12e}".split("e")[0].replace(".", "").rstrip("0")
-    return max(len(mant), 1)
-
-
-def _round_sig(x: float, digits: int) -> float:
-    return round(x, -int(math.floor(math.log10(abs(x)))) + digits - 1)
-
-
 def _matches_published(computed: int, published: float) -> bool:
-    """Within 2%, or equal once rounded to the digits the source printed (Megatron's table prints 1.7B for
-    a model its own formula puts at 1.65B: the table rounds, it does not disagree)."""
-    return abs(computed - published) <= 0.02 * published or \
-        _round_sig(computed, _significant_digits(published)) == published
+    return matches_published(computed, published, tolerance=0.02)
 
 
 def test_catalogue_has_the_required_models() -> None:
@@ -149,3 +137,10 @@ def test_padded_vocab() -> None:
     m = lc.load_model("gpt3-175b")
     assert m.padded_vocab_size(tp=1) == 50304
     assert m.padded_vocab_size(tp=8) % (128 * 8) == 0
+
+
+def test_published_precision_rule() -> None:
+    assert significant_digits(1.7e9) == 2 and significant_digits(6738415616) == 10
+    assert matches_published(1.652e9, 1.7e9)  # rounds to 1.7B: what the table printed
+    assert not matches_published(1.62e9, 1.7e9)  # rounds to 1.6B: a real disagreement
+    assert not matches_published(6.9e9, 6.738415616e9)
