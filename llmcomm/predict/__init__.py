@@ -1,0 +1,110 @@
+"""Analytical traffic predictor: every communication call every rank issues in one training iteration.
+
+``predict_traffic(model, parallel)`` returns a :class:`llmcomm.trace.Trace` (``source = "predicted"``) whose
+rows are tagged with parallelism, phase, layer, micro-batch, op, group, peer, bytes and dtype, in the order
+the pipeline schedule issues them. One small module per parallelism holds the formulas: :mod:`.tp`,
+:mod:`.pp`, :mod:`.dp`, :mod:`.ep`; :mod:`.schedule` orders the steps; :mod:`.program` strings them together
+per stage; :mod:`.expand` spreads a stage's program over its ranks with numpy.
+
+``framework="megatron"`` describes Megatron-LM (``megatron/core``). ``framework="torch"`` describes what torch's
+own parallel APIs issue in the project's collector (``llmcomm.collect``); see :mod:`.torch_rules` for the
+differences (they are applied on top of the Megatron program).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+from ..layout import Layout
+from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
+from ..trace import Trace, table_to_events, validate_events
+from . import expand, program
+from .calls import Context
+from .ep import peer_tokens, routing_counts, uniform_split_bytes
+
+AUTO_AGGREGATE_ROWS = 500_000
+
+__all__ = ["predict_traffic", "Context"]
+
+
+def _rules(framework: str):  # noqa: ANN202 - module object
+    if framework == "torch":
+        from . import torch_rules
+
+        return torch_rules
+    return None
+
+
+def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: Cluster | None = None,
+                    framework: str = "megatron", routing: pd.DataFrame | np.ndarray | None = None,
+                    aggregate: bool | None = None) -> Trace:
+    """Predict one training iteration's communication of ``model`` under ``parallel``.
+
+    ``cluster`` (optional) checks the world size and sets ``gpus_per_node`` in the trace meta.
+    ``routing`` (MoE): token counts per (layer, micro-batch, source rank, expert) as a DataFrame
+    (``iteration, microbatch, layer, src_rank, expert, tokens``; one iteration) or a dense array of shape
+    ``(num_layers, num_microbatches, world_size, num_experts)``; without it, all-to-all sizes are the
+    expected value under uniform routing. ``aggregate``: one row per distinct call with ``count``
+    (``layer = microbatch = -1``); ``None`` picks it when the expanded table would exceed
+    ``AUTO_AGGREGATE_ROWS`` rows. Raises :class:`ConfigError` naming the broken rule before any work."""
+    if isinstance(model, str):
+        model = load_model(model)
+    check = cluster.for_world(parallel.world_size) if cluster is not None and cluster.num_nodes is None else cluster
+    validate(model, parallel, check)
+    _check_supported(model, parallel)
+    ctx = Context(model, parallel, framework)
+    lay = Layout(parallel, cluster.gpus_per_node if cluster is not None else 8)
+    rules = _rules(framework)
+    programs = [program.stage_program(ctx, r) for r in range(parallel.pp)]
+    if rules is not None:
+        programs = [rules.adjust(ctx, r, prog) for r, prog in enumerate(programs)]
+    if routing is not None and not model.is_moe:
+        raise ConfigError(f"routing was given but {model.name} is not an MoE model")
+    d_tokens = None
+    iteration = 0
+    if routing is not None and parallel.ep > 1:
+        counts, iteration = routing_counts(routing, ctx, parallel.world_size)
+        d_tokens = peer_tokens(counts, parallel.ep)
+    elif routing is not None:
+        iteration = routing_counts(routing, ctx, parallel.world_size)[1]
+    total = sum(len(p) for p in programs) * (parallel.world_size // parallel.pp)
+    if aggregate is None:
+        aggregate = total > AUTO_AGGREGATE_ROWS and d_tokens is None
+    if aggregate and d_tokens is not None:
+        raise ConfigError("aggregate=True cannot merge routed all-to-alls (their splits differ per layer and "
+                          "micro-batch); use aggregate=False with routing")
+    groups = expand._Groups(lay)
+    parts = []
+    for r, prog in enumerate(programs):
+        calls, counts_ = expand.aggregate_calls(prog) if aggregate else (prog, [1] * len(prog))
+        if not calls:
+            continue
+        parts.append(expand.stage_table(lay, groups, r, calls, counts_, iteration, d_tokens,
+                                        uniform_split_bytes(ctx) if model.is_moe else 0,
+                                        model.hidden_size * ctx.act))
+    table = expand.to_table(parts)
+    if parts:
+        rk = table.column("rank").to_numpy()
+        order = np.argsort(rk, kind="stable")
+        if not np.array_equal(order, np.arange(len(order))):
+            table = table.take(order)
+    validate_events(table, "predicted")
+    meta = {"source": "predicted", "framework": framework, "model": model.to_dict(),
+            "parallel": parallel.to_dict(), "world_size": parallel.world_size,
+            "gpus_per_node": lay.gpus_per_node, "aggregated": bool(aggregate), "iteration": iteration,
+            "cluster": cluster.name if cluster is not None else None}
+    return Trace(table_to_events(table), meta, routing if isinstance(routing, pd.DataFrame) else None)
+
+
+def _check_supported(model: ModelSpec, parallel: ParallelConfig) -> None:
+    """Rules of Megatron-LM the predictor relies on, beyond :func:`llmcomm.specs.validate`."""
+    if parallel.cp > 1:
+        raise ConfigError(f"cp={parallel.cp}: context-parallel attention traffic is not modelled by the predictor")
+    if model.is_moe and parallel.tp > 1 and parallel.ep > 1 and not parallel.sp:
+        raise ConfigError("tp>1 with ep>1 needs sp=True (Megatron-LM: 'When using expert parallelism and "
+                          "tensor parallelism, sequence parallelism must be used')")
+    m = parallel.num_microbatches
+    if m < 1:
+        raise ConfigError(f"global_batch={parallel.global_batch} gives no micro-batch per DP rank")

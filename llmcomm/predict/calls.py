@@ -1,0 +1,138 @@
+"""The unit the predictor works in: a :class:`Call` template (one communication call of one pipeline stage,
+with its group named by kind rather than by ranks), and :class:`Context`, the sizes every generator needs.
+
+Sizes (``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``cp`` context-parallel size, ``tp`` tensor-parallel
+size, ``act`` bytes per activation element)::
+
+    tokens      = b · s / cp                       tokens of one micro-batch held by one TP group
+    act_bytes   = tokens · h · act                 a full (b, s, h) activation buffer (TP collectives)
+    p2p_bytes   = act_bytes / tp  with SP, else act_bytes   (Megatron's p2p tensor_shape)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from ..errors import ConfigError
+from ..specs import ModelSpec, ParallelConfig, dtype_bytes
+
+FRAMEWORKS = ("megatron", "torch")
+# group kinds a Call can name; "p2p" means [rank, peer]
+GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of a stage's program. ``group`` is a kind from ``GROUP_KINDS``; ``peer`` for send/recv is a
+    stage offset (+1 next, -1 previous, wrapping); ``route`` marks a routed all-to-all
+    (``"dispatch"``: rank -> experts, ``"combine"``: experts -> rank) whose splits come from routing."""
+
+    phase: str
+    parallelism: str
+    op: str
+    group: str
+    bytes: int
+    dtype: str
+    layer: int = -1
+    microbatch: int = -1
+    peer: int = 0
+    route: str = ""
+
+
+@dataclass(frozen=True)
+class Context:
+    """Model, parallel config and framework with the derived sizes used by every generator."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    framework: str = "megatron"
+
+    def __post_init__(self) -> None:
+        if self.framework not in FRAMEWORKS:
+            raise ConfigError(f"framework={self.framework!r} is not one of {FRAMEWORKS}")
+
+    # -- sizes ------------------------------------------------------------------------------------
+    @property
+    def tp(self) -> int:
+        return self.parallel.tp
+
+    @property
+    def pp(self) -> int:
+        return self.parallel.pp
+
+    @property
+    def vpp(self) -> int:
+        return self.parallel.vpp
+
+    @property
+    def sp(self) -> bool:
+        return self.parallel.sp
+
+    @property
+    def m(self) -> int:
+        """Micro-batches per iteration: ``global_batch / (micro_batch · dp)``."""
+        return self.parallel.num_microbatches
+
+    @property
+    def seq(self) -> int:
+        return self.parallel.sequence_length(self.model)
+
+    @property
+    def act(self) -> int:
+        return dtype_bytes(self.parallel.act_dtype)
+
+    @property
+    def act_dtype(self) -> str:
+        return self.parallel.act_dtype
+
+    @property
+    def tokens(self) -> int:
+        """``b · s / cp``: tokens of one micro-batch in one TP group."""
+        return self.parallel.micro_batch * self.seq // self.parallel.cp
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens one rank holds between TP regions: ``tokens / tp`` with SP, else ``tokens``."""
+        return self.tokens // self.tp if self.sp else self.tokens
+
+    @property
+    def act_bytes(self) -> int:
+        """``b · s · h · act / cp``: the full activation buffer of a TP collective."""
+        return self.tokens * self.model.hidden_size * self.act
+
+    @property
+    def p2p_bytes(self) -> int:
+        """Pipeline send/recv tensor: ``act_bytes / tp`` with SP, else ``act_bytes``."""
+        return self.local_tokens * self.model.hidden_size * self.act
+
+    # -- layers and stages --------------------------------------------------------------------------
+    @property
+    def layers_per_chunk(self) -> int:
+        return self.model.num_layers // (self.pp * self.vpp)
+
+    @property
+    def last_virtual(self) -> int:
+        return self.pp * self.vpp - 1
+
+    def virtual_stage(self, stage: int, chunk: int) -> int:
+        """Megatron's virtual pipeline rank: ``chunk · pp + stage``."""
+        return chunk * self.pp + stage
+
+    def chunk_layers(self, stage: int, chunk: int) -> range:
+        """Global layer indices of model chunk ``chunk`` on stage ``stage``."""
+        start = self.virtual_stage(stage, chunk) * self.layers_per_chunk
+        return range(start, start + self.layers_per_chunk)
+
+    def stage_layers(self, stage: int) -> list[int]:
+        return [la for c in range(self.vpp) for la in self.chunk_layers(stage, c)]
+
+    @cached_property
+    def moe_pattern(self) -> tuple[bool, ...]:
+        return self.model.moe_layer_pattern()
+
+    def holds_embedding(self, stage: int) -> bool:
+        return stage == 0
+
+    def holds_output(self, stage: int) -> bool:
+        return stage == self.pp - 1

@@ -1,0 +1,48 @@
+"""Pipeline-parallel calls.
+
+Per micro-batch and model chunk, a stage that is not the first virtual stage receives the activation from its
+predecessor before computing (``recv_forward``), and one that is not the last sends its output on
+(``send_forward``); in the backward pass the gradient goes the other way (``recv_backward`` from the
+successor, ``send_backward`` to the predecessor). Every tensor is ``p2p_bytes = b·s·h·act/cp`` (divided by
+``tp`` with sequence parallelism: Megatron's p2p ``tensor_shape`` is ``(s/cp/tp, b, h)`` then).
+
+Peers are stage offsets in the rank's PP group: ``+1`` (next) and ``-1`` (previous), wrapping from the last
+stage to the first under the interleaved schedule (chunk ``c`` of stage ``pp-1`` feeds chunk ``c+1`` of
+stage 0).
+
+With tied embeddings and ``pp > 1`` the first and last stage each hold the word embedding; Megatron
+all-reduces its gradient over the embedding group ``{first stage, last stage}`` once per iteration
+(``_allreduce_embedding_grads``): ``V'·h/tp`` elements in ``grad_reduce_dtype`` (``V'`` the padded
+vocabulary).
+"""
+
+from __future__ import annotations
+
+from ..specs import dtype_bytes
+from .calls import Call, Context
+
+
+def recv_forward(ctx: Context, mb: int, layer: int) -> Call:
+    return Call("forward", "pp", "recv", "p2p", ctx.p2p_bytes, ctx.act_dtype, layer, mb, peer=-1)
+
+
+def send_forward(ctx: Context, mb: int, layer: int) -> Call:
+    return Call("forward", "pp", "send", "p2p", ctx.p2p_bytes, ctx.act_dtype, layer, mb, peer=+1)
+
+
+def recv_backward(ctx: Context, mb: int, layer: int) -> Call:
+    return Call("backward", "pp", "recv", "p2p", ctx.p2p_bytes, ctx.act_dtype, layer, mb, peer=+1)
+
+
+def send_backward(ctx: Context, mb: int, layer: int) -> Call:
+    return Call("backward", "pp", "send", "p2p", ctx.p2p_bytes, ctx.act_dtype, layer, mb, peer=-1)
+
+
+def tied_embedding_allreduce(ctx: Context, stage: int) -> list[Call]:
+    """The embedding-group all-reduce on the first and last stage (pp > 1, tied embeddings)."""
+    m = ctx.model
+    if ctx.pp == 1 or not m.tied_embeddings or stage not in (0, ctx.pp - 1):
+        return []
+    gdt = ctx.parallel.grad_reduce_dtype
+    n = m.padded_vocab_size(ctx.tp) * m.hidden_size // ctx.tp
+    return [Call("optimizer", "pp", "all_reduce", "emb", n * dtype_bytes(gdt), gdt)]
