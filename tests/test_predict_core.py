@@ -1,0 +1,168 @@
+"""Hand-computed bytes of the analytical predictor on small configurations (llmcomm.predict)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmcomm import ConfigError, ModelSpec, ParallelConfig
+from llmcomm.predict import predict_traffic
+from llmcomm.predict.schedule import interleaved, one_f_one_b
+
+TINY = ModelSpec(name="tiny", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+                 vocab_size=1000, seq_length=32, tied_embeddings=True)
+H, S = 64, 32
+A = 1 * S * H * 2  # b·s·h·bf16 = 4096
+CE = S * 4  # b·s fp32
+VPAD = 1024  # 1000 padded to a multiple of 128 (tp=1) or 256 (tp=2)
+
+
+def pc(**kw) -> ParallelConfig:
+    kw.setdefault("seq_len", S)
+    return ParallelConfig(**kw)
+
+
+def vol(t, **filters) -> int:
+    t = t.select(**filters) if filters else t
+    return int((t.events["bytes"] * t.events["count"]).sum())
+
+
+def calls(t, **filters) -> int:
+    return int(t.select(**filters).events["count"].sum())
+
+
+def test_tp_without_sp_exact():
+    t = predict_traffic(TINY, pc(tp=2, global_batch=2))  # m = 2 micro-batches
+    r0 = t.select(rank=0)
+    # per micro-batch: forward emb AR + 2 per layer + 3 CE fp32 AR; backward output AR + 2 per layer
+    assert calls(r0, phase="forward", op="all_reduce") == 2 * (1 + 8 + 3)
+    assert calls(r0, phase="backward", op="all_reduce") == 2 * (1 + 8)
+    assert vol(r0) == 2 * ((1 + 8) * A + 3 * CE + (1 + 8) * A)
+    assert set(r0.events["op"]) == {"all_reduce"}
+    ce = r0.select(dtype="fp32").events
+    assert len(ce) == 6 and (ce["bytes"] == CE).all()
+
+
+def test_tp_with_sp_exact():
+    t = predict_traffic(TINY, pc(tp=2, sp=True, global_batch=1))
+    r0 = t.select(rank=0, phase=["forward", "backward"])
+    fwd = r0.select(phase="forward").events
+    # emb RS, 4 layers × (AG RS AG RS), output AG, 3 CE all-reduces
+    assert list(fwd["op"][:5]) == ["reduce_scatter", "all_gather", "reduce_scatter", "all_gather", "reduce_scatter"]
+    assert calls(r0, phase="forward", op="all_gather") == 4 * 2 + 1
+    assert calls(r0, phase="forward", op="reduce_scatter") == 4 * 2 + 1
+    # backward: output AG AG RS, per block AG AG RS (8 blocks), embedding AG
+    assert calls(r0, phase="backward", op="all_gather") == 2 + 16 + 1
+    assert calls(r0, phase="backward", op="reduce_scatter") == 1 + 8
+    assert vol(r0) == (18 * A + 3 * CE) + (3 + 24 + 1) * A
+    # SP all-reduces the replicated norm gradients once (fp32): 2 LayerNorms/layer × 4 + final, 2h each
+    norms = t.select(rank=0, phase="optimizer", parallelism="tp").events
+    assert len(norms) == 1 and norms["bytes"].iat[0] == (4 * 2 + 1) * 2 * H * 4
+
+
+def test_pp_send_recv_peers_and_tied_embedding():
+    t = predict_traffic(TINY, pc(pp=2, global_batch=4))
+    m = t.matrix("direct", parallelism="pp").toarray()
+    emb = VPAD * H * 4  # tied-embedding fp32 all-reduce, 2/n·S each way for n = 2
+    assert m[0, 1] == 4 * A + emb and m[1, 0] == 4 * A + emb
+    sends0 = t.select(rank=0, op="send").events
+    assert (sends0["peer"] == 1).all() and (sends0["phase"] == "forward").all() and len(sends0) == 4
+    recvs0 = t.select(rank=0, op="recv").events
+    assert (recvs0["phase"] == "backward").all() and (recvs0["peer"] == 1).all()
+    assert calls(t, op="all_reduce", parallelism="pp") == 2
+
+
+def test_pp_sp_p2p_is_divided_by_tp():
+    t = predict_traffic(TINY, pc(tp=2, pp=2, sp=True, global_batch=2))
+    assert set(t.select(op="send").events["bytes"]) == {A // 2}
+
+
+def test_interleaved_wraps_last_stage_to_first():
+    t = predict_traffic(TINY, pc(pp=2, vpp=2, global_batch=2))
+    s1 = t.select(rank=1, op="send", phase="forward").events
+    assert len(s1) == 2 and (s1["peer"] == 0).all()  # chunk 0 of stage 1 feeds chunk 1 of stage 0
+    s0 = t.select(rank=0, op="send", phase="forward").events
+    assert len(s0) == 4  # both chunks of stage 0 send forward
+    b0 = t.select(rank=0, op="send", phase="backward").events
+    assert len(b0) == 2 and (b0["peer"] == 1).all()  # only chunk 1 (virtual stage 2) sends back
+
+
+def test_schedules_cover_every_step_once():
+    for p in (2, 4):
+        for r in range(p):
+            s = one_f_one_b(8, p, r)
+            assert sorted(s) == sorted([("F", i, 0) for i in range(8)] + [("B", i, 0) for i in range(8)])
+            assert s[: p - r - 1] == [("F", i, 0) for i in range(p - r - 1)]
+            si = interleaved(4, p, r, 2)
+            assert sorted(si) == sorted([(k, i, c) for k in "FB" for i in range(4) for c in range(2)])
+
+
+def test_dp_allreduce_is_the_model_gradient():
+    t = predict_traffic(TINY, pc(dp=2, global_batch=4))
+    n_params = TINY.num_parameters() + (VPAD - TINY.vocab_size) * H
+    dp = t.select(rank=0, parallelism="dp").events
+    assert list(dp["op"]) == ["all_reduce"] and dp["bytes"].iat[0] == n_params * 4
+    assert list(dp["group"].iat[0]) == [0, 1]
+
+
+def test_dp_tp_shards_sum_to_the_model():
+    t = predict_traffic(TINY, pc(tp=2, dp=2, global_batch=2))
+    per_rank = t.select(rank=0, parallelism="dp").events["bytes"].iat[0] // 4
+    # replicated per TP rank: 2 norms/layer + final norm (2h each), learned nothing; biases none
+    repl = (4 * 2 + 1) * 2 * H
+    assert 2 * (per_rank - repl) + repl == TINY.num_parameters() + (VPAD - TINY.vocab_size) * H
+
+
+def test_distributed_optimizer_and_fsdp():
+    n_params = TINY.num_parameters() + (VPAD - TINY.vocab_size) * H
+    t = predict_traffic(TINY, pc(dp=2, global_batch=2, distributed_optimizer=True))
+    d = t.select(rank=0, parallelism="dp").events
+    assert list(d["op"]) == ["reduce_scatter", "all_gather"]
+    assert list(d["bytes"]) == [n_params * 4, n_params * 2]
+    f = predict_traffic(TINY, pc(dp=2, global_batch=4, fsdp=True))  # m = 2
+    r0 = f.select(rank=0, parallelism="dp")
+    assert calls(r0, op="all_gather", phase="forward") == 2 * (4 + 1)  # 4 layers + the edge unit
+    assert calls(r0, op="all_gather", phase="backward") == 2 * (4 + 1)
+    assert calls(r0, op="reduce_scatter") == 2 * (4 + 1)
+    assert vol(r0, op="reduce_scatter") == 2 * n_params * 4
+    assert vol(r0, op="all_gather") == 2 * 2 * n_params * 2
+
+
+def test_recompute_full_repeats_forward_tp_calls():
+    base = predict_traffic(TINY, pc(tp=2, global_batch=2))
+    sel = predict_traffic(TINY, pc(tp=2, global_batch=2, recompute="selective"))
+    full = predict_traffic(TINY, pc(tp=2, global_batch=2, recompute="full"))
+    assert vol(sel) == vol(base)
+    extra = vol(full) - vol(base)
+    assert extra == 2 * 2 * 8 * A  # 2 ranks × 2 micro-batches × 8 layer all-reduces repeated
+    assert calls(full, rank=0, phase="backward") == calls(base, rank=0, phase="backward") + 2 * 8
+
+
+def test_bad_configs_name_the_rule():
+    with pytest.raises(ConfigError, match="does not divide num_attention_heads"):
+        predict_traffic(TINY, pc(tp=8, global_batch=1))
+    with pytest.raises(ConfigError, match="does not divide num_layers"):
+        predict_traffic(TINY, pc(pp=3, global_batch=3))
+    with pytest.raises(ConfigError, match="needs an MoE model"):
+        predict_traffic(TINY, pc(dp=2, ep=2, global_batch=2))
+    with pytest.raises(ConfigError, match="framework"):
+        predict_traffic(TINY, pc(), framework="jax")
+
+
+def test_aggregated_equals_expanded():
+    p = pc(tp=2, pp=2, dp=2, sp=True, global_batch=8, distributed_optimizer=True)
+    e = predict_traffic(TINY, p, aggregate=False)
+    a = predict_traffic(TINY, p, aggregate=True)
+    assert len(a) < len(e) and (a.events["count"] > 1).any()
+    for alg in ("direct", "ring"):
+        assert abs(e.matrix(alg) - a.matrix(alg)).max() == 0
+    by = ["parallelism", "phase", "op"]
+    assert e.volumes(by).equals(a.volumes(by))
+    assert a.expand().volumes(by).equals(e.volumes(by))
+
+
+def test_events_are_in_schedule_order():
+    t = predict_traffic(TINY, pc(pp=2, global_batch=4))
+    ev = t.select(rank=1, parallelism="pp").events  # last stage of 1F1B: recv F0, send B0, recv F1, ...
+    assert list(zip(ev["op"], ev["microbatch"], strict=True))[:4] == [("recv", 0), ("send", 0), ("recv", 1), ("send", 1)]
+    assert np.all(np.diff(t.events["rank"].to_numpy()) >= 0)

@@ -1,0 +1,98 @@
+"""Expert-parallel all-to-alls of the predictor: uniform expectation, exact routing matrices, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from llmcomm import ConfigError, ModelSpec, ParallelConfig
+from llmcomm.predict import predict_traffic
+
+MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+                vocab_size=1000, seq_length=32, num_experts=4, moe_router_topk=2, moe_layer_freq=2,
+                num_shared_experts=1, moe_ffn_hidden_size=64)
+H, S, E, K = 64, 32, 4, 2
+
+
+def pc(**kw) -> ParallelConfig:
+    kw.setdefault("seq_len", S)
+    return ParallelConfig(**kw)
+
+
+def test_four_all_to_alls_per_moe_layer_uniform():
+    t = predict_traffic(MOE, pc(dp=4, ep=2, global_batch=8))  # m = 2, MoE layers 0 and 2
+    a = t.select(rank=0, op="all_to_all").events
+    assert len(a) == 2 * 2 * 4
+    assert list(a["phase"][:2]) == ["forward", "forward"] and list(a["phase"][2:4]) == ["forward", "forward"]
+    per_peer = S * K * H * 2 // 2  # T·k·h·act / ep
+    assert all(list(s) == [per_peer, per_peer] for s in a["split_bytes"])
+    assert (a["bytes"] == S * K * H * 2).all()
+    assert list(a["group"].iat[0]) == [0, 1]
+
+
+def test_expert_params_reduce_over_expert_data_parallel_group():
+    t = predict_traffic(MOE, pc(dp=4, ep=2, global_batch=4))
+    dp = t.select(rank=0, parallelism="dp").events
+    groups = [list(g) for g in dp["group"]]
+    assert groups == [[0, 1, 2, 3], [0, 2]]
+    expert = dp["bytes"].iat[1] // 4
+    assert expert == 2 * (E // 2) * 2 * H * 64  # 2 MoE layers × 2 local experts × 2 matrices × h × f_e
+
+
+def uniform_routing(world: int, m: int) -> np.ndarray:
+    arr = np.zeros((MOE.num_layers, m, world, E), dtype=np.int64)
+    arr[[0, 2]] = S * K // E
+    return arr
+
+
+def test_uniform_routing_matrix_equals_uniform_expectation():
+    p = pc(dp=4, ep=2, global_batch=8)
+    u = predict_traffic(MOE, p)
+    r = predict_traffic(MOE, p, routing=uniform_routing(4, 2))
+    assert abs(u.matrix("direct", parallelism="ep") - r.matrix("direct", parallelism="ep")).max() == 0
+    assert u.volumes().equals(r.volumes())
+
+
+def test_routing_counts_give_exact_splits_and_transposes():
+    p = pc(dp=2, ep=2, global_batch=2)  # m = 1, world 2, expert 0,1 on rank 0; 2,3 on rank 1
+    arr = np.zeros((4, 1, 2, E), dtype=np.int64)
+    arr[0, 0, 0] = [10, 20, 30, 4]  # rank 0 -> rank0: 30 tokens, rank1: 34
+    arr[0, 0, 1] = [1, 2, 3, 50]  # rank 1 -> rank0: 3, rank1: 53
+    df = pd.DataFrame([(0, 0, la, s, e, int(arr[la, 0, s, e])) for la in range(4) for s in range(2)
+                       for e in range(E) if arr[la, 0, s, e]],
+                      columns=["iteration", "microbatch", "layer", "src_rank", "expert", "tokens"])
+    for routing in (arr, df):
+        t = predict_traffic(MOE, p, routing=routing)
+        a0 = t.select(rank=0, op="all_to_all", layer=0).events
+        hb = H * 2
+        assert [list(s) for s in a0["split_bytes"]] == [[30 * hb, 34 * hb], [30 * hb, 3 * hb],
+                                                        [30 * hb, 34 * hb], [30 * hb, 3 * hb]]
+        assert list(a0["phase"]) == ["forward", "forward", "backward", "backward"]
+        m_disp = t.matrix("direct", op="all_to_all", layer=0, phase="forward").toarray()
+        assert m_disp[0, 1] == (34 + 3) * hb and m_disp[1, 0] == (3 + 34) * hb
+        assert len(t.select(op="all_to_all", layer=2)) == 8 and vol_zero(t.select(op="all_to_all", layer=2))
+
+
+def vol_zero(t) -> bool:
+    return int(t.events["bytes"].sum()) == 0
+
+
+def test_bad_routing_is_refused_with_shapes():
+    p = pc(dp=2, ep=2, global_batch=2)
+    with pytest.raises(ConfigError, match=r"shape \(4, 2, 2, 4\); expected \(4, 1, 2, 4\)"):
+        predict_traffic(MOE, p, routing=np.zeros((4, 2, 2, 4)))
+    neg = np.zeros((4, 1, 2, 4), dtype=np.int64)
+    neg[0, 0, 0, 0] = -1
+    with pytest.raises(ConfigError, match="negative"):
+        predict_traffic(MOE, p, routing=neg)
+    with pytest.raises(ConfigError, match="lacks column"):
+        predict_traffic(MOE, p, routing=pd.DataFrame({"layer": [0]}))
+
+
+def test_moe_with_tp_needs_sp_and_adds_expert_tp_calls():
+    with pytest.raises(ConfigError, match="sequence parallelism"):
+        predict_traffic(MOE, pc(tp=2, dp=2, ep=2, global_batch=2))
+    t = predict_traffic(MOE, pc(tp=2, dp=2, ep=2, sp=True, global_batch=2))
+    a = t.select(rank=0, op="all_to_all").events
+    assert (a["bytes"] == (S // 2) * K * H * 2).all()  # SP: each TP rank dispatches its s/tp tokens
