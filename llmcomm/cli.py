@@ -62,6 +62,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def module_exists(name: str) -> bool:
+    """Whether ``name`` can be imported (its parent package may be missing too)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llmcomm", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -73,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--only", nargs="*", help="notebook name prefixes to run (default: all)")
     r.set_defaults(func=cmd_reproduce)
     for mod in SUBCOMMAND_MODULES:
-        if importlib.util.find_spec(mod) is not None:
+        if module_exists(mod):
             importlib.import_module(mod).register(sub)
     return p
 

@@ -32,11 +32,9 @@ def test_unknown_model_is_one_clear_line() -> None:
 
 def test_no_placeholder_subcommands() -> None:
     """Only subcommands whose module exists are offered (none pretends to work)."""
-    import importlib.util
-
-    from llmcomm.cli import SUBCOMMAND_MODULES, build_parser
+    from llmcomm.cli import SUBCOMMAND_MODULES, build_parser, module_exists
 
     choices = build_parser()._subparsers._group_actions[0].choices
     for mod in SUBCOMMAND_MODULES:
         name = mod.split(".")[1]
-        assert (name in choices) == (importlib.util.find_spec(mod) is not None)
+        assert (name in choices) == module_exists(mod)
