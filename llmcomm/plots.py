@@ -60,3 +60,59 @@ def parameter_check(df: pd.DataFrame, ax: Axes | None = None, tolerance: float =
     ax.set(xlabel="(computed − published) / published  [%]", ylabel="")
     ax.legend(fontsize=7, loc="lower right")
     return ax
+
+
+# ================================================================================================
+# Communication matrices and traffic volumes (issue 3, llmcomm.predict). Appended block.
+# ================================================================================================
+def comm_matrix(matrix, gpus_per_node: int = 8, ax: Axes | None = None, title: str | None = None,  # noqa: ANN001
+                max_cells: int = 512, log: bool = True, cmap: str = "viridis") -> Axes:
+    """Heat map of a ``world × world`` (sparse) byte matrix, sender rows, receiver columns, node boundaries
+    drawn as white lines. Above ``max_cells`` ranks, ranks are binned into equal blocks (bytes summed)."""
+    import scipy.sparse as sps
+
+    ax = ax or plt.subplots(figsize=(5.5, 4.5))[1]
+    m = sps.coo_matrix(matrix)
+    n = m.shape[0]
+    k = max(1, int(np.ceil(n / max_cells)))
+    cells = int(np.ceil(n / k))
+    dense = np.zeros((cells, cells))
+    np.add.at(dense, (m.row // k, m.col // k), m.data)
+    shown = np.where(dense > 0, np.log10(np.where(dense > 0, dense, 1)), np.nan) if log else dense
+    im = ax.imshow(shown, cmap=cmap, interpolation="nearest", origin="upper")
+    cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+    cb.set_label("log10 bytes" if log else "bytes")
+    nodes = int(np.ceil(n / gpus_per_node))
+    if 1 < nodes <= 128:
+        for b in range(1, nodes):
+            pos = b * gpus_per_node / k - 0.5
+            ax.axhline(pos, color="w", lw=0.6, alpha=0.8)
+            ax.axvline(pos, color="w", lw=0.6, alpha=0.8)
+    ax.set_xlabel("receiver rank" + (f" (bins of {k})" if k > 1 else ""))
+    ax.set_ylabel("sender rank" + (f" (bins of {k})" if k > 1 else ""))
+    ax.grid(False)
+    ax.set_title(title or "communication matrix")
+    return ax
+
+
+def volume_bars(df: pd.DataFrame, x: str = "config", ax: Axes | None = None, title: str | None = None,
+                unit: float = 2**30) -> Axes:
+    """Stacked bars of bytes per parallelism (tidy ``df``: ``x``, ``parallelism``, ``bytes``), in GiB."""
+    ax = ax or plt.subplots(figsize=(6, 4))[1]
+    piv = df.pivot_table(index=x, columns="parallelism", values="bytes", aggfunc="sum", fill_value=0) / unit
+    order = [p for p in PARALLELISM_COLORS if p in piv.columns]
+    piv[order].plot(kind="bar", stacked=True, ax=ax, color=[PARALLELISM_COLORS[p] for p in order], width=0.7)
+    ax.set(ylabel="GiB per iteration" if unit == 2**30 else "bytes", xlabel="", title=title or "")
+    ax.tick_params(axis="x", rotation=0)
+    ax.legend(title="", fontsize=8)
+    return ax
+
+
+def tp_share_curve(df: pd.DataFrame, ax: Axes | None = None, hue: str = "model", threshold: float = 0.99) -> Axes:
+    """TP share of bytes against the number of micro-batches (``df``: ``microbatches``, ``tp_share``,
+    ``hue``), log-x, with the threshold drawn."""
+    ax = ax or plt.subplots(figsize=(6, 4))[1]
+    sns.lineplot(data=df.assign(pct=100 * df["tp_share"]), x="microbatches", y="pct", hue=hue, marker="o", ax=ax)
+    ax.axhline(100 * threshold, color="k", ls="--", lw=0.8)
+    ax.set(xscale="log", xlabel="micro-batches per iteration", ylabel="TP share of bytes [%]")
+    return ax
