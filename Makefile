@@ -3,7 +3,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+HASH   := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+BASE   := $(VENV)/.installed-base-$(HASH)
+STAMP  := $(VENV)/.installed-test-$(HASH)
 # Third-party data: a local mirror of ../shared/external if present, else downloaded (checksummed) on demand.
 ifneq ($(wildcard ../shared/external/SHA256SUMS),)
 export LLMCOMM_EXTERNAL ?= $(abspath ../shared/external)
@@ -15,18 +17,23 @@ export PYTHONHASHSEED := 0
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# the figures need no torch (they read committed traces), so their set-up leaves it out
+$(BASE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,collect]'
+	$(PY) -m pip install --quiet -e .
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
-	rm -f $(VENV)/.installed-* && touch $@
+	rm -f $(VENV)/.installed-base-* && touch $@
 
-# figures do not need torch: they read committed traces; the set-up is shared with the tests anyway
-figures: $(STAMP)
+# the tests add the dev tools and torch (CPU build) for the real torch.distributed runs
+$(STAMP): $(BASE)
+	$(PY) -m pip install --quiet -e '.[dev,collect]'
+	rm -f $(VENV)/.installed-test-* && touch $@
+
+figures: $(BASE)
 	$(VENV)/bin/llmcomm reproduce --profile full
 
-figures-quick: $(STAMP)
+figures-quick: $(BASE)
 	$(VENV)/bin/llmcomm reproduce --profile quick
 
 test: $(STAMP)
