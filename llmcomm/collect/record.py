@@ -1,0 +1,391 @@
+"""The recorder: every collective and point-to-point call a process issues, as rows of the events table.
+
+A :class:`Recorder` is a ``TorchDispatchMode``. Every ``c10d`` op (what ``torch.distributed.all_reduce``,
+``isend``/``irecv``, DDP's C++ reducer, FSDP2/``replicate`` and ``torch.distributed.pipelining`` issue) and
+every ``_c10d_functional`` op (what DTensor / tensor parallelism and ``all_to_all_single_autograd`` issue,
+forward and backward) passes through the dispatcher, so the mode sees it, with its tensors and its process
+group. Calls torch makes outside the dispatcher (a backend talking to itself, e.g. gloo's own rendezvous,
+the TCPStore) are not communication calls of the job and are not seen.
+
+Sizes follow nccl-tests (see DESIGN.md), ``S`` = elements × element size of the tensor named:
+
+==================================  =========  ============================================================
+dispatcher op                       ``op``     ``bytes``
+==================================  =========  ============================================================
+allreduce_, all_reduce(_)            all_reduce  S(buffer) (summed over a coalesced list)
+allgather_, _allgather_base_,        all_gather  S(gathered output) = n · S(input)
+all_gather_into_tensor(_out)
+reduce_scatter_, _reduce_scatter_    reduce_scatter  S(input before scattering) = n · S(output)
+base_, reduce_scatter_tensor(_out)
+alltoall_base_, alltoall_,           all_to_all  S(input) = Σ_j split_bytes[j]
+all_to_all_single
+broadcast_, broadcast(_)             broadcast  S(buffer); ``peer`` = the root's global rank
+send / recv_ (and isend / irecv)     send/recv  S(tensor); ``peer`` = the partner's global rank
+==================================  =========  ============================================================
+
+Timing: ``t_start_ns`` is ``time.time_ns()`` when the call is issued (one clock for all ranks of a host).
+``t_end_ns`` is when the collective completed (the Work's future for ``c10d`` collectives; ``wait_tensor``
+for functional ones). gloo's send/recv Work has no future, so for send/recv ``t_end_ns`` is when the call
+returned to the caller (the transfer itself is asynchronous).
+
+Context: ``iteration``, ``microbatch``, ``layer`` and ``phase`` come from the recorder's current context,
+set by the training loop (``rec.step(i)``, ``rec.microbatch(k)``, ``rec.phase("forward")``,
+``rec.layer(l)``; each may be used as a plain call, which sets the value, or as a ``with`` block, which
+restores the previous value on exit). Calls issued from inside torch's setup helpers (shape exchange of
+``pipelining``, ``send_object_list``, DDP's parameter verification and initial broadcast) get
+``phase="setup"`` whatever the context says.
+
+``parallelism``: the tag registered for the call's group ranks (``register_mesh`` tags each mesh dimension
+with its name); an ``all_to_all`` on a group registered as ``ep`` is ``ep``; with sequence parallelism on,
+all-gathers and reduce-scatters of the TP group are ``sp``; groups not registered are ``other``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_SETUP_FRAMES = frozenset({
+    "_send_meta", "_recv_meta", "_shape_inference", "send_object_list", "recv_object_list",
+    "broadcast_object_list", "all_gather_object", "_verify_param_shape_across_processes",
+    "_sync_module_states", "_sync_params_and_buffers", "_broadcast_coalesced",
+    "_warmup_forward_vote", "_warmup_backward_result", "_forward_metadata_inference",
+    "_backward_metadata_inference",
+})
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+
+_C10D_OPS = {
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+    "allgather_": "all_gather", "_allgather_base_": "all_gather", "allgather_coalesced_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "alltoall_base_": "all_to_all", "alltoall_": "all_to_all",
+    "broadcast_": "broadcast", "send": "send", "recv_": "recv",
+}
+_FUNC_OPS = {
+    "all_reduce": "all_reduce", "all_reduce_": "all_reduce", "all_reduce_coalesced": "all_reduce",
+    "all_reduce_coalesced_": "all_reduce",
+    "all_gather_into_tensor": "all_gather", "all_gather_into_tensor_out": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_out": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all_single": "all_to_all", "broadcast": "broadcast", "broadcast_": "broadcast",
+    "isend": "send", "irecv": "recv",
+}
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bf16"``; non-float dtypes keep torch's name (``"int64"``)."""
+    return _DTYPE_NAMES.get(dt, str(dt).removeprefix("torch."))
+
+
+def nbytes(t: torch.Tensor) -> int:
+    """``numel · element_size`` of a tensor (its local shard for a DTensor)."""
+    return int(t.numel()) * int(t.element_size())
+
+
+def _flat_tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        out: list[torch.Tensor] = []
+        for y in x:
+            out += _flat_tensors(y)
+        return out
+    return []
+
+
+def _in_setup_helper(max_depth: int = 120) -> bool:
+    f = sys._getframe(2)
+    for _ in range(max_depth):
+        if f is None:
+            return False
+        if f.f_code.co_name in _SETUP_FRAMES:
+            return True
+        f = f.f_back
+    return False
+
+
+class _Setter:
+    """Sets one context field now; as a ``with`` block restores the previous value on exit."""
+
+    def __init__(self, rec: Recorder, name: str, value: Any) -> None:
+        self._rec, self._name = rec, name
+        self._prev = getattr(rec, "_" + name)
+        setattr(rec, "_" + name, value)
+
+    def __enter__(self) -> _Setter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        setattr(self._rec, "_" + self._name, self._prev)
+
+
+class Recorder(TorchDispatchMode):
+    """Records communication calls of this process (see the module docstring)."""
+
+    def __init__(self, rank: int | None = None, *, record_iters: int | None = None, sp: bool = False,
+                 group_tags: dict[tuple[int, ...], str] | None = None) -> None:
+        super().__init__()
+        self.rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
+        self.record_iters = record_iters
+        self.sp = sp
+        self.group_tags: dict[tuple[int, ...], str] = {}
+        self.ep_groups: set[tuple[int, ...]] = set()
+        for g, t in (group_tags or {}).items():
+            self.tag_group(g, t)
+        self.rows: list[dict[str, Any]] = []
+        self.routing_rows: list[tuple[int, int, int, int, int, int]] = []
+        self.skipped: dict[str, int] = {}
+        self._iteration, self._microbatch, self._layer, self._phase = 0, -1, -1, "setup"
+        self._enabled = True
+        self._pending: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._group_cache: dict[Any, tuple[int, ...]] = {}
+        # id(tensor) -> (microbatch, phase) for p2p tensors labelled by the pipeline instrumentation
+        self.p2p_context: dict[int, tuple[int, str]] = {}
+
+    # -- context API -----------------------------------------------------------------------------
+    def step(self, iteration: int) -> _Setter:
+        """Start iteration ``iteration`` (events are kept while ``iteration < record_iters``)."""
+        self._enabled = self.record_iters is None or iteration < self.record_iters
+        return _Setter(self, "iteration", int(iteration))
+
+    def phase(self, name: str) -> _Setter:
+        return _Setter(self, "phase", name)
+
+    def microbatch(self, k: int) -> _Setter:
+        return _Setter(self, "microbatch", int(k))
+
+    def layer(self, layer: int) -> _Setter:
+        return _Setter(self, "layer", int(layer))
+
+    @property
+    def iteration(self) -> int:
+        return self._iteration
+
+    @property
+    def current_microbatch(self) -> int:
+        return self._microbatch
+
+    # -- groups ----------------------------------------------------------------------------------
+    def tag_group(self, ranks: Sequence[int], tag: str) -> None:
+        """Calls on the group with these global ranks get ``parallelism=tag``. An ``ep`` tag applies to the
+        group's all_to_all calls only, so a group that is both the EP and the DP group keeps both tags."""
+        key = tuple(int(r) for r in ranks)
+        if tag == "ep":
+            self.ep_groups.add(key)
+        else:
+            self.group_tags[key] = tag
+
+    def register_mesh(self, mesh: Any, names: Sequence[str] = ()) -> None:
+        """Tag the group of each named dimension of a DeviceMesh (and of the flattened dimensions in
+        ``names``, e.g. ``"dp"``) with the dimension's name; ``edp`` counts as ``dp``."""
+        for name in (*(mesh.mesh_dim_names or ()), *names):
+            sub = mesh[name]
+            if sub.size() > 1:
+                ranks = dist.get_process_group_ranks(sub.get_group())
+                self.tag_group(ranks, "dp" if name in ("edp", "dp_shard") else name)
+
+    def _ranks_of(self, pg: Any) -> tuple[int, ...]:
+        if isinstance(pg, torch.ScriptObject):  # a fresh wrapper per call: key the cache by group name
+            pg = torch._C._distributed_c10d.ProcessGroup.unbox(pg)
+        key = pg if isinstance(pg, str) else pg.group_name
+        hit = self._group_cache.get(key)
+        if hit is not None:
+            return hit
+        if isinstance(pg, str):
+            from torch.distributed.distributed_c10d import _resolve_process_group
+
+            pg = _resolve_process_group(pg)
+        ranks = tuple(int(r) for r in dist.get_process_group_ranks(pg))
+        self._group_cache[key] = ranks
+        return ranks
+
+    def _tag(self, op: str, group: tuple[int, ...]) -> str:
+        if op == "all_to_all" and group in self.ep_groups:
+            return "ep"
+        tag = self.group_tags.get(group, "other")
+        if tag == "tp" and self.sp and op in ("all_gather", "reduce_scatter"):
+            return "sp"
+        return tag
+
+    # -- routing ---------------------------------------------------------------------------------
+    def routing(self, layer: int, counts: Sequence[int]) -> None:
+        """Tokens this rank routed to each expert in MoE layer ``layer`` (recorded for every iteration)."""
+        it, mb = self._iteration, self._microbatch
+        for e, c in enumerate(counts):
+            self.routing_rows.append((it, mb, int(layer), self.rank, e, int(c)))
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        ns = func.namespace
+        if ns != "c10d" and ns != "_c10d_functional" or not self._enabled:
+            return func(*args, **kwargs)
+        name = func._opname
+        if ns == "_c10d_functional" and name == "wait_tensor":
+            out = func(*args, **kwargs)
+            row = self._pending.pop(id(args[0]), None)
+            if row is not None:
+                row["t_end_ns"] = time.time_ns()
+            return out
+        op = (_C10D_OPS if ns == "c10d" else _FUNC_OPS).get(name)
+        if op is None:
+            self.skipped[f"{ns}.{name}"] = self.skipped.get(f"{ns}.{name}", 0) + 1
+            return func(*args, **kwargs)
+        t0 = time.time_ns()
+        row = self._describe(ns, name, op, args, kwargs)
+        out = func(*args, **kwargs)
+        row["t_start_ns"] = t0
+        if ns == "c10d":
+            self._attach_end(row, out)
+        elif isinstance(out, torch.Tensor):
+            self._pending[id(out)] = row
+        else:
+            row["t_end_ns"] = time.time_ns()
+        self.rows.append(row)
+        return out
+
+    def _attach_end(self, row: dict[str, Any], out: Any) -> None:
+        work = out[-1] if isinstance(out, tuple) else out
+        try:
+            w = torch._C._distributed_c10d.Work.unbox(work)
+            fut = w.get_future()
+        except (RuntimeError, AttributeError, TypeError):
+            row["t_end_ns"] = time.time_ns()
+            return
+
+        def done(_: Any) -> None:
+            row["t_end_ns"] = time.time_ns()
+
+        fut.add_done_callback(done)
+
+    def _describe(self, ns: str, name: str, op: str, args: tuple, kwargs: dict) -> dict[str, Any]:
+        peer = -1
+        split: list[int] | None = None
+        if ns == "c10d":
+            pg = next(a for a in args if isinstance(a, torch.ScriptObject))
+            group = self._ranks_of(pg)
+            n = len(group)
+            if name in ("allreduce_", "allreduce_coalesced_", "broadcast_"):
+                ts = _flat_tensors(args[0])
+                size = sum(nbytes(t) for t in ts)
+                if name == "broadcast_":
+                    peer = group[int(args[2])]
+            elif name in ("allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_"):
+                ts = _flat_tensors(args[1])
+                size = n * sum(nbytes(t) for t in ts)
+            elif name == "_allgather_base_":
+                ts = [args[0]]
+                size = nbytes(args[0])
+            elif name == "reduce_scatter_":
+                ts = _flat_tensors(args[0])
+                size = n * sum(nbytes(t) for t in ts)
+            elif name in ("_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_"):
+                ts = _flat_tensors(args[1])
+                size = sum(nbytes(t) for t in ts)
+            elif name == "alltoall_base_":
+                inp = args[1]
+                ts = [inp]
+                size = nbytes(inp)
+                split = _split_bytes(inp, list(args[4]), n)
+            elif name == "alltoall_":
+                ts = _flat_tensors(args[1])
+                split = [nbytes(t) for t in ts]
+                size = sum(split)
+            else:  # send / recv_
+                ts = _flat_tensors(args[0])
+                size = sum(nbytes(t) for t in ts)
+                peer = group[int(args[2])]
+        else:
+            gname = args[-1] if name not in ("isend", "irecv") else args[3]
+            if "group_name" in kwargs:
+                gname = kwargs["group_name"]
+            group = self._ranks_of(gname)
+            n = len(group)
+            ts = _flat_tensors(args[0])
+            size = sum(nbytes(t) for t in ts)
+            if op == "all_gather":
+                size *= n
+            elif op == "all_to_all":
+                split = _split_bytes(args[0], list(args[2]), n)
+            elif op == "broadcast":
+                peer = int(args[1])
+            elif op in ("send", "recv"):
+                peer = group[int(args[1])]
+        phase, mb = ("setup" if _in_setup_helper() else self._phase), self._microbatch
+        if op in ("send", "recv") and ts and phase != "setup":
+            mb, phase = self.p2p_context.pop(id(ts[0]), (mb, phase))
+        return {
+            "rank": self.rank, "iteration": self._iteration, "microbatch": mb,
+            "layer": self._layer, "phase": phase, "parallelism": self._tag(op, group), "op": op,
+            "group": list(group), "peer": peer, "bytes": int(size),
+            "dtype": dtype_name(ts[0].dtype) if ts else "", "split_bytes": split,
+            "t_start_ns": None, "t_end_ns": None,
+        }
+
+    # -- output ----------------------------------------------------------------------------------
+    def events(self) -> pd.DataFrame:
+        """The recorded calls as an events DataFrame (``source="recorded"``)."""
+        df = pd.DataFrame.from_records(self.rows, columns=[
+            "rank", "iteration", "microbatch", "layer", "phase", "parallelism", "op", "group", "peer",
+            "bytes", "dtype", "split_bytes", "t_start_ns", "t_end_ns"])
+        df["source"] = "recorded"
+        df["count"] = 1
+        for c in ("t_start_ns", "t_end_ns"):
+            df[c] = df[c].astype("Int64")
+        return df
+
+    def routing_table(self) -> pd.DataFrame | None:
+        if not self.routing_rows:
+            return None
+        return pd.DataFrame(self.routing_rows,
+                            columns=["iteration", "microbatch", "layer", "src_rank", "expert", "tokens"])
+
+    def write(self, out_dir: str | Path) -> Path:
+        """Write ``rank{r}.parquet`` (events) and ``rank{r}.routing.parquet`` (if any) under ``out_dir``."""
+        from ..trace import Trace
+
+        out = Path(out_dir) / f"rank{self.rank}.parquet"
+        meta = {"rank": self.rank, "skipped_ops": dict(self.skipped)}
+        return Trace.from_events(self.events(), meta, self.routing_table()).write(out)
+
+
+def _split_bytes(inp: torch.Tensor, input_split_sizes: list[int], n: int) -> list[int]:
+    """Per-destination bytes of an ``all_to_all_single``: rows × (bytes per row along dim 0);
+    an empty split list means an even split."""
+    rows = int(inp.shape[0]) if inp.dim() else 1
+    row_bytes = nbytes(inp) // rows if rows else 0
+    sizes = [int(s) for s in input_split_sizes] if input_split_sizes else [rows // n] * n
+    return [s * row_bytes for s in sizes]
+
+
+@contextlib.contextmanager
+def record(out_dir: str | Path | None = None, *, rank: int | None = None, mesh: Any = None,
+           record_iters: int | None = None, sp: bool = False,
+           group_tags: dict[tuple[int, ...], str] | None = None) -> Iterator[Recorder]:
+    """Record every communication call inside the block; on a clean exit write this rank's events to
+    ``out_dir/rank{r}.parquet`` (when ``out_dir`` is given).
+
+    ``mesh``: a DeviceMesh whose dimension names tag the groups (``tp``, ``dp``, ``pp``, ``ep``...).
+    ``record_iters``: keep events only for iterations ``< record_iters`` (routing counts are always kept).
+    """
+    rec = Recorder(rank, record_iters=record_iters, sp=sp, group_tags=group_tags)
+    if mesh is not None:
+        rec.register_mesh(mesh)
+    with rec:
+        yield rec
+    if out_dir is not None:
+        rec.write(out_dir)

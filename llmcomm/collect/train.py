@@ -1,0 +1,170 @@
+"""One rank of a recorded training run: build, parallelize, train on the corpus, write this rank's events.
+
+Each iteration takes ``global_batch`` windows of the corpus; DP rank ``d`` trains on rows
+``[d·B/dp, (d+1)·B/dp)``, split into ``m = B/(b·dp)`` micro-batches of ``b`` rows. Without pipelining the
+micro-batches run one after another with gradient sync only on the last; with pipelining the schedule
+runs them. AdamW (lr ``lr``) updates after each iteration. Loss = next-byte cross-entropy (+ aux·coef for
+MoE, injected in backward).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ..specs import ModelSpec, ParallelConfig
+
+
+@dataclass
+class RunConfig:
+    """Everything a rank needs (picklable)."""
+
+    model: dict[str, Any]
+    parallel: dict[str, Any]
+    iters: int
+    out_dir: str
+    record_iters: int | None = None
+    seed: int = 0
+    lr: float = 3e-3
+    timeout: float = 120.0
+    port: int = 0
+    fault: str | None = None  # "RANK:raise|hang:ITER" (tests of the launcher's failure handling)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _maybe_fault(cfg: RunConfig, rank: int, iteration: int) -> None:
+    if not cfg.fault:
+        return
+    r, mode, it = cfg.fault.split(":")
+    if int(r) == rank and int(it) == iteration:
+        if mode == "raise":
+            raise RuntimeError(f"injected fault on rank {rank} at iteration {iteration}")
+        time.sleep(10 * cfg.timeout + 3600)
+
+
+def run_rank(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
+    """Entry point of a spawned rank (``torch.multiprocessing`` passes ``rank`` first)."""
+    import torch
+
+    torch.set_num_threads(1)
+    world = ParallelConfig.from_dict(cfg.parallel).world_size
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg.port))
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=cfg.timeout))
+    try:
+        _train(rank, cfg, heartbeat, progress)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
+    import torch
+
+    from .corpus import batch, load_corpus
+    from .instrument import mark_layers, mark_pipeline_stage, mark_routing
+    from .model import build_model, cross_entropy
+    from .parallelize import apply_dp, apply_ep, apply_pp, apply_tp, build_mesh, pipeline_schedule
+    from .record import Recorder
+
+    spec = ModelSpec.from_dict(cfg.model)
+    par = ParallelConfig.from_dict(cfg.parallel)
+    seq = par.sequence_length(spec)
+    n_mb = par.num_microbatches
+    b_local = par.global_batch // par.dp
+
+    def beat(it: int) -> None:
+        heartbeat[rank] = time.time()
+        progress[rank] = it
+
+    beat(-1)
+    rec = Recorder(rank, record_iters=cfg.record_iters, sp=par.sp)
+    t_setup = time.time()
+    with rec:
+        mesh = build_mesh(par)
+        rec.register_mesh(mesh, names=("dp",))
+        model = build_model(spec, cfg.seed)
+        pp_rank = mesh["pp"].get_local_rank()
+        if par.pp > 1:
+            apply_pp(model, pp_rank, par.pp)
+        if par.tp > 1:
+            apply_tp(model, mesh["tp"], par.sp)
+        if par.ep > 1:
+            apply_ep(model, mesh["ep"])
+        if par.dp > 1:
+            apply_dp(model, mesh["dp"], mesh["edp"], par.ep)
+        mark_layers(model.layers, rec)
+        mark_routing(model, rec)
+        schedule = None
+        if par.pp > 1:
+            stage, schedule = pipeline_schedule(model, mesh, n_mb, par.schedule, cross_entropy)
+            mark_pipeline_stage(stage, rec)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, foreach=False)
+        corpus = load_corpus()
+        dp_rank = mesh["dp"].get_local_rank()
+        first, last = pp_rank == 0, pp_rank == par.pp - 1
+        losses: list[float] = []
+        step_s: list[float] = []
+        aux: list[float] = []
+        t_setup = time.time() - t_setup
+        for it in range(cfg.iters):
+            beat(it)
+            _maybe_fault(cfg, rank, it)
+            t0 = time.perf_counter()
+            rec.step(it)
+            x_all, y_all = batch(corpus, it, par.global_batch, seq, cfg.seed)
+            x = torch.from_numpy(x_all[dp_rank * b_local:(dp_rank + 1) * b_local])
+            y = torch.from_numpy(y_all[dp_rank * b_local:(dp_rank + 1) * b_local])
+            rec.phase("forward")
+            if schedule is not None:
+                mb_losses: list[torch.Tensor] = []
+                if first:
+                    schedule.step(x, target=y, losses=mb_losses)
+                elif last:
+                    schedule.step(target=y, losses=mb_losses)
+                else:
+                    schedule.step()
+                loss = float(torch.stack([t.detach() for t in mb_losses]).mean()) if last else float("nan")
+            else:
+                total = 0.0
+                for mb, (xm, ym) in enumerate(zip(x.chunk(n_mb), y.chunk(n_mb), strict=True)):
+                    rec.microbatch(mb)
+                    rec.phase("forward")
+                    rec.layer(-1)
+                    out = cross_entropy(model(xm), ym) / n_mb
+                    rec.phase("backward")
+                    rec.layer(-1)
+                    if par.dp > 1:
+                        model.set_requires_gradient_sync(mb == n_mb - 1)
+                    out.backward()
+                    total += float(out.detach())
+                loss = total
+            rec.microbatch(-1)
+            rec.layer(-1)
+            rec.phase("optimizer")
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step_s.append(time.perf_counter() - t0)
+            losses.append(loss)
+            aux.append(_mean_aux(model))
+        beat(cfg.iters)
+    out = Path(cfg.out_dir)
+    rec.write(out)
+    (out / f"rank{rank}.json").write_text(json.dumps({
+        "rank": rank, "losses": losses, "step_seconds": step_s, "aux_loss": aux, "setup_seconds": t_setup,
+        "local_parameters": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                                for p in model.parameters()),
+        "pp_stage": pp_rank, "is_last_stage": last, "skipped_ops": rec.skipped,
+    }))
+
+
+def _mean_aux(model: Any) -> float:
+    from .moe import MoE
+
+    vals = [float(m.last_aux_loss) for m in model.modules() if isinstance(m, MoE) and m.last_aux_loss is not None]
+    return sum(vals) / len(vals) if vals else float("nan")
