@@ -1,0 +1,222 @@
+"""AICB workload CSV files (aliyun/aicb) into events.
+
+Columns: ``comm_type`` (``CommType.all_reduce``...), ``comm_group`` (``CommGroup.tp_group``...),
+``comm_group_size``, ``msg_size`` (bytes, nccl-tests convention: all_gather the gathered output,
+reduce_scatter the input), ``stage`` (``init.model_setup``, ``forward.MoE``, ``backward.MegatronRowLinear``,
+``step``...), ``dst``, ``src``, ``additional``, ``_elapsed_time`` (ms, ``None`` in generated workloads),
+``algbw``, ``busbw`` (GB/s), ``count``. A generated workload may start with a line ``[rank0 ~ rank127]``.
+
+The file is one rank's view (every rank runs the same list). Rows:
+
+* ``CommType.epoch_end`` ends an iteration: rows before the first one are setup (iteration 0, phase
+  ``setup``); then iterations 1, 2, ...
+* phase from ``stage``: ``init*`` setup, ``forward*`` forward, ``backward*`` backward, ``step*`` optimizer.
+* micro-batch: counted within an iteration, a new one starting at each forward row that follows a backward
+  row (exact for pp = 1; -1 for pp > 1, where 1F1B interleaves them).
+* groups: AICB names the group type but not its ranks; ranks come from a :class:`ParallelConfig` (given, or
+  built from the group sizes found in the file: tp, dp, pp; ep when a row states it, else ep = dp — recorded
+  in ``meta['assumptions']``) through :class:`~llmcomm.layout.Layout`, for ``rank`` (default 0).
+* times: only durations are measured (replayed back to back, compute mocked), so ``t_start_ns`` is the
+  running sum of the durations before the row and ``t_end_ns - t_start_ns`` the measured duration.
+* all_to_all: AICB replays an even split, so ``split_bytes`` is ``msg_size / n`` per peer.
+
+Note: AICB's own ``busbw`` column uses the world size, not the group size, for its correction factor
+(7/8 for a 2-rank group on 8 GPUs); :func:`bandwidth_rows` recomputes it from the group size.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from ..errors import ConfigError, TraceFormatError
+from ..specs import ParallelConfig
+from .common import EventBuilder, GroupTagger, as_int, op_name, parallelism_from_name
+from .sources import Source
+
+COLUMNS = ("comm_type", "comm_group", "comm_group_size", "msg_size", "stage", "dst", "src", "additional",
+           "_elapsed_time", "algbw", "busbw", "count")
+LAYOUT_DIMS = {"tp": "tp", "dp": "dp", "pp": "pp", "ep": "ep", "cp": "cp"}
+
+
+def looks_like(src: Source) -> bool:
+    head = src.data[:400].decode("utf-8", "replace")
+    return "comm_type" in head and "msg_size" in head
+
+
+def _rows(src: Source) -> list[dict[str, str]]:
+    try:
+        text = src.data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(f"{src.name}: not UTF-8 text: {e}") from None
+    lines = text.splitlines()
+    start = 0
+    while start < len(lines) and not lines[start].startswith("comm_type"):
+        start += 1
+    if start == len(lines):
+        raise TraceFormatError(f"{src.name}: field 'comm_type': no AICB header line found")
+    reader = csv.DictReader(io.StringIO("\n".join(lines[start:])))
+    missing = [c for c in ("comm_type", "comm_group", "comm_group_size", "msg_size", "stage")
+               if c not in (reader.fieldnames or [])]
+    if missing:
+        raise TraceFormatError(f"{src.name}: field {missing[0]!r}: missing from the header")
+    try:
+        return list(reader)
+    except csv.Error as e:
+        raise TraceFormatError(f"{src.name}: malformed CSV: {e}") from None
+
+
+def _opt_int(v: str | None, origin: str, field: str, line: int) -> int | None:
+    if v is None or v.strip() in ("", "None", "nan"):
+        return None
+    return as_int(v.strip(), f"{origin} line {line}", field)
+
+
+def _opt_float(v: str | None, origin: str, field: str, line: int) -> float | None:
+    if v is None or v.strip() in ("", "None", "nan"):
+        return None
+    try:
+        x = float(v)
+    except ValueError:
+        raise TraceFormatError(f"{origin} line {line}: field {field!r}: not a number: {v!r:.40}") from None
+    if not math.isfinite(x) or x < 0:
+        raise TraceFormatError(f"{origin} line {line}: field {field!r}: {x} is not a finite non-negative number")
+    return x
+
+
+def _group_kind(v: str | None) -> str | None:
+    if v is None or v.strip() in ("", "None"):
+        return None
+    return parallelism_from_name(v) or "other"
+
+
+def infer_parallel(rows: list[dict[str, str]], origin: str) -> tuple[ParallelConfig, list[str]]:
+    """A ParallelConfig from the group sizes the file states; the assumptions made are returned too."""
+    sizes: dict[str, int] = {}
+    kinds = set()
+    for i, r in enumerate(rows):
+        k = _group_kind(r.get("comm_group"))
+        if k is None:
+            continue
+        kinds.add(k)
+        s = _opt_int(r.get("comm_group_size"), origin, "comm_group_size", i + 2)
+        if s is not None and k in LAYOUT_DIMS:
+            if sizes.setdefault(k, s) != s:
+                raise TraceFormatError(f"{origin} line {i + 2}: field 'comm_group_size': {k} group size {s} "
+                                       f"contradicts {sizes[k]} stated earlier")
+    assumptions = []
+    if "ep" in kinds and "ep" not in sizes:
+        sizes["ep"] = sizes.get("dp", 1)
+        assumptions.append(f"the ep group size is not in the file; taken as dp={sizes['ep']}")
+    try:
+        par = ParallelConfig(tp=sizes.get("tp", 1), dp=sizes.get("dp", 1), pp=sizes.get("pp", 1),
+                             ep=sizes.get("ep", 1), cp=sizes.get("cp", 1))
+    except ConfigError as e:
+        raise TraceFormatError(f"{origin}: group sizes do not form a parallel configuration: {e}") from None
+    return par, assumptions
+
+
+def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
+          gpus_per_node: int = 8) -> tuple[pa.Table, dict]:
+    """One AICB workload -> (events table of ``rank``, meta). See the module docstring."""
+    from ..layout import Layout
+
+    origin = src.name
+    rows = _rows(src)
+    assumptions: list[str] = []
+    if parallel is None:
+        parallel, assumptions = infer_parallel(rows, origin)
+    if not 0 <= rank < parallel.world_size:
+        raise TraceFormatError(f"{origin}: rank {rank} is outside the world of {parallel.world_size}")
+    lay = Layout(parallel, gpus_per_node)
+    tagger = GroupTagger(parallel, gpus_per_node)
+    groups: dict[str, list[int]] = {}
+    b = EventBuilder("aicb")
+    iteration, micro, last_phase = 0, -1, ""
+    clock_ns = 0
+    timed = 0
+    skipped: dict[str, int] = {}
+    for i, r in enumerate(rows):
+        line = i + 2
+        ctype = (r.get("comm_type") or "").strip()
+        if ctype == "CommType.epoch_end":
+            iteration += 1
+            micro, last_phase = -1, ""
+            continue
+        op = op_name(ctype)
+        if op is None:
+            skipped[ctype] = skipped.get(ctype, 0) + 1
+            continue
+        stage = (r.get("stage") or "").strip()
+        phase = ("setup" if stage.startswith("init") or iteration == 0 else
+                 "forward" if stage.startswith("forward") else
+                 "backward" if stage.startswith("backward") else
+                 "optimizer" if stage.startswith("step") else "forward")
+        if phase == "forward" and last_phase in ("", "backward"):
+            micro += 1
+        if phase in ("forward", "backward"):
+            last_phase = phase
+        kind = _group_kind(r.get("comm_group"))
+        if kind is None:
+            raise TraceFormatError(f"{origin} line {line}: field 'comm_group': missing for {ctype}")
+        if kind not in groups:
+            dim = LAYOUT_DIMS.get(kind)
+            size = (parallel.ep if dim == "ep" else getattr(parallel, dim)) if dim else 0
+            groups[kind] = lay.group_of(rank, dim) if dim and size > 1 else [rank]
+        group = groups[kind]
+        stated = _opt_int(r.get("comm_group_size"), origin, "comm_group_size", line)
+        if stated is not None and stated != len(group):
+            raise TraceFormatError(f"{origin} line {line}: field 'comm_group_size': {stated} but the "
+                                   f"{kind} group of the parallel configuration has {len(group)} ranks")
+        nbytes = _opt_int(r.get("msg_size"), origin, "msg_size", line)
+        if nbytes is None:
+            raise TraceFormatError(f"{origin} line {line}: field 'msg_size': missing")
+        ms = _opt_float(r.get("_elapsed_time"), origin, "_elapsed_time", line)
+        t0 = t1 = None
+        if ms is not None:
+            t0 = clock_ns
+            t1 = clock_ns + round(ms * 1e6)
+            clock_ns = t1
+            timed += 1
+        peer = -1
+        if op in ("send", "recv", "broadcast"):
+            p = _opt_int(r.get("dst" if op == "send" else "src"), origin, "dst/src", line)
+            if p is not None:
+                peer = group[p] if op == "broadcast" and p < len(group) else p
+            elif op != "broadcast":
+                raise TraceFormatError(f"{origin} line {line}: field 'dst/src': missing for {op}")
+        split = [nbytes // len(group)] * len(group) if op == "all_to_all" and nbytes % len(group) == 0 else None
+        b.add(rank=rank, op=op, group=group, nbytes=nbytes, parallelism=tagger.tag(r.get("comm_group"), group, op),
+              iteration=iteration, microbatch=micro if phase in ("forward", "backward") and parallel.pp == 1 else -1,
+              phase=phase, peer=peer, split_bytes=split, t_start_ns=t0, t_end_ns=t1)
+    meta = {"rank": rank, "parallel": parallel.to_dict(), "world_size": parallel.world_size,
+            "assumptions": assumptions, "epoch_ends": iteration, "timed_rows": timed, "skipped": skipped,
+            "time_base": "back-to-back: start = running sum of measured durations" if timed else None}
+    return b.table(origin), meta
+
+
+def bandwidth_rows(src: Source) -> pd.DataFrame:
+    """AICB's timed rows as a bandwidth table (see :func:`llmcomm.ingest.ingest_bandwidth`), with bus
+    bandwidth recomputed from the group size (nccl-tests factors)."""
+    from .nccl_tests import BUSBW_FACTOR
+
+    rows = _rows(src)
+    par, _ = infer_parallel(rows, src.name)
+    out: list[dict[str, Any]] = []
+    for i, r in enumerate(rows):
+        op = op_name((r.get("comm_type") or "").strip())
+        ms = _opt_float(r.get("_elapsed_time"), src.name, "_elapsed_time", i + 2)
+        kind = _group_kind(r.get("comm_group"))
+        if op is None or ms is None or ms == 0 or kind is None:
+            continue
+        n = {"tp": par.tp, "dp": par.dp, "pp": par.pp, "ep": par.ep, "cp": par.cp}.get(kind, 1)
+        nbytes = _opt_int(r.get("msg_size"), src.name, "msg_size", i + 2) or 0
+        algbw = nbytes / (ms * 1e6)
+        out.append({"op": op, "bytes": nbytes, "ranks": n, "time_us": ms * 1e3, "algbw": algbw,
+                    "busbw": algbw * BUSBW_FACTOR[op](n), "group": kind, "stage": r.get("stage")})
+    return pd.DataFrame(out)

@@ -1,0 +1,150 @@
+"""nccl-tests output (``all_reduce_perf`` & co.) into a bandwidth table.
+
+Accepted: the raw stdout, with or without MPI prefixes (``[1,0]<stdout>:``), in any nccl-tests version
+(columns read from the header: ``size count type redop root time algbw busbw #wrong|error`` twice, first
+out-of-place then in-place). The number of ranks is the count of ``#  Rank N ... on HOST`` lines and the
+nodes the distinct hosts. The collective is the ``op=`` argument, else named in the file name
+(``all_reduce_perf``...), else inferred from the ratio busbw/algbw of the file's largest message: nccl-tests
+scales algbw by ``2(n-1)/n`` for all_reduce and ``(n-1)/n`` for all_gather, reduce_scatter and all_to_all
+(1 for broadcast).
+
+One output row per (size, placement): ``op, bytes, count, dtype, ranks, nodes, placement, time_us, time_s,
+algbw, busbw, device, source`` (GB/s = 1e9 bytes/s, as nccl-tests prints them).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+import pandas as pd
+
+from ..errors import TraceFormatError
+from .common import op_name
+from .sources import Source
+
+MPI_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+).*?\bon\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s*(.*)$")
+BUSBW_FACTOR: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 1.0,
+}
+FILE_OPS = (("all_reduce", "all_reduce"), ("allreduce", "all_reduce"), ("all_gather", "all_gather"),
+            ("allgather", "all_gather"), ("reduce_scatter", "reduce_scatter"), ("reducescatter", "reduce_scatter"),
+            ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"), ("broadcast", "broadcast"),
+            ("sendrecv", "send"))
+BANDWIDTH_COLUMNS = ("op", "bytes", "count", "dtype", "ranks", "nodes", "placement", "time_us", "time_s",
+                     "algbw", "busbw", "device", "source")
+
+
+def looks_like(src: Source) -> bool:
+    head = src.data[:4096].decode("utf-8", "replace")
+    return "nThread" in head or ("out-of-place" in head and "busbw" in head)
+
+
+def _lines(src: Source) -> list[str]:
+    try:
+        text = src.data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise TraceFormatError(f"{src.name}: not UTF-8 text: {e}") from None
+    return [MPI_PREFIX.sub("", ln).rstrip() for ln in text.splitlines()]
+
+
+def _op_from_name(name: str) -> str | None:
+    base = name.rsplit("/", 1)[-1].lower()
+    for key, op in FILE_OPS:
+        if key in base:
+            return op
+    return None
+
+
+def parse(src: Source, op: str | None = None) -> pd.DataFrame:
+    """One nccl-tests log -> bandwidth table (see the module docstring)."""
+    origin = src.name
+    lines = _lines(src)
+    hosts: dict[int, str] = {}
+    device = ""
+    header: list[str] | None = None
+    data_rows: list[list[str]] = []
+    for ln in lines:
+        s = ln.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            m = RANK_LINE.match(s)
+            if m:
+                hosts[int(m.group(1))] = m.group(2)
+                device = device or m.group(4).strip()
+                continue
+            toks = s.lstrip("#").split()
+            if "size" in toks and "time" in toks and "busbw" in toks:
+                header = toks
+            continue
+        if header is None:
+            continue
+        toks = s.split()
+        if toks and toks[0].isdigit():
+            data_rows.append(toks)
+    if header is None:
+        raise TraceFormatError(f"{origin}: field 'header': no nccl-tests column header (size ... busbw) found")
+    if not data_rows:
+        raise TraceFormatError(f"{origin}: field 'rows': the header is there but no measurement rows follow")
+    times = [i for i, t in enumerate(header) if t == "time"]
+    if not times:
+        raise TraceFormatError(f"{origin}: field 'time': missing from the header")
+    blocks = list(zip(("out-of-place", "in-place"), times, strict=False))
+    ranks = len(hosts) or None
+    nodes = len(set(hosts.values())) or None
+    if op is None:
+        op = _op_from_name(origin)
+    out = []
+    for toks in data_rows:
+        if len(toks) < len(header):
+            raise TraceFormatError(f"{origin}: field 'row': {len(toks)} columns where the header has "
+                                   f"{len(header)}: {' '.join(toks)[:80]!r}")
+        try:
+            size, count = int(toks[header.index("size")]), int(toks[header.index("count")])
+        except ValueError:
+            raise TraceFormatError(f"{origin}: field 'size': not an integer in {' '.join(toks)[:80]!r}") from None
+        dtype = toks[header.index("type")] if "type" in header else ""
+        for placement, ti in blocks:
+            try:
+                t_us, algbw, busbw = float(toks[ti]), float(toks[ti + 1]), float(toks[ti + 2])
+            except (ValueError, IndexError):
+                raise TraceFormatError(f"{origin}: field 'time/algbw/busbw': not numbers in "
+                                       f"{' '.join(toks)[:80]!r}") from None
+            if not all(math.isfinite(x) and x >= 0 for x in (t_us, algbw, busbw)):
+                raise TraceFormatError(f"{origin}: field 'time': negative or non-finite value in {toks[:4]}")
+            out.append({"op": op, "bytes": size, "count": count, "dtype": dtype, "ranks": ranks, "nodes": nodes,
+                        "placement": placement, "time_us": t_us, "time_s": t_us * 1e-6, "algbw": algbw,
+                        "busbw": busbw, "device": device, "source": origin.rsplit("/", 1)[-1]})
+    df = pd.DataFrame(out, columns=list(BANDWIDTH_COLUMNS))
+    if op is None:
+        df["op"] = _infer_op(df, ranks, origin)
+    return df
+
+
+def _infer_op(df: pd.DataFrame, ranks: int | None, origin: str) -> str:
+    """The collective whose busbw/algbw factor matches the rows with the largest algbw."""
+    if not ranks or ranks < 2:
+        return "all_reduce"  # one rank: every factor is 0; nccl-tests' default binary
+    top = df.nlargest(3, "algbw")
+    ratio = float((top["busbw"] / top["algbw"]).median()) if (top["algbw"] > 0).all() else math.nan
+    best = min(("all_reduce", "all_gather", "broadcast"), key=lambda o: abs(BUSBW_FACTOR[o](ranks) - ratio))
+    if not math.isfinite(ratio) or abs(BUSBW_FACTOR[best](ranks) - ratio) > 0.05 * max(ratio, 1e-9):
+        raise TraceFormatError(f"{origin}: field 'op': cannot tell the collective (busbw/algbw = {ratio:.3f} "
+                               f"for {ranks} ranks); pass op=")
+    if best == "all_gather":
+        raise TraceFormatError(f"{origin}: field 'op': busbw/algbw = (n-1)/n fits all_gather, reduce_scatter "
+                               "and all_to_all alike; pass op=")
+    return best
+
+
+def canonical_op(op: str | None) -> str | None:
+    return None if op is None else (op_name(op) or op)
