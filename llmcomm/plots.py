@@ -116,3 +116,21 @@ def tp_share_curve(df: pd.DataFrame, ax: Axes | None = None, hue: str = "model",
     ax.axhline(100 * threshold, color="k", ls="--", lw=0.8)
     ax.set(xscale="log", xlabel="micro-batches per iteration", ylabel="TP share of bytes [%]")
     return ax
+
+
+def comm_matrix_grid(panels: list[tuple[str, object]], gpus_per_node: int = 8, ncols: int = 4,
+                     size: float = 3.2, max_cells: int = 512) -> plt.Figure:
+    """Several :func:`comm_matrix` panels (``[(title, matrix), ...]``) in one figure."""
+    n = len(panels)
+    nrows = int(np.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, min(ncols, n), figsize=(size * 1.25 * min(ncols, n), size * nrows),
+                             squeeze=False)
+    for ax, (title, m) in zip(axes.ravel(), panels, strict=False):
+        comm_matrix(m, gpus_per_node=gpus_per_node, ax=ax, title=title, max_cells=max_cells)
+        ax.title.set_fontsize(8)
+        ax.xaxis.label.set_fontsize(7)
+        ax.yaxis.label.set_fontsize(7)
+    for ax in axes.ravel()[n:]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    return fig

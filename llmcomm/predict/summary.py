@@ -3,7 +3,8 @@ and how the TP share grows with the number of micro-batches.
 
 Two byte measures:
 
-* message bytes (``algorithm=None``): the events' nccl-tests sizes × count (what :meth:`Trace.volumes` sums);
+* message bytes (``algorithm=None``): the events' nccl-tests sizes × count (what :meth:`Trace.volumes` sums),
+  a point-to-point transfer counted once, at its sender (``recv`` rows are left out);
 * wire bytes (``algorithm="ring"`` or ``"direct"``): the flows each rank puts on links, from
   :meth:`Trace.flows` (all-reduce ``2(n-1)/n·S`` per rank under ring, send ``S``...).
 
@@ -26,7 +27,9 @@ def bytes_by(trace: Trace, by: Iterable[str] = ("parallelism",), algorithm: str 
     """Bytes grouped by ``by`` with each group's ``share`` of the total (message or wire bytes)."""
     by = list(by)
     if algorithm is None:
-        df = trace.volumes(by)[[*by, "bytes"]]
+        sent = trace if not (trace.events["op"] == "recv").any() else \
+            Trace(trace.events[trace.events["op"] != "recv"].reset_index(drop=True), trace.meta)
+        df = sent.volumes(by)[[*by, "bytes"]]
     else:
         f = trace.flows(algorithm)
         df = f.groupby(by, observed=True)["bytes"].sum().reset_index()
@@ -104,3 +107,49 @@ def _human(n: float) -> str:
         if n >= div:
             return f"{n / div:.2f} {unit}"
     return f"{n:.0f} B"
+
+
+# ------------------------------------------------------------------------------------ notebook helpers
+def predict_cases(cases: dict[str, tuple[str | ModelSpec, dict]], **kw) -> dict[str, Trace]:
+    """``{label: (model, ParallelConfig keyword arguments)}`` -> ``{label: predicted Trace}``."""
+    from ..specs import load_model
+    from . import predict_traffic
+
+    out = {}
+    for label, (model, par) in cases.items():
+        m = load_model(model) if isinstance(model, str) else model
+        out[label] = predict_traffic(m, ParallelConfig(**par), **kw)
+    return out
+
+
+def volume_table(traces: dict[str, Trace], algorithm: str | None = None) -> pd.DataFrame:
+    """Tidy ``config, parallelism, bytes, share`` over several traces."""
+    return pd.concat([bytes_by(t, ["parallelism"], algorithm).assign(config=k) for k, t in traces.items()],
+                     ignore_index=True)
+
+
+def pair_class_table(traces: dict[str, Trace], gpus_per_node: int = 8, algorithm: str = "ring") -> pd.DataFrame:
+    """Tidy ``config, parallelism, pair_class, bytes, share`` over several traces."""
+    return pd.concat([pair_classes(t, gpus_per_node, algorithm).assign(config=k) for k, t in traces.items()],
+                     ignore_index=True)
+
+
+def support_violations(trace: Trace, algorithm: str = "direct") -> pd.DataFrame:
+    """Nonzero matrix entries ``(parallelism, src, dst)`` whose two ranks share no group of that
+    parallelism in the trace's layout (``tp``, ``pp``, ``dp`` and ``edp`` for dp, ``ep``). Empty when every
+    byte flows inside a group — finding F1's "determined by the parallel config and the rank mapping"."""
+    from ..layout import Layout
+
+    lay = Layout(ParallelConfig.from_dict(trace.meta["parallel"]), int(trace.meta.get("gpus_per_node", 8)))
+    f = trace.flows(algorithm)
+    f = f[f["bytes"] > 0]
+    bad = []
+    kinds = {"tp": ["tp"], "pp": ["pp"], "dp": ["dp", "edp"], "ep": ["ep"]}
+    for par, sub in f.groupby("parallelism", observed=True):
+        ok = np.zeros(len(sub), dtype=bool)
+        src, dst = sub["src"].to_numpy(), sub["dst"].to_numpy()
+        for k in kinds.get(str(par), []):
+            gi = lay.group_index(k)
+            ok |= gi[src] == gi[dst]
+        bad.append(sub.loc[~ok, ["parallelism", "src", "dst", "bytes"]])
+    return pd.concat(bad, ignore_index=True) if bad else pd.DataFrame(columns=["parallelism", "src", "dst", "bytes"])
