@@ -1,6 +1,7 @@
 """nccl-tests output (``all_reduce_perf`` & co.) into a bandwidth table.
 
-Accepted: the raw stdout, with or without MPI prefixes (``[1,0]<stdout>:``), in any nccl-tests version
+Accepted: the raw stdout, with or without MPI prefixes (``[1,0]<stdout>:``, removed wherever they occur:
+Echo's 128-GPU log has one spliced into the middle of a host name), in any nccl-tests version
 (columns read from the header: ``size count type redop root time algbw busbw #wrong|error`` twice, first
 out-of-place then in-place). The number of ranks is the count of ``#  Rank N ... on HOST`` lines and the
 nodes the distinct hosts. The collective is the ``op=`` argument, else named in the file name
@@ -24,7 +25,7 @@ from ..errors import TraceFormatError
 from .common import op_name
 from .sources import Source
 
-MPI_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+MPI_PREFIX = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
 RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+).*?\bon\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s*(.*)$")
 BUSBW_FACTOR: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
