@@ -68,6 +68,8 @@ def test_tp_pp_linear_in_microbatches_dp_constant(p, k):
     if "pp" in a:
         emb = _tied(TINY, p)
         assert b["pp"] - emb == k * (a["pp"] - emb)
+    if "sp" in a:
+        assert b["sp"] == k * a["sp"]
     if "dp" in a:
         assert b["dp"] == a["dp"]
 
@@ -87,7 +89,7 @@ def _tied(model, p) -> int:
 def test_support_is_the_union_of_layout_groups(p):
     t = predict_traffic(TINY, p)
     lay = Layout(p)
-    for par, kinds in (("tp", ["tp"]), ("dp", ["dp"]), ("pp", ["pp"])):
+    for par, kinds in (("tp", ["tp"]), ("sp", ["tp"]), ("dp", ["dp"]), ("pp", ["pp"])):
         m = t.matrix("direct", world_size=p.world_size, parallelism=par).tocoo()
         allowed = np.zeros((p.world_size, p.world_size), dtype=bool)
         for k in kinds:
@@ -97,5 +99,5 @@ def test_support_is_the_union_of_layout_groups(p):
         got = np.zeros_like(allowed)
         got[m.row, m.col] = m.data > 0
         assert not (got & ~allowed).any()
-        if par == "tp" and p.tp > 1 or par == "dp" and p.dp > 1:
+        if par == "tp" and p.tp > 1 or par == "dp" and p.dp > 1 or par == "sp" and p.sp:
             assert (got == allowed).all()  # every pair of every group talks

@@ -34,7 +34,8 @@ def pair_bytes(flows: pd.DataFrame) -> pd.Series:
 @pytest.mark.parametrize("path", TRACES, ids=[p.stem for p in TRACES])
 def test_prediction_equals_recording(path: Path):
     rec = read_trace(path)
-    model = ModelSpec.from_dict(rec.meta["model"])
+    spec = rec.meta["model"] if isinstance(rec.meta["model"], dict) else rec.meta["model_spec"]
+    model = ModelSpec.from_dict(spec)
     parallel = ParallelConfig.from_dict(rec.meta["parallel"])
     work = rec.select(phase=PHASES)
     assert len(work), f"{path.name}: no non-setup calls"

@@ -7,8 +7,8 @@ the pipeline schedule issues them. One small module per parallelism holds the fo
 per stage; :mod:`.expand` spreads a stage's program over its ranks with numpy.
 
 ``framework="megatron"`` describes Megatron-LM (``megatron/core``). ``framework="torch"`` describes what torch's
-own parallel APIs issue in the project's collector (``llmcomm.collect``); see :mod:`.torch_rules` for the
-differences (they are applied on top of the Megatron program).
+own parallel APIs issue in the project's collector (``llmcomm.collect``); :mod:`.torch_rules` builds that
+program and lists every difference from Megatron-LM.
 """
 
 from __future__ import annotations
@@ -20,21 +20,13 @@ from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace, table_to_events, validate_events
-from . import expand, program
+from . import expand, program, torch_rules
 from .calls import Context
 from .ep import peer_tokens, routing_counts, uniform_split_bytes
 
 AUTO_AGGREGATE_ROWS = 500_000
 
 __all__ = ["predict_traffic", "Context"]
-
-
-def _rules(framework: str):  # noqa: ANN202 - module object
-    if framework == "torch":
-        from . import torch_rules
-
-        return torch_rules
-    return None
 
 
 def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: Cluster | None = None,
@@ -56,10 +48,8 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
     _check_supported(model, parallel)
     ctx = Context(model, parallel, framework)
     lay = Layout(parallel, cluster.gpus_per_node if cluster is not None else 8)
-    rules = _rules(framework)
-    programs = [program.stage_program(ctx, r) for r in range(parallel.pp)]
-    if rules is not None:
-        programs = [rules.adjust(ctx, r, prog) for r, prog in enumerate(programs)]
+    build = torch_rules.stage_program if framework == "torch" else program.stage_program
+    programs = [build(ctx, r) for r in range(parallel.pp)]
     if routing is not None and not model.is_moe:
         raise ConfigError(f"routing was given but {model.name} is not an MoE model")
     d_tokens = None

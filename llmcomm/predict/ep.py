@@ -47,8 +47,8 @@ def _expert_tp(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
         return []
     m = ctx.model
     n = ctx.tokens * m.moe_router_topk * m.hidden_size * ctx.act
-    ops = ("all_gather", "reduce_scatter") if phase == "forward" else ("all_gather", "reduce_scatter")
-    return [Call(phase, "tp", op, "tp", n, ctx.act_dtype, layer, mb) for op in ops]
+    # forward: gather then scatter; backward: the scatter's transpose (gather) then the gather's (scatter)
+    return [Call(phase, "sp", op, "tp", n, ctx.act_dtype, layer, mb) for op in ("all_gather", "reduce_scatter")]
 
 
 def moe_forward(ctx: Context, layer: int, mb: int) -> list[Call]:

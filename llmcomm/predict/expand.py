@@ -25,7 +25,7 @@ _PHASES = ("forward", "backward", "optimizer", "setup")
 _PARS = ("tp", "sp", "cp", "pp", "dp", "ep", "other")
 _OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 _KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p")
-_ROUTES = ("", "dispatch", "combine")
+_ROUTES = ("", "dispatch", "combine", "counts")
 
 
 def aggregate_calls(calls: Sequence[Call]) -> tuple[list[Call], list[int]]:
@@ -121,16 +121,17 @@ def stage_table(lay: Layout, groups: _Groups, stage: int, calls: Sequence[Call],
     split: pa.Array
     if len(a2a):
         ep = groups.matrix("ep").shape[1]
-        if peer_tokens is None:
-            sv = np.full((len(a2a), ep), uniform_split, dtype=np.int64)
-        else:
-            r, la, mb = rank[a2a], col["layer"][a2a], col["mb"][a2a]
-            disp = col["route"][a2a] == _ROUTES.index("dispatch")
+        sv = np.repeat((col["bytes"][a2a] // ep)[:, None], ep, axis=1)  # even split (uniform routing, counts)
+        routed = np.isin(col["route"][a2a], [_ROUTES.index("dispatch"), _ROUTES.index("combine")])
+        if peer_tokens is not None and routed.any():
+            rows = a2a[routed]
+            r, la, mb = rank[rows], col["layer"][rows], col["mb"][rows]
+            disp = col["route"][rows] == _ROUTES.index("dispatch")
             members = groups.rows("ep", r)
             pos = lay.coords["ep"].to_numpy()[r]
             d_send = peer_tokens[la, mb, r, :]  # dispatch: what r sends to each position
             d_back = peer_tokens[la[:, None], mb[:, None], members, pos[:, None]]  # combine: what each sent r
-            sv = np.where(disp[:, None], d_send, d_back) * hidden_bytes
+            sv[routed] = np.where(disp[:, None], d_send, d_back) * hidden_bytes
         nbytes[a2a] = sv.sum(axis=1)
         soff = np.zeros(n * t + 1, dtype=np.int64)
         slen = np.zeros(n * t, dtype=np.int64)

@@ -136,7 +136,7 @@ def pair_class_table(traces: dict[str, Trace], gpus_per_node: int = 8, algorithm
 
 def support_violations(trace: Trace, algorithm: str = "direct") -> pd.DataFrame:
     """Nonzero matrix entries ``(parallelism, src, dst)`` whose two ranks share no group of that
-    parallelism in the trace's layout (``tp``, ``pp``, ``dp`` and ``edp`` for dp, ``ep``). Empty when every
+    parallelism in the trace's layout (``tp`` for tp and sp, ``pp``, ``dp`` and ``edp`` for dp, ``ep``). Empty when every
     byte flows inside a group — finding F1's "determined by the parallel config and the rank mapping"."""
     from ..layout import Layout
 
@@ -144,7 +144,7 @@ def support_violations(trace: Trace, algorithm: str = "direct") -> pd.DataFrame:
     f = trace.flows(algorithm)
     f = f[f["bytes"] > 0]
     bad = []
-    kinds = {"tp": ["tp"], "pp": ["pp"], "dp": ["dp", "edp"], "ep": ["ep"]}
+    kinds = {"tp": ["tp"], "sp": ["tp"], "pp": ["pp"], "dp": ["dp", "edp"], "ep": ["ep"]}
     for par, sub in f.groupby("parallelism", observed=True):
         ok = np.zeros(len(sub), dtype=bool)
         src, dst = sub["src"].to_numpy(), sub["dst"].to_numpy()

@@ -17,7 +17,8 @@ Per transformer layer per micro-batch, with ``A = act_bytes = b·s·h·act/cp`` 
   all-reduces of ``b·s/cp`` values each, in this order: logits max (``ReduceOp.MAX``), predicted logits,
   sum of exp-logits; nothing in backward.
 
-Every call is skipped when ``tp == 1``. Sources: NVIDIA/Megatron-LM ``megatron/core/tensor_parallel/
+Every call is skipped when ``tp == 1``. The SP all-gathers and reduce-scatters are tagged ``sp`` (the TP group
+carries them), the all-reduces ``tp``. Sources: NVIDIA/Megatron-LM ``megatron/core/tensor_parallel/
 {layers.py, mappings.py, cross_entropy.py}``.
 """
 
@@ -27,7 +28,9 @@ from .calls import Call, Context
 
 
 def _c(ctx: Context, phase: str, op: str, nbytes: int, layer: int, mb: int, dtype: str | None = None) -> Call:
-    return Call(phase, "tp", op, "tp", nbytes, dtype or ctx.act_dtype, layer, mb)
+    """A call on the TP group; sequence-parallel all-gathers/reduce-scatters are tagged ``sp``."""
+    par = "sp" if op in ("all_gather", "reduce_scatter") else "tp"
+    return Call(phase, par, op, "tp", nbytes, dtype or ctx.act_dtype, layer, mb)
 
 
 def block_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
