@@ -237,7 +237,8 @@ class Recorder(TorchDispatchMode):
         name = func._opname
         if ns == "_c10d_functional" and name == "wait_tensor":
             out = func(*args, **kwargs)
-            row = self._pending.pop(id(args[0]), None)
+            t = args[0]
+            row = self._pending.pop(id(t), None) or self._pending.pop(id(getattr(t, "elem", None)), None)
             if row is not None:
                 row["t_end_ns"] = time.time_ns()
             return out
