@@ -166,3 +166,19 @@ def test_events_are_in_schedule_order():
     ev = t.select(rank=1, parallelism="pp").events  # last stage of 1F1B: recv F0, send B0, recv F1, ...
     assert list(zip(ev["op"], ev["microbatch"], strict=True))[:4] == [("recv", 0), ("send", 0), ("recv", 1), ("send", 1)]
     assert np.all(np.diff(t.events["rank"].to_numpy()) >= 0)
+
+
+def test_cli_prints_summary_and_refuses_bad_config(tmp_path, capsys):
+    from llmcomm.cli import main
+
+    out = tmp_path / "t.parquet"
+    assert main(["predict", "gpt3-125m", "--tp", "2", "--pp", "2", "--dp", "2", "--global-batch", "8",
+                 "--seq-len", "128", "--sp", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    for needle in ("message bytes per parallelism", "per phase", "intra-node", "TP share"):
+        assert needle in text
+    from llmcomm import read_trace
+
+    assert read_trace(out).meta["source"] == "predicted"
+    assert main(["predict", "gpt3-125m", "--tp", "5"]) == 2
+    assert "does not divide num_attention_heads" in capsys.readouterr().err
