@@ -81,7 +81,7 @@ def iter_rank_tables(paths: PathsLike, parallel: ParallelConfig | None = None, r
     from . import aicb, exec_trace, kineto
     from .common import GroupTagger
 
-    tagger = GroupTagger(parallel, gpus_per_node) if parallel is not None else None
+    tagger = GroupTagger(parallel, gpus_per_node)  # without a config: tags from group names only
     seen: dict[int, str] = {}
     for src in iter_sources(_paths(paths)):
         fmt = detect_format(src)

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from ..errors import ConfigError, TraceFormatError
 from ..specs import ParallelConfig
-from .common import EventBuilder, GroupTagger, as_int, op_name, parallelism_from_name
+from .common import EventBuilder, GroupTagger, as_int, guarded, op_name, parallelism_from_name
 from .sources import Source
 
 COLUMNS = ("comm_type", "comm_group", "comm_group_size", "msg_size", "stage", "dst", "src", "additional",
@@ -121,6 +121,7 @@ def infer_parallel(rows: list[dict[str, str]], origin: str) -> tuple[ParallelCon
     return par, assumptions
 
 
+@guarded("AICB")
 def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
           gpus_per_node: int = 8) -> tuple[pa.Table, dict]:
     """One AICB workload -> (events table of ``rank``, meta). See the module docstring."""
@@ -200,6 +201,7 @@ def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
     return b.table(origin), meta
 
 
+@guarded("AICB")
 def bandwidth_rows(src: Source) -> pd.DataFrame:
     """AICB's timed rows as a bandwidth table (see :func:`llmcomm.ingest.ingest_bandwidth`), with bus
     bandwidth recomputed from the group size (nccl-tests factors)."""

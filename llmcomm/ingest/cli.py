@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ingest", help="import Kineto / execution-trace / AICB files (or bandwidth logs)",
                               description=__doc__.splitlines()[0])

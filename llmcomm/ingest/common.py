@@ -11,9 +11,10 @@ Parallelism of a group, in order of trust:
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -213,3 +214,28 @@ class EventBuilder:
 
 def group_range(start: int, stride: int, size: int) -> list[int]:
     return [int(x) for x in np.arange(size, dtype=np.int64) * stride + start]
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def guarded(fmt: str) -> Callable[[F], F]:
+    """Last line of defence for a reader ``parse(src, ...)``: a Python error that escaped the readers' own
+    checks (a field of an unexpected type deep in a file) becomes a :class:`TraceFormatError` naming the
+    file, so callers only ever see the library's error types."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def inner(src: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(src, *args, **kwargs)
+            except TraceFormatError:
+                raise
+            except (TypeError, KeyError, ValueError, AttributeError, IndexError, OverflowError,
+                    RecursionError, ZeroDivisionError) as e:
+                raise TraceFormatError(f"{getattr(src, 'name', src)}: malformed {fmt} file: "
+                                       f"{type(e).__name__}: {e}") from None
+
+        return inner  # type: ignore[return-value]
+
+    return wrap

@@ -24,7 +24,16 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import TraceFormatError
-from .common import EventBuilder, GroupTagger, as_int, dtype_info, group_range, op_name, parse_rank_list
+from .common import (
+    EventBuilder,
+    GroupTagger,
+    as_int,
+    dtype_info,
+    group_range,
+    guarded,
+    op_name,
+    parse_rank_list,
+)
 from .sources import Source, loads_json
 
 RANK_IN_NAME = re.compile(r"(?:rank|worker)[_-]?(\d+)", re.IGNORECASE)
@@ -61,6 +70,7 @@ def _device_index(values: Any) -> int | None:
     return None
 
 
+@guarded("execution trace")
 def parse(src: Source, tagger: GroupTagger | None = None, rank: int | None = None) -> tuple[pa.Table, dict]:
     """One execution trace -> (events table, meta). See the module docstring."""
     origin = src.name

@@ -40,6 +40,7 @@ from .common import (
     as_int,
     dtype_info,
     group_range,
+    guarded,
     op_name,
     parse_rank_list,
 )
@@ -97,6 +98,7 @@ def _dims_numel(dims: Any, origin: str) -> int:
     return total
 
 
+@guarded("Kineto")
 def parse(src: Source, parallel_tagger: GroupTagger | None = None, rank: int | None = None) -> tuple[pa.Table, dict]:
     """One Kineto trace -> (events table of its rank, meta). See the module docstring for the rules."""
     origin = src.name
@@ -121,7 +123,8 @@ def parse(src: Source, parallel_tagger: GroupTagger | None = None, rank: int | N
     base_ns = doc.get("baseTimeNanoseconds", 0)
     base_ns = as_int(base_ns, origin, "baseTimeNanoseconds") if base_ns else 0
     pg_by_name: dict[str, dict] = {}
-    for pg in dist.get("pg_config") or []:
+    pgs = dist.get("pg_config") or []
+    for pg in pgs if isinstance(pgs, list) else []:
         if isinstance(pg, dict) and "pg_name" in pg:
             pg_by_name[str(pg["pg_name"])] = pg
 
@@ -237,7 +240,10 @@ def _group_of(args: dict, origin: str, rank: int, world: int | None, pg_by_name:
             g = parse_rank_list(args["Process Group Ranks"], origin, "Process Group Ranks")
         except TraceFormatError:
             g = []  # very large groups are written truncated; fall back to start/stride/size
-        if g and ("Group size" not in args or len(g) == as_int(args["Group size"], origin, "Group size")):
+        if g:
+            if "Group size" in args and len(g) != as_int(args["Group size"], origin, "Group size", 1):
+                raise TraceFormatError(f"{origin}: field 'Process Group Ranks': {len(g)} ranks, but 'Group size' "
+                                       f"says {args['Group size']}")
             return g
     if "Global rank start" in args and "Group size" in args:
         return group_range(as_int(args["Global rank start"], origin, "Global rank start"),

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from ..errors import TraceFormatError
-from .common import op_name
+from .common import guarded, op_name
 from .sources import Source
 
 MPI_PREFIX = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
@@ -65,6 +65,7 @@ def _op_from_name(name: str) -> str | None:
     return None
 
 
+@guarded("nccl-tests")
 def parse(src: Source, op: str | None = None) -> pd.DataFrame:
     """One nccl-tests log -> bandwidth table (see the module docstring)."""
     origin = src.name

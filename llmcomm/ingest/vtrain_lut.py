@@ -15,6 +15,7 @@ import re
 import pandas as pd
 
 from ..errors import TraceFormatError
+from .common import guarded
 from .nccl_tests import BANDWIDTH_COLUMNS
 from .sources import Source
 
@@ -26,6 +27,7 @@ def looks_like(src: Source) -> bool:
     return src.data[:64].decode("utf-8-sig", "replace").startswith("size(B),count,type,time(ns)")
 
 
+@guarded("vTrain LUT")
 def parse(src: Source, ranks: int | None = None) -> pd.DataFrame:
     """One LUT file -> bandwidth table (columns as :data:`BANDWIDTH_COLUMNS`)."""
     origin = src.name
