@@ -134,3 +134,54 @@ def comm_matrix_grid(panels: list[tuple[str, object]], gpus_per_node: int = 8, n
         ax.set_visible(False)
     fig.tight_layout()
     return fig
+
+
+# ================================================================================================
+# Temporal pattern of recorded traces (issue 4, llmcomm.collect / llmcomm.analysis). Appended block.
+# ================================================================================================
+def comm_timeline(events: pd.DataFrame, ranks: list[int] | None = None, ax: Axes | None = None,
+                  t0_ns: int | None = None, title: str | None = None, min_width_s: float = 2e-4) -> Axes:
+    """Per-rank timeline: one bar per call from ``t_start_ns`` to ``t_end_ns`` (at least ``min_width_s``
+    wide so instantaneous calls stay visible), one row per rank, coloured by parallelism; the first call of
+    each iteration on the top rank is marked by a dotted line."""
+    e = events[events["t_start_ns"].notna()]
+    ranks = sorted(e["rank"].unique()) if ranks is None else list(ranks)
+    e = e[e["rank"].isin(ranks)]
+    t0 = int(e["t_start_ns"].min()) if t0_ns is None else int(t0_ns)
+    ax = ax or plt.subplots(figsize=(10, 0.45 * len(ranks) + 1.2))[1]
+    for row, r in enumerate(ranks):
+        er = e[e["rank"] == r]
+        for par, g in er.groupby("parallelism"):
+            s = (g["t_start_ns"].to_numpy(np.int64) - t0) / 1e9
+            f = (g["t_end_ns"].fillna(g["t_start_ns"]).to_numpy(np.int64) - t0) / 1e9
+            w = np.maximum(f - s, min_width_s)
+            ax.broken_barh(list(zip(s, w, strict=True)), (row - 0.4, 0.8),
+                           facecolors=PARALLELISM_COLORS.get(str(par), "0.5"), label=str(par))
+    top = e[e["rank"] == ranks[0]]
+    for t in top.groupby("iteration")["t_start_ns"].min().to_numpy(np.int64):
+        ax.axvline((t - t0) / 1e9, color="k", ls=":", lw=0.7)
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles, strict=True))
+    ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="upper right", ncol=len(uniq))
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set(xlabel="time [s]", title=title or "", ylim=(-0.6, len(ranks) - 0.4))
+    ax.invert_yaxis()
+    return ax
+
+
+def acf_plot(acf: pd.DataFrame, lag_s: float, marks: dict[str, float] | None = None, n_obs: int | None = None,
+             ax: Axes | None = None, title: str | None = None) -> Axes:
+    """Autocorrelation against lag in seconds (``acf``: ``lag``, ``acf``; one lag = ``lag_s``), with the
+    expected periods in ``marks`` (name -> seconds) as dashed lines and, given ``n_obs``, the white-noise
+    95% band ``±1.96/√n``."""
+    ax = ax or plt.subplots(figsize=(8, 3.2))[1]
+    ax.plot(acf["lag"] * lag_s, acf["acf"], color=PARALLELISM_COLORS["tp"], lw=1.2)
+    if n_obs:
+        band = 1.96 / np.sqrt(n_obs)
+        ax.axhspan(-band, band, color="0.85", zorder=0, label="95% white noise")
+    for (name, sec), c in zip((marks or {}).items(), sns.color_palette("dark", len(marks or {})), strict=True):
+        ax.axvline(sec, color=c, ls="--", lw=1, label=f"{name} period")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set(xlabel="lag [s]", ylabel="autocorrelation", title=title or "")
+    ax.legend(fontsize=8)
+    return ax

@@ -68,7 +68,7 @@ def test_tp_calls_per_layer_and_microbatch(name: str) -> None:
     tp = e[e["parallelism"] == "tp"]
     per_stage = spec.num_layers // par.pp
     lay = layout(par).coords
-    for (rank, it, mb), g in tp.groupby(["rank", "iteration", "microbatch"]):
+    for (rank, _it, _mb), g in tp.groupby(["rank", "iteration", "microbatch"]):
         stage = int(lay["pp"].iat[rank])
         layers = g[g["layer"] >= 0]
         assert set(layers["layer"]) == set(range(stage * per_stage, (stage + 1) * per_stage))

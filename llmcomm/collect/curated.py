@@ -57,6 +57,8 @@ RUNS: tuple[CuratedRun, ...] = (
     CuratedRun("gpt_dp4", "tiny-gpt", dict(dp=4, micro_batch=2, global_batch=16), 4, note="DP only"),
     CuratedRun("gpt_tp2sp_pp2dp2", "tiny-gpt", dict(tp=2, sp=True, pp=2, dp=2, micro_batch=2, global_batch=16), 4,
                note="3-D with sequence parallelism"),
+    CuratedRun("gpt_tp2pp2_timeline", "tiny-gpt", dict(tp=2, pp=2, micro_batch=2, global_batch=16), 12,
+               note="TP x PP, 8 micro-batches, 12 iterations: the temporal pattern (notebook 03)"),
     CuratedRun("moe_ep4dp4", "tiny-moe", dict(dp=4, ep=4, micro_batch=2, global_batch=16), 300, record_iters=4,
                note="EP over the DP ranks; routing for 300 iterations"),
     CuratedRun("moe_ep2tp2", "tiny-moe", dict(tp=2, dp=2, ep=2, micro_batch=2, global_batch=8), 300,
