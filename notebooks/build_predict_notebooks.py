@@ -153,7 +153,7 @@ gpus_per_node = 8
 cases = {
     "GPT-3 175B": ["gpt3-175b", {"tp": 8, "pp": 16, "dp": 12, "micro_batch": 1, "global_batch": 1536,
                                  "seq_len": 2048}],
-    "LLaMA-3 70B": ["llama3-70b", {"tp": 4, "pp": 4, "vpp": 5, "dp": 8, "sp": True, "micro_batch": 1,
+    "LLaMA-3 70B": ["llama3-70b", {"tp": 4, "pp": 4, "vpp": 5, "cp": 2, "dp": 4, "sp": True, "micro_batch": 1,
                                    "global_batch": 512, "seq_len": 8192, "distributed_optimizer": True}],
     "GPT-3 175B, no PP (tp8 dp192)": ["gpt3-175b", {"tp": 8, "dp": 192, "micro_batch": 1, "global_batch": 1536,
                                                     "seq_len": 2048}],
@@ -180,10 +180,10 @@ out = Outputs("02_traffic_volume", out_dir)"""),
   sequence 2,048.
 * **GPT-3 175B, no PP** — the same job with the 16 pipeline stages folded into data parallelism (TP 8,
   DP 192): not a configuration that fits in GPU memory, but it isolates how PP caps the TP share.
-* **LLaMA-3 70B** — *adapted* from NVIDIA NeMo's Llama-3 70B pre-training recipe (TP 4, PP 4, virtual
-  pipeline 5, sequence parallel, sequence 8,192, micro-batch 1, distributed optimizer); the recipe also uses
-  context parallelism 2, which the predictor does not model, so CP is 1 here and DP 8 (128 GPUs), global
-  batch 512.
+* **LLaMA-3 70B** — the parallel layout of NVIDIA NeMo's Llama-3 70B pre-training recipe (TP 4, PP 4,
+  virtual pipeline 5, CP 2, sequence parallel, sequence 8,192, micro-batch 1, distributed optimizer) on
+  128 GPUs (DP 4), global batch 512. CP traffic is the ring-attention K/V exchange of `llmcomm.predict.cp`
+  (an approximation of Transformer Engine's schedule).
 * **Mixtral 8x7B** — *adapted* from the Megatron-Core MoE / NeMo Mixtral recipes (EP 8, PP 4, TP 1,
   sequence 4,096, micro-batch 1, distributed optimizer); DP 16 on 64 GPUs, global batch 256; uniform
   routing (the expected all-to-all sizes).

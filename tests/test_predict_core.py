@@ -182,3 +182,17 @@ def test_cli_prints_summary_and_refuses_bad_config(tmp_path, capsys):
     assert read_trace(out).meta["source"] == "predicted"
     assert main(["predict", "gpt3-125m", "--tp", "5"]) == 2
     assert "does not divide num_attention_heads" in capsys.readouterr().err
+
+
+def test_context_parallel_ring_and_dp_cp_group():
+    t = predict_traffic(TINY, pc(cp=2, dp=2, global_batch=2))  # order tp-cp-ep-dp-pp: CP pairs (0,1), (2,3)
+    kv = 2 * (S // 2) * (4 * 16) * 2  # K and V: 2 · b·s/cp · g·d · bf16
+    r0 = t.select(rank=0, parallelism="cp").events
+    assert len(r0) == 4 * 2 * 2  # 4 layers × (fwd send+recv, bwd send+recv)
+    assert set(r0.loc[r0["phase"] == "forward", "bytes"]) == {kv}
+    assert set(r0.loc[r0["phase"] == "backward", "bytes"]) == {2 * kv}
+    assert set(r0["peer"]) == {1}
+    dp = t.select(rank=0, parallelism="dp").events
+    assert [list(g) for g in dp["group"]] == [[0, 1, 2, 3]]  # gradients over DP × CP
+    tp2 = predict_traffic(TINY, pc(cp=2, tp=2, global_batch=1))
+    assert set(tp2.select(op="all_reduce", dtype="bf16").events["bytes"]) == {1 * (S // 2) * H * 2}

@@ -21,7 +21,7 @@ def configs(draw, m: int | None = None) -> ParallelConfig:
     dp = draw(st.sampled_from([1, 2]))
     vpp = draw(st.sampled_from([1, 2])) if pp == 2 else 1
     mb = m or draw(st.sampled_from([1, 2, 4])) * (pp if vpp > 1 else 1)
-    return ParallelConfig(tp=tp, pp=pp, dp=dp, vpp=vpp, sp=draw(st.booleans()) and tp > 1, seq_len=32,
+    return ParallelConfig(tp=tp, pp=pp, dp=dp, vpp=vpp, cp=draw(st.sampled_from([1, 1, 2])), sp=draw(st.booleans()) and tp > 1, seq_len=32,
                           global_batch=mb * dp, distributed_optimizer=draw(st.booleans()),
                           order=draw(st.sampled_from(["tp-cp-ep-dp-pp", "tp-pp-dp"])),
                           schedule=draw(st.sampled_from(["1f1b", "gpipe"])) if vpp == 1 else "interleaved")
@@ -87,17 +87,21 @@ def _tied(model, p) -> int:
 @given(configs())
 @SETTINGS
 def test_support_is_the_union_of_layout_groups(p):
+    from llmcomm.predict.expand import dp_cp_groups
+    from llmcomm.predict.summary import support_violations
+
     t = predict_traffic(TINY, p)
+    assert support_violations(t).empty
     lay = Layout(p)
-    for par, kinds in (("tp", ["tp"]), ("sp", ["tp"]), ("dp", ["dp"]), ("pp", ["pp"])):
+    for par, kinds in (("tp", ["tp"]), ("sp", ["tp"]), ("cp", ["cp"]), ("dp", ["dpcp"]), ("pp", ["pp"])):
         m = t.matrix("direct", world_size=p.world_size, parallelism=par).tocoo()
         allowed = np.zeros((p.world_size, p.world_size), dtype=bool)
         for k in kinds:
-            for g in lay.groups(k):
+            for g in dp_cp_groups(lay) if k == "dpcp" else lay.groups(k):
                 allowed[np.ix_(g, g)] = True
         np.fill_diagonal(allowed, False)
         got = np.zeros_like(allowed)
         got[m.row, m.col] = m.data > 0
         assert not (got & ~allowed).any()
-        if par == "tp" and p.tp > 1 or par == "dp" and p.dp > 1 or par == "sp" and p.sp:
+        if par == "tp" and p.tp > 1 or par == "dp" and p.dp * p.cp > 1 or par == "sp" and p.sp:
             assert (got == allowed).all()  # every pair of every group talks

@@ -3,7 +3,7 @@
 ``predict_traffic(model, parallel)`` returns a :class:`llmcomm.trace.Trace` (``source = "predicted"``) whose
 rows are tagged with parallelism, phase, layer, micro-batch, op, group, peer, bytes and dtype, in the order
 the pipeline schedule issues them. One small module per parallelism holds the formulas: :mod:`.tp`,
-:mod:`.pp`, :mod:`.dp`, :mod:`.ep`; :mod:`.schedule` orders the steps; :mod:`.program` strings them together
+:mod:`.pp`, :mod:`.dp`, :mod:`.ep`, :mod:`.cp`; :mod:`.schedule` orders the steps; :mod:`.program` strings them together
 per stage; :mod:`.expand` spreads a stage's program over its ranks with numpy.
 
 ``framework="megatron"`` describes Megatron-LM (``megatron/core``). ``framework="torch"`` describes what torch's
@@ -90,8 +90,6 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
 
 def _check_supported(model: ModelSpec, parallel: ParallelConfig) -> None:
     """Rules of Megatron-LM the predictor relies on, beyond :func:`llmcomm.specs.validate`."""
-    if parallel.cp > 1:
-        raise ConfigError(f"cp={parallel.cp}: context-parallel attention traffic is not modelled by the predictor")
     if model.is_moe and parallel.tp > 1 and parallel.ep > 1 and not parallel.sp:
         raise ConfigError("tp>1 with ep>1 needs sp=True (Megatron-LM: 'When using expert parallelism and "
                           "tensor parallelism, sequence parallelism must be used')")

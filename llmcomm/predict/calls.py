@@ -1,5 +1,5 @@
 """The unit the predictor works in: a :class:`Call` template (one communication call of one pipeline stage,
-with its group named by kind rather than by ranks), and :class:`Context`, the sizes every generator needs.
+with its group named by kind rather than by ranks, ``GROUP_KINDS``), and :class:`Context`, the sizes every generator needs.
 
 Sizes (``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``cp`` context-parallel size, ``tp`` tensor-parallel
 size, ``act`` bytes per activation element)::
@@ -18,8 +18,9 @@ from ..errors import ConfigError
 from ..specs import ModelSpec, ParallelConfig, dtype_bytes
 
 FRAMEWORKS = ("megatron", "torch")
-# group kinds a Call can name; "p2p" means [rank, peer]
-GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p")
+# group kinds a Call can name; "p2p" / "cp_p2p" mean [rank, peer] with the peer in the PP / CP group;
+# "dpcp" is the data-parallel group with context parallelism folded in (Megatron's gradient group)
+GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp")
 
 
 @dataclass(frozen=True)

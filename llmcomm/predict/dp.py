@@ -18,7 +18,8 @@ Megatron-LM's DDP (``megatron/core/distributed``), one gradient bucket per dtype
 * FSDP (ZeRO-3 style): per micro-batch, all-gather of each layer's parameters in the forward and again in the
   backward, reduce-scatter of its gradients in the backward (see :func:`fsdp_unit_forward`).
 
-Groups of size 1 issue nothing. Buffer padding (Megatron pads distributed-optimizer buffers to a multiple of
+With context parallelism the non-expert gradients are reduced over the DP × CP group. Groups of size 1
+issue nothing. Buffer padding (Megatron pads distributed-optimizer buffers to a multiple of
 the DP size) is not modelled: at most ``dp - 1`` elements per buffer.
 """
 
@@ -90,6 +91,11 @@ def stage_parameters(ctx: Context, stage: int) -> StageParams:
     return StageParams(dense, expert, repl)
 
 
+def _dp_kind(ctx: Context) -> str:
+    """Non-expert gradients are reduced over DP × CP (Megatron's ``data_parallel_group_with_cp``)."""
+    return "dpcp" if ctx.parallel.cp > 1 else "dp"
+
+
 def _sizes(ctx: Context) -> tuple[int, int, str, str]:
     p = ctx.parallel
     return dtype_bytes(p.grad_reduce_dtype), dtype_bytes(p.param_dtype), p.grad_reduce_dtype, p.param_dtype
@@ -104,7 +110,7 @@ def grad_sync(ctx: Context, params: StageParams) -> list[Call]:
     op = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
     out = []
     if ctx.parallel.dp * ctx.parallel.cp > 1 and params.dense:
-        out.append(Call("optimizer", "dp", op, "dp", params.dense * gb, gdt))
+        out.append(Call("optimizer", "dp", op, _dp_kind(ctx), params.dense * gb, gdt))
     if ctx.parallel.expert_dp > 1 and params.expert:
         out.append(Call("optimizer", "dp", op, "edp", params.expert * gb, gdt))
     return out
@@ -117,7 +123,7 @@ def param_gather(ctx: Context, params: StageParams) -> list[Call]:
     _, pb, _, pdt = _sizes(ctx)
     out = []
     if ctx.parallel.dp * ctx.parallel.cp > 1 and params.dense:
-        out.append(Call("optimizer", "dp", "all_gather", "dp", params.dense * pb, pdt))
+        out.append(Call("optimizer", "dp", "all_gather", _dp_kind(ctx), params.dense * pb, pdt))
     if ctx.parallel.expert_dp > 1 and params.expert:
         out.append(Call("optimizer", "dp", "all_gather", "edp", params.expert * pb, pdt))
     return out
@@ -131,7 +137,7 @@ def fsdp_unit_forward(ctx: Context, dense: int, expert: int, layer: int, mb: int
     _, pb, _, pdt = _sizes(ctx)
     out = []
     if ctx.parallel.dp * ctx.parallel.cp > 1 and dense:
-        out.append(Call(phase, "dp", "all_gather", "dp", dense * pb, pdt, layer, mb))
+        out.append(Call(phase, "dp", "all_gather", _dp_kind(ctx), dense * pb, pdt, layer, mb))
     if ctx.parallel.expert_dp > 1 and expert:
         out.append(Call(phase, "dp", "all_gather", "edp", expert * pb, pdt, layer, mb))
     return out
@@ -144,7 +150,7 @@ def fsdp_unit_backward(ctx: Context, dense: int, expert: int, layer: int, mb: in
     gb, _, gdt, _ = _sizes(ctx)
     out = fsdp_unit_forward(ctx, dense, expert, layer, mb, phase="backward")
     if ctx.parallel.dp * ctx.parallel.cp > 1 and dense:
-        out.append(Call("backward", "dp", "reduce_scatter", "dp", dense * gb, gdt, layer, mb))
+        out.append(Call("backward", "dp", "reduce_scatter", _dp_kind(ctx), dense * gb, gdt, layer, mb))
     if ctx.parallel.expert_dp > 1 and expert:
         out.append(Call("backward", "dp", "reduce_scatter", "edp", expert * gb, gdt, layer, mb))
     return out

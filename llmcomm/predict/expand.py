@@ -24,7 +24,7 @@ from .calls import Call
 _PHASES = ("forward", "backward", "optimizer", "setup")
 _PARS = ("tp", "sp", "cp", "pp", "dp", "ep", "other")
 _OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
-_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p")
+_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp")
 _ROUTES = ("", "dispatch", "combine", "counts")
 
 
@@ -45,6 +45,15 @@ def aggregate_calls(calls: Sequence[Call]) -> tuple[list[Call], list[int]]:
     return out, counts
 
 
+def dp_cp_groups(lay: Layout) -> np.ndarray:
+    """Data-parallel groups with CP folded in: the ranks that share TP and PP coordinates, by rank."""
+    c = lay.coords
+    key = c["tp"].to_numpy() + lay.parallel.tp * c["pp"].to_numpy()
+    order = np.lexsort((c["rank"].to_numpy(), key))
+    g = c["rank"].to_numpy()[order].reshape(-1, lay.parallel.dp * lay.parallel.cp)
+    return g[np.argsort(g.min(axis=1), kind="stable")]
+
+
 class _Groups:
     """Group matrices and per-rank group rows of a layout, built once."""
 
@@ -58,6 +67,8 @@ class _Groups:
             if kind == "emb":
                 ppg = self.lay.groups("pp")
                 g = ppg[:, [0, -1]] if ppg.shape[1] > 1 else ppg
+            elif kind == "dpcp":
+                g = dp_cp_groups(self.lay)
             else:
                 g = self.lay.groups(kind)
             # ranks outside every group (middle stages for "emb") point at row 0; they never use it
@@ -102,8 +113,14 @@ def stage_table(lay: Layout, groups: _Groups, stage: int, calls: Sequence[Call],
     if is_p2p.any() and ppg is not None:
         rows = groups.rows("pp", rank[is_p2p])
         peer[is_p2p] = rows[np.arange(len(rows)), (stage + col["peer"][is_p2p]) % p]
+    is_cp = col["kind"] == _KINDS.index("cp_p2p")
+    if is_cp.any():
+        rows = groups.rows("cp", rank[is_cp])
+        pos = lay.coords["cp"].to_numpy()[rank[is_cp]]
+        peer[is_cp] = rows[np.arange(len(rows)), (pos + col["peer"][is_cp]) % lay.parallel.cp]
     # group lists
-    sizes = {k: (2 if k == "p2p" else groups.matrix(k).shape[1]) for k in _KINDS if (tmpl["kind"] == _KINDS.index(k)).any()}
+    sizes = {k: (2 if k in ("p2p", "cp_p2p") else groups.matrix(k).shape[1])
+             for k in _KINDS if (tmpl["kind"] == _KINDS.index(k)).any()}
     lens = np.zeros(n * t, dtype=np.int64)
     for k, sz in sizes.items():
         lens[col["kind"] == _KINDS.index(k)] = sz
@@ -112,7 +129,7 @@ def stage_table(lay: Layout, groups: _Groups, stage: int, calls: Sequence[Call],
     values = np.empty(int(offsets[-1]), dtype=np.int32)
     for k, sz in sizes.items():
         sel = np.nonzero(col["kind"] == _KINDS.index(k))[0]
-        members = np.stack([rank[sel], peer[sel]], axis=1) if k == "p2p" else groups.rows(k, rank[sel])
+        members = np.stack([rank[sel], peer[sel]], axis=1) if k in ("p2p", "cp_p2p") else groups.rows(k, rank[sel])
         values[(offsets[sel][:, None] + np.arange(sz)).ravel()] = members.ravel()
     group = pa.LargeListArray.from_arrays(offsets, values).cast(pa.list_(pa.int32()))
     # all-to-all splits

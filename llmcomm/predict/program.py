@@ -17,13 +17,26 @@ from __future__ import annotations
 import dataclasses
 
 from ..specs import dtype_bytes
-from . import dp, ep, pp, tp
+from . import cp, dp, ep, pp, tp
 from .calls import Call, Context
 from .schedule import schedule
 
 
+def attention_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
+    """QKV side (SP all-gather), the CP ring inside core attention, then the projection (RS or AR)."""
+    t = tp.block_forward(ctx, layer, mb)
+    return t[:-1] + cp.ring_forward(ctx, layer, mb) + t[-1:]
+
+
+def attention_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
+    """Projection backward (SP all-gather), the CP ring, then the QKV input gradient (AG+RS or AR)."""
+    t = tp.block_backward(ctx, layer, mb)
+    k = 1 if ctx.sp else 0
+    return t[:k] + cp.ring_backward(ctx, layer, mb) + t[k:]
+
+
 def layer_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    out = tp.block_forward(ctx, layer, mb)
+    out = attention_forward(ctx, layer, mb)
     if ctx.moe_pattern[layer]:
         out += ep.moe_forward(ctx, layer, mb)
     else:
@@ -33,7 +46,7 @@ def layer_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
 
 def layer_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
     out = ep.moe_backward(ctx, layer, mb) if ctx.moe_pattern[layer] else tp.block_backward(ctx, layer, mb)
-    return out + tp.block_backward(ctx, layer, mb)
+    return out + attention_backward(ctx, layer, mb)
 
 
 def _forward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:

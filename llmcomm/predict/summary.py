@@ -136,20 +136,27 @@ def pair_class_table(traces: dict[str, Trace], gpus_per_node: int = 8, algorithm
 
 def support_violations(trace: Trace, algorithm: str = "direct") -> pd.DataFrame:
     """Nonzero matrix entries ``(parallelism, src, dst)`` whose two ranks share no group of that
-    parallelism in the trace's layout (``tp`` for tp and sp, ``pp``, ``dp`` and ``edp`` for dp, ``ep``). Empty when every
+    parallelism in the trace's layout (``tp`` for tp and sp, ``cp``, ``pp``, ``dp`` (with CP folded in) and
+    ``edp`` for dp, ``ep``). Empty when every
     byte flows inside a group — finding F1's "determined by the parallel config and the rank mapping"."""
     from ..layout import Layout
+    from .expand import dp_cp_groups
 
     lay = Layout(ParallelConfig.from_dict(trace.meta["parallel"]), int(trace.meta.get("gpus_per_node", 8)))
     f = trace.flows(algorithm)
     f = f[f["bytes"] > 0]
     bad = []
-    kinds = {"tp": ["tp"], "sp": ["tp"], "pp": ["pp"], "dp": ["dp", "edp"], "ep": ["ep"]}
+    kinds = {"tp": ["tp"], "sp": ["tp"], "cp": ["cp"], "pp": ["pp"], "dp": ["dp", "edp", "dpcp"], "ep": ["ep"]}
     for par, sub in f.groupby("parallelism", observed=True):
         ok = np.zeros(len(sub), dtype=bool)
         src, dst = sub["src"].to_numpy(), sub["dst"].to_numpy()
         for k in kinds.get(str(par), []):
-            gi = lay.group_index(k)
+            if k == "dpcp":
+                g = dp_cp_groups(lay)
+                gi = np.empty(lay.world_size, dtype=np.int64)
+                gi[g.ravel()] = np.repeat(np.arange(g.shape[0]), g.shape[1])
+            else:
+                gi = lay.group_index(k)
             ok |= gi[src] == gi[dst]
         bad.append(sub.loc[~ok, ["parallelism", "src", "dst", "bytes"]])
     return pd.concat(bad, ignore_index=True) if bad else pd.DataFrame(columns=["parallelism", "src", "dst", "bytes"])
