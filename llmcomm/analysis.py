@@ -8,7 +8,8 @@ Temporal pattern (finding F3)
 * :func:`comm_time_series` bins a rank's calls on the wall clock: ``x[i]`` = bytes of the calls whose start
   falls in ``[t0 + i·Δ, t0 + (i+1)·Δ)``, or with ``value="busy"`` the fraction of the bin covered by calls in
   flight (``[t_start, t_end]``).
-* :func:`autocorrelation`: ``r(k) = Σ (x_i - x̄)(x_{i+k} - x̄) / Σ (x_i - x̄)²`` (statsmodels ``acf``).
+* :func:`autocorrelation`: ``r(k) = Σ (x_i - x̄)(x_{i+k} - x̄) / Σ (x_i - x̄)²`` (statsmodels ``acf``);
+  :func:`mean_autocorrelation` averages it over ranks.
 * :func:`periods`: the measured micro-batch and iteration periods of a rank (median time between the first
   calls of consecutive micro-batches / iterations), the lags where the autocorrelation should peak.
 * :func:`acf_peak_near`: the highest local maximum of ``r`` within a relative window around a lag.
@@ -133,3 +134,22 @@ def repeatability(events: pd.DataFrame, reference_iteration: int = 1,
         rows.append({"rank": rank, "iteration": it, "calls": len(seq), "identical": seq == ref,
                      "position_match": same / n if n else 1.0})
     return pd.DataFrame(rows)
+
+
+def mean_autocorrelation(events: pd.DataFrame, bin_s: float, nlags: int, ranks: Sequence[int] | None = None,
+                         parallelism: str | Sequence[str] | None = None, value: str = "busy") -> pd.DataFrame:
+    """Autocorrelation averaged over ranks: ``r̄(k) = (1/R) Σ_r r_r(k)`` of each rank's
+    :func:`comm_time_series` on one common clock. Columns ``lag``, ``acf``, and ``n`` (bins per rank);
+    the white-noise band of the mean is ``±1.96/√(n·R)``."""
+    e = _timed(events)
+    ranks = sorted(e["rank"].unique()) if ranks is None else list(ranks)
+    t0 = int(e["t_start_ns"].min())
+    t1 = int(e["t_end_ns"].fillna(e["t_start_ns"]).max())
+    acfs = []
+    n = 0
+    for r in ranks:
+        s = comm_time_series(e, bin_s, rank=r, parallelism=parallelism, value=value, t0_ns=t0, t1_ns=t1)
+        n = len(s)
+        acfs.append(autocorrelation(s["value"], nlags)["acf"].to_numpy())
+    k = min(len(a) for a in acfs)
+    return pd.DataFrame({"lag": np.arange(k), "acf": np.mean([a[:k] for a in acfs], axis=0), "n": n * len(ranks)})
