@@ -252,3 +252,28 @@ def test_aicb_timings_as_bandwidth(external) -> None:
     # AICB's algbw column = msg_size / time; ours must agree (to its 2-decimal rounding)
     algbw = np.array([float(r["algbw"]) for r in rows])
     assert np.allclose(bw["algbw"].to_numpy(), algbw, atol=0.006, rtol=1e-3)
+
+
+def test_kineto_fast_path_equals_full_parse(external) -> None:
+    """The layout-aware fast path reads exactly what the full JSON parse reads, on every real trace."""
+    from llmcomm.ingest import kineto
+    from llmcomm.ingest.common import GroupTagger
+    from llmcomm.ingest.sources import iter_sources
+
+    srcs = list(iter_sources([external("hta/nccl_data.json.gz"), external("param/dlrm_kineto.tar.gz")]))
+    assert len(srcs) == 9
+    for src in srcs:
+        assert kineto._split_kineto_layout(src) is not None  # the real files have the profiler's layout
+        fast, mf = kineto.parse(src, GroupTagger(), fast=True)
+        full, mb = kineto.parse(src, GroupTagger(), fast=False)
+        assert fast.equals(full) and mf == mb
+
+
+def test_truncated_real_trace_is_an_error(external, tmp_path) -> None:
+    data = gzip.decompress(external("hta/nccl_data.json.gz").read_bytes())
+    for cut in (len(data) // 2, len(data) - 10):
+        p = tmp_path / f"cut{cut}.json"
+        p.write_bytes(data[:cut])
+        with pytest.raises(Exception) as ei:
+            ingest_trace(p)
+        assert ei.type.__name__ == "TraceFormatError" and p.name in str(ei.value)

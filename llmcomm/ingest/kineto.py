@@ -46,6 +46,17 @@ from .common import (
 )
 from .sources import Source, loads_json
 
+# Kineto writes one event per block: "[\n  {\n    "ph": ..., "cat": ..., "name": ...\n  },\n  {..."
+_ARRAY_START = b'"traceEvents": [\n  {'
+_ARRAY_END = b"}\n  ]"
+_BLOCK_OPEN = b"\n  {"
+_BLOCK_CLOSE = b"\n  }"
+_WANTED = re.compile(
+    rb'"name": "(?:record_param_comms|nccl:|ProfilerStep#|Optimizer\.step|autograd::engine::evaluate_function'
+    rb'|c10d::alltoall)'
+    rb'|"cat": "kernel", "name": "nccl|"cat": "cuda_(?:runtime|driver)", "name": "cu(?:da)?LaunchKernel'
+    rb'|"cat": "user_annotation"')
+
 NCCL_KERNEL = re.compile(r"^nccl(Dev)?Kernel", re.IGNORECASE)
 BWD_ANNOTATION = re.compile(r"backward|bwd", re.IGNORECASE)
 
@@ -99,13 +110,21 @@ def _dims_numel(dims: Any, origin: str) -> int:
 
 
 @guarded("Kineto")
-def parse(src: Source, parallel_tagger: GroupTagger | None = None, rank: int | None = None) -> tuple[pa.Table, dict]:
-    """One Kineto trace -> (events table of its rank, meta). See the module docstring for the rules."""
+def parse(src: Source, parallel_tagger: GroupTagger | None = None, rank: int | None = None,
+          fast: bool = True) -> tuple[pa.Table, dict]:
+    """One Kineto trace -> (events table of its rank, meta). See the module docstring for the rules.
+
+    ``fast``: when the file has the profiler's own layout, parse only the events that matter (see
+    :func:`_split_kineto_layout`); ``fast=False`` always parses the whole document (same result)."""
     origin = src.name
-    doc = loads_json(src)
-    if not looks_like(doc):
-        raise TraceFormatError(f"{origin}: field 'traceEvents': missing; not a PyTorch profiler trace")
-    events = doc["traceEvents"]
+    split = _split_kineto_layout(src) if fast else None
+    if split is not None:
+        doc, events = split
+    else:
+        doc = loads_json(src)
+        if not looks_like(doc):
+            raise TraceFormatError(f"{origin}: field 'traceEvents': missing; not a PyTorch profiler trace")
+        events = doc["traceEvents"]
     if not isinstance(events, list):
         raise TraceFormatError(f"{origin}: field 'traceEvents': expected a list, got {type(events).__name__}")
     dist = doc.get("distributedInfo")
@@ -388,3 +407,46 @@ def _a2a_received(calls: list[dict], a2a_ops: list[dict], origin: str) -> list[i
 
 def _dims_numel_safe(c: dict) -> int:
     return c.get("numel", 0)
+
+
+def _split_kineto_layout(src: Source) -> tuple[dict, list[dict]] | None:
+    """Fast path for files in the profiler's own layout: locate the events that can matter (communication
+    records and annotations, NCCL kernels, kernel launches, step / optimizer / backward spans) with one regex
+    scan, parse just their blocks, and parse the document without its events (metadata, and a check of
+    the outer structure, so a truncated file is still an error). Memory stays near the file's size instead
+    of a Python object per event. ``None`` (use the full parse) when the layout is not recognized."""
+    import orjson
+
+    data = src.data
+    start = data.find(_ARRAY_START)
+    if start < 0:
+        return None
+    first = start + len(_ARRAY_START) - 1  # the first event's "{"
+    last_open = data.rfind(_BLOCK_OPEN)
+    end = data.find(_ARRAY_END, max(last_open, first))
+    if end < 0:
+        return None  # truncated, or another layout: the full parse decides
+    try:
+        header = orjson.loads(data[:start] + b'"traceEvents": []' + data[end + len(_ARRAY_END):])
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(header, dict):
+        return None
+    events = []
+    loads = orjson.loads
+    prev = -1
+    find, rfind = data.find, data.rfind
+    for m in _WANTED.finditer(data, first, end + 1):
+        p = m.start()
+        if p < prev:
+            continue  # a second marker inside the block just taken
+        b0 = rfind(_BLOCK_OPEN, first - 3, p)
+        b0 = first if b0 < 0 else b0 + 3
+        b1 = find(_BLOCK_CLOSE, p, end + 1)
+        b1 = end + 1 if b1 < 0 else b1 + 4
+        prev = b1
+        try:
+            events.append(loads(data[b0:b1]))
+        except orjson.JSONDecodeError as e:
+            raise TraceFormatError(f"{src.name}: not valid JSON near byte {b0}: {e}") from None
+    return header, events
