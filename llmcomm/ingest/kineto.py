@@ -414,8 +414,12 @@ def _split_kineto_layout(src: Source) -> tuple[dict, list[dict]] | None:
     records and annotations, NCCL kernels, kernel launches, step / optimizer / backward spans) with one regex
     scan, parse just their blocks, and parse the document without its events (metadata, and a check of
     the outer structure, so a truncated file is still an error). Memory stays near the file's size instead
-    of a Python object per event. ``None`` (use the full parse) when the layout is not recognized."""
-    import orjson
+    of a Python object per event. ``None`` (use the full parse) when the layout is not recognized or
+    orjson is not installed."""
+    try:
+        import orjson
+    except ImportError:
+        return None
 
     data = src.data
     start = data.find(_ARRAY_START)
