@@ -103,7 +103,7 @@ def volume_bars(df: pd.DataFrame, x: str = "config", ax: Axes | None = None, tit
     order = [p for p in PARALLELISM_COLORS if p in piv.columns]
     piv[order].plot(kind="bar", stacked=True, ax=ax, color=[PARALLELISM_COLORS[p] for p in order], width=0.7)
     ax.set(ylabel="GiB per iteration" if unit == 2**30 else "bytes", xlabel="", title=title or "")
-    ax.tick_params(axis="x", rotation=0)
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
     ax.legend(title="", fontsize=8)
     return ax
 
@@ -184,4 +184,46 @@ def acf_plot(acf: pd.DataFrame, lag_s: float, marks: dict[str, float] | None = N
     ax.axhline(0, color="k", lw=0.6)
     ax.set(xlabel="lag [s]", ylabel="autocorrelation", title=title or "")
     ax.legend(fontsize=8)
+    return ax
+
+
+# ===================================================================================================
+# Real traces and bandwidth measurements (notebook 04_real_traces; llmcomm.ingest)
+# ===================================================================================================
+def call_duration_spread(seq: pd.DataFrame, ax: Axes | None = None, top: int = 10,
+                         title: str | None = None) -> Axes:
+    """Distribution of each collective's duration (µs, log-x) over all its calls, one row per collective
+    label (``seq``: ``collective``, ``duration_us``, ``parallelism`` as from
+    :func:`llmcomm.ingest.summary.call_sequence`); the ``top`` collectives with most calls."""
+    ax = ax or plt.subplots(figsize=(7, 0.45 * top + 1.2))[1]
+    order = seq["collective"].value_counts().index[:top].tolist()
+    d = seq[seq["collective"].isin(order) & (seq["duration_us"] > 0)]
+    pal = {c: PARALLELISM_COLORS.get(c.split("/")[1], "#8C8C8C") for c in order}
+    sns.boxplot(data=d, y="collective", x="duration_us", order=order, hue="collective", palette=pal,
+                legend=False, whis=(1, 99), fliersize=1.5, linewidth=0.8, ax=ax)
+    ax.set(xscale="log", xlabel="duration per call [µs]", ylabel="", title=title or "")
+    return ax
+
+
+def a2a_matrix_heatmap(mat: np.ndarray, ax: Axes | None = None, unit: float = 2**10, title: str | None = None,
+                       label: str = "KiB") -> Axes:
+    """A small all-to-all matrix (sender rows, receiver columns) with its values written in ``unit``s."""
+    ax = ax or plt.subplots(figsize=(5.5, 4.5))[1]
+    sns.heatmap(mat / unit, annot=mat.shape[0] <= 16, fmt=".1f", cmap="rocket_r", square=True,
+                cbar_kws={"label": label}, ax=ax, annot_kws={"fontsize": 7})
+    ax.set(xlabel="receiver rank", ylabel="sender rank", title=title or "")
+    return ax
+
+
+def busbw_curves(bw: pd.DataFrame, ax: Axes | None = None, hue: str = "ranks", title: str | None = None,
+                 placement: str = "out-of-place") -> Axes:
+    """Bus bandwidth (GB/s) against message size (log-x), one line per ``hue`` value (tidy bandwidth table
+    from :func:`llmcomm.ingest.ingest_bandwidth`)."""
+    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
+    d = bw[(bw["placement"] == placement) & (bw["bytes"] > 0)].copy()
+    d[hue] = d[hue].astype(str) if hue != "ranks" else d[hue].astype(int)
+    sns.lineplot(data=d, x="bytes", y="busbw", hue=hue, palette="viridis" if hue == "ranks" else None,
+                 legend="full", ax=ax, lw=1.2)
+    ax.set(xscale="log", xlabel="message size [bytes]", ylabel="bus bandwidth [GB/s]", title=title or "")
+    ax.legend(title=hue, fontsize=7, ncol=2)
     return ax
