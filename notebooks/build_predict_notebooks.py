@@ -211,11 +211,12 @@ about `24/26 ≈ 92%` of message bytes (exactly `(4L·A + 2A + CE)/(… + 2(pp�
 output-layer and cross-entropy calls) however many micro-batches there are; without PP the cap is 100%."""),
     new_code_cell("""curves = pd.concat([tp_share_vs_microbatches(lc.load_model(m), lc.ParallelConfig(**p),
                                               [k for k in microbatches if k % (p["pp"] if p.get("vpp", 1) > 1 else 1) == 0])
-                    .assign(model=label) for label, (m, p) in cases.items()], ignore_index=True)
+                    .assign(model=label) for label, (m, p) in cases.items() if p.get("tp", 1) > 1],
+                   ignore_index=True)   # (Mixtral runs with tp 1: no TP bytes at all, EP dominates)
 fig, ax = plt.subplots(figsize=(6.5, 4))
 tp_share_curve(curves, ax=ax, threshold=threshold)
 out.figure(fig, "tp_share_vs_microbatches")
-crossings = {label: first_crossing(curves[curves["model"] == label], threshold) for label in cases}
+crossings = {label: first_crossing(curves[curves["model"] == label], threshold) for label in set(curves["model"])}
 out.value("microbatches_to_99pct_tp", crossings)
 crossings"""),
     new_markdown_cell("""## Pair classes
@@ -226,7 +227,7 @@ fig, ax = plt.subplots(figsize=(7, 4))
 pc_tab.assign(label=pc_tab["parallelism"] + " " + pc_tab["pair_class"]).pivot_table(
     index="config", columns="label", values="share", fill_value=0).plot(kind="bar", stacked=True, ax=ax, width=0.7)
 ax.set(ylabel="share of wire bytes", xlabel="")
-ax.tick_params(axis="x", rotation=0)
+plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
 ax.legend(fontsize=7, title="")
 out.figure(fig, "pair_classes")
 pc_tab"""),
