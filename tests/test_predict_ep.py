@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmcomm import ConfigError, ModelSpec, ParallelConfig
 from llmcomm.predict import predict_traffic
@@ -96,3 +98,26 @@ def test_moe_with_tp_needs_sp_and_adds_expert_tp_calls():
     t = predict_traffic(MOE, pc(tp=2, dp=2, ep=2, sp=True, global_batch=2))
     a = t.select(rank=0, op="all_to_all").events
     assert (a["bytes"] == (S // 2) * K * H * 2).all()  # SP: each TP rank dispatches its s/tp tokens
+
+
+@given(ep=st.sampled_from([2, 4]), edp=st.sampled_from([1, 2]), m=st.sampled_from([1, 2]),
+       topk=st.sampled_from([1, 2, 4]))
+@settings(max_examples=12, deadline=None)
+def test_uniform_routing_volume_property(ep, edp, m, topk):
+    import dataclasses
+
+    model = dataclasses.replace(MOE, moe_router_topk=topk)
+    dp = ep * edp
+    p = pc(dp=dp, ep=ep, global_batch=m * dp)
+    arr = np.zeros((model.num_layers, m, dp, E), dtype=np.int64)
+    arr[[0, 2]] = S * topk // E  # every source spreads its s·k assignments evenly over the experts
+    u, r = predict_traffic(model, p), predict_traffic(model, p, routing=arr)
+    assert u.volumes(["parallelism", "op"]).equals(r.volumes(["parallelism", "op"]))
+    assert abs(u.matrix("direct") - r.matrix("direct")).max() == 0
+
+
+def test_routing_with_several_iterations_is_refused():
+    df = pd.DataFrame({"iteration": [0, 1], "microbatch": [0, 0], "layer": [0, 0], "src_rank": [0, 0],
+                       "expert": [0, 1], "tokens": [1, 1]})
+    with pytest.raises(ConfigError, match="iterations"):
+        predict_traffic(MOE, pc(dp=2, ep=2, global_batch=2), routing=df)
