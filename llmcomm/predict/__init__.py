@@ -45,7 +45,7 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
         model = load_model(model)
     check = cluster.for_world(parallel.world_size) if cluster is not None and cluster.num_nodes is None else cluster
     validate(model, parallel, check)
-    _check_supported(model, parallel)
+    _check_supported(model, parallel, framework)
     ctx = Context(model, parallel, framework)
     lay = Layout(parallel, cluster.gpus_per_node if cluster is not None else 8)
     build = torch_rules.stage_program if framework == "torch" else program.stage_program
@@ -88,9 +88,9 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
     return Trace(table_to_events(table), meta, routing if isinstance(routing, pd.DataFrame) else None)
 
 
-def _check_supported(model: ModelSpec, parallel: ParallelConfig) -> None:
+def _check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str) -> None:
     """Rules of Megatron-LM the predictor relies on, beyond :func:`llmcomm.specs.validate`."""
-    if model.is_moe and parallel.tp > 1 and parallel.ep > 1 and not parallel.sp:
+    if framework == "megatron" and model.is_moe and parallel.tp > 1 and parallel.ep > 1 and not parallel.sp:
         raise ConfigError("tp>1 with ep>1 needs sp=True (Megatron-LM: 'When using expert parallelism and "
                           "tensor parallelism, sequence parallelism must be used')")
     m = parallel.num_microbatches
