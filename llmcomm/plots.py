@@ -216,14 +216,17 @@ def a2a_matrix_heatmap(mat: np.ndarray, ax: Axes | None = None, unit: float = 2*
 
 
 def busbw_curves(bw: pd.DataFrame, ax: Axes | None = None, hue: str = "ranks", title: str | None = None,
-                 placement: str = "out-of-place") -> Axes:
-    """Bus bandwidth (GB/s) against message size (log-x), one line per ``hue`` value (tidy bandwidth table
-    from :func:`llmcomm.ingest.ingest_bandwidth`)."""
+                 placement: str = "out-of-place", style: str | None = None) -> Axes:
+    """Bus bandwidth (GB/s) against message size (log-x), one line per ``hue`` value (in numeric order when
+    numeric) and optionally per ``style`` value (tidy bandwidth table from
+    :func:`llmcomm.ingest.ingest_bandwidth`)."""
     ax = ax or plt.subplots(figsize=(6.5, 4))[1]
     d = bw[(bw["placement"] == placement) & (bw["bytes"] > 0)].copy()
-    d[hue] = d[hue].astype(str) if hue != "ranks" else d[hue].astype(int)
-    sns.lineplot(data=d, x="bytes", y="busbw", hue=hue, palette="viridis" if hue == "ranks" else None,
-                 legend="full", ax=ax, lw=1.2)
+    levels = sorted(d[hue].dropna().unique(), key=lambda v: (str(type(v)), v))
+    d[hue] = d[hue].astype(str)
+    order = [str(v) for v in levels]
+    sns.lineplot(data=d, x="bytes", y="busbw", hue=hue, hue_order=order, style=style,
+                 palette=sns.color_palette("viridis", len(order)), legend="full", ax=ax, lw=1.2)
     ax.set(xscale="log", xlabel="message size [bytes]", ylabel="bus bandwidth [GB/s]", title=title or "")
-    ax.legend(title=hue, fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2)
     return ax
