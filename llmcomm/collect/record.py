@@ -85,6 +85,26 @@ _FUNC_OPS = {
 }
 
 
+def _comm_ops() -> frozenset[Any]:
+    """Every overload of the dispatcher ops the recorder looks at (a set: one hash per dispatched op)."""
+    out = set()
+    for ns, names in (("c10d", (*_C10D_OPS, "barrier", "gather_", "scatter_", "reduce_", "monitored_barrier_",
+                                 "recv_any_source_")),
+                      ("_c10d_functional", (*_FUNC_OPS, "wait_tensor", "batch_p2p_ops"))):
+        mod = getattr(torch.ops, ns)
+        for name in names:
+            try:
+                packet = getattr(mod, name)
+            except (AttributeError, RuntimeError):
+                continue
+            for ov in packet.overloads():
+                out.add(getattr(packet, ov))
+    return frozenset(out)
+
+
+_COMM_OPS = _comm_ops()
+
+
 def dtype_name(dt: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bf16"``; non-float dtypes keep torch's name (``"int64"``)."""
     return _DTYPE_NAMES.get(dt, str(dt).removeprefix("torch."))
@@ -230,10 +250,10 @@ class Recorder(TorchDispatchMode):
 
     # -- dispatch --------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func not in _COMM_OPS or not self._enabled:  # the fast path every other aten op takes
+            return func(*args, **kwargs) if kwargs else func(*args)
         kwargs = kwargs or {}
         ns = func.namespace
-        if ns != "c10d" and ns != "_c10d_functional" or not self._enabled:
-            return func(*args, **kwargs)
         name = func._opname
         if ns == "_c10d_functional" and name == "wait_tensor":
             out = func(*args, **kwargs)
