@@ -50,6 +50,12 @@ def test_prediction_equals_recording(path: Path):
         diff = pd.concat({"predicted": want, "recorded": have}, axis=1).fillna(0)
         bad = diff[~np.isclose(diff["predicted"], diff["recorded"], rtol=1e-12, atol=0)]
         assert bad.empty, f"{path.name} iteration {it}: {len(bad)} (parallelism, src, dst) differ:\n{bad.head(20)}"
+        # stronger than the bytes: every rank issues the same calls in the same order
+        key = ["microbatch", "parallelism", "op", "bytes"]
+        for rank in range(parallel.world_size):
+            a = got.events.loc[got.events["rank"] == rank, key].to_numpy().tolist()
+            b = pred.events.loc[pred.events["rank"] == rank, key].to_numpy().tolist()
+            assert a == b, f"{path.name} iteration {it} rank {rank}: call sequence differs"
         if model.is_moe:
             for phase in ("forward", "backward"):
                 a = pred.matrix("direct", world_size=parallel.world_size, op="all_to_all", phase=phase)

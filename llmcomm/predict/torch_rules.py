@@ -18,7 +18,9 @@ Differences from Megatron-LM (:mod:`.program`), with ``A = b·s·h·act`` and ``
   counts (``8·E`` bytes, int64) precedes each forward dispatch;
 * DP (``replicate``, FSDP2-based DDP): one gradient all-reduce per transformer block plus one for the root
   (embedding; output layer and final norm), in ``grad_reduce_dtype``, during the last micro-batch's
-  backward (``phase="backward"``), instead of one bucket per iteration; experts (``ep > 1``) over the
+  backward (``phase="backward"``), instead of one bucket per iteration (recorded order: with pp > 1 the root
+  first, then the blocks in descending order, after the stage's backward; with pp = 1 each block's as its
+  backward finishes, the root last); experts (``ep > 1``) over the
   expert-data-parallel group; no distributed optimizer, no FSDP, no tied-embedding all-reduce;
 * pipeline: ``torch.distributed.pipelining`` GPipe / 1F1B only (no interleaving), same p2p sizes and peers;
   its setup traffic (shape votes, metadata objects, one real forward/backward) is ``phase="setup"`` in the
@@ -139,32 +141,36 @@ def _backward(ctx: Context, stage: int, mb: int) -> list[Call]:
         out.append(pp.recv_backward(ctx, mb, -1))
     elif ctx.tp > 1:
         out.append(_tp(ctx, "backward", "reduce_scatter" if ctx.sp else "all_reduce", ctx.act_bytes, -1, mb))
-    tail: list[Call] = []
-    if sync and last:
-        tail += _norm_ars(ctx, 1, mb)
-        m = ctx.model
-        root = m.vocab_size * m.hidden_size // ctx.tp + m.norm_parameters()
-        root += m.vocab_size * m.hidden_size // ctx.tp if stage == 0 else 0
-        tail += _dp_calls(ctx, root, 0, -1, mb)
+    # Recorded order of the gradient sync: with pp > 1 (the pipeline stage syncs after its backward) the
+    # (final-norm SP all-reduces and) root all-reduce first, then the blocks' in descending order; with
+    # pp = 1 (plain autograd) each block's all-reduce as soon as its backward is done, the root's last.
+    inline = ctx.pp == 1
+    m = ctx.model
+    root: list[Call] = []
+    if sync:
+        root += _norm_ars(ctx, 1, mb) if last else []
+        n_root = (m.vocab_size * m.hidden_size // ctx.tp) * (int(stage == 0) + int(last))
+        root += _dp_calls(ctx, n_root + (m.norm_parameters() if last else 0), 0, -1, mb)
+    tail: list[Call] = [] if inline else list(root)
     for la in reversed(layers):
         out += _moe(ctx, "backward", la, mb) if ctx.moe_pattern[la] else _block(ctx, "backward", la, mb)
         out += _block(ctx, "backward", la, mb)
         if sync:
-            tail += _norm_ars(ctx, 2, mb)
-            tail += _dp_calls(ctx, *_block_params(ctx, la), la, mb)
+            block = _norm_ars(ctx, 2, mb) + _dp_calls(ctx, *_block_params(ctx, la), la, mb)
+            (out if inline else tail).extend(block)
     if stage == 0 and ctx.tp > 1 and ctx.sp:
         out.append(_tp(ctx, "backward", "all_gather", ctx.act_bytes, -1, mb))
     if stage > 0:
         out.append(pp.send_backward(ctx, mb, -1))
-    if sync and stage == 0 and not last:
-        tail += _dp_calls(ctx, ctx.model.vocab_size * ctx.model.hidden_size // ctx.tp, 0, -1, mb)
+    if inline:
+        tail = root
     return out + tail
 
 
 def stage_program(ctx: Context, stage: int) -> list[Call]:
     """Every call of one rank of ``stage`` under the collector's torch parallelization, in issue order."""
     _check(ctx)
-    sched = ctx.parallel.schedule if ctx.pp > 1 else "gpipe"
+    sched = ctx.parallel.schedule if ctx.pp > 1 else "1f1b"  # pp = 1: forward then backward per micro-batch
     out: list[Call] = []
     for step in schedule(sched, ctx.m, ctx.pp, stage, 1):
         out += (_forward if step.kind == "F" else _backward)(ctx, stage, step.microbatch)
