@@ -33,7 +33,7 @@ def steady(t) -> pd.DataFrame:
     return e[e["phase"] != "setup"]
 
 
-ALL = ["gpt_tp2pp2dp2", "gpt_tp4", "gpt_pp4", "gpt_pp4_gpipe", "gpt_dp4", "gpt_tp2sp_pp2dp2", "moe_ep4dp4",
+ALL = ["gpt_tp2pp2dp2", "gpt_tp2pp2_timeline", "gpt_tp4", "gpt_pp4", "gpt_pp4_gpipe", "gpt_dp4", "gpt_tp2sp_pp2dp2", "moe_ep4dp4",
        "moe_ep2tp2"]
 
 
