@@ -22,6 +22,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -107,13 +108,21 @@ def _inputs(tmp: Path) -> dict[str, list[str]]:
 
 
 def _synthesize(template: Path, out: Path, ranks: int) -> int:
-    """``ranks`` gzip copies of a rank file, each claiming its own rank; returns total uncompressed bytes."""
-    doc = json.loads(template.read_bytes())
+    """``ranks`` gzip copies of a rank file, each claiming its own rank (the file's own bytes with
+    ``distributedInfo`` rewritten, so the profiler's layout is kept); returns total uncompressed bytes."""
+    raw = template.read_bytes()
+
+    def with_rank(r: int) -> bytes:
+        def sub(m: re.Match) -> bytes:
+            block = re.sub(rb'"rank": \d+', b'"rank": %d' % r, m.group(0))
+            return re.sub(rb'"world_size": \d+', b'"world_size": %d' % ranks, block)
+
+        return re.sub(rb'"distributedInfo": \{[^}]*\}', sub, raw, count=1)
+
     out.mkdir(parents=True)
     total = 0
     for r in range(ranks):
-        doc["distributedInfo"] = {**doc["distributedInfo"], "rank": r, "world_size": ranks}
-        blob = json.dumps(doc).encode()
+        blob = with_rank(r)
         total += len(blob)
         (out / f"rank{r:05d}.pt.trace.json.gz").write_bytes(gzip.compress(blob, compresslevel=1))
     return total

@@ -277,3 +277,17 @@ def test_truncated_real_trace_is_an_error(external, tmp_path) -> None:
         with pytest.raises(Exception) as ei:
             ingest_trace(p)
         assert ei.type.__name__ == "TraceFormatError" and p.name in str(ei.value)
+
+
+def test_aicb_busbw_column_uses_world_size(external) -> None:
+    """AICB's own busbw column scales a 2-rank TP all_gather by 7/8 (world of 8), not nccl-tests' (n-1)/n =
+    1/2; ingest_bandwidth recomputes it from the group size."""
+    path = external("aicb/A100_example.csv")
+    with open(path, newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["comm_type"] == "CommType.all_gather"
+                and r["comm_group"] == "CommGroup.tp_group" and float(r["algbw"]) > 50]
+    ratios = np.array([float(r["busbw"]) / float(r["algbw"]) for r in rows])
+    assert np.allclose(ratios, 7 / 8, atol=0.002)
+    bw = ingest_bandwidth(path)
+    ag = bw[(bw["op"] == "all_gather") & (bw["ranks"] == 2)]
+    assert np.allclose(ag["busbw"] / ag["algbw"], 0.5)
