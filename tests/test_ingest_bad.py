@@ -253,3 +253,24 @@ def test_fuzz_text(lines: list[str], reader: str) -> None:
              "vtrain_lut": "size(B),count,type,time(ns),busbw(GB/s),time(ns),busbw(GB/s)"}
     text = "\n".join([heads[reader], *lines]).encode()
     _parses_or_own_error(READERS[reader], Source("AR_GPU2_fuzz", text))
+
+
+@pytest.fixture(scope="module")
+def real_rank_file(external) -> bytes:
+    with tarfile.open(external("param/dlrm_kineto.tar.gz")) as tf:
+        m = next(m for m in tf.getmembers() if m.isfile())
+        return tf.extractfile(m).read()
+
+
+@FUZZ
+@given(cut=st.floats(0, 1), pos=st.floats(0, 1), junk=st.binary(min_size=1, max_size=8))
+def test_fuzz_real_layout_mutations(real_rank_file: bytes, cut: float, pos: float, junk: bytes) -> None:
+    """Damage a real trace in the profiler's layout (the fast path's input): a cut or a few bytes replaced."""
+    data = real_rank_file
+    i = int(pos * (len(data) - 8))
+    mutated = data[:i] + junk + data[i + len(junk):]
+    truncated = data[: int(cut * len(data))]
+    for blob in (mutated, truncated):
+        _parses_or_own_error(READERS["kineto"], Source("rank0.json", blob))
+    with pytest.raises(TraceFormatError):
+        kineto.parse(Source("rank0.json", truncated[: len(data) - 5]), None, 0)
