@@ -168,6 +168,8 @@ topology between the chosen GPUs rather than their count. Bandwidth thus depends
 on message size and on whether a group spans nodes — the "effective bandwidth" factors of the paper's model.
 """)
 
+for i, c in enumerate(cells):  # stable ids: rebuilding gives the same file
+    c.id = f"cell-{i:02d}"
 nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                          "language": "python"}})
 nbf.write(nb, Path(__file__).resolve().parent / "04_real_traces.ipynb")
