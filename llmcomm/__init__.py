@@ -19,6 +19,7 @@ from .specs import (
     load_model,
     validate,
 )
+from .ingest import ingest_bandwidth, ingest_trace
 from .predict import predict_traffic
 from .trace import EVENTS_SCHEMA, Trace, read_trace
 
@@ -27,5 +28,5 @@ __version__ = "0.1.0"
 __all__ = [
     "EVENTS_SCHEMA", "Cluster", "ConfigError", "DataError", "LLMCommError", "Layout", "ModelSpec",
     "ParallelConfig", "Trace", "TraceFormatError", "TrainingJob", "layout", "list_clusters", "list_models",
-    "load_cluster", "load_model", "predict_traffic", "read_trace", "validate",
+    "ingest_bandwidth", "ingest_trace", "load_cluster", "load_model", "predict_traffic", "read_trace", "validate",
 ]
