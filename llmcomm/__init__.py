@@ -7,7 +7,9 @@ Public names: the specs (:class:`ModelSpec`, :class:`ParallelConfig`, :class:`Cl
 from __future__ import annotations
 
 from .errors import ConfigError, DataError, LLMCommError, TraceFormatError
+from .ingest import ingest_bandwidth, ingest_trace
 from .layout import Layout, layout
+from .predict import predict_traffic
 from .specs import (
     Cluster,
     ModelSpec,
@@ -19,8 +21,6 @@ from .specs import (
     load_model,
     validate,
 )
-from .ingest import ingest_bandwidth, ingest_trace
-from .predict import predict_traffic
 from .trace import EVENTS_SCHEMA, Trace, read_trace
 
 __version__ = "0.1.0"
