@@ -96,15 +96,31 @@ def comm_matrix(matrix, gpus_per_node: int = 8, ax: Axes | None = None, title: s
 
 
 def volume_bars(df: pd.DataFrame, x: str = "config", ax: Axes | None = None, title: str | None = None,
-                unit: float = 2**30) -> Axes:
-    """Stacked bars of bytes per parallelism (tidy ``df``: ``x``, ``parallelism``, ``bytes``), in GiB."""
+                unit: float = 2**30, normalize: bool = False, legend: bool = True) -> Axes:
+    """Stacked bars of bytes per parallelism (tidy ``df``: ``x``, ``parallelism``, ``bytes``), in GiB.
+
+    ``normalize=True`` stacks each bar's shares to 100% (so configurations of very different size stay
+    readable) and writes the bar's total above it."""
     ax = ax or plt.subplots(figsize=(6, 4))[1]
-    piv = df.pivot_table(index=x, columns="parallelism", values="bytes", aggfunc="sum", fill_value=0) / unit
+    piv = df.pivot_table(index=x, columns="parallelism", values="bytes", aggfunc="sum", fill_value=0)
     order = [p for p in PARALLELISM_COLORS if p in piv.columns]
-    piv[order].plot(kind="bar", stacked=True, ax=ax, color=[PARALLELISM_COLORS[p] for p in order], width=0.7)
-    ax.set(ylabel="GiB per iteration" if unit == 2**30 else "bytes", xlabel="", title=title or "")
+    totals = piv.sum(axis=1)
+    shown = piv.div(totals, axis=0) * 100 if normalize else piv / unit
+    shown[order].plot(kind="bar", stacked=True, ax=ax, color=[PARALLELISM_COLORS[p] for p in order], width=0.7)
+    ylabel = "share of bytes [%]" if normalize else ("GiB per iteration" if unit == 2**30 else "bytes")
+    ax.set(ylabel=ylabel, xlabel="", title=title or "")
+    if normalize:
+        ax.set_ylim(0, 112)
+        for i, tot in enumerate(totals.to_numpy()):
+            ax.text(i, 101.5, f"{tot / 2**40:,.1f} TiB" if tot >= 2**40 else f"{tot / 2**30:,.1f} GiB",
+                    ha="center", va="bottom", fontsize=7)
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
-    ax.legend(title="", fontsize=8)
+    if not legend:
+        ax.get_legend().remove()
+    elif normalize:
+        ax.legend(title="", fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    else:
+        ax.legend(title="", fontsize=8)
     return ax
 
 

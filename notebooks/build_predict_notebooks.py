@@ -20,6 +20,8 @@ def params(src: str):
 
 
 def write(name: str, cells: list) -> None:
+    for i, c in enumerate(cells):  # stable ids: rebuilding gives the same file
+        c.id = f"cell-{i:02d}"
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
@@ -198,8 +200,9 @@ vol = volume_table(traces)
 wire = volume_table(traces, algorithm="ring")
 vol.pivot_table(index="config", columns="parallelism", values="share").round(4)"""),
     new_code_cell("""fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-volume_bars(vol, ax=axes[0], title="message bytes per iteration")
-volume_bars(wire, ax=axes[1], title="wire bytes (ring) per iteration")
+volume_bars(vol, ax=axes[0], title="message bytes per iteration (total above each bar)", normalize=True,
+            legend=False)
+volume_bars(wire, ax=axes[1], title="wire bytes (ring) per iteration (total above each bar)", normalize=True)
 out.figure(fig, "volume_per_parallelism")"""),
     new_markdown_cell("""## TP share against the number of micro-batches
 
