@@ -25,8 +25,16 @@ from .trace import EVENTS_SCHEMA, Trace, read_trace
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):  # noqa: ANN202 - lazy: the recorder needs torch, `import llmcomm` does not
+    if name == "record":
+        from .collect.record import record
+
+        return record
+    raise AttributeError(f"module 'llmcomm' has no attribute {name!r}")
+
 __all__ = [
     "EVENTS_SCHEMA", "Cluster", "ConfigError", "DataError", "LLMCommError", "Layout", "ModelSpec",
     "ParallelConfig", "Trace", "TraceFormatError", "TrainingJob", "layout", "list_clusters", "list_models",
-    "ingest_bandwidth", "ingest_trace", "load_cluster", "load_model", "predict_traffic", "read_trace", "validate",
+    "ingest_bandwidth", "ingest_trace", "load_cluster", "load_model", "predict_traffic", "read_trace", "record", "validate",
 ]
