@@ -73,3 +73,20 @@ def test_recorder_sees_every_call(tmp_path: Path) -> None:
     assert e0.loc[4, "peer"] == 1 and e0.loc[4, "dtype"] == "bf16"
     assert e0.loc[5, "peer"] == 1 and e1.loc[5, "peer"] == 0
     assert e0["t_end_ns"].notna().all() and (e0["t_end_ns"] >= e0["t_start_ns"]).all()
+
+
+def test_module_level_context_api() -> None:
+    """``llmcomm.record.step(i)`` / ``.phase(...)`` act on the innermost open recorder; no-ops outside."""
+    import llmcomm
+
+    rec_fn = llmcomm.record
+    assert rec_fn.active() is None
+    with rec_fn.phase("forward"):  # no recorder: a harmless no-op
+        pass
+    with rec_fn(rank=0) as rec:
+        assert rec_fn.active() is rec
+        rec_fn.step(3)
+        with rec_fn.phase("backward"), rec_fn.microbatch(2), rec_fn.layer(5):
+            assert (rec.iteration, rec._phase, rec.current_microbatch, rec._layer) == (3, "backward", 2, 5)
+        assert rec._phase == "setup" and rec.current_microbatch == -1
+    assert rec_fn.active() is None

@@ -406,7 +406,39 @@ def record(out_dir: str | Path | None = None, *, rank: int | None = None, mesh: 
     rec = Recorder(rank, record_iters=record_iters, sp=sp, group_tags=group_tags)
     if mesh is not None:
         rec.register_mesh(mesh)
-    with rec:
-        yield rec
+    _ACTIVE.append(rec)
+    try:
+        with rec:
+            yield rec
+    finally:
+        _ACTIVE.remove(rec)
     if out_dir is not None:
         rec.write(out_dir)
+
+
+# -- module-level context API: ``llmcomm.record.step(i)`` acts on the innermost active recorder --------
+_ACTIVE: list[Recorder] = []
+
+
+def active() -> Recorder | None:
+    """The innermost recorder of an open ``record(...)`` block, or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+def _delegate(name: str) -> Any:
+    def call(value: Any) -> Any:
+        rec = active()
+        return getattr(rec, name)(value) if rec is not None else contextlib.nullcontext()
+
+    call.__name__ = name
+    call.__doc__ = (f"``Recorder.{name}`` on the active recorder (a no-op outside a ``record`` block, so a "
+                    "training loop runs unchanged without recording).")
+    return call
+
+
+step = _delegate("step")
+phase = _delegate("phase")
+microbatch = _delegate("microbatch")
+layer = _delegate("layer")
+for _f in (step, phase, microbatch, layer, active):
+    setattr(record, _f.__name__, _f)
