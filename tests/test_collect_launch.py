@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401  (the test set-up installs torch; a missing torch must fail, not skip)
 
 from llmcomm import ParallelConfig, read_trace
 
-pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 

@@ -21,8 +21,7 @@ F32 = 4
 
 def load(name: str):
     p = TRACES / f"{name}.parquet"
-    if not p.exists():
-        pytest.skip(f"{p} not generated (make traces)")
+    assert p.exists(), f"{p} is missing: the curated traces are committed; regenerate with `make traces`"
     t = read_trace(p)
     return t, ModelSpec.from_dict(t.meta["model_spec"]), ParallelConfig.from_dict(t.meta["parallel"])
 
