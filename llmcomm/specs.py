@@ -252,7 +252,12 @@ class ModelSpec:
                    if f.default is dataclasses.MISSING and f.name not in d]
         if missing:
             raise ConfigError(f"{origin}: missing required model field(s) {missing}")
-        return cls(**dict(d))
+        try:
+            return cls(**dict(d))
+        except ConfigError as e:
+            raise ConfigError(f"{origin}: {e}") from None
+        except TypeError as e:  # e.g. a list where a number belongs
+            raise ConfigError(f"{origin}: {e}") from None
 
 
 def model_catalogue_dir() -> Path:
@@ -382,7 +387,10 @@ class ParallelConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"{origin}: unknown parallel field(s) {unknown}")
-        return cls(**dict(d))
+        try:
+            return cls(**dict(d))
+        except ConfigError as e:
+            raise ConfigError(f"{origin}: {e}") from None
 
 
 # ------------------------------------------------------------------------------------------- cluster
@@ -441,7 +449,10 @@ def load_cluster(name_or_path: str | os.PathLike[str], num_nodes: int | None = N
     unknown = sorted(set(d) - known)
     if unknown:
         raise ConfigError(f"{p}: unknown cluster field(s) {unknown}")
-    c = Cluster(**{k: (float(v) if k.endswith(("bandwidth", "flops", "bytes")) else v) for k, v in d.items()})
+    try:
+        c = Cluster(**{k: (float(v) if k.endswith(("bandwidth", "flops", "bytes")) else v) for k, v in d.items()})
+    except (ConfigError, TypeError, ValueError) as e:
+        raise ConfigError(f"{p}: {e}") from None
     return c if num_nodes is None else c.with_nodes(num_nodes)
 
 

@@ -144,3 +144,19 @@ def test_published_precision_rule() -> None:
     assert matches_published(1.652e9, 1.7e9)  # rounds to 1.7B: what the table printed
     assert not matches_published(1.62e9, 1.7e9)  # rounds to 1.6B: a real disagreement
     assert not matches_published(6.9e9, 6.738415616e9)
+
+
+def test_bad_model_file_names_file_field_and_rule(tmp_path) -> None:
+    d = lc.load_model("llama2-7b").to_dict()
+    d["num_layers"] = "many"
+    import yaml
+
+    f = tmp_path / "broken.yaml"
+    f.write_text(yaml.safe_dump(d))
+    with pytest.raises(lc.ConfigError, match=r"broken.yaml: model llama2-7b: num_layers='many' must be a positive integer"):
+        lc.load_model(f)
+    c = tmp_path / "cl.yaml"
+    c.write_text("name: x\ngpus_per_node: 8\ngpu: g\npeak_bf16_flops: -1\ngpu_memory_bytes: 1\n"
+                 "intra_node_bandwidth: 1\ninter_node_bandwidth: 1\n")
+    with pytest.raises(lc.ConfigError, match=r"cl.yaml: cluster x: peak_bf16_flops=-1.0 must be > 0"):
+        lc.load_cluster(c)
