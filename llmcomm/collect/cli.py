@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output trace, NAME.parquet")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds without progress after which the run is stopped (default 120)")
+    p.add_argument("--recorder-mode", choices=("kernel", "dispatch"), default="kernel",
+                   help="how calls are intercepted: kernel (default, low overhead) or dispatch "
+                        "(TorchDispatchMode); both record the same events")
     p.add_argument("--inject-fault", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
@@ -46,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
                          grad_reduce_dtype="fp32", param_dtype="fp32")
     command = "llmcomm " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
     trace = collect(args.model, par, args.out, iters=args.iters, record_iters=args.routing_iters,
-                    seed=args.seed, lr=args.lr, timeout=args.timeout, command=command, fault=args.inject_fault)
+                    seed=args.seed, lr=args.lr, timeout=args.timeout, command=command, fault=args.inject_fault,
+                    recorder_mode=args.recorder_mode)
     loss = trace.meta["loss"]
     print(f"{args.out}: {len(trace)} events from {trace.world_size} ranks, {trace.meta['iterations']} iterations, "
           f"loss {loss[0]:.3f} -> {loss[-1]:.3f}, {trace.meta['wall_seconds']:.1f} s")

@@ -1,11 +1,30 @@
 """The recorder: every collective and point-to-point call a process issues, as rows of the events table.
 
-A :class:`Recorder` is a ``TorchDispatchMode``. Every ``c10d`` op (what ``torch.distributed.all_reduce``,
-``isend``/``irecv``, DDP's C++ reducer, FSDP2/``replicate`` and ``torch.distributed.pipelining`` issue) and
-every ``_c10d_functional`` op (what DTensor / tensor parallelism and ``all_to_all_single_autograd`` issue,
-forward and backward) passes through the dispatcher, so the mode sees it, with its tensors and its process
-group. Calls torch makes outside the dispatcher (a backend talking to itself, e.g. gloo's own rendezvous,
-the TCPStore) are not communication calls of the job and are not seen.
+Every ``c10d`` op (what ``torch.distributed.all_reduce``, ``isend``/``irecv``, DDP's C++ reducer,
+FSDP2/``replicate`` and ``torch.distributed.pipelining`` issue) and every ``_c10d_functional`` op (what
+DTensor / tensor parallelism and ``all_to_all_single_autograd`` issue, forward and backward) passes through
+the dispatcher, with its tensors and its process group. A :class:`Recorder` intercepts them in one of two
+modes (``Recorder(mode=...)``, ``record(mode=...)``, ``llmcomm collect --recorder-mode``):
+
+* ``"kernel"`` (default): while a recorder is entered, a Python kernel is registered (``torch.library``)
+  for each of these ops only, at the ``BackendSelect`` dispatch key, and removed on exit. That key is in
+  every call's key set (a thread-local default), below Autograd, ADInplaceOrView and Python and above the
+  backend kernels; other ops keep what they have there (a fallthrough, or torch's own kernel for factory
+  functions), so the model's other aten ops pay nothing; each communication call pays one Python call,
+  then is redispatched below ``BackendSelect`` to torch's kernel.
+  The registration is process-wide (all threads).
+* ``"dispatch"``: the recorder is a ``TorchDispatchMode`` (thread-local, propagated to autograd threads);
+  every aten op of the process pays a Python round trip (~8 µs), communication or not.
+
+Both record exactly the same rows on every curated run (``llmcomm.collect.curated``) and in
+``tests/test_collect_record_modes.py``; in neither is a communication op issued while another one runs (a
+functional collective's inner ``c10d`` op) recorded. One difference: a ``TorchDispatchMode`` is switched off
+while it handles an op, so the ``dispatch`` mode does not see the collectives DTensor issues inside its own
+dispatch of an aten op (an implicit redistribution, e.g. AdamW's ops on the Partial LayerNorm gradients of
+TP+SP without DP); the ``kernel`` mode sees them (see WHAT_TORCH_ISSUES.md).
+Calls torch makes outside the dispatcher (a
+backend talking to itself, e.g. gloo's own rendezvous, the TCPStore) are not communication calls of the job
+and are not seen.
 
 Sizes follow nccl-tests (see DESIGN.md), ``S`` = elements × element size of the tensor named:
 
@@ -104,6 +123,61 @@ def _comm_ops() -> frozenset[Any]:
 
 _COMM_OPS = _comm_ops()
 
+MODES = ("kernel", "dispatch")
+DEFAULT_MODE = "kernel"
+
+# -- "kernel" mode: Python kernels for the communication ops only, at the BackendSelect key ----------------
+# BackendSelect is in every call's dispatch key set (TLS default include) and sits below Autograd,
+# ADInplaceOrView and Python and above every backend kernel; registering here leaves every other op as it
+# was, so they pay nothing. A kernel there sees each c10d / _c10d_functional call whoever issues it (plain ``dist.*``,
+# DDP's C++ reducer, FSDP2, pipelining, DTensor, the autograd backward of functional collectives, calls made
+# under ``AutoDispatchBelowAutograd`` or inference mode), records it and redispatches below BackendSelect.
+_BELOW_BACKEND_SELECT = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
+_KERNEL_RECORDERS: list[Recorder] = []
+_KERNEL_LIBS: list[Any] = []
+
+
+def _make_kernel(func: Any) -> Any:
+    redispatch = func._handle.redispatch_boxed  # what OpOverload.redispatch calls, one frame less
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        ks = keyset & _BELOW_BACKEND_SELECT
+
+        def call(*a: Any, **k: Any) -> Any:
+            return redispatch(ks, *a, **k)
+
+        if len(_KERNEL_RECORDERS) == 1:
+            return _KERNEL_RECORDERS[0]._intercept(func, call, args, kwargs)
+        for rec in _KERNEL_RECORDERS:  # the outermost recorder runs the op, the innermost records first
+            call = _chain(rec, func, call)
+        return call(*args, **kwargs)
+
+    return kernel
+
+
+def _chain(rec: Recorder, func: Any, inner: Any) -> Any:
+    return lambda *a, **k: rec._intercept(func, inner, a, k)
+
+
+def _kernels_push(rec: Recorder) -> None:
+    if not _KERNEL_LIBS:
+        libs: dict[str, Any] = {}
+        for func in sorted(_COMM_OPS, key=str):
+            ns = func.namespace
+            if ns not in libs:
+                libs[ns] = torch.library.Library(ns, "IMPL")
+            libs[ns].impl(func, _make_kernel(func), "BackendSelect", with_keyset=True)
+        _KERNEL_LIBS.extend(libs.values())
+    _KERNEL_RECORDERS.append(rec)
+
+
+def _kernels_pop(rec: Recorder) -> None:
+    _KERNEL_RECORDERS.remove(rec)
+    if not _KERNEL_RECORDERS:
+        for lib in _KERNEL_LIBS:
+            lib._destroy()
+        _KERNEL_LIBS.clear()
+
 
 def dtype_name(dt: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bf16"``; non-float dtypes keep torch's name (``"int64"``)."""
@@ -156,8 +230,11 @@ class Recorder(TorchDispatchMode):
     """Records communication calls of this process (see the module docstring)."""
 
     def __init__(self, rank: int | None = None, *, record_iters: int | None = None, sp: bool = False,
-                 group_tags: dict[tuple[int, ...], str] | None = None) -> None:
+                 group_tags: dict[tuple[int, ...], str] | None = None, mode: str = DEFAULT_MODE) -> None:
         super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"recorder mode {mode!r}: expected one of {MODES}")
+        self.mode = mode
         self.rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
         self.record_iters = record_iters
         self.sp = sp
@@ -172,6 +249,7 @@ class Recorder(TorchDispatchMode):
         self._enabled = True
         self._pending: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()  # .busy: inside a recorded op (its inner ops are not recorded)
         self._group_cache: dict[Any, tuple[int, ...]] = {}
         # id(tensor) -> (microbatch, phase) for p2p tensors labelled by the pipeline instrumentation
         self.p2p_context: dict[int, tuple[int, str]] = {}
@@ -248,15 +326,43 @@ class Recorder(TorchDispatchMode):
         for e, c in enumerate(counts):
             self.routing_rows.append((it, mb, int(layer), self.rank, e, int(c)))
 
-    # -- dispatch --------------------------------------------------------------------------------
+    # -- interception ----------------------------------------------------------------------------
+    def __enter__(self) -> Recorder:
+        if self.mode == "dispatch":
+            super().__enter__()
+        else:
+            _kernels_push(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.mode == "dispatch":
+            super().__exit__(*exc)
+        else:
+            _kernels_pop(self)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if func not in _COMM_OPS or not self._enabled:  # the fast path every other aten op takes
             return func(*args, **kwargs) if kwargs else func(*args)
-        kwargs = kwargs or {}
+        return self._intercept(func, func, args, kwargs or {})
+
+    def _intercept(self, func: Any, call: Any, args: tuple, kwargs: dict) -> Any:
+        """Record one communication op ``func`` (``call`` runs it) and return its result. Ops that run inside
+        it (a functional collective's ``c10d`` op) are not recorded: the dispatch mode is off while it
+        handles an op, and the kernel mode does the same."""
+        local = self._local
+        if not self._enabled or getattr(local, "busy", False):
+            return call(*args, **kwargs)
+        local.busy = True
+        try:
+            return self._record(func, call, args, kwargs)
+        finally:
+            local.busy = False
+
+    def _record(self, func: Any, call: Any, args: tuple, kwargs: dict) -> Any:
         ns = func.namespace
         name = func._opname
         if ns == "_c10d_functional" and name == "wait_tensor":
-            out = func(*args, **kwargs)
+            out = call(*args, **kwargs)
             t = args[0]
             row = self._pending.pop(id(t), None) or self._pending.pop(id(getattr(t, "elem", None)), None)
             if row is not None:
@@ -265,10 +371,10 @@ class Recorder(TorchDispatchMode):
         op = (_C10D_OPS if ns == "c10d" else _FUNC_OPS).get(name)
         if op is None:
             self.skipped[f"{ns}.{name}"] = self.skipped.get(f"{ns}.{name}", 0) + 1
-            return func(*args, **kwargs)
+            return call(*args, **kwargs)
         t0 = time.time_ns()
         row = self._describe(ns, name, op, args, kwargs)
-        out = func(*args, **kwargs)
+        out = call(*args, **kwargs)
         row["t_start_ns"] = t0
         if ns == "c10d":
             self._attach_end(row, out)
@@ -396,14 +502,16 @@ def _split_bytes(inp: torch.Tensor, input_split_sizes: list[int], n: int) -> lis
 @contextlib.contextmanager
 def record(out_dir: str | Path | None = None, *, rank: int | None = None, mesh: Any = None,
            record_iters: int | None = None, sp: bool = False,
-           group_tags: dict[tuple[int, ...], str] | None = None) -> Iterator[Recorder]:
+           group_tags: dict[tuple[int, ...], str] | None = None,
+           mode: str = DEFAULT_MODE) -> Iterator[Recorder]:
     """Record every communication call inside the block; on a clean exit write this rank's events to
     ``out_dir/rank{r}.parquet`` (when ``out_dir`` is given).
 
     ``mesh``: a DeviceMesh whose dimension names tag the groups (``tp``, ``dp``, ``pp``, ``ep``...).
     ``record_iters``: keep events only for iterations ``< record_iters`` (routing counts are always kept).
+    ``mode``: how calls are intercepted, ``"kernel"`` (default) or ``"dispatch"`` (module docstring).
     """
-    rec = Recorder(rank, record_iters=record_iters, sp=sp, group_tags=group_tags)
+    rec = Recorder(rank, record_iters=record_iters, sp=sp, group_tags=group_tags, mode=mode)
     if mesh is not None:
         rec.register_mesh(mesh)
     _ACTIVE.append(rec)

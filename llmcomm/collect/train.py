@@ -34,6 +34,7 @@ class RunConfig:
     timeout: float = 120.0
     port: int = 0
     fault: str | None = None  # "RANK:raise|hang:ITER" (tests of the launcher's failure handling)
+    recorder_mode: str = "kernel"  # how the recorder intercepts calls (llmcomm.collect.record.MODES)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -83,7 +84,7 @@ def _train(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
         progress[rank] = it
 
     beat(-1)
-    rec = Recorder(rank, record_iters=cfg.record_iters, sp=par.sp)
+    rec = Recorder(rank, record_iters=cfg.record_iters, sp=par.sp, mode=cfg.recorder_mode)
     t_setup = time.time()
     with rec:
         mesh = build_mesh(par)
