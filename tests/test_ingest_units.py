@@ -120,3 +120,10 @@ def test_streaming_many_ranks_bounded_memory(external, tmp_path) -> None:
     assert pn < 4 * len(raw), f"peak Python memory {pn} for files of {len(raw)} bytes"
     back = read_trace(tmp_path / "ds")
     assert sorted(back.events["rank"].unique()) == list(range(n)) and len(back) == 8 * n
+
+
+def test_prose_about_nccl_tests_is_not_taken_for_its_output(tmp_path) -> None:
+    p = tmp_path / "notes.md"
+    p.write_text("We ran nccl-tests; see the out-of-place busbw column and nThread settings.\n")
+    with pytest.raises(TraceFormatError, match="notes.md: unknown format"):
+        ingest_bandwidth(p)

@@ -44,9 +44,14 @@ BANDWIDTH_COLUMNS = ("op", "bytes", "count", "dtype", "ranks", "nodes", "placeme
                      "algbw", "busbw", "device", "source")
 
 
+_HEADER = re.compile(r"^#\s*(nThread\s|\s*size\s+count\s+type\s)", re.MULTILINE)
+
+
 def looks_like(src: Source) -> bool:
-    head = src.data[:4096].decode("utf-8", "replace")
-    return "nThread" in head or ("out-of-place" in head and "busbw" in head)
+    """nccl-tests output: a ``# nThread ...`` line or the ``#  size  count  type ...`` table header (after any
+    MPI prefix). Prose that merely mentions the tool is not taken for its output."""
+    head = src.data[:8192].decode("utf-8", "replace")
+    return bool(_HEADER.search("\n".join(MPI_PREFIX.sub("", ln) for ln in head.splitlines())))
 
 
 def _lines(src: Source) -> list[str]:
