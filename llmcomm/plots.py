@@ -124,6 +124,19 @@ def volume_bars(df: pd.DataFrame, x: str = "config", ax: Axes | None = None, tit
     return ax
 
 
+def pair_class_bars(df: pd.DataFrame, ax: Axes | None = None) -> Axes:
+    """Stacked shares of wire bytes per ``parallelism`` × ``pair_class`` (intra-/inter-node) for each
+    ``config`` (tidy ``df``: ``config, parallelism, pair_class, share``)."""
+    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    piv = df.assign(label=df["parallelism"] + " " + df["pair_class"]).pivot_table(
+        index="config", columns="label", values="share", fill_value=0)
+    piv.plot(kind="bar", stacked=True, ax=ax, width=0.7)
+    ax.set(ylabel="share of wire bytes", xlabel="")
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
+    ax.legend(fontsize=7, title="", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return ax
+
+
 def tp_share_curve(df: pd.DataFrame, ax: Axes | None = None, hue: str = "model", threshold: float = 0.99) -> Axes:
     """TP share of bytes against the number of micro-batches (``df``: ``microbatches``, ``tp_share``,
     ``hue``), log-x, with the threshold drawn."""

@@ -168,7 +168,7 @@ threshold = 0.99"""),
 import pandas as pd
 
 import llmcomm as lc
-from llmcomm.plots import apply_style, tp_share_curve, volume_bars
+from llmcomm.plots import apply_style, pair_class_bars, tp_share_curve, volume_bars
 from llmcomm.predict.summary import (first_crossing, pair_class_table, predict_cases, tp_share_vs_microbatches,
                                      volume_table)
 from llmcomm.reproduce import Outputs
@@ -226,13 +226,8 @@ crossings"""),
 
 Wire bytes (ring) between GPUs of one node (NVLink) and of different nodes (network), per parallelism."""),
     new_code_cell("""pc_tab = pair_class_table(traces, gpus_per_node)
-fig, ax = plt.subplots(figsize=(7, 4))
-pc_tab.assign(label=pc_tab["parallelism"] + " " + pc_tab["pair_class"]).pivot_table(
-    index="config", columns="label", values="share", fill_value=0).plot(kind="bar", stacked=True, ax=ax, width=0.7)
-ax.set(ylabel="share of wire bytes", xlabel="")
-plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
-ax.legend(fontsize=7, title="")
-out.figure(fig, "pair_classes")
+ax = pair_class_bars(pc_tab)
+out.figure(ax.figure, "pair_classes")
 pc_tab"""),
     new_markdown_cell("""## Checks
 
