@@ -60,7 +60,9 @@ class Layout:
         return self.parallel.world_size
 
     def size(self, dim: str) -> int:
-        return int(getattr(self.parallel, dim))
+        """Group size of a dimension or parallelism: ``tp``, ``cp``, ``dp``, ``pp``, ``ep``, or ``edp``
+        (expert data parallel, ``cp·dp/ep``)."""
+        return int(self.parallel.expert_dp if dim == "edp" else getattr(self.parallel, dim))
 
     @cached_property
     def _grid(self) -> np.ndarray:
@@ -142,7 +144,7 @@ class Layout:
         return idx
 
     def node_of(self, ranks: np.ndarray | int) -> np.ndarray | int:
-        return np.asarray(ranks) // self.gpus_per_node if not isinstance(ranks, int) else ranks // self.gpus_per_node
+        return ranks // self.gpus_per_node if isinstance(ranks, int) else np.asarray(ranks) // self.gpus_per_node
 
     def pp_stage(self, rank: int) -> int:
         return int(self.coords["pp"].iat[rank])
@@ -169,7 +171,7 @@ class Layout:
         """Long table ``rank, parallelism, group_id, position`` for every parallelism with size > 1."""
         frames = []
         for p in PARALLELISMS:
-            if (self.parallel.ep if p == "ep" else self.size(p)) == 1:
+            if self.size(p) == 1:
                 continue
             g = self.groups(p)
             frames.append(pd.DataFrame({

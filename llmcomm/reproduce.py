@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from .atomic import write_bytes
 from .errors import LLMCommError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,18 +30,6 @@ PROFILES = ("full", "quick")
 
 class NotebookFailed(LLMCommError, RuntimeError):
     """A notebook raised; the message names the notebook and the failing cell's error."""
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _jsonable(v: Any) -> Any:
@@ -87,7 +75,7 @@ class Outputs:
             fig.savefig(buf, format=fmt, metadata=meta)
             p = self.figure_dir / f"{name}.{fmt}"
             if not p.exists() or p.read_bytes() != buf.getvalue():
-                _atomic_bytes(p, buf.getvalue())
+                write_bytes(p, buf.getvalue())
             paths.append(p)
         self.figures.append(name)
         return paths
@@ -110,7 +98,7 @@ class Outputs:
                "figures": sorted(set(self.figures))}
         data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
         if not p.exists() or p.read_bytes() != data:
-            _atomic_bytes(p, data)
+            write_bytes(p, data)
         return p
 
 

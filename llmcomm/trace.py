@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
+from .atomic import atomic_path
 from .errors import TraceFormatError
 
 PHASES = ("forward", "backward", "optimizer", "setup")
@@ -278,9 +278,15 @@ class Trace:
         f = self.flows(algorithm, **filters)
         return flows_to_matrix(f, n)
 
-    def volumes(self, by: Sequence[str] = ("parallelism",), bytes_col: str = "bytes") -> pd.DataFrame:
-        """Total event bytes (× count) and call counts grouped by ``by`` columns (nccl-tests sizes)."""
+    def volumes(self, by: Sequence[str] = ("parallelism",), bytes_col: str = "bytes",
+                sent_only: bool = False) -> pd.DataFrame:
+        """Total event bytes (× count) and call counts grouped by ``by`` columns (nccl-tests sizes).
+
+        Both ends of a point-to-point transfer issue an event; ``sent_only=True`` leaves out the ``recv``
+        events so that each transferred byte is counted once."""
         df = self.events
+        if sent_only:
+            df = df[df["op"] != "recv"]
         by = list(by)
         tot = pd.DataFrame({**{c: df[c] for c in by},
                             "bytes": df[bytes_col].to_numpy(np.int64) * df["count"].to_numpy(np.int64),
@@ -336,14 +342,8 @@ def _json_default(o: Any) -> Any:
 
 
 def _atomic_write_parquet(table: pa.Table, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _schemas_equal(a: pa.Schema, b: pa.Schema) -> bool:

@@ -101,6 +101,8 @@ def test_select_and_volumes() -> None:
     assert len(t.select(parallelism="pp")) == 2
     v = t.volumes(["parallelism", "op"]).set_index(["parallelism", "op"])["bytes"]
     assert v[("tp", "all_reduce")] == 20 and v[("pp", "send")] == 5
+    by_par = t.volumes(sent_only=True).set_index("parallelism")["bytes"]
+    assert by_par["pp"] == 5  # the recv end of the same transfer is not counted again
 
 
 @pytest.mark.parametrize("row, field", [

@@ -9,9 +9,9 @@ written to a temporary name and renamed, so a failure leaves nothing under ``OUT
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
+
+from ..atomic import atomic_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,18 +45,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.bandwidth:
         df = ingest_bandwidth(args.paths, op=args.op)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        os.close(fd)
-        try:
+        with atomic_path(out) as tmp:
             if out.suffix == ".parquet":
                 df.to_parquet(tmp, index=False)
             else:
                 df.to_csv(tmp, index=False)
-            os.replace(tmp, out)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
         print(f"{out}: {len(df)} bandwidth rows from {df['source'].nunique()} file(s)")
         return 0
     parallel = _parallel(args)

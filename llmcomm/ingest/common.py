@@ -110,8 +110,7 @@ class GroupTagger:
 
             lay = Layout(parallel, gpus_per_node)
             for p in self.ORDER + ("edp",):
-                size = parallel.ep if p == "ep" else (parallel.expert_dp if p == "edp" else getattr(parallel, p))
-                if size <= 1:
+                if lay.size(p) <= 1:
                     continue
                 for row in lay.groups(p):
                     self._by_ranks.setdefault(tuple(sorted(int(x) for x in row)), []).append(

@@ -27,9 +27,7 @@ def bytes_by(trace: Trace, by: Iterable[str] = ("parallelism",), algorithm: str 
     """Bytes grouped by ``by`` with each group's ``share`` of the total (message or wire bytes)."""
     by = list(by)
     if algorithm is None:
-        sent = trace if not (trace.events["op"] == "recv").any() else \
-            Trace(trace.events[trace.events["op"] != "recv"].reset_index(drop=True), trace.meta)
-        df = sent.volumes(by)[[*by, "bytes"]]
+        df = trace.volumes(by, sent_only=True)[[*by, "bytes"]]
     else:
         f = trace.flows(algorithm)
         df = f.groupby(by, observed=True)["bytes"].sum().reset_index()
