@@ -60,8 +60,10 @@ class Layout:
         return self.parallel.world_size
 
     def size(self, dim: str) -> int:
-        """Group size of a dimension or parallelism: ``tp``, ``cp``, ``dp``, ``pp``, ``ep``, or ``edp``
-        (expert data parallel, ``cp·dp/ep``)."""
+        """Group size of a dimension or parallelism: ``tp``, ``cp``, ``dp``, ``pp``, ``ep``, ``edp`` (expert
+        data parallel, ``cp·dp/ep``) or ``dpcp`` (data parallel with CP folded in, ``cp·dp``)."""
+        if dim == "dpcp":
+            return self.parallel.cp * self.parallel.dp
         return int(self.parallel.expert_dp if dim == "edp" else getattr(self.parallel, dim))
 
     @cached_property
@@ -114,10 +116,10 @@ class Layout:
             if parallelism == "edp":
                 arr = np.swapaxes(arr, -1, -2)
             g = arr.reshape(-1, arr.shape[-1])
-        elif parallelism == "mp":  # model-parallel group: tp x pp (x cp) of one dp index
-            g = self._grid_group(("tp", "cp", "pp"))
+        elif parallelism == "dpcp":  # data parallel with CP folded in: ranks sharing tp and pp, by rank
+            g = np.sort(self._grid_group(("cp", "dp")), axis=1)
         else:
-            raise ConfigError(f"parallelism={parallelism!r} is not one of {PARALLELISMS + ('edp', 'mp')}")
+            raise ConfigError(f"parallelism={parallelism!r} is not one of {PARALLELISMS + ('edp', 'dpcp')}")
         return g[np.argsort(g.min(axis=1), kind="stable")]
 
     def _grid_group(self, dims: tuple[str, ...]) -> np.ndarray:
@@ -138,10 +140,7 @@ class Layout:
 
     def group_index(self, parallelism: str) -> np.ndarray:
         """For every rank, the row of :meth:`groups` that holds it (length ``world_size``)."""
-        g = self.groups(parallelism)
-        idx = np.empty(self.world_size, dtype=np.int64)
-        idx[g.ravel()] = np.repeat(np.arange(g.shape[0]), g.shape[1])
-        return idx
+        return row_index(self.groups(parallelism), self.world_size)
 
     def node_of(self, ranks: np.ndarray | int) -> np.ndarray | int:
         return ranks // self.gpus_per_node if isinstance(ranks, int) else np.asarray(ranks) // self.gpus_per_node
@@ -183,6 +182,14 @@ class Layout:
         if not frames:
             return pd.DataFrame(columns=["rank", "parallelism", "group_id", "position"])
         return pd.concat(frames, ignore_index=True).sort_values(["parallelism", "rank"], ignore_index=True)
+
+
+def row_index(groups: np.ndarray, world_size: int) -> np.ndarray:
+    """For every rank ``< world_size``, the row of ``groups`` (an ``(n_groups, size)`` rank array) that holds
+    it; ranks in no row get 0."""
+    idx = np.zeros(world_size, dtype=np.int64)
+    idx[groups.ravel()] = np.repeat(np.arange(groups.shape[0]), groups.shape[1])
+    return idx
 
 
 def layout(parallel: ParallelConfig, gpus_per_node: int = 8) -> Layout:

@@ -78,3 +78,10 @@ def test_large_layout_is_fast() -> None:
     L = Layout(lc.ParallelConfig(tp=8, pp=16, dp=128))
     assert L.groups("dp").shape == (128, 128)
     assert len(L.coords) == 16384
+
+
+def test_dpcp_groups_fold_cp_into_dp() -> None:
+    """``dpcp``: the ranks that share TP and PP coordinates, in rank order (what DP reduces over with CP)."""
+    L = Layout(lc.ParallelConfig(tp=2, cp=2, dp=2, pp=2))
+    assert L.groups("dpcp").tolist() == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]
+    assert L.size("dpcp") == 4 and L.size("edp") == 4

@@ -87,7 +87,6 @@ def _tied(model, p) -> int:
 @given(configs())
 @SETTINGS
 def test_support_is_the_union_of_layout_groups(p):
-    from llmcomm.predict.expand import dp_cp_groups
     from llmcomm.predict.summary import support_violations
 
     t = predict_traffic(TINY, p)
@@ -97,7 +96,7 @@ def test_support_is_the_union_of_layout_groups(p):
         m = t.matrix("direct", world_size=p.world_size, parallelism=par).tocoo()
         allowed = np.zeros((p.world_size, p.world_size), dtype=bool)
         for k in kinds:
-            for g in dp_cp_groups(lay) if k == "dpcp" else lay.groups(k):
+            for g in lay.groups(k):
                 allowed[np.ix_(g, g)] = True
         np.fill_diagonal(allowed, False)
         got = np.zeros_like(allowed)

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..layout import Layout
+from ..layout import Layout, row_index
 from ..trace import EVENTS_SCHEMA
+from ..trace import OPS as _OPS
+from ..trace import PARALLELISM_TAGS as _PARS
+from ..trace import PHASES as _PHASES
 from .calls import Call
 
-_PHASES = ("forward", "backward", "optimizer", "setup")
-_PARS = ("tp", "sp", "cp", "pp", "dp", "ep", "other")
-_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 _KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp")
 _ROUTES = ("", "dispatch", "combine", "counts")
 
@@ -45,15 +45,6 @@ def aggregate_calls(calls: Sequence[Call]) -> tuple[list[Call], list[int]]:
     return out, counts
 
 
-def dp_cp_groups(lay: Layout) -> np.ndarray:
-    """Data-parallel groups with CP folded in: the ranks that share TP and PP coordinates, by rank."""
-    c = lay.coords
-    key = c["tp"].to_numpy() + lay.parallel.tp * c["pp"].to_numpy()
-    order = np.lexsort((c["rank"].to_numpy(), key))
-    g = c["rank"].to_numpy()[order].reshape(-1, lay.parallel.dp * lay.parallel.cp)
-    return g[np.argsort(g.min(axis=1), kind="stable")]
-
-
 class _Groups:
     """Group matrices and per-rank group rows of a layout, built once."""
 
@@ -67,14 +58,10 @@ class _Groups:
             if kind == "emb":
                 ppg = self.lay.groups("pp")
                 g = ppg[:, [0, -1]] if ppg.shape[1] > 1 else ppg
-            elif kind == "dpcp":
-                g = dp_cp_groups(self.lay)
             else:
                 g = self.lay.groups(kind)
             # ranks outside every group (middle stages for "emb") point at row 0; they never use it
-            idx = np.zeros(self.lay.world_size, dtype=np.int64)
-            idx[g.ravel()] = np.repeat(np.arange(g.shape[0]), g.shape[1])
-            self._g[kind], self._i[kind] = g, idx
+            self._g[kind], self._i[kind] = g, row_index(g, self.lay.world_size)
         return self._g[kind]
 
     def rows(self, kind: str, ranks: np.ndarray) -> np.ndarray:

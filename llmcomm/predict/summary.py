@@ -138,7 +138,6 @@ def support_violations(trace: Trace, algorithm: str = "direct") -> pd.DataFrame:
     ``edp`` for dp, ``ep``). Empty when every
     byte flows inside a group — finding F1's "determined by the parallel config and the rank mapping"."""
     from ..layout import Layout
-    from .expand import dp_cp_groups
 
     lay = Layout(ParallelConfig.from_dict(trace.meta["parallel"]), int(trace.meta.get("gpus_per_node", 8)))
     f = trace.flows(algorithm)
@@ -149,12 +148,7 @@ def support_violations(trace: Trace, algorithm: str = "direct") -> pd.DataFrame:
         ok = np.zeros(len(sub), dtype=bool)
         src, dst = sub["src"].to_numpy(), sub["dst"].to_numpy()
         for k in kinds.get(str(par), []):
-            if k == "dpcp":
-                g = dp_cp_groups(lay)
-                gi = np.empty(lay.world_size, dtype=np.int64)
-                gi[g.ravel()] = np.repeat(np.arange(g.shape[0]), g.shape[1])
-            else:
-                gi = lay.group_index(k)
+            gi = lay.group_index(k)
             ok |= gi[src] == gi[dst]
         bad.append(sub.loc[~ok, ["parallelism", "src", "dst", "bytes"]])
     return pd.concat(bad, ignore_index=True) if bad else pd.DataFrame(columns=["parallelism", "src", "dst", "bytes"])
