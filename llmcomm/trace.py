@@ -532,7 +532,15 @@ def flows_to_matrix(flows: pd.DataFrame, world_size: int) -> sp.csr_matrix:
     return m.tocsr()
 
 
+ROUTING_KEY = ["iteration", "microbatch", "layer", "src_rank", "expert"]
+
+
 def concat(traces: Sequence[Trace], meta: Mapping[str, Any] | None = None) -> Trace:
-    """One trace of the events of several (e.g. one per rank)."""
+    """One trace of the events of several (e.g. one per rank), with their routing counts merged and sorted
+    by ``iteration, microbatch, layer, src_rank, expert``. ``meta`` defaults to the first trace's."""
     df = pd.concat([t.events for t in traces], ignore_index=True) if traces else pd.DataFrame()
-    return Trace.from_events(df, meta or (dict(traces[0].meta) if traces else {}))
+    routing = [t.routing for t in traces if t.routing is not None]
+    rt = pd.concat(routing, ignore_index=True).sort_values(ROUTING_KEY, ignore_index=True) if routing else None
+    if meta is None:
+        meta = dict(traces[0].meta) if traces else {}
+    return Trace.from_events(df, meta, rt)

@@ -22,11 +22,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from ..errors import LLMCommError
 from ..specs import ModelSpec, ParallelConfig
-from ..trace import Trace, manifest_path, read_trace, routing_path
+from ..trace import Trace, concat, manifest_path, read_trace, routing_path
 from .train import RunConfig, run_rank
 
 
@@ -116,13 +114,7 @@ def collect(model: str | ModelSpec, parallel: ParallelConfig, out: str | os.Path
 
 
 def _merge(tmp: Path, world: int) -> Trace:
-    traces = [read_trace(tmp / f"rank{r}.parquet") for r in range(world)]
-    events = pd.concat([t.events for t in traces], ignore_index=True)
-    routing = [t.routing for t in traces if t.routing is not None]
-    rt = pd.concat(routing, ignore_index=True) if routing else None
-    if rt is not None:
-        rt = rt.sort_values(["iteration", "microbatch", "layer", "src_rank", "expert"], ignore_index=True)
-    return Trace.from_events(events, {}, rt)
+    return concat([read_trace(tmp / f"rank{r}.parquet") for r in range(world)], meta={})
 
 
 def _manifest(spec: ModelSpec, parallel: ParallelConfig, cfg: RunConfig, results: list[dict[str, Any]],
