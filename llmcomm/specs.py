@@ -51,6 +51,38 @@ def dtype_bytes(dtype: str) -> int:
 
 # --------------------------------------------------------------------------------------------- model
 @dataclass(frozen=True)
+class LayerParams:
+    """One layer's parameters on one TP (and EP) rank, by how they are reduced (see
+    :meth:`ModelSpec.layer_parameter_split`)."""
+
+    sharded: int  # split across TP, reduced over the data-parallel group
+    expert: int  # routed-expert weights, reduced over the expert-data-parallel group
+    replicated: int  # identical on every TP rank (norms, SP biases, router): also all-reduced over TP with SP
+
+    @property
+    def dense(self) -> int:
+        """Everything reduced over the data-parallel group: ``sharded + replicated``."""
+        return self.sharded + self.replicated
+
+    @property
+    def total(self) -> int:
+        return self.sharded + self.expert + self.replicated
+
+
+@dataclass(frozen=True)
+class TokenFlops:
+    """Forward FLOPs per token by term (see :meth:`ModelSpec.forward_flops`)."""
+
+    linear: float  # weight matmuls of every transformer layer
+    attention: float  # Q·Kᵀ and scores·V
+    logits: float  # output layer
+
+    @property
+    def total(self) -> float:
+        return self.linear + self.attention + self.logits
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer, dense or mixture-of-experts, in Megatron-LM's argument names."""
 
@@ -123,6 +155,43 @@ class ModelSpec:
     def _mlp_matrices(self) -> int:
         return 3 if self.gated_mlp else 2
 
+    def layer_parameter_split(self, layer: int, tp: int = 1, ep: int = 1, *, active: bool = False) -> LayerParams:
+        """The parameters of transformer layer ``layer`` (0-based) that one TP rank of one EP rank holds,
+        split by how data parallelism reduces them (Megatron-LM's layout; ``k`` = 3 gated, else 2)::
+
+            sharded    = (h·a·d + 2·h·g·d + a·d·h)/tp  [+ (a·d + 2·g·d)/tp Q/K/V biases]
+                         + k·h·f/tp [+ (k-1)·f/tp biases]          (dense MLP layer)
+                         + k·h·(S·f_e)/tp                           (MoE layer: shared experts)
+            expert     = (E/ep)·k·h·f_e/tp   (routed experts; with ``active``: top-k experts, no ep split)
+            replicated = 2 norms [+ h attention-output bias + h MLP-output bias] [+ h·E router]
+
+        ``sharded`` is reduced over the DP group, ``expert`` over the expert-data-parallel group, and
+        ``replicated`` (identical on every TP rank) also by sequence parallelism's TP all-reduce. Each term is
+        floor-divided separately, as the predictor's byte counts require. With ``tp = ep = 1`` the three add up
+        to :meth:`layer_parameters`.
+        """
+        h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
+        k = self._mlp_matrices()
+        replicated = 2 * self.norm_parameters()
+        sharded = (h * a * d + 2 * h * g * d + a * d * h) // tp
+        if self.add_bias_linear or self.add_qkv_bias:
+            sharded += (a * d + 2 * g * d) // tp
+        if self.add_bias_linear:
+            replicated += h
+        expert = 0
+        if self.moe_layer_pattern()[layer]:
+            fe = self.expert_ffn_hidden_size
+            replicated += h * self.num_experts
+            routed = self.moe_router_topk if active else self.num_experts // ep
+            expert = routed * k * h * fe // tp
+            sharded += k * h * self.num_shared_experts * fe // tp
+        else:
+            sharded += k * h * self.ffn_hidden_size // tp
+            if self.add_bias_linear:
+                sharded += (k - 1) * self.ffn_hidden_size // tp
+                replicated += h
+        return LayerParams(sharded=sharded, expert=expert, replicated=replicated)
+
     def attention_parameters(self) -> int:
         """Q, K, V and output projections of one layer, with biases where the model has them."""
         h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
@@ -162,13 +231,8 @@ class ModelSpec:
         return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
 
     def layer_parameters(self, layer: int, active: bool = False) -> int:
-        """Parameters of transformer layer ``layer`` (0-based)."""
-        mlp = (
-            self.moe_mlp_parameters(active)
-            if self.moe_layer_pattern()[layer]
-            else self.dense_mlp_parameters()
-        )
-        return self.attention_parameters() + mlp + 2 * self.norm_parameters()
+        """Parameters of transformer layer ``layer`` (0-based): :meth:`layer_parameter_split` summed."""
+        return self.layer_parameter_split(layer, active=active).total
 
     def num_parameters(self) -> int:
         """Total parameter count (every expert counted)."""
@@ -179,18 +243,51 @@ class ModelSpec:
         return self._count(active=True)
 
     def _count(self, active: bool) -> int:
+        """Embedding + output layer + final norm + Σ layers (one dense and one MoE layer size, each times
+        its count)."""
         pattern = self.moe_layer_pattern()
-        n_moe = sum(pattern)
-        n_dense = self.num_layers - n_moe
-        per_layer_common = self.attention_parameters() + 2 * self.norm_parameters()
-        return (
-            self.embedding_parameters()
-            + self.output_parameters()
-            + self.norm_parameters()
-            + self.num_layers * per_layer_common
-            + n_dense * self.dense_mlp_parameters()
-            + n_moe * (self.moe_mlp_parameters(active) if n_moe else 0)
+        layers = sum(
+            pattern.count(is_moe) * self.layer_parameters(pattern.index(is_moe), active)
+            for is_moe in (False, True) if is_moe in pattern
         )
+        return self.embedding_parameters() + self.output_parameters() + self.norm_parameters() + layers
+
+    # -- FLOPs ---------------------------------------------------------------------------------------
+    def forward_flops(self, seq_length: int | None = None, vocab_size: int | None = None) -> TokenFlops:
+        """Forward FLOPs per token, split into named terms (a multiply-add is 2 FLOPs; Megatron-LM's
+        convention of ``num_floating_point_operations`` in ``megatron/training/training.py``)::
+
+            linear    = Σ_layers 2·[(h·a·d + 2·h·g·d + a·d·h)                         attention projections
+                                    + k·h·f              (dense layer)
+                                    + topk·k·h·f_e + k·h·S·f_e + h·E (MoE layer: experts, shared, router)]
+            attention = L · 2·2·a·d·s       (Q·Kᵀ and scores·V over the full sequence, causal mask not halved)
+            logits    = 2·h·V               (output layer; V the padded vocabulary if given)
+
+        Embedding lookups, norms, biases, softmax and the loss are not matrix work and are left out (as in
+        Megatron-LM). For GPT-3-style models (f = 4h, no GQA) ``total = 24·L·h²·(1 + s/(6h) + V/(12·L·h))``.
+        """
+        s = self.seq_length if seq_length is None else seq_length
+        V = self.vocab_size if vocab_size is None else vocab_size
+        h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
+        k = self._mlp_matrices()
+        n_moe = self.num_moe_layers
+        n_dense = self.num_layers - n_moe
+        proj = h * a * d + 2 * h * g * d + a * d * h
+        dense_mlp = k * h * self.ffn_hidden_size
+        fe = self.expert_ffn_hidden_size
+        moe_mlp = (self.moe_router_topk + self.num_shared_experts) * k * h * fe + h * self.num_experts
+        linear = 2.0 * (self.num_layers * proj + n_dense * dense_mlp + n_moe * moe_mlp)
+        attention = self.num_layers * 4.0 * a * d * s
+        return TokenFlops(linear=linear, attention=attention, logits=2.0 * h * V)
+
+    def flops_per_token(self, seq_length: int | None = None, vocab_size: int | None = None) -> float:
+        """Forward FLOPs per token, attention included: :meth:`forward_flops` ``.total``.
+
+        A training iteration of ``B`` sequences costs ``B·s·(3 + r)·(linear + attention) + 3·B·s·logits``
+        with ``r = 1`` under full recomputation (the output layer is not recomputed), which for GPT-3-style
+        models is Megatron-LM's ``96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))``.
+        """
+        return self.forward_flops(seq_length, vocab_size).total
 
     # -- validation --------------------------------------------------------------------------------
     def validate(self) -> None:

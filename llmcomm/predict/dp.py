@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..specs import dtype_bytes
+from ..specs import LayerParams, dtype_bytes
 from .calls import Call, Context
 
 
@@ -40,29 +40,9 @@ class StageParams:
     replicated_norms: int  # norm (and SP-marked bias/router) parameters: SP's TP all-reduce
 
 
-def layer_parameters(ctx: Context, layer: int) -> tuple[int, int, int]:
-    """``(dense, expert, replicated)`` parameters of one layer on one TP rank."""
-    m, tp = ctx.model, ctx.tp
-    h, a, g, d = m.hidden_size, m.num_attention_heads, m.query_groups, m.head_dim
-    k = 3 if m.gated_mlp else 2
-    repl = 2 * m.norm_parameters()
-    dense = (h * a * d + 2 * h * g * d + a * d * h) // tp
-    if m.add_bias_linear or m.add_qkv_bias:
-        dense += (a * d + 2 * g * d) // tp
-    if m.add_bias_linear:
-        repl += h
-    expert = 0
-    if ctx.moe_pattern[layer]:
-        fe = m.expert_ffn_hidden_size
-        repl += h * m.num_experts
-        expert = (m.num_experts // ctx.parallel.ep) * k * h * fe // tp
-        dense += k * h * m.num_shared_experts * fe // tp
-    else:
-        dense += k * h * m.ffn_hidden_size // tp
-        if m.add_bias_linear:
-            dense += (k - 1) * m.ffn_hidden_size // tp
-            repl += h
-    return dense + repl, expert, repl
+def layer_parameters(ctx: Context, layer: int) -> LayerParams:
+    """One layer's parameters on one TP rank of one EP rank (:meth:`ModelSpec.layer_parameter_split`)."""
+    return ctx.model.layer_parameter_split(layer, ctx.tp, ctx.parallel.ep)
 
 
 def edge_parameters(ctx: Context, stage: int) -> tuple[int, int]:
@@ -86,8 +66,8 @@ def stage_parameters(ctx: Context, stage: int) -> StageParams:
     dense, repl = edge_parameters(ctx, stage)
     expert = 0
     for la in ctx.stage_layers(stage):
-        d, e, r = layer_parameters(ctx, la)
-        dense, expert, repl = dense + d, expert + e, repl + r
+        split = layer_parameters(ctx, la)
+        dense, expert, repl = dense + split.dense, expert + split.expert, repl + split.replicated
     return StageParams(dense, expert, repl)
 
 

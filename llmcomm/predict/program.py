@@ -49,6 +49,14 @@ def layer_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
     return out + attention_backward(ctx, layer, mb)
 
 
+def _fsdp_unit(ctx: Context, layer: int) -> tuple[int, int]:
+    """``(dense, expert)`` parameters FSDP gathers for one layer; ``(0, 0)`` without FSDP."""
+    if not ctx.parallel.fsdp:
+        return 0, 0
+    split = dp.layer_parameters(ctx, layer)
+    return split.dense, split.expert
+
+
 def _forward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     vs = ctx.virtual_stage(stage, chunk)
     layers = ctx.chunk_layers(stage, chunk)
@@ -61,7 +69,7 @@ def _forward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     if vs == 0:
         out += tp.embedding_forward(ctx, mb)
     for la in layers:
-        d, e, _ = dp.layer_parameters(ctx, la) if ctx.parallel.fsdp else (0, 0, 0)
+        d, e = _fsdp_unit(ctx, la)
         out += dp.fsdp_unit_forward(ctx, d, e, la, mb)
         out += layer_forward(ctx, la, mb)
     if vs == ctx.last_virtual:
@@ -81,7 +89,7 @@ def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
         out += tp.output_backward(ctx, mb)
     full = ctx.parallel.recompute == "full"
     for la in reversed(layers):
-        d, e, _ = dp.layer_parameters(ctx, la) if ctx.parallel.fsdp else (0, 0, 0)
+        d, e = _fsdp_unit(ctx, la)
         if full:
             out += [dataclasses.replace(c, phase="backward") for c in layer_forward(ctx, la, mb)]
         out += dp.fsdp_unit_backward(ctx, d, e, la, mb)
