@@ -1,21 +1,29 @@
-"""Figures with one house style. Every function takes tidy data and returns a matplotlib Axes or Figure;
-none touches global state except :func:`apply_style`, which notebooks call once."""
+"""Figures with one house style, in seaborn's calling convention.
+
+Every function takes its data first (a tidy DataFrame), then keyword-only ``x=``, ``y=``, ``hue=`` (column
+names, never hard-coded) and ``ax=None``, in that order, then its own options; it draws on ``ax`` (a new
+figure when None) and returns the Axes. :func:`comm_matrix_grid` draws several panels and returns the
+Figure (like seaborn's figure-level functions it has no ``ax``). None touches global state except
+:func:`apply_style`, which notebooks call once; the matplotlib backend is left to the caller
+(``MPLBACKEND``, set by the Makefile and the tests).
+"""
 
 from __future__ import annotations
 
-import matplotlib
+from collections.abc import Mapping, Sequence
 
-matplotlib.use("Agg") if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline") else None
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.axes import Axes
+from matplotlib.colors import Normalize
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter, LogLocator
 
 PARALLELISM_COLORS = {"tp": "#4C72B0", "sp": "#64B5CD", "cp": "#8172B3", "pp": "#DD8452",
                       "dp": "#55A868", "ep": "#C44E52", "other": "#8C8C8C"}
+NODE_LINE = {"color": "0.45", "lw": 0.6, "ls": "--"}  # node boundaries: visible on colour and on white
 
 
 def apply_style() -> None:
@@ -24,89 +32,146 @@ def apply_style() -> None:
                   rc={"figure.dpi": 110, "savefig.dpi": 150, "savefig.bbox": "tight"})
 
 
-def layout_grid(coords: pd.DataFrame, color_by: str, ax: Axes | None = None, gpus_per_node: int = 8,
-                title: str | None = None) -> Axes:
-    """Ranks as cells (rows: nodes, columns: local GPU), coloured and labelled by their ``color_by`` group.
+def _axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
+    return ax if ax is not None else plt.subplots(figsize=figsize)[1]
 
-    ``coords`` is :attr:`llmcomm.layout.Layout.coords` with a ``color_by`` column (a group id per rank)."""
-    ax = ax or plt.subplots(figsize=(6, 0.45 * (coords["node"].max() + 1) + 1))[1]
-    n = len(coords)
-    nodes = int(np.ceil(n / gpus_per_node))
-    ids = coords[color_by].to_numpy()
+
+def binary_bytes(n: float, _pos: object = None) -> str:
+    """A byte count in binary units for tick labels: 1 KiB = 2^10 B, 1 MiB = 2^20 B, 1 GiB = 2^30 B."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def layout_grid(data: pd.DataFrame, *, x: str = "rank", y: str = "node", hue: str = "tp_group",
+                ax: Axes | None = None, gpus_per_node: int = 8, title: str | None = None) -> Axes:
+    """Ranks as cells (rows: the ``y`` node, columns: ``x`` rank modulo ``gpus_per_node``), coloured and
+    labelled by their ``hue`` group (e.g. :meth:`llmcomm.layout.Layout.group_table`)."""
+    nodes = int(data[y].max()) + 1
+    ax = _axes(ax, (6, 0.45 * nodes + 1))
+    ids = data[hue].to_numpy()
     uniq = {v: i for i, v in enumerate(pd.unique(ids))}
     pal = sns.color_palette("husl", max(len(uniq), 1))
-    for r, gid in zip(coords["rank"].to_numpy(), ids, strict=True):
-        row, col = divmod(int(r), gpus_per_node)
-        ax.add_patch(Rectangle((col, nodes - 1 - row), 0.95, 0.9, color=pal[uniq[gid]], alpha=0.85))
-        ax.text(col + 0.47, nodes - 1 - row + 0.45, f"r{r}\ng{gid}", ha="center", va="center", fontsize=7)
+    for r, node, gid in zip(data[x].to_numpy(), data[y].to_numpy(), ids, strict=True):
+        col, row = int(r) % gpus_per_node, nodes - 1 - int(node)
+        ax.add_patch(Rectangle((col, row), 0.95, 0.9, color=pal[uniq[gid]], alpha=0.85))
+        ax.text(col + 0.47, row + 0.45, f"r{r}\ng{gid}", ha="center", va="center", fontsize=7)
     ax.set_xlim(0, gpus_per_node)
     ax.set_ylim(0, nodes)
     ax.set_xticks(np.arange(gpus_per_node) + 0.47, [str(i) for i in range(gpus_per_node)])
     ax.set_yticks(np.arange(nodes) + 0.45, [f"node {nodes - 1 - i}" for i in range(nodes)])
     ax.set_xlabel("local GPU")
     ax.grid(False)
-    ax.set_title(title or f"{color_by} groups")
+    ax.set_title(title or f"{hue}")
     return ax
 
 
-def parameter_check(df: pd.DataFrame, ax: Axes | None = None, tolerance: float = 0.02) -> Axes:
-    """Relative error of computed vs published parameter counts per model (columns ``name, family,
-    rel_error``), with the ±tolerance band shaded."""
-    d = df.sort_values(["family", "computed"])
-    ax = ax or plt.subplots(figsize=(6, 0.22 * len(d) + 1))[1]
-    ax.axvspan(-100 * tolerance, 100 * tolerance, color="0.9", zorder=0)
-    sns.scatterplot(data=d.assign(pct=100 * d["rel_error"]), x="pct", y="name", hue="family", ax=ax, s=45, zorder=3)
+def parameter_check(data: pd.DataFrame, *, x: str = "rel_error", y: str = "name", hue: str = "family",
+                    ax: Axes | None = None, tolerance: float = 0.02) -> Axes:
+    """Relative error ``x`` (a fraction, drawn in %) of computed vs published parameter counts per model
+    ``y``, coloured by ``hue``, with the ±tolerance band shaded. Rows keep the data's order within each
+    ``hue`` value."""
+    d = data.sort_values(hue, kind="stable")
+    ax = _axes(ax, (6, 0.22 * len(d) + 1))
+    ax.axvspan(-100 * tolerance, 100 * tolerance, color="0.9", zorder=0, label=f"±{100 * tolerance:g}%")
+    sns.scatterplot(data=d.assign(_pct=100 * d[x]), x="_pct", y=y, hue=hue, ax=ax, s=45, zorder=3)
     ax.axvline(0, color="k", lw=0.8)
     ax.set(xlabel="(computed − published) / published  [%]", ylabel="")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="lower right", title=hue)
     return ax
 
 
-# ================================================================================================
-# Communication matrices and traffic volumes (issue 3, llmcomm.predict). Appended block.
-# ================================================================================================
-def comm_matrix(matrix, gpus_per_node: int = 8, ax: Axes | None = None, title: str | None = None,  # noqa: ANN001
-                max_cells: int = 512, log: bool = True, cmap: str = "viridis") -> Axes:
-    """Heat map of a ``world × world`` (sparse) byte matrix, sender rows, receiver columns, node boundaries
-    drawn as white lines. Above ``max_cells`` ranks, ranks are binned into equal blocks (bytes summed)."""
-    import scipy.sparse as sps
-
-    ax = ax or plt.subplots(figsize=(5.5, 4.5))[1]
-    m = sps.coo_matrix(matrix)
-    n = m.shape[0]
-    k = max(1, int(np.ceil(n / max_cells)))
-    cells = int(np.ceil(n / k))
+def _binned(data: pd.DataFrame, x: str, y: str, hue: str, world_size: int, max_cells: int
+            ) -> tuple[np.ndarray, int]:
+    """Sum ``hue`` over (``y``, ``x``) rank pairs into a dense matrix of ``ceil(n/k)`` cells per side,
+    ``k = ceil(n / max_cells)`` ranks per cell; zero cells are NaN (drawn as background)."""
+    k = max(1, int(np.ceil(world_size / max_cells)))
+    cells = int(np.ceil(world_size / k))
     dense = np.zeros((cells, cells))
-    np.add.at(dense, (m.row // k, m.col // k), m.data)
-    shown = np.where(dense > 0, np.log10(np.where(dense > 0, dense, 1)), np.nan) if log else dense
-    im = ax.imshow(shown, cmap=cmap, interpolation="nearest", origin="upper")
-    cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
-    cb.set_label("log10 bytes" if log else "bytes")
-    nodes = int(np.ceil(n / gpus_per_node))
+    np.add.at(dense, (data[y].to_numpy(np.int64) // k, data[x].to_numpy(np.int64) // k),
+              data[hue].to_numpy(np.float64))
+    return np.where(dense > 0, dense, np.nan), k
+
+
+def _matrix_panel(ax: Axes, dense: np.ndarray, k: int, world_size: int, gpus_per_node: int, norm: Normalize,
+                  cmap: str, log: bool, title: str | None):
+    im = ax.imshow(np.log10(dense) if log else dense, cmap=cmap, norm=norm, interpolation="nearest",
+                   origin="upper")
+    nodes = int(np.ceil(world_size / gpus_per_node))
     if 1 < nodes <= 128:
         for b in range(1, nodes):
             pos = b * gpus_per_node / k - 0.5
-            ax.axhline(pos, color="w", lw=0.6, alpha=0.8)
-            ax.axvline(pos, color="w", lw=0.6, alpha=0.8)
+            ax.axhline(pos, **NODE_LINE)
+            ax.axvline(pos, **NODE_LINE)
     ax.set_xlabel("receiver rank" + (f" (bins of {k})" if k > 1 else ""))
     ax.set_ylabel("sender rank" + (f" (bins of {k})" if k > 1 else ""))
     ax.grid(False)
     ax.set_title(title or "communication matrix")
+    return im
+
+
+def comm_matrix(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue: str = "bytes",
+                ax: Axes | None = None, world_size: int | None = None, gpus_per_node: int = 8,
+                max_cells: int = 512, log: bool = True, cmap: str = "viridis", title: str | None = None) -> Axes:
+    """Heat map of the bytes ``hue`` sent from rank ``y`` (rows) to rank ``x`` (columns), summed over rows
+    of ``data`` (e.g. :meth:`llmcomm.Trace.flows`). Node boundaries are dashed grey lines; pairs that never
+    talk stay white. Above ``max_cells`` ranks, ranks are binned into equal blocks (bytes summed)."""
+    n = world_size or int(max(data[x].max(), data[y].max()) + 1)
+    ax = _axes(ax, (5.5, 4.5))
+    dense, k = _binned(data, x, y, hue, n, max_cells)
+    shown = np.log10(dense) if log else dense
+    norm = Normalize(np.nanmin(shown), np.nanmax(shown)) if np.isfinite(shown).any() else Normalize(0, 1)
+    im = _matrix_panel(ax, dense, k, n, gpus_per_node, norm, cmap, log, title)
+    cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+    cb.set_label(f"log10 {hue}" if log else hue)
     return ax
 
 
-def volume_bars(df: pd.DataFrame, x: str = "config", ax: Axes | None = None, title: str | None = None,
-                unit: float = 2**30, normalize: bool = False, legend: bool = True) -> Axes:
-    """Stacked bars of bytes per parallelism (tidy ``df``: ``x``, ``parallelism``, ``bytes``), in GiB.
+def comm_matrix_grid(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue: str = "bytes",
+                     col: str = "panel", world_size: int | None = None, gpus_per_node: int = 8, ncols: int = 4,
+                     size: float = 3.2, max_cells: int = 512, cmap: str = "viridis") -> plt.Figure:
+    """One :func:`comm_matrix` panel per value of ``col`` (in order of appearance), all on one shared
+    log colour scale with one colour bar, so that colours compare across panels."""
+    titles = list(pd.unique(data[col]))
+    n = world_size or int(max(data[x].max(), data[y].max()) + 1)
+    mats = [_binned(data[data[col] == t], x, y, hue, n, max_cells) for t in titles]
+    logs = np.concatenate([np.log10(d[np.isfinite(d)]) for d, _ in mats])
+    norm = Normalize(float(logs.min()), float(logs.max())) if len(logs) else Normalize(0, 1)
+    cols = min(ncols, len(titles))
+    nrows = int(np.ceil(len(titles) / cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(size * 1.12 * cols + 0.8, size * nrows), squeeze=False)
+    im = None
+    for ax, title, (dense, k) in zip(axes.ravel(), titles, mats, strict=False):
+        im = _matrix_panel(ax, dense, k, n, gpus_per_node, norm, cmap, True, str(title))
+        ax.title.set_fontsize(8)
+        ax.xaxis.label.set_fontsize(7)
+        ax.yaxis.label.set_fontsize(7)
+    for ax in axes.ravel()[len(titles):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    if im is not None:
+        cb = fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, pad=0.02)
+        cb.set_label(f"log10 {hue} (one scale for all panels)")
+    return fig
+
+
+def volume_bars(data: pd.DataFrame, *, x: str = "config", y: str = "bytes", hue: str = "parallelism",
+                ax: Axes | None = None, unit: float = 2**30, normalize: bool = False, legend: bool = True,
+                title: str | None = None) -> Axes:
+    """Stacked bars of ``y`` bytes per ``hue`` value for each ``x``, in GiB (``unit``).
 
     ``normalize=True`` stacks each bar's shares to 100% (so configurations of very different size stay
     readable) and writes the bar's total above it."""
-    ax = ax or plt.subplots(figsize=(6, 4))[1]
-    piv = df.pivot_table(index=x, columns="parallelism", values="bytes", aggfunc="sum", fill_value=0)
-    order = [p for p in PARALLELISM_COLORS if p in piv.columns]
+    ax = _axes(ax, (6, 4))
+    piv = data.pivot_table(index=x, columns=hue, values=y, aggfunc="sum", fill_value=0, sort=False)
+    order = [p for p in PARALLELISM_COLORS if p in piv.columns] + \
+        [p for p in piv.columns if p not in PARALLELISM_COLORS]
     totals = piv.sum(axis=1)
     shown = piv.div(totals, axis=0) * 100 if normalize else piv / unit
-    shown[order].plot(kind="bar", stacked=True, ax=ax, color=[PARALLELISM_COLORS[p] for p in order], width=0.7)
+    shown[order].plot(kind="bar", stacked=True, ax=ax, width=0.7,
+                      color=[PARALLELISM_COLORS.get(p, "0.5") for p in order])
     ylabel = "share of bytes [%]" if normalize else ("GiB per iteration" if unit == 2**30 else "bytes")
     ax.set(ylabel=ylabel, xlabel="", title=title or "")
     if normalize:
@@ -118,93 +183,111 @@ def volume_bars(df: pd.DataFrame, x: str = "config", ax: Axes | None = None, tit
     if not legend:
         ax.get_legend().remove()
     elif normalize:
-        ax.legend(title="", fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.legend(title=hue, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     else:
-        ax.legend(title="", fontsize=8)
+        ax.legend(title=hue, fontsize=8)
     return ax
 
 
-def pair_class_bars(df: pd.DataFrame, ax: Axes | None = None) -> Axes:
-    """Stacked shares of wire bytes per ``parallelism`` × ``pair_class`` (intra-/inter-node) for each
-    ``config`` (tidy ``df``: ``config, parallelism, pair_class, share``)."""
-    ax = ax or plt.subplots(figsize=(7, 4))[1]
-    piv = df.assign(label=df["parallelism"] + " " + df["pair_class"]).pivot_table(
-        index="config", columns="label", values="share", fill_value=0)
+def pair_class_bars(data: pd.DataFrame, *, x: str = "config", y: str = "share",
+                    hue: str | Sequence[str] = ("parallelism", "pair_class"), ax: Axes | None = None) -> Axes:
+    """Stacked ``y`` (shares of wire bytes) per ``hue`` value for each ``x``; a sequence of ``hue`` columns
+    is joined into one label (e.g. "tp intra-node")."""
+    ax = _axes(ax, (7, 4))
+    cols = [hue] if isinstance(hue, str) else list(hue)
+    label = data[cols].astype(str).agg(" ".join, axis=1)
+    piv = data.assign(_label=label).pivot_table(index=x, columns="_label", values=y, fill_value=0, sort=False)
     piv.plot(kind="bar", stacked=True, ax=ax, width=0.7)
     ax.set(ylabel="share of wire bytes", xlabel="")
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
-    ax.legend(fontsize=7, title="", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(fontsize=7, title=" · ".join(cols), loc="center left", bbox_to_anchor=(1.01, 0.5))
     return ax
 
 
-def tp_share_curve(df: pd.DataFrame, ax: Axes | None = None, hue: str = "model", threshold: float = 0.99) -> Axes:
-    """TP share of bytes against the number of micro-batches (``df``: ``microbatches``, ``tp_share``,
-    ``hue``), log-x, with the threshold drawn."""
-    ax = ax or plt.subplots(figsize=(6, 4))[1]
-    sns.lineplot(data=df.assign(pct=100 * df["tp_share"]), x="microbatches", y="pct", hue=hue, marker="o", ax=ax)
+def tp_share_curve(data: pd.DataFrame, *, x: str = "microbatches", y: str = "tp_share", hue: str = "model",
+                   ax: Axes | None = None, style: str | None = None, threshold: float = 0.99,
+                   caps: Mapping[str, float] | None = None, ylabel: str = "TP share of bytes [%]") -> Axes:
+    """TP share ``y`` (a fraction, drawn in %) against the number of micro-batches ``x`` (log-x), one line
+    per ``hue`` (and ``style``) value; the ``threshold`` line is labelled, and each asymptotic cap in
+    ``caps`` (label -> fraction, e.g. ``t / (t + p)``) is drawn as a dotted line with its value."""
+    ax = _axes(ax, (6, 4))
+    sns.lineplot(data=data.assign(_pct=100 * data[y]), x=x, y="_pct", hue=hue, style=style, marker="o", ax=ax)
     ax.axhline(100 * threshold, color="k", ls="--", lw=0.8)
-    ax.set(xscale="log", xlabel="micro-batches per iteration", ylabel="TP share of bytes [%]")
+    ax.annotate(f"{100 * threshold:g}%", (0.01, 100 * threshold), xycoords=("axes fraction", "data"),
+                va="bottom", fontsize=8)
+    for label, cap in (caps or {}).items():
+        ax.axhline(100 * cap, color="0.35", ls=":", lw=1)
+        ax.annotate(f"{label}: {100 * cap:.1f}%", (0.99, 100 * cap), xycoords=("axes fraction", "data"),
+                    ha="right", va="bottom", fontsize=7, color="0.25")
+    ax.set(xscale="log", xlabel="micro-batches per iteration", ylabel=ylabel)
+    ax.legend(title=hue if style is None else f"{hue} / {style}", fontsize=7, title_fontsize=8)
     return ax
 
 
-def comm_matrix_grid(panels: list[tuple[str, object]], gpus_per_node: int = 8, ncols: int = 4,
-                     size: float = 3.2, max_cells: int = 512) -> plt.Figure:
-    """Several :func:`comm_matrix` panels (``[(title, matrix), ...]``) in one figure."""
-    n = len(panels)
-    nrows = int(np.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, min(ncols, n), figsize=(size * 1.25 * min(ncols, n), size * nrows),
-                             squeeze=False)
-    for ax, (title, m) in zip(axes.ravel(), panels, strict=False):
-        comm_matrix(m, gpus_per_node=gpus_per_node, ax=ax, title=title, max_cells=max_cells)
-        ax.title.set_fontsize(8)
-        ax.xaxis.label.set_fontsize(7)
-        ax.yaxis.label.set_fontsize(7)
-    for ax in axes.ravel()[n:]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    return fig
-
-
-# ================================================================================================
-# Temporal pattern of recorded traces (issue 4, llmcomm.collect / llmcomm.analysis). Appended block.
-# ================================================================================================
-def comm_timeline(events: pd.DataFrame, ranks: list[int] | None = None, ax: Axes | None = None,
-                  t0_ns: int | None = None, title: str | None = None, min_width_s: float = 2e-4) -> Axes:
-    """Per-rank timeline: one bar per call from ``t_start_ns`` to ``t_end_ns`` (at least ``min_width_s``
-    wide so instantaneous calls stay visible), one row per rank, coloured by parallelism; the first call of
-    each iteration on the top rank is marked by a dotted line."""
-    e = events[events["t_start_ns"].notna()]
-    ranks = sorted(e["rank"].unique()) if ranks is None else list(ranks)
-    e = e[e["rank"].isin(ranks)]
-    t0 = int(e["t_start_ns"].min()) if t0_ns is None else int(t0_ns)
-    ax = ax or plt.subplots(figsize=(10, 0.45 * len(ranks) + 1.2))[1]
-    for row, r in enumerate(ranks):
-        er = e[e["rank"] == r]
-        for par, g in er.groupby("parallelism"):
-            s = (g["t_start_ns"].to_numpy(np.int64) - t0) / 1e9
-            f = (g["t_end_ns"].fillna(g["t_start_ns"]).to_numpy(np.int64) - t0) / 1e9
+def comm_timeline(data: pd.DataFrame, *, x: str = "t_start_ns", y: str = "rank", hue: str = "parallelism",
+                  ax: Axes | None = None, x_end: str = "t_end_ns", row_group: str | None = None,
+                  marks: Sequence[str] = (), marks_per: str | None = "iteration", t0_ns: int | None = None, title: str | None = None,
+                  min_width_s: float = 2e-4) -> Axes:
+    """Per-rank timeline: one bar per call from ``x`` to ``x_end`` (ns; at least ``min_width_s`` wide so
+    instantaneous calls stay visible; a missing end draws the minimum width), one row per ``y`` value,
+    coloured by ``hue``. ``row_group`` (e.g. a pipeline-stage column) labels the rows and separates its
+    groups by a line. ``marks`` (e.g. ``["phase", "microbatch"]``) label the first call of each distinct
+    combination on each row, per ``marks_per`` value ("forward", 0 -> "F0"); the first call of each
+    iteration on the top row is a dotted line."""
+    e = data[data[x].notna()]
+    rows = sorted(e[y].unique())
+    t0 = int(e[x].min()) if t0_ns is None else int(t0_ns)
+    ax = _axes(ax, (10, 0.55 * len(rows) + 1.4))
+    for row, r in enumerate(rows):
+        er = e[e[y] == r]
+        for par, g in er.groupby(hue):
+            s = (g[x].to_numpy(np.int64) - t0) / 1e9
+            f = (g[x_end].fillna(g[x]).to_numpy(np.int64) - t0) / 1e9
             w = np.maximum(f - s, min_width_s)
-            ax.broken_barh(list(zip(s, w, strict=True)), (row - 0.4, 0.8),
+            ax.broken_barh(list(zip(s, w, strict=True)), (row - 0.35, 0.7),
                            facecolors=PARALLELISM_COLORS.get(str(par), "0.5"), label=str(par))
-    top = e[e["rank"] == ranks[0]]
-    for t in top.groupby("iteration")["t_start_ns"].min().to_numpy(np.int64):
-        ax.axvline((t - t0) / 1e9, color="k", ls=":", lw=0.7)
-    handles, labels = ax.get_legend_handles_labels()
-    uniq = dict(zip(labels, handles, strict=True))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="upper right", ncol=len(uniq))
-    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    ax.set(xlabel="time [s]", title=title or "", ylim=(-0.6, len(ranks) - 0.4))
+        if marks:
+            key = [*([marks_per] if marks_per else []), *marks]
+            first = er.sort_values(x).drop_duplicates(key)
+            for rec in first.itertuples(index=False):
+                vals = [getattr(rec, m) for m in marks]
+                text = "".join(str(v)[0].upper() if isinstance(v, str) else str(v) for v in vals)
+                ax.text((getattr(rec, x) - t0) / 1e9, row - 0.38, text, fontsize=5.5, ha="left", va="bottom",
+                        color="0.2")
+    if "iteration" in e.columns:
+        top = e[e[y] == rows[0]]
+        for t in top.groupby("iteration")[x].min().to_numpy(np.int64):
+            ax.axvline((t - t0) / 1e9, color="k", ls=":", lw=0.7)
+    labels = [f"{y} {r}" for r in rows]
+    if row_group is not None:
+        grp = e.groupby(y)[row_group].first()
+        labels = [f"{y} {r} · {row_group} {grp[r]}" for r in rows]
+        for i in range(1, len(rows)):
+            if grp[rows[i]] != grp[rows[i - 1]]:
+                ax.axhline(i - 0.5, color="0.3", lw=0.8)
+    handles, names = ax.get_legend_handles_labels()
+    uniq = dict(zip(names, handles, strict=True))
+    ax.legend(uniq.values(), uniq.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), title=hue,
+              title_fontsize=8)
+    ax.grid(axis="y", visible=False)
+    ax.set_yticks(range(len(rows)), labels)
+    ax.set(xlabel="time [s]", title=title or "", ylim=(-0.6, len(rows) - 0.4))
     ax.invert_yaxis()
     return ax
 
 
-def acf_plot(acf: pd.DataFrame, lag_s: float, marks: dict[str, float] | None = None, n_obs: int | None = None,
-             ax: Axes | None = None, title: str | None = None) -> Axes:
-    """Autocorrelation against lag in seconds (``acf``: ``lag``, ``acf``; one lag = ``lag_s``), with the
-    expected periods in ``marks`` (name -> seconds) as dashed lines and, given ``n_obs``, the white-noise
-    95% band ``±1.96/√n``."""
-    ax = ax or plt.subplots(figsize=(8, 3.2))[1]
-    ax.plot(acf["lag"] * lag_s, acf["acf"], color=PARALLELISM_COLORS["tp"], lw=1.2)
+def acf_plot(data: pd.DataFrame, *, x: str = "lag", y: str = "acf", hue: str | None = None,
+             ax: Axes | None = None, lag_s: float = 1.0, marks: Mapping[str, float] | None = None,
+             n_obs: int | None = None, title: str | None = None) -> Axes:
+    """Autocorrelation ``y`` against lag ``x`` in seconds (one lag = ``lag_s``), one line per ``hue`` value
+    if given, with the expected periods in ``marks`` (name -> seconds) as dashed lines and, given
+    ``n_obs``, the white-noise 95% band ``±1.96/√n``."""
+    ax = _axes(ax, (8, 3.2))
+    d = data.assign(_lag_s=data[x] * lag_s)
+    if hue is None:
+        ax.plot(d["_lag_s"], d[y], color=PARALLELISM_COLORS["tp"], lw=1.2)
+    else:
+        sns.lineplot(data=d, x="_lag_s", y=y, hue=hue, ax=ax, lw=1.2)
     if n_obs:
         band = 1.96 / np.sqrt(n_obs)
         ax.axhspan(-band, band, color="0.85", zorder=0, label="95% white noise")
@@ -216,46 +299,65 @@ def acf_plot(acf: pd.DataFrame, lag_s: float, marks: dict[str, float] | None = N
     return ax
 
 
-# ===================================================================================================
-# Real traces and bandwidth measurements (notebook 04_real_traces; llmcomm.ingest)
-# ===================================================================================================
-def call_duration_spread(seq: pd.DataFrame, ax: Axes | None = None, top: int = 10,
+def call_duration_spread(data: pd.DataFrame, *, x: str = "duration_us", y: str = "collective",
+                         hue: str = "parallelism", ax: Axes | None = None, top: int = 10,
                          title: str | None = None) -> Axes:
-    """Distribution of each collective's duration (µs, log-x) over all its calls, one row per collective
-    label (``seq``: ``collective``, ``duration_us``, ``parallelism`` as from
-    :func:`llmcomm.ingest.summary.call_sequence`); the ``top`` collectives with most calls."""
-    ax = ax or plt.subplots(figsize=(7, 0.45 * top + 1.2))[1]
-    order = seq["collective"].value_counts().index[:top].tolist()
-    d = seq[seq["collective"].isin(order) & (seq["duration_us"] > 0)]
-    pal = {c: PARALLELISM_COLORS.get(c.split("/")[1], "#8C8C8C") for c in order}
-    sns.boxplot(data=d, y="collective", x="duration_us", order=order, hue="collective", palette=pal,
-                legend=False, whis=(1, 99), fliersize=1.5, linewidth=0.8, ax=ax)
+    """Distribution of each ``y`` collective's duration ``x`` (µs, log-x) over all its calls, coloured by
+    ``hue`` (e.g. :func:`llmcomm.ingest.summary.call_sequence`); the ``top`` collectives with most calls."""
+    ax = _axes(ax, (7, 0.45 * top + 1.2))
+    order = data[y].value_counts().index[:top].tolist()
+    d = data[data[y].isin(order) & (data[x] > 0)]
+    pal = {h: PARALLELISM_COLORS.get(str(h), "#8C8C8C") for h in d[hue].unique()}
+    sns.boxplot(data=d, y=y, x=x, order=order, hue=hue, palette=pal, dodge=False, whis=(1, 99), fliersize=1.5,
+                linewidth=0.8, ax=ax)
     ax.set(xscale="log", xlabel="duration per call [µs]", ylabel="", title=title or "")
+    ax.legend(title=hue, fontsize=7, title_fontsize=8, loc="lower right")
     return ax
 
 
-def a2a_matrix_heatmap(mat: np.ndarray, ax: Axes | None = None, unit: float = 2**10, title: str | None = None,
-                       label: str = "KiB") -> Axes:
-    """A small all-to-all matrix (sender rows, receiver columns) with its values written in ``unit``s."""
-    ax = ax or plt.subplots(figsize=(5.5, 4.5))[1]
-    sns.heatmap(mat / unit, annot=mat.shape[0] <= 16, fmt=".1f", cmap="rocket_r", square=True,
+def a2a_matrix_heatmap(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue: str = "bytes",
+                       ax: Axes | None = None, unit: float = 2**10, label: str = "KiB",
+                       title: str | None = None) -> Axes:
+    """A small all-to-all matrix (``y`` sender rows, ``x`` receiver columns) of ``hue`` with its values
+    written in ``unit``s."""
+    ax = _axes(ax, (5.5, 4.5))
+    mat = data.pivot_table(index=y, columns=x, values=hue, aggfunc="sum", fill_value=0) / unit
+    sns.heatmap(mat, annot=mat.shape[0] <= 16, fmt=".1f", cmap="rocket_r", square=True,
                 cbar_kws={"label": label}, ax=ax, annot_kws={"fontsize": 7})
     ax.set(xlabel="receiver rank", ylabel="sender rank", title=title or "")
     return ax
 
 
-def busbw_curves(bw: pd.DataFrame, ax: Axes | None = None, hue: str = "ranks", title: str | None = None,
-                 placement: str = "out-of-place", style: str | None = None) -> Axes:
-    """Bus bandwidth (GB/s) against message size (log-x), one line per ``hue`` value (in numeric order when
-    numeric) and optionally per ``style`` value (tidy bandwidth table from
-    :func:`llmcomm.ingest.ingest_bandwidth`)."""
-    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
-    d = bw[(bw["placement"] == placement) & (bw["bytes"] > 0)].copy()
-    levels = sorted(d[hue].dropna().unique(), key=lambda v: (str(type(v)), v))
-    d[hue] = d[hue].astype(str)
-    order = [str(v) for v in levels]
-    sns.lineplot(data=d, x="bytes", y="busbw", hue=hue, hue_order=order, style=style,
-                 palette=sns.color_palette("viridis", len(order)), legend="full", ax=ax, lw=1.2)
-    ax.set(xscale="log", xlabel="message size [bytes]", ylabel="bus bandwidth [GB/s]", title=title or "")
-    ax.legend(fontsize=7, ncol=2)
+def node_palette(levels: Sequence[int], gpus_per_node: int = 8) -> dict[str, tuple[float, float, float]]:
+    """Colours for GPU counts: blues inside one node (``n <= gpus_per_node``), reds across nodes, so the
+    node boundary (8 vs 16 GPUs) is a change of hue, not a step along one ramp."""
+    intra = [v for v in levels if v <= gpus_per_node]
+    inter = [v for v in levels if v > gpus_per_node]
+    pal = dict(zip(intra, sns.color_palette("Blues", len(intra) + 2)[2:], strict=True))
+    pal.update(zip(inter, sns.color_palette("Reds", len(inter) + 2)[2:], strict=True))
+    return {str(k): v for k, v in pal.items()}
+
+
+def busbw_curves(data: pd.DataFrame, *, x: str = "bytes", y: str = "busbw", hue: str = "ranks",
+                 ax: Axes | None = None, style: str | None = None, gpus_per_node: int = 8,
+                 title: str | None = None) -> Axes:
+    """Bus bandwidth ``y`` (GB/s) against message size ``x`` (bytes, log-x with KiB/MiB/GiB ticks), one line
+    per ``hue`` value (GPU count: :func:`node_palette`, blue inside a node, red across) and optionally per
+    ``style`` value (e.g. :func:`llmcomm.ingest.ingest_bandwidth`'s table, filtered by the caller)."""
+    ax = _axes(ax, (6.5, 4))
+    d = data[data[x] > 0].copy()
+    levels = sorted(int(v) for v in d[hue].dropna().unique())
+    d[hue] = d[hue].astype(int).astype(str)
+    sns.lineplot(data=d, x=x, y=y, hue=hue, hue_order=[str(v) for v in levels], style=style,
+                 palette=node_palette(levels, gpus_per_node), legend="full", ax=ax, lw=1.2)
+    ax.set(xscale="log", xlabel="message size", ylabel="bus bandwidth [GB/s]", title=title or "")
+    ax.xaxis.set_major_locator(LogLocator(base=32, numticks=12))  # 1 KiB, 32 KiB, 1 MiB, ...
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda *_: ""))
+    ax.xaxis.set_major_formatter(FuncFormatter(binary_bytes))
+    inter = [v for v in levels if v > gpus_per_node]
+    if style is None or inter:  # with a style, seaborn's legend already names hue and style as sub-headings
+        legend_title = f"{hue}" + (f" (red: > {gpus_per_node}, across nodes)" if inter else "")
+        ax.legend(fontsize=7, ncol=2, title=legend_title, title_fontsize=7)
+    else:
+        ax.legend(fontsize=7, ncol=2)
     return ax
