@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from .errors import LLMCommError
 
@@ -58,7 +59,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from .reproduce import reproduce
 
-    reproduce(profile=args.profile, only=args.only or None)
+    reproduce(profile=args.profile, only=args.only or None, out_dir=args.out_dir)
     return 0
 
 
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("reproduce", help="run every notebook through papermill and write figures/")
     r.add_argument("--profile", choices=("full", "quick"), default="full")
     r.add_argument("--only", nargs="*", help="notebook name prefixes to run (default: all)")
+    r.add_argument("--out-dir", type=Path, default=None,
+                   help="folder for figures and results (default: figures/ for the full profile, "
+                        "build/figures-quick/ for quick, so it never overwrites the committed figures)")
     r.set_defaults(func=cmd_reproduce)
     for mod in SUBCOMMAND_MODULES:
         if module_exists(mod):

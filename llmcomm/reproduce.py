@@ -1,11 +1,14 @@
 """Run every notebook through papermill and collect what they write.
 
-``reproduce(profile)`` executes ``notebooks/*.ipynb`` in name order with parameters from
-``notebooks/params.yaml`` (section ``defaults`` then the notebook's own section, then the profile's
-overrides), writes executed copies under ``build/notebooks/``, figures under ``figures/<notebook>/`` and the
-numbers each notebook checks under ``figures/results/<notebook>.json``.
+``reproduce(profile)`` executes ``notebooks/*.ipynb`` in name order. Each notebook's defaults are its
+``parameters`` cell (the one place they are set; the paired ``notebooks/NN_name.py`` is its jupytext source);
+``notebooks/params.yaml`` holds only the ``quick`` profile's overrides that keep the test run fast. The full
+profile writes figures under ``figures/<notebook>/`` and the numbers each notebook checks under
+``figures/results/<notebook>.json``; the quick profile writes under ``build/figures-quick/`` so that it never
+overwrites the committed figures. Executed copies go to ``build/notebooks/`` (``build/notebooks-quick/``).
 
-Inside a notebook, :class:`Outputs` is the one way to write a figure or a checked number.
+Inside a notebook, :class:`Outputs` is the one way to write a figure or a checked number, and
+:func:`data_file` the way to find a file of the project's ``data/`` folder from any working directory.
 """
 
 from __future__ import annotations
@@ -21,11 +24,26 @@ from typing import Any
 import yaml
 
 from .atomic import write_bytes
-from .errors import LLMCommError
+from .errors import ConfigError, LLMCommError
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 PROFILES = ("full", "quick")
+FIGURES = ROOT / "figures"
+
+
+def default_out_dir(profile: str) -> Path:
+    """Where a profile writes figures: ``figures/`` (committed) for full, ``build/figures-quick/`` else."""
+    return FIGURES if profile == "full" else ROOT / "build" / f"figures-{profile}"
+
+
+def data_file(relative: str | os.PathLike[str]) -> Path:
+    """A file of the project's ``data/`` folder (``"traces/gpt_tp4.parquet"``), independent of the
+    working directory; absolute paths are returned unchanged."""
+    from .specs import data_dir
+
+    p = Path(relative)
+    return p if p.is_absolute() else data_dir() / p
 
 
 class NotebookFailed(LLMCommError, RuntimeError):
@@ -52,14 +70,26 @@ class Outputs:
     ``out.value("name", x)``, then ``out.save()``."""
 
     notebook: str
-    out_dir: str | os.PathLike[str] = ROOT / "figures"
+    out_dir: str | os.PathLike[str] | None = None  # None: the committed figures/ folder
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir) if self.out_dir is not None else FIGURES
+
     @property
     def figure_dir(self) -> Path:
         return Path(self.out_dir) / self.notebook
+
+    def say(self, text: str) -> None:
+        """Show a result sentence (Markdown, built by the notebook from its computed values)."""
+        try:
+            from IPython.display import Markdown, display
+
+            display(Markdown(text))
+        except ImportError:  # pragma: no cover - IPython ships with the notebook dependencies
+            print(text)
 
     def figure(self, fig: Any, name: str, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
         """Save a matplotlib Figure (or an object with ``.figure``) as PNG and PDF, atomically.
@@ -110,41 +140,51 @@ def notebook_paths(only: Sequence[str] | None = None) -> list[Path]:
 
 
 def notebook_parameters(name: str, profile: str = "full", params_file: Path | None = None) -> dict[str, Any]:
-    """Parameters for one notebook: ``defaults`` < the notebook's section < the profile's overrides."""
+    """The overrides of one notebook's parameters for ``profile`` (``params.yaml``: ``name: {quick: {...}}``).
+
+    The defaults are the notebook's ``parameters`` cell; the full profile runs them unchanged, so any key of
+    a section other than a profile name is refused (defaults are set in one place)."""
     if profile not in PROFILES:
-        raise LLMCommError(f"profile={profile!r} is not one of {PROFILES}")
+        raise ConfigError(f"profile={profile!r} is not one of {PROFILES}")
     params_file = params_file or NOTEBOOKS / "params.yaml"
     doc = yaml.safe_load(params_file.read_text(encoding="utf-8")) or {}
-    section = doc.get(name, {}) or {}
-    out = dict(doc.get("defaults", {}) or {})
-    out.update({k: v for k, v in section.items() if k not in PROFILES})
-    out.update(section.get(profile, {}) or {})
-    return out
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{params_file}: expected a mapping of notebook name -> {{quick: {{...}}}}")
+    section = doc.get(name) or {}
+    if not isinstance(section, dict) or set(section) - set(PROFILES):
+        extra = sorted(set(section) - set(PROFILES)) if isinstance(section, dict) else section
+        raise ConfigError(f"{params_file}: {name}: keys {extra} are not a profile {PROFILES}; a notebook's "
+                          "defaults belong in its parameters cell, params.yaml holds only profile overrides")
+    return dict(section.get(profile) or {})
 
 
 def reproduce(profile: str = "full", only: Sequence[str] | None = None, out_dir: Path | None = None,
               build_dir: Path | None = None, progress: bool = True) -> list[Path]:
-    """Execute notebooks with papermill; raise :class:`NotebookFailed` naming the first failure."""
+    """Execute notebooks with papermill; raise :class:`NotebookFailed` naming the first failure.
+
+    ``out_dir`` defaults to :func:`default_out_dir` of the profile. The kernel runs in the caller's working
+    directory: notebooks find their files through the package, not through relative paths."""
     import papermill as pm
     from tqdm.auto import tqdm
 
-    out_dir = Path(out_dir or ROOT / "figures").resolve()
-    build_dir = Path(build_dir or ROOT / "build" / "notebooks").resolve()
-    build_dir.mkdir(parents=True, exist_ok=True)
-    done = []
     paths = notebook_paths(only)
     if not paths:
         raise LLMCommError(f"no notebook matches {list(only or [])} in {NOTEBOOKS}")
+    overrides = {nb.stem: notebook_parameters(nb.stem, profile) for nb in paths}  # a bad params.yaml fails first
+    out_dir = Path(out_dir or default_out_dir(profile)).resolve()
+    suffix = "" if profile == "full" else f"-{profile}"
+    build_dir = Path(build_dir or ROOT / "build" / f"notebooks{suffix}").resolve()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    done = []
     bar = tqdm(paths, desc="notebooks", unit="nb", disable=not progress)
     for nb in bar:
         bar.set_postfix_str(nb.stem)
-        params = notebook_parameters(nb.stem, profile)
-        params["out_dir"] = str(out_dir)
+        params = {**overrides[nb.stem], "out_dir": str(out_dir)}
         target = build_dir / nb.name
         t0 = time.perf_counter()
         try:
-            pm.execute_notebook(str(nb), str(target), parameters=params, cwd=str(NOTEBOOKS),
-                                kernel_name="python3", progress_bar=False)
+            pm.execute_notebook(str(nb), str(target), parameters=params, kernel_name="python3",
+                                progress_bar=False)
         except pm.PapermillExecutionError as e:
             raise NotebookFailed(
                 f"notebook {nb.name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}"
