@@ -37,14 +37,14 @@ figures-quick: $(BASE)
 	$(VENV)/bin/llmcomm reproduce --profile quick
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check llmcomm tests benchmarks
+	$(VENV)/bin/ruff check llmcomm tests benchmarks notebooks
 	$(PY) -m pytest -q --durations=15
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check llmcomm tests benchmarks
+	$(VENV)/bin/ruff check llmcomm tests benchmarks notebooks
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
