@@ -268,14 +268,14 @@ def comparison_matrices(measured, predicted, *, gpus_per_node: int = 8, titles: 
     import scipy.sparse as sps
 
     a, b = sps.csr_matrix(measured).toarray(), sps.csr_matrix(predicted).toarray()
-    fig, axes = plt.subplots(1, 3, figsize=(3 * size * 1.2, size))
+    fig, axes = plt.subplots(1, 3, figsize=(3 * size * 1.35, size * 1.1), layout="constrained")
     positive = np.concatenate([a[a > 0], b[b > 0]])
     vmin, vmax = (np.log10(positive.min()), np.log10(positive.max())) if len(positive) else (0, 1)
     for ax, m, title in zip(axes[:2], (a, b), titles, strict=True):
         shown = np.where(m > 0, np.log10(np.where(m > 0, m, 1)), np.nan)
         im = ax.imshow(shown, cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
         ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=axes[:2], fraction=0.03, pad=0.02).set_label("log10 bytes (shared scale)")
+    fig.colorbar(im, ax=axes[1], fraction=0.046, pad=0.03).set_label("log10 bytes (both panels)")
     d = a - b
     lim = max(float(np.abs(d).max()), 1.0)
     im = axes[2].imshow(d, cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
