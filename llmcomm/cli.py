@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import LLMCommError
 
-SUBCOMMAND_MODULES = ("llmcomm.predict.cli", "llmcomm.collect.cli", "llmcomm.ingest.cli")
+SUBCOMMAND_MODULES = ("llmcomm.predict.cli", "llmcomm.collect.cli", "llmcomm.ingest.cli", "llmcomm.compare.cli")
 
 
 def _fmt_count(n: float | None) -> str:

@@ -361,3 +361,57 @@ def busbw_curves(data: pd.DataFrame, *, x: str = "bytes", y: str = "busbw", hue:
     else:
         ax.legend(fontsize=7, ncol=2)
     return ax
+
+
+def comparison_matrices(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue: str = "bytes",
+                        col: str = "side", world_size: int | None = None, gpus_per_node: int = 8,
+                        size: float = 3.4) -> plt.Figure:
+    """Two ``world × world`` byte matrices (the two values of ``col`` in order of appearance, e.g. measured
+    then predicted; bytes ``hue`` from rank ``y`` to rank ``x``) on one log colour scale, and their
+    difference (first − second, bytes, symmetric diverging scale; white = equal)."""
+    sides = list(pd.unique(data[col]))
+    if len(sides) != 2:
+        raise ValueError(f"comparison_matrices needs exactly two values of {col!r}, got {sides}")
+    n = world_size or int(max(data[x].max(), data[y].max()) + 1)
+    a, b = (np.nan_to_num(_binned(data[data[col] == s], x, y, hue, n, n)[0]) for s in sides)
+    fig, axes = plt.subplots(1, 3, figsize=(3 * size * 1.35, size * 1.1), layout="constrained")
+    positive = np.concatenate([a[a > 0], b[b > 0]])
+    vmin, vmax = (np.log10(positive.min()), np.log10(positive.max())) if len(positive) else (0, 1)
+    for ax, m, title in zip(axes[:2], (a, b), sides, strict=True):
+        shown = np.where(m > 0, np.log10(np.where(m > 0, m, 1)), np.nan)
+        im = ax.imshow(shown, cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
+        ax.set_title(str(title), fontsize=9)
+    fig.colorbar(im, ax=axes[1], fraction=0.046, pad=0.03).set_label(f"log10 {hue} (both panels)")
+    d = a - b
+    lim = max(float(np.abs(d).max()), 1.0)
+    im = axes[2].imshow(d, cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+    axes[2].set_title(f"{sides[0]} − {sides[1]}", fontsize=9)
+    fig.colorbar(im, ax=axes[2], fraction=0.046, pad=0.03).set_label(hue)
+    for ax in axes:
+        ax.grid(False)
+        ax.set_xlabel("receiver rank", fontsize=8)
+        ax.set_ylabel("sender rank", fontsize=8)
+        for boundary in range(gpus_per_node, n, gpus_per_node):
+            ax.axhline(boundary - 0.5, color="0.3", lw=0.6)
+            ax.axvline(boundary - 0.5, color="0.3", lw=0.6)
+    return fig
+
+
+def comparison_bars(data: pd.DataFrame, *, x: str = "parallelism",
+                    y: Sequence[str] = ("bytes_measured", "bytes_predicted"), hue: str = "side",
+                    ax: Axes | None = None, unit: float = 2**20, title: str | None = None) -> Axes:
+    """Bytes per ``x`` on both sides of a comparison, one bar per column of ``y`` (e.g. ``by_kind`` of
+    :class:`llmcomm.compare.Comparison`), in MiB, log scale; the legend (titled ``hue``) names each column
+    without its ``bytes_`` prefix."""
+    ax = _axes(ax, (6, 3.5))
+    t = data.groupby(x, observed=True)[list(y)].sum().reset_index()
+    long = t.melt(id_vars=x, var_name=hue, value_name="bytes")
+    long[hue] = long[hue].str.removeprefix("bytes_")
+    long["MiB"] = long["bytes"] / unit
+    sides = list(pd.unique(long[hue]))
+    sns.barplot(data=long, x=x, y="MiB", hue=hue, ax=ax,
+                palette=dict(zip(sides, sns.color_palette("deep", len(sides)), strict=True)))
+    ax.set_yscale("log")
+    ax.set(ylabel="MiB per iteration (log)", title=title or "bytes per parallelism")
+    ax.legend(title=hue, fontsize=8)
+    return ax
