@@ -245,7 +245,8 @@ def comm_timeline(data: pd.DataFrame, *, x: str = "t_start_ns", y: str = "rank",
             f = (g[x_end].fillna(g[x]).to_numpy(np.int64) - t0) / 1e9
             w = np.maximum(f - s, min_width_s)
             ax.broken_barh(list(zip(s, w, strict=True)), (row - 0.35, 0.7),
-                           facecolors=PARALLELISM_COLORS.get(str(par), "0.5"), label=str(par))
+                           facecolors=PARALLELISM_COLORS.get(str(par), "0.5"), edgecolor="none",
+                           label=str(par))  # no white edge: it would hide calls narrower than the edge
         if marks:
             key = [*([marks_per] if marks_per else []), *marks]
             first = er.sort_values(x).drop_duplicates(key)
