@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("MPLBACKEND", "Agg")  # llmcomm.plots leaves the backend to its caller
 
 if "LLMCOMM_EXTERNAL" not in os.environ and (ROOT.parent / "shared" / "external").is_dir():
     os.environ["LLMCOMM_EXTERNAL"] = str(ROOT.parent / "shared" / "external")
