@@ -24,6 +24,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator
 PARALLELISM_COLORS = {"tp": "#4C72B0", "sp": "#64B5CD", "cp": "#8172B3", "pp": "#DD8452",
                       "dp": "#55A868", "ep": "#C44E52", "other": "#8C8C8C"}
 NODE_LINE = {"color": "0.45", "lw": 0.6, "ls": "--"}  # node boundaries: visible on colour and on white
+MAX_NODE_LINES = 32  # beyond this many nodes the boundary lines would hide the matrix
 
 
 def apply_style() -> None:
@@ -100,11 +101,13 @@ def _matrix_panel(ax: Axes, dense: np.ndarray, k: int, world_size: int, gpus_per
     im = ax.imshow(np.log10(dense) if log else dense, cmap=cmap, norm=norm, interpolation="nearest",
                    origin="upper")
     nodes = int(np.ceil(world_size / gpus_per_node))
-    if 1 < nodes <= 128:
+    if 1 < nodes <= MAX_NODE_LINES:
         for b in range(1, nodes):
             pos = b * gpus_per_node / k - 0.5
             ax.axhline(pos, **NODE_LINE)
             ax.axvline(pos, **NODE_LINE)
+    elif nodes > MAX_NODE_LINES:
+        title = f"{title or 'communication matrix'}\n({nodes} nodes: boundaries not drawn)"
     ax.set_xlabel("receiver rank" + (f" (bins of {k})" if k > 1 else ""))
     ax.set_ylabel("sender rank" + (f" (bins of {k})" if k > 1 else ""))
     ax.grid(False)

@@ -96,6 +96,11 @@ volume_bars(vol, x="config", y="bytes", hue="parallelism", ax=axes[0], normalize
 volume_bars(wire, x="config", y="bytes", hue="parallelism", ax=axes[1], normalize=True,
             title="wire bytes (ring) per iteration (total above each bar)")
 out.figure(fig, "volume_per_parallelism")
+top_par = vol.loc[vol.groupby("config")["share"].idxmax()].set_index("config")
+out.value("largest_parallelism_share", {c: [r.parallelism, float(r.share)] for c, r in top_par.iterrows()})
+out.say("**Result.** The parallelism carrying most message bytes, per configuration: "
+        + "; ".join(f"{c}: {r.parallelism.upper()} {100 * r.share:.1f}%" for c, r in top_par.iterrows())
+        + ". With sequence parallelism the TP-group calls are SP's all-gathers and reduce-scatters.")
 
 # %% [markdown]
 # ## TP share against the number of micro-batches, with and without sequence parallelism

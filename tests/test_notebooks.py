@@ -156,3 +156,13 @@ def test_no_matching_notebook_creates_nothing(tmp_path) -> None:
     with pytest.raises(LLMCommError, match="no notebook matches"):
         reproduce("quick", only=["99"], out_dir=tmp_path / "f", build_dir=tmp_path / "b", progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_passes_the_output_folder(tmp_path, monkeypatch) -> None:
+    import llmcomm.reproduce as r
+    from llmcomm.cli import main
+
+    seen = {}
+    monkeypatch.setattr(r, "reproduce", lambda **kw: seen.update(kw) or [])
+    assert main(["reproduce", "--profile", "quick", "--only", "00", "--out-dir", str(tmp_path)]) == 0
+    assert seen == {"profile": "quick", "only": ["00"], "out_dir": tmp_path}
