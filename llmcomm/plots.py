@@ -195,12 +195,20 @@ def volume_bars(data: pd.DataFrame, *, x: str = "config", y: str = "bytes", hue:
 def pair_class_bars(data: pd.DataFrame, *, x: str = "config", y: str = "share",
                     hue: str | Sequence[str] = ("parallelism", "pair_class"), ax: Axes | None = None) -> Axes:
     """Stacked ``y`` (shares of wire bytes) per ``hue`` value for each ``x``; a sequence of ``hue`` columns
-    is joined into one label (e.g. "tp intra-node")."""
+    is joined into one label (e.g. "tp intra-node"). Colours follow the first ``hue`` column (the
+    parallelism's colour, as in every figure); labels containing "inter" are hatched."""
     ax = _axes(ax, (7, 4))
     cols = [hue] if isinstance(hue, str) else list(hue)
     label = data[cols].astype(str).agg(" ".join, axis=1)
     piv = data.assign(_label=label).pivot_table(index=x, columns="_label", values=y, fill_value=0, sort=False)
-    piv.plot(kind="bar", stacked=True, ax=ax, width=0.7)
+    rank = {p: i for i, p in enumerate(PARALLELISM_COLORS)}
+    order = sorted(piv.columns, key=lambda c: (rank.get(c.split(" ")[0], len(rank)), "inter" in c, c))
+    piv[order].plot(kind="bar", stacked=True, ax=ax, width=0.7,
+                    color=[PARALLELISM_COLORS.get(c.split(" ")[0], "0.5") for c in order])
+    for container, name in zip(ax.containers, order, strict=True):
+        for patch in container:
+            patch.set_hatch("///" if "inter" in name else None)
+            patch.set_edgecolor("white")
     ax.set(ylabel="share of wire bytes", xlabel="")
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
     ax.legend(fontsize=7, title=" · ".join(cols), loc="center left", bbox_to_anchor=(1.01, 0.5))
@@ -217,7 +225,7 @@ def tp_share_curve(data: pd.DataFrame, *, x: str = "microbatches", y: str = "tp_
     sns.lineplot(data=data.assign(_pct=100 * data[y]), x=x, y="_pct", hue=hue, style=style, marker="o", ax=ax)
     ax.axhline(100 * threshold, color="k", ls="--", lw=0.8)
     ax.annotate(f"{100 * threshold:g}%", (0.01, 100 * threshold), xycoords=("axes fraction", "data"),
-                va="bottom", fontsize=8)
+                va="top", fontsize=8)
     for label, cap in (caps or {}).items():
         ax.axhline(100 * cap, color="0.35", ls=":", lw=1)
         ax.annotate(f"{label}: {100 * cap:.1f}%", (0.99, 100 * cap), xycoords=("axes fraction", "data"),
