@@ -89,6 +89,12 @@ def matrix_stack(cells: pd.DataFrame, keys: Sequence[str], value: str = "value")
     return k, arr
 
 
+def _groups(k: pd.DataFrame, keys: list[str]) -> list[np.ndarray]:
+    if not keys:
+        return [np.arange(len(k))]
+    return [np.asarray(v) for v in k.groupby(keys, sort=True).indices.values()]
+
+
 # ------------------------------------------------------------------------------------------ matrices
 def ep_matrices(routing: pd.DataFrame, parallel: ParallelConfig | Mapping[str, Any], num_experts: int, *,
                 bytes_per_token: float = 1.0, per_microbatch: bool = False) -> pd.DataFrame:
@@ -114,6 +120,27 @@ def ep_matrices(routing: pd.DataFrame, parallel: ParallelConfig | Mapping[str, A
                        "dst": r["expert"].to_numpy(np.int64) // (num_experts // ep),
                        "value": r["tokens"].to_numpy(np.float64) * bytes_per_token})
     return df.groupby(keys + ["ep_group", "src", "dst"], as_index=False, sort=True)["value"].sum()
+
+
+def routing_matrices(trace: Any, *, per_microbatch: bool = False) -> pd.DataFrame:
+    """:func:`ep_matrices` of a recorded MoE trace in bytes (``bytes_per_token = h · act`` from its
+    manifest)."""
+    from ..specs import DTYPE_BYTES
+
+    if trace.routing is None:
+        raise DataError("trace has no routing table (not an MoE run recorded by llmcomm.collect)")
+    spec, par = trace.meta["model_spec"], _parallel(trace.meta["parallel"])
+    return ep_matrices(trace.routing, par, spec["num_experts"], per_microbatch=per_microbatch,
+                       bytes_per_token=spec["hidden_size"] * DTYPE_BYTES[par.act_dtype])
+
+
+def iteration_matrices(trace: Any, algorithm: str = "direct", **filters: Any) -> pd.DataFrame:
+    """The whole communication matrix of each iteration of any trace (dense or MoE): cells ``iteration,
+    src, dst, value`` (bytes of :meth:`llmcomm.trace.Trace.flows`; ``direct`` leaves out what a rank sends
+    itself)."""
+    f = trace.flows(algorithm, **filters)
+    return (f.groupby(["iteration", "src", "dst"], as_index=False, sort=True)["bytes"].sum()
+            .rename(columns={"bytes": "value"}))
 
 
 def expert_load(routing: pd.DataFrame) -> pd.DataFrame:
@@ -281,7 +308,7 @@ def consecutive_distance(cells: pd.DataFrame, keys: Sequence[str] = ("layer", "e
     keys = list(keys)
     k, arr = matrix_stack(cells, [*keys, time])
     out = []
-    for _, idx in k.groupby(keys, sort=True).groups.items() if keys else [(None, k.index)]:
+    for idx in _groups(k, keys):
         idx = np.asarray(idx)
         m = arr[idx]
         num = np.abs(np.diff(m, axis=0)).sum(axis=(1, 2))
@@ -357,7 +384,7 @@ def predictor_errors(cells: pd.DataFrame, keys: Sequence[str] = ("layer", "ep_gr
     keys = list(keys)
     k, arr = matrix_stack(cells, [*keys, time])
     out = []
-    for _, idx in k.groupby(keys, sort=True).groups.items():
+    for idx in _groups(k, keys):
         idx = np.asarray(idx)
         m = arr[idx]
         den = np.abs(m).sum(axis=(1, 2))
