@@ -23,7 +23,7 @@
 # run and what only bounded; (f) what envelope a network planner should provision.
 
 # %% tags=["parameters"]
-out_dir = ""                          # figures/ of the project when empty (llmcomm reproduce sets it)
+out_dir = None                        # None: the project's figures/ (llmcomm reproduce sets it)
 dense_trace = "gpt_tp2pp2_timeline"   # curated dense run (data/traces), 12 iterations
 moe_trace = "moe8e_ep4_aux"           # curated MoE run, aux-loss balancing on, 2,000 iterations of routing
 moe_trace_noaux = "moe8e_ep4_noaux"   # the same with the balancing loss off
@@ -31,7 +31,7 @@ identity_traces = ["moe8e_ep4_aux", "moe8e_ep4_noaux", "moe_ep4dp4", "moe_ep2tp2
 aicb_file = "aicb/A100_example.csv"   # AICB's Megatron MoE replay on 8xA100 (data/external.yaml)
 layer = 1                             # the MoE layer shown in the per-layer figures (the table shows all)
 smooth_window = 50                    # iterations of the rolling mean drawn over raw curves
-phase_window = 200                    # "early" = first, "late" = last phase_window iterations
+phase_window = 200                    # early: the first, late: the last phase_window iterations
 ema_alpha = 0.3                       # EMA predictor weight (fixed, not fitted)
 history_window = 10                   # window-mean predictor length (fixed, not fitted)
 acf_lags = 100                        # lags of the expert-load autocorrelation
@@ -45,11 +45,11 @@ import pandas as pd
 from llmcomm import analysis as A
 from llmcomm import data, ingest_trace, plots, plots_moe, read_trace
 from llmcomm.predict.envelope import a2a_envelope, sample_routing
-from llmcomm.reproduce import ROOT, Outputs
+from llmcomm.reproduce import Outputs
 from llmcomm.specs import ModelSpec, ParallelConfig, data_dir
 
 plots.apply_style()
-out = Outputs("09_moe_predictability", out_dir or ROOT / "figures")
+out = Outputs("09_moe_predictability", out_dir)
 
 
 def load(name: str):
@@ -143,12 +143,11 @@ id_table
 # %%
 cells_ev = A.a2a_cells(ev_m)
 one = cells_ev[(cells_ev["iteration"] == 1) & (cells_ev["microbatch"] == 0) & (cells_ev["layer"] == layer)]
-labels = {0: "forward", 1: "forward", 2: "backward", 3: "backward"}
+roles = ["forward: dispatch", "forward: combine", "backward: combine's grad", "backward: dispatch's grad"]
 panels = []
-for (ph, call), g in one.groupby(["phase", "call"], sort=False):
+for role, (_, g) in zip(roles, one.groupby("call", sort=True), strict=True):
     _, a = A.matrix_stack(g, [])
-    panels.append((f"{ph} {call}", a[0]))
-panels = sorted(panels, key=lambda p: (p[0].startswith("backward"), p[0]))
+    panels.append((f"{role} (call {int(g['call'].iloc[0])})", a[0]))
 fig = plots_moe.identity_panels(panels)
 out.figure(fig, "four_all_to_alls")
 print(f"{int(ids['compared'].sum() / 6)} layer-micro-batches in {len(identity_traces)} recorded traces; "

@@ -259,3 +259,19 @@ def test_tiny_moe_8e_parameters_and_aux_switch() -> None:
     moes = [m for m in model.modules() if isinstance(m, MoE)]
     assert len(moes) == 2 and all(m.aux_loss_coef == 0.0 and m.num_experts == 8 and m.topk == 2 for m in moes)
     assert all(m.aux_loss_coef == 0.01 for m in build_model(spec).modules() if isinstance(m, MoE))
+
+
+def test_curated_noaux_command_round_trips_through_the_cli() -> None:
+    import argparse
+    import shlex
+
+    from llmcomm.collect import cli
+    from llmcomm.collect.curated import RUNS
+
+    ap = argparse.ArgumentParser()
+    cli.register(ap.add_subparsers())
+    runs = {r.name: r for r in RUNS}
+    for name, coef in (("moe8e_ep4_aux", 0.01), ("moe8e_ep4_noaux", 0.0)):
+        args = ap.parse_args(shlex.split(runs[name].command())[1:])
+        assert args.aux_loss_coef == coef and args.model == "tiny-moe-8e" and args.iters >= 2000
+        assert args.routing_iters == 4 and args.ep == 4
