@@ -44,9 +44,11 @@ import pandas as pd
 
 from llmcomm import analysis as A
 from llmcomm import data, ingest_trace, plots, plots_moe, read_trace
+from llmcomm.predict import predict_traffic
 from llmcomm.predict.envelope import a2a_envelope, sample_routing
 from llmcomm.reproduce import Outputs
 from llmcomm.specs import ModelSpec, ParallelConfig, data_dir
+from llmcomm.trace import Trace
 
 plots.apply_style()
 out = Outputs("09_moe_predictability", out_dir)
@@ -83,15 +85,19 @@ for name, t in {"dense": dense, **runs}.items():
 # %%
 ev_d = dense.events[dense.events["phase"] != "setup"]
 ev_m = moe.events
+aicb = ingest_trace(data.path(aicb_file))
+ev_a = aicb.events[aicb.events["phase"] != "setup"]
 side = []
-for name, t, ev in (("dense", dense, ev_d), ("MoE", moe, ev_m)):
-    rep = A.moe_repeatability(ev, reference_iteration=1)
-    var = A.sequence_variation(ev, reference_iteration=1)
-    its = sorted(ev["iteration"].unique())
-    cells = A.iteration_matrices(t.select(iteration=its[1:]) if name == "dense" else t)
+for name, t, ev in (("dense", dense, ev_d), ("MoE", moe, ev_m), ("AICB replay", aicb, ev_a)):
+    ref = int(sorted(ev["iteration"].unique())[1]) if name != "AICB replay" else int(ev["iteration"].min())
+    rep = A.moe_repeatability(ev, reference_iteration=ref)
+    order = A.moe_repeatability(ev, reference_iteration=ref, columns=("op", "group", "phase", "layer", "microbatch"))
+    var = A.sequence_variation(ev, reference_iteration=ref)
+    cells = A.iteration_matrices(Trace(ev.reset_index(drop=True), dict(t.meta)))
     dist = A.consecutive_distance(cells, keys=())
     side.append({"trace": name, "iterations compared": rep["iteration"].nunique() - 1,
-                 "identical call sequences": float(rep.loc[rep["iteration"] != 1, "identical"].mean()),
+                 "identical call order (op, group)": float(order.loc[order["iteration"] != ref, "identical"].mean()),
+                 "identical call sequences": float(rep.loc[rep["iteration"] != ref, "identical"].mean()),
                  "calls identical to reference": float((var["identical"] * var["calls"]).sum() / var["calls"].sum()),
                  "matrix change per iteration (rel. L1)": float(dist["rel_l1"].mean())})
 side = pd.DataFrame(side).set_index("trace")
@@ -110,9 +116,12 @@ out.figure(ax.figure, "dense_vs_moe")
 vary = moe_var[moe_var["identical"] < 1]
 print(f"Dense: {side.loc['dense', 'identical call sequences']:.0%} of iterations repeat the reference call "
       f"sequence and the matrix changes by {side.loc['dense', 'matrix change per iteration (rel. L1)']:.3f}. "
-      f"MoE: {side.loc['MoE', 'identical call sequences']:.0%} of iterations repeat it, "
+      f"MoE: {side.loc['MoE', 'identical call order (op, group)']:.0%} of iterations repeat the call order, "
+      f"{side.loc['MoE', 'identical call sequences']:.0%} the sequence with sizes; "
       f"{side.loc['MoE', 'calls identical to reference']:.1%} of calls are identical, the matrix changes by "
-      f"{side.loc['MoE', 'matrix change per iteration (rel. L1)']:.3f} per iteration. The calls that vary: "
+      f"{side.loc['MoE', 'matrix change per iteration (rel. L1)']:.3f} per iteration. AICB's replay: "
+      f"{side.loc['AICB replay', 'identical call sequences']:.0%} identical sequences, matrix change "
+      f"{side.loc['AICB replay', 'matrix change per iteration (rel. L1)']:.3f}. The MoE calls that vary: "
       + "; ".join(f"{r.op} {r.phase} slot {r.slot} ({r.identical:.0%} identical, {r.bytes_min:.0f}–{r.bytes_max:.0f} B)"
                   for r in vary.itertuples()))
 
@@ -216,6 +225,16 @@ print("lag-1 autocorrelation of expert load share (mean over experts): "
 # ## (d) Predicting the next iteration's matrix
 
 # %%
+spec = ModelSpec.from_dict(moe.meta["model_spec"])
+par = ParallelConfig.from_dict(moe.meta["parallel"])
+pred = predict_traffic(spec, par, framework="torch").events
+uniform_split = int(pred.query("op == 'all_to_all' and dtype == 'fp32'")["split_bytes"].iloc[0][0])
+row = A.routing_matrices(moe, per_microbatch=True).groupby(["iteration", "layer", "microbatch", "src"])["value"].sum()
+routed_uniform = float(row.unique()[0]) / par.ep if row.nunique() == 1 else float("nan")
+print(f"predict_traffic without routing: {uniform_split} B per pair and micro-batch; recorded dispatch row totals "
+      f"/ ep: {routed_uniform:.0f} B in every one of {len(row)} (iteration, layer, micro-batch, rank) rows")
+
+# %%
 errs = pd.concat([A.predictor_errors(A.routing_matrices(t), alpha=ema_alpha, window=history_window)
                   .assign(run=name) for name, t in runs.items()], ignore_index=True)
 err_tab = pd.concat({ph: f(errs).groupby(["run", "predictor"])["rel_l1"].mean().unstack()
@@ -267,8 +286,6 @@ print(f"On the recorded events (count exchange and the four payload all-to-alls)
 # ## (f) The envelope a network planner sees
 
 # %%
-spec = ModelSpec.from_dict(moe.meta["model_spec"])
-par = ParallelConfig.from_dict(moe.meta["parallel"])
 hist = moe.routing[moe.routing["iteration"] >= n_it - phase_window]
 env_hist = a2a_envelope(spec, par, hist, framework="torch").assign(source=f"recorded, last {phase_window}")
 draws = sample_routing(spec, par, np.full(spec.num_experts, 1 / spec.num_experts), envelope_samples, seed=0,
@@ -288,8 +305,6 @@ envsum
 # ## AICB's A100 MoE replay
 
 # %%
-aicb = ingest_trace(data.path(aicb_file))
-ev_a = aicb.events[aicb.events["phase"] != "setup"]
 rep_a = A.moe_repeatability(ev_a, reference_iteration=int(ev_a["iteration"].min()))
 var_a = A.sequence_variation(ev_a, reference_iteration=int(ev_a["iteration"].min()), by=("parallelism", "op"))
 dur = ev_a.assign(ms=(ev_a["t_end_ns"] - ev_a["t_start_ns"]) / 1e6)
@@ -325,6 +340,10 @@ out.value("wall_seconds", {name: t.meta["wall_seconds"] for name, t in runs.item
 out.check("dense_repeats_exactly", side.loc["dense", "identical call sequences"] == 1.0
           and side.loc["dense", "matrix change per iteration (rel. L1)"] == 0.0,
           value=side.loc["dense"].to_dict(), expect="identical sequences 1.0 and matrix change 0")
+out.check("moe_call_order_fixed", side.loc["MoE", "identical call order (op, group)"] == 1.0,
+          value=side.loc["MoE", "identical call order (op, group)"], expect="1.0 (count and order fixed)")
+out.check("uniform_predictor_is_predict_traffic", uniform_split == routed_uniform, value=[uniform_split, routed_uniform],
+          expect="predict_traffic's uniform split = recorded row total / ep (bytes)")
 out.check("moe_varies", side.loc["MoE", "identical call sequences"] < 1.0
           and side.loc["MoE", "matrix change per iteration (rel. L1)"] > 0.0,
           value=side.loc["MoE"].to_dict(), expect="identical sequences < 1.0 and matrix change > 0")

@@ -86,6 +86,9 @@ def test_dense_repeats_moe_varies(long_runs) -> None:
     cells = A.iteration_matrices(dense.select(iteration=list(range(1, dense.meta["iterations"]))))
     assert (A.consecutive_distance(cells, keys=())["rel_l1"] == 0).all()
     moe = long_runs["moe8e_ep4_aux"]
+    order = A.moe_repeatability(moe.events, 1, columns=("op", "group", "phase", "layer", "microbatch"))
+    assert order["identical"].all()                                              # count and order fixed
+    assert not A.moe_repeatability(moe.events, 1).query("iteration != 1")["identical"].any()  # sizes not
     var = A.sequence_variation(moe.events, 1).set_index(["op", "phase", "dtype", "slot"])
     assert var.loc[("all_to_all", "forward", "fp32", 0), "identical"] == 1.0    # dispatch: size fixed
     assert var.loc[("all_to_all", "forward", "fp32", 1), "identical"] < 0.5     # combine: size follows routing
