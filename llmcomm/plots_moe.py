@@ -40,7 +40,9 @@ def identity_panels(panels: Sequence[tuple[str, np.ndarray]], unit: float = 2**1
     """The four all-to-all matrices of one MoE layer and micro-batch side by side (sender rows)."""
     fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2))
     for ax, (name, mat) in zip(np.atleast_1d(axes), panels, strict=True):
-        a2a_matrix_heatmap(np.asarray(mat, dtype=float), ax=ax, unit=unit, title=name, label=label)
+        cells = (pd.DataFrame(np.asarray(mat, dtype=float)).rename_axis(index="src", columns="dst").stack()
+                 .rename("bytes").reset_index())
+        a2a_matrix_heatmap(cells, x="dst", y="src", hue="bytes", ax=ax, unit=unit, title=name, label=label)
     fig.tight_layout()
     return fig
 
