@@ -73,7 +73,7 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
             continue
         parts.append(expand.stage_table(lay, groups, r, calls, counts_, iteration, d_tokens,
                                         uniform_split_bytes(ctx) if model.is_moe else 0,
-                                        model.hidden_size * ctx.act))
+                                        model.hidden_size * ctx.act, ctx.act))
     table = expand.to_table(parts)
     if parts:
         rk = table.column("rank").to_numpy()

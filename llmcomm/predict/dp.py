@@ -41,8 +41,9 @@ class StageParams:
 
 
 def layer_parameters(ctx: Context, layer: int) -> LayerParams:
-    """One layer's parameters on one TP rank of one EP rank (:meth:`ModelSpec.layer_parameter_split`)."""
-    return ctx.model.layer_parameter_split(layer, ctx.tp, ctx.parallel.ep)
+    """One layer's parameters on one TP rank of one EP rank (:meth:`ModelSpec.layer_parameter_split`; routed
+    experts split over the expert tensor-parallel size ``etp``)."""
+    return ctx.model.layer_parameter_split(layer, ctx.tp, ctx.parallel.ep, etp=ctx.parallel.expert_tp)
 
 
 def edge_parameters(ctx: Context, stage: int) -> tuple[int, int]:
@@ -66,6 +67,22 @@ def stage_parameters(ctx: Context, stage: int) -> StageParams:
     dense, repl = edge_parameters(ctx, stage)
     expert = 0
     for la in ctx.stage_layers(stage):
+        split = layer_parameters(ctx, la)
+        dense, expert, repl = dense + split.dense, expert + split.expert, repl + split.replicated
+    return StageParams(dense, expert, repl)
+
+
+def chunk_parameters(ctx: Context, stage: int, chunk: int) -> StageParams:
+    """Parameters of model chunk ``chunk`` of ``stage``: its layers, plus the embedding on virtual stage 0
+    and the final norm and output layer on the last virtual stage. With ``vpp = 1`` this is
+    :func:`stage_parameters`."""
+    if ctx.vpp == 1:
+        return stage_parameters(ctx, stage)
+    vs = ctx.virtual_stage(stage, chunk)
+    dense = repl = expert = 0
+    if vs in (0, ctx.last_virtual):  # vpp > 1 needs pp >= 2: stage 0 holds only the embedding, the last
+        dense, repl = edge_parameters(ctx, stage)  # stage only the final norm and output layer
+    for la in ctx.chunk_layers(stage, chunk):
         split = layer_parameters(ctx, la)
         dense, expert, repl = dense + split.dense, expert + split.expert, repl + split.replicated
     return StageParams(dense, expert, repl)
