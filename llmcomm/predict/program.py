@@ -88,11 +88,14 @@ def _forward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
 def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     vs = ctx.virtual_stage(stage, chunk)
     layers = ctx.chunk_layers(stage, chunk)
+    overlap = ctx.parallel.overlap_grad_reduce and mb == ctx.m - 1 and not ctx.parallel.fsdp
+    bl = dp.buckets(ctx, stage, chunk) if overlap else []
     out: list[Call] = []
     if vs < ctx.last_virtual:
         out.append(pp.recv_backward(ctx, mb, layers[-1]))
     else:
         out += tp.output_backward(ctx, mb)
+        out += dp.overlapped_grad_sync(ctx, bl, ctx.model.num_layers, mb)
     full = ctx.parallel.recompute == "full"
     for la in reversed(layers):
         d, e = _fsdp_unit(ctx, la)
@@ -100,8 +103,10 @@ def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
             out += [dataclasses.replace(c, phase="backward") for c in layer_forward(ctx, la, mb)]
         out += dp.fsdp_unit_backward(ctx, d, e, la, mb)
         out += layer_backward(ctx, la, mb)
+        out += dp.overlapped_grad_sync(ctx, bl, la, mb)
     if vs == 0:
         out += tp.embedding_backward(ctx, mb)
+        out += dp.overlapped_grad_sync(ctx, bl, -1, mb)
     edge_fsdp = dp.edge_parameters(ctx, stage)[0] if ctx.parallel.fsdp else 0
     if edge_fsdp and (vs == 0 or (vs == ctx.last_virtual and stage != 0)):
         out += dp.fsdp_unit_backward(ctx, edge_fsdp, 0, -1, mb)
@@ -117,11 +122,16 @@ def iteration_end(ctx: Context, stage: int) -> list[Call]:
     chunks = [dp.chunk_parameters(ctx, stage, c) for c in range(ctx.vpp)]
     gdt = ctx.parallel.grad_reduce_dtype
 
-    out = [c for ch in chunks for c in dp.grad_sync(ctx, ch)]
+    overlap = ctx.parallel.overlap_grad_reduce and not ctx.parallel.fsdp
+    # with overlap_grad_reduce the buckets were reduced in the last micro-batch's backward
+    out = [] if overlap else [c for ch in chunks for c in dp.grad_sync(ctx, ch)]
     out += tp.norm_grad_allreduce(ctx, params.replicated_norms, dtype_bytes(gdt), gdt)
     out += pp.tied_embedding_allreduce(ctx, stage)
     out += scalars.grad_norm(ctx)
-    out += [c for ch in chunks for c in dp.param_gather(ctx, ch)]
+    if overlap:
+        out += [c for ch in range(ctx.vpp) for c in dp.bucketed_param_gather(ctx, dp.buckets(ctx, stage, ch))]
+    else:
+        out += [c for ch in chunks for c in dp.param_gather(ctx, ch)]
     out += scalars.train_step_scalars(ctx, stage)
     return out
 
