@@ -54,7 +54,8 @@ def test_tp_without_sp_exact():
     assert vol(model(r0)) == 2 * ((1 + 8) * A + 3 * CE + (1 + 8) * A)
     # plus the batch broadcast (5 tensors per micro-batch) and the three 4-byte scalars over tp x pp
     assert calls(r0, op="broadcast") == 2 * 5 and vol(r0, op="broadcast") == 2 * BATCH
-    assert calls(r0, parallelism="other") == 3 and vol(r0, parallelism="other") == 12
+    assert calls(r0, parallelism="other", op="all_reduce") == 3 and vol(r0, parallelism="other", op="all_reduce") == 12
+    assert set(r0.select(op="broadcast").events["parallelism"]) == {"other"}
     assert set(r0.events["op"]) == {"all_reduce", "broadcast"}
     ce = model(r0).select(dtype="fp32").events
     assert len(ce) == 6 and (ce["bytes"] == CE).all()

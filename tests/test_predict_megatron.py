@@ -213,10 +213,18 @@ def test_per_iteration_scalars():
     loss = t.select(rank=last, parallelism="dp").events
     assert list(loss["bytes"])[-1] == 8 and sorted(loss["group"].iat[-1]) == sorted(lay.group_of(last, "dp"))
     d = predict_traffic(ROPE, dataclasses.replace(p, distributed_optimizer=True))
-    norm = d.select(rank=0, parallelism="other").events
+    norm = d.select(rank=0, parallelism="other", phase="optimizer").events
     assert len(norm["group"].iat[0]) == p.world_size and len(norm) == 3
     f16 = predict_traffic(ROPE, dataclasses.replace(p, act_dtype="fp16"))
-    assert len(f16.select(rank=0, parallelism="other")) == 4  # the grad scaler's found_inf
+    assert len(f16.select(rank=0, parallelism="other", phase="optimizer")) == 4  # the grad scaler's found_inf
+    # MoE: moe_logging.py MoEMetricsTracker._sync_metrics, once per step: num_layers fp32 over pp, the
+    # router's tp_cp group (aux loss on), then the DP average
+    moe = predict_traffic(MOE, pc(tp=2, pp=2, dp=2, ep=2, sp=True, global_batch=2, moe_aux_loss_coeff=0.01))
+    tail = moe.select(rank=0, phase="optimizer", parallelism="other").events.iloc[-3:]
+    assert list(tail["bytes"]) == [4 * MOE.num_layers] * 3
+    assert [len(g) for g in tail["group"]] == [2, 2, 2]
+    lay = Layout(pc(tp=2, pp=2, dp=2, ep=2, global_batch=2))
+    assert [sorted(g) for g in tail["group"]] == [sorted(lay.group_of(0, k)) for k in ("pp", "tp", "dp")]
 
 
 # 9 ---------------------------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ ORIGINS = {
     "tied_embedding": _MC + "distributed/finalize_model_grads.py _allreduce_word_embedding_grads",
     "grad_norm": _MC + "optimizer/clip_grads.py get_grad_norm_fp32 (+ fp16 found_inf, optimizer.py)",
     "param_gather": _MC + "optimizer/distrib_optimizer.py step -> start_param_sync per model chunk",
+    "moe_metrics": _MC + "transformer/moe/moe_logging.py MoEMetricsTracker._sync_metrics (training_log)",
     "train_step": "megatron/training/training.py train_step (logical_and / reduce_max over mp, loss over dp_cp)",
 }
 
@@ -148,6 +149,7 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
         for ch in chunks:
             add("param_gather", dp.param_gather, dp.param_gather(ctx, ch), it)
     add("train_step", scalars.train_step_scalars, scalars.train_step_scalars(ctx, stage), it)
+    add("moe_metrics", scalars.moe_metrics, scalars.moe_metrics(ctx), it)
     return rows
 
 

@@ -17,8 +17,10 @@ broadcast, in ``get_batch_on_this_cp_rank``)::
 * middle stages: nothing (``get_batch`` returns early: ``is_first_or_last_pipeline_stage(vp_stage)``).
 
 With the interleaved schedule the first model chunk of stage 0 and the last chunk of the last stage read a
-batch. Issued only when ``tp > 1`` (a group of one issues nothing); tagged ``tp``, ``phase="forward"``, at the
-start of the micro-batch's forward step (after the pipeline receive). The attention mask is 4 MiB per
+batch. Issued only when ``tp > 1`` (a group of one issues nothing), ``phase="forward"``, at the start of the
+micro-batch's forward step (after the pipeline receive). Tagged ``other`` (data loading, not the model's
+tensor parallelism: the TP matrix keeps the all-reduce blocks of finding F1; a broadcast from TP rank 0 is
+one-directional), though it runs on the TP group. The attention mask is 4 MiB per
 micro-batch at ``b = 1, s = 2,048`` and 64 MiB at ``s = 8,192``.
 """
 
@@ -28,7 +30,7 @@ from .calls import Call, Context
 
 
 def _bcast(nbytes: int, dtype: str, mb: int) -> Call:
-    return Call("forward", "tp", "broadcast", "tp", nbytes, dtype, -1, mb)
+    return Call("forward", "other", "broadcast", "tp", nbytes, dtype, -1, mb)
 
 
 def batch_broadcast(ctx: Context, vs: int, mb: int) -> list[Call]:

@@ -24,7 +24,7 @@ from ..trace import PARALLELISM_TAGS as _PARS
 from ..trace import PHASES as _PHASES
 from .calls import Call
 
-_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world")
+_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world", "pp")
 _ROUTES = ("", "dispatch", "combine", "counts", "probs_dispatch", "probs_combine")
 
 

@@ -133,6 +133,7 @@ def iteration_end(ctx: Context, stage: int) -> list[Call]:
     else:
         out += [c for ch in chunks for c in dp.param_gather(ctx, ch)]
     out += scalars.train_step_scalars(ctx, stage)
+    out += scalars.moe_metrics(ctx)
     return out
 
 

@@ -13,8 +13,14 @@ the temporal pattern). In Megatron-LM's order, after ``finalize_model_grads``:
 4. last pipeline stage: the loss report, ``[loss sum, token count]`` (two fp32) all-reduced over the
    data-parallel group with CP (``torch.distributed.all_reduce(val, group=dp_cp_group)`` in ``train_step``).
 
-Groups of one rank issue nothing. Tagged ``other`` (model-parallel and world groups) or ``dp`` (the loss).
-Not modelled: ``--log-num-zeros-in-grad`` (off by default), the MoE metrics tracker's logging sync.
+5. MoE models: ``training_log`` reports the load-balancing loss through the metrics tracker once per step
+   (``MoEMetricsTracker.report`` -> ``_sync_metrics``, core/transformer/moe/moe_logging.py): a tensor of
+   ``num_layers`` fp32 values all-reduced over the pipeline group, over the router's ``tp_cp`` group when the
+   router recorded into it (``moe_aux_loss_coeff > 0``), then averaged over the data-parallel group (without
+   CP).
+
+Groups of one rank issue nothing. Tagged ``other``, except the loss report (``dp``).
+Not modelled: ``--log-num-zeros-in-grad`` (off by default), z-loss and other optional MoE metrics.
 """
 
 from __future__ import annotations
@@ -49,4 +55,20 @@ def train_step_scalars(ctx: Context, stage: int) -> list[Call]:
     p = ctx.parallel
     if ctx.holds_output(stage) and p.dp * p.cp > 1:
         out.append(Call("optimizer", "dp", "all_reduce", "dpcp" if p.cp > 1 else "dp", 8, "fp32"))
+    return out
+
+
+def moe_metrics(ctx: Context) -> list[Call]:
+    """The MoE load-balancing-loss tracker sync: ``num_layers`` fp32 over pp, [tp·cp], dp."""
+    m, p = ctx.model, ctx.parallel
+    if not m.is_moe:
+        return []
+    n = 4 * m.num_layers
+    out = []
+    if p.pp > 1:
+        out.append(Call("optimizer", "other", "all_reduce", "pp", n, "fp32"))
+    if p.moe_aux_loss_coeff > 0 and ctx.tp * p.cp > 1:
+        out.append(Call("optimizer", "other", "all_reduce", "tpcp", n, "fp32"))
+    if p.dp > 1:
+        out.append(Call("optimizer", "other", "all_reduce", "dp", n, "fp32"))
     return out

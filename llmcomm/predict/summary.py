@@ -136,7 +136,8 @@ def support_violations(trace: Trace, algorithm: str = "direct") -> pd.DataFrame:
     """Nonzero matrix entries ``(parallelism, src, dst)`` whose two ranks share no group of that
     parallelism in the trace's layout (``tp`` for tp, ``tp`` and ``etp`` for sp, ``cp``, ``pp``, ``dp`` (with CP
     folded in) and ``edp`` for dp, ``ep``, ``tpep`` and ``tpcp`` for ep (the token dispatchers' and router's
-    groups), ``mp`` and ``world`` for the per-iteration scalars tagged ``other``). Empty when every
+    groups), ``mp``, ``world``, ``pp``, ``tpcp``, ``dp`` and ``tp`` for the per-iteration scalars and the batch broadcast tagged ``other``).
+    Empty when every
     byte flows inside a group — finding F1's "determined by the parallel config and the rank mapping"."""
     from ..layout import Layout
 
@@ -145,7 +146,7 @@ def support_violations(trace: Trace, algorithm: str = "direct") -> pd.DataFrame:
     f = f[f["bytes"] > 0]
     bad = []
     kinds = {"tp": ["tp"], "sp": ["tp", "etp"], "cp": ["cp"], "pp": ["pp"], "dp": ["dp", "edp", "dpcp"],
-             "ep": ["ep", "tpep", "tpcp"], "other": ["mp", "world"]}
+             "ep": ["ep", "tpep", "tpcp"], "other": ["mp", "world", "pp", "tpcp", "dp", "tp"]}
     for par, sub in f.groupby("parallelism", observed=True):
         ok = np.zeros(len(sub), dtype=bool)
         src, dst = sub["src"].to_numpy(), sub["dst"].to_numpy()
