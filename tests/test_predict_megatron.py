@@ -284,3 +284,10 @@ def test_overlapped_dp_buckets():
     ev = ev[ev["bytes"] > 8]
     assert list(ev["op"]) == ["reduce_scatter"] * len(bl) + ["all_gather"] * len(bl)
     assert list(ev["bytes"][len(bl):]) == [2 * b.numel for b in bl]
+
+
+def test_torch_framework_refuses_the_megatron_only_options():
+    for kw in (dict(overlap_grad_reduce=True), dict(moe_token_dispatcher_type="allgather"),
+               dict(moe_aux_loss_coeff=0.01), dict(etp=1, tp=2, sp=True)):
+        with pytest.raises(ConfigError, match="framework='torch'"):
+            predict_traffic(MOE, pc(**{"dp": 2, "ep": 2, "global_batch": 2, **kw}), framework="torch")
