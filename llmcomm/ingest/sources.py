@@ -13,7 +13,7 @@ import re
 import tarfile
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import TraceFormatError
@@ -26,16 +26,64 @@ DOC_FILE = re.compile(r"^(README|LICEN[CS]E|COPYING|NOTICE|SHA256SUMS)(\.\w+)?$|
                       re.IGNORECASE)  # refuse absurd members (a zip bomb would claim more)
 
 
+JSON_HEAD_BYTES = 65536  # how far a reader looks for the keys that name a JSON format
+_NOT_PARSED = object()
+
+
 @dataclass
 class Source:
     """One input file: ``name`` (for messages and file-name hints) and its decompressed ``data``."""
 
     name: str
     data: bytes
+    _json: object = field(default=_NOT_PARSED, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         return len(self.data)
+
+    def text(self) -> str:
+        """The data as UTF-8 text (a byte-order mark dropped); :class:`TraceFormatError` naming the file when
+        it is not UTF-8."""
+        try:
+            return self.data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise TraceFormatError(f"{self.name}: not UTF-8 text: {e}") from None
+
+    def is_json(self) -> bool:
+        """Whether the data starts like a JSON object or array (the first non-blank byte is ``{`` or ``[``)."""
+        return self.data[:JSON_HEAD_BYTES].lstrip()[:1] in (b"{", b"[")
+
+    def head_contains(self, *keys: bytes) -> bool:
+        """Whether every one of ``keys`` occurs in the first :data:`JSON_HEAD_BYTES` bytes."""
+        head = self.data[:JSON_HEAD_BYTES]
+        return all(k in head for k in keys)
+
+    def json(self, *, keep: bool = True) -> object:
+        """The parsed JSON document (see :func:`loads_json`). Format detection parses once and keeps the
+        outcome, document or error (``keep=True``), so that the next reader asked does not parse again; a
+        reader takes it with ``keep=False``, which hands the kept outcome over and forgets it (or parses
+        without keeping), so the document is freed with the reader's result."""
+        doc = self._json
+        if doc is _NOT_PARSED:
+            try:
+                doc = loads_json(self)
+            except TraceFormatError as e:
+                doc = e
+            if keep:
+                self._json = doc
+        elif not keep:
+            self._json = _NOT_PARSED
+        if isinstance(doc, TraceFormatError):
+            raise doc
+        return doc
+
+    def json_or_none(self) -> object | None:
+        """:meth:`json`, or None when the data is not valid JSON (for format detection)."""
+        try:
+            return self.json()
+        except TraceFormatError:
+            return None
 
 
 def gunzip(data: bytes, name: str) -> bytes:
