@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import ConfigError, TraceFormatError
+from ..layout import Layout
 from ..specs import ParallelConfig
 from .common import EventBuilder, GroupTagger, as_int, guarded, op_name, parallelism_from_name
 from .readers import FunctionReader, ReadContext, TraceTable
@@ -124,6 +125,27 @@ def _peer(row: dict[str, str], op: str, group: list[int], origin: str, line: int
     return group[stated] if op == "broadcast" and stated < len(group) else stated
 
 
+def _row_group(row: dict[str, str], groups: dict[str, list[int]], layout: Layout, rank: int, origin: str,
+               line: int) -> list[int]:
+    """The global ranks of the row's ``comm_group`` for ``rank`` on ``layout`` (cached per group kind in
+    ``groups``), checked against the row's ``comm_group_size``."""
+    kind = _group_kind(row.get("comm_group"))
+    if kind is None:
+        raise TraceFormatError(f"{origin} line {line}: field 'comm_group': missing for "
+                               f"{(row.get('comm_type') or '').strip()}")
+    if kind not in groups:
+        parallel = layout.parallel
+        dim = LAYOUT_DIMS.get(kind)
+        size = (parallel.ep if dim == "ep" else getattr(parallel, dim)) if dim else 0
+        groups[kind] = layout.group_of(rank, dim) if dim and size > 1 else [rank]
+    group = groups[kind]
+    stated = _opt_int(row.get("comm_group_size"), origin, "comm_group_size", line)
+    if stated is not None and stated != len(group):
+        raise TraceFormatError(f"{origin} line {line}: field 'comm_group_size': {stated} but the "
+                               f"{kind} group of the parallel configuration has {len(group)} ranks")
+    return group
+
+
 def _group_kind(v: str | None) -> str | None:
     if v is None or v.strip() in ("", "None"):
         return None
@@ -160,8 +182,6 @@ def infer_parallel(rows: list[dict[str, str]], origin: str) -> tuple[ParallelCon
 def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
           gpus_per_node: int = 8) -> TraceTable:
     """One AICB workload -> (events table of ``rank``, meta). See the module docstring."""
-    from ..layout import Layout
-
     origin = src.name
     rows = _rows(src)
     assumptions: list[str] = []
@@ -169,17 +189,17 @@ def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
         parallel, assumptions = infer_parallel(rows, origin)
     if not 0 <= rank < parallel.world_size:
         raise TraceFormatError(f"{origin}: rank {rank} is outside the world of {parallel.world_size}")
-    lay = Layout(parallel, gpus_per_node)
+    layout = Layout(parallel, gpus_per_node)
     tagger = GroupTagger(parallel, gpus_per_node)
     groups: dict[str, list[int]] = {}
-    b = EventBuilder("aicb")
+    builder = EventBuilder("aicb")
     iteration, micro, last_phase = 0, -1, ""
     clock_ns = 0
     timed = 0
     skipped: dict[str, int] = {}
-    for i, r in enumerate(rows):
+    for i, row in enumerate(rows):
         line = i + 2
-        ctype = (r.get("comm_type") or "").strip()
+        ctype = (row.get("comm_type") or "").strip()
         if ctype == "CommType.epoch_end":
             iteration += 1
             micro, last_phase = -1, ""
@@ -188,42 +208,33 @@ def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
         if op is None:
             skipped[ctype] = skipped.get(ctype, 0) + 1
             continue
-        phase = _phase((r.get("stage") or "").strip(), iteration)
+        phase = _phase((row.get("stage") or "").strip(), iteration)
         if phase == "forward" and last_phase in ("", "backward"):
             micro += 1
         if phase in ("forward", "backward"):
             last_phase = phase
-        kind = _group_kind(r.get("comm_group"))
-        if kind is None:
-            raise TraceFormatError(f"{origin} line {line}: field 'comm_group': missing for {ctype}")
-        if kind not in groups:
-            dim = LAYOUT_DIMS.get(kind)
-            size = (parallel.ep if dim == "ep" else getattr(parallel, dim)) if dim else 0
-            groups[kind] = lay.group_of(rank, dim) if dim and size > 1 else [rank]
-        group = groups[kind]
-        stated = _opt_int(r.get("comm_group_size"), origin, "comm_group_size", line)
-        if stated is not None and stated != len(group):
-            raise TraceFormatError(f"{origin} line {line}: field 'comm_group_size': {stated} but the "
-                                   f"{kind} group of the parallel configuration has {len(group)} ranks")
-        nbytes = _opt_int(r.get("msg_size"), origin, "msg_size", line)
+        group = _row_group(row, groups, layout, rank, origin, line)
+        nbytes = _opt_int(row.get("msg_size"), origin, "msg_size", line)
         if nbytes is None:
             raise TraceFormatError(f"{origin} line {line}: field 'msg_size': missing")
-        ms = _opt_float(r.get("_elapsed_time"), origin, "_elapsed_time", line)
+        elapsed_ms = _opt_float(row.get("_elapsed_time"), origin, "_elapsed_time", line)
         t0 = t1 = None
-        if ms is not None:
+        if elapsed_ms is not None:
             t0 = clock_ns
-            t1 = clock_ns + round(ms * 1e6)
+            t1 = clock_ns + round(elapsed_ms * 1e6)
             clock_ns = t1
             timed += 1
-        peer = _peer(r, op, group, origin, line)
+        peer = _peer(row, op, group, origin, line)
         split = [nbytes // len(group)] * len(group) if op == "all_to_all" and nbytes % len(group) == 0 else None
-        b.add(rank=rank, op=op, group=group, nbytes=nbytes, parallelism=tagger.tag(r.get("comm_group"), group, op),
-              iteration=iteration, microbatch=micro if phase in ("forward", "backward") and parallel.pp == 1 else -1,
-              phase=phase, peer=peer, split_bytes=split, t_start_ns=t0, t_end_ns=t1)
+        builder.add(rank=rank, op=op, group=group, nbytes=nbytes,
+                    parallelism=tagger.tag(row.get("comm_group"), group, op),
+                    iteration=iteration,
+                    microbatch=micro if phase in ("forward", "backward") and parallel.pp == 1 else -1,
+                    phase=phase, peer=peer, split_bytes=split, t_start_ns=t0, t_end_ns=t1)
     meta = {"rank": rank, "parallel": parallel.to_dict(), "world_size": parallel.world_size,
             "assumptions": assumptions, "epoch_ends": iteration, "timed_rows": timed, "skipped": skipped,
             "time_base": "back-to-back: start = running sum of measured durations" if timed else None}
-    return TraceTable(b.table(origin), meta)
+    return TraceTable(builder.table(origin), meta)
 
 
 @guarded("AICB")

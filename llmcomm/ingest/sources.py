@@ -20,10 +20,10 @@ from ..errors import TraceFormatError
 
 GZIP_MAGIC = b"\x1f\x8b"
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
-MAX_MEMBER_BYTES = 8 << 30
+MAX_MEMBER_BYTES = 8 << 30  # refuse absurd members (a zip bomb would claim more)
 # documentation beside data in a folder (skipped when walking folders, never when named explicitly)
 DOC_FILE = re.compile(r"^(README|LICEN[CS]E|COPYING|NOTICE|SHA256SUMS)(\.\w+)?$|\.(md|rst|txt|yaml|yml)$|^sources\.json$",
-                      re.IGNORECASE)  # refuse absurd members (a zip bomb would claim more)
+                      re.IGNORECASE)
 
 
 JSON_HEAD_BYTES = 65536  # how far a reader looks for the keys that name a JSON format
@@ -120,19 +120,19 @@ def check_member(member: tarfile.TarInfo, archive: str) -> None:
 def iter_tar(path: Path) -> Iterator[Source]:
     """Members of a tar archive as sources, in name order, after checking every member."""
     try:
-        with tarfile.open(path, "r:*") as tf:
-            members = tf.getmembers()
-            for m in members:
-                check_member(m, str(path))
-            for m in sorted((m for m in members if m.isfile()), key=lambda m: m.name):
-                base = PurePosixPath(m.name).name
+        with tarfile.open(path, "r:*") as archive:
+            members = archive.getmembers()
+            for member in members:
+                check_member(member, str(path))
+            for member in sorted((m for m in members if m.isfile()), key=lambda m: m.name):
+                base = PurePosixPath(member.name).name
                 if base.startswith(".") or base.startswith("._"):
                     continue  # editor / macOS metadata files
-                fh = tf.extractfile(m)
-                if fh is None:
-                    raise TraceFormatError(f"{path}!{m.name}: field 'member': cannot be read")
-                name = f"{path}!{m.name}"
-                yield Source(name, gunzip(fh.read(), name))
+                stream = archive.extractfile(member)
+                if stream is None:
+                    raise TraceFormatError(f"{path}!{member.name}: field 'member': cannot be read")
+                name = f"{path}!{member.name}"
+                yield Source(name, gunzip(stream.read(), name))
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
         raise TraceFormatError(f"{path}: not a readable tar archive: {e}") from None
 
@@ -147,21 +147,21 @@ def read_file(path: Path) -> Source:
 
 def iter_sources(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Source]:
     """Every file under ``paths`` (files, folders walked in name order, tar archives), one at a time."""
-    for p in paths:
-        p = Path(p)
-        if not p.exists():
-            raise TraceFormatError(f"{p}: no such file or folder")
-        if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith(".")
+    for given in paths:
+        path = Path(given)
+        if not path.exists():
+            raise TraceFormatError(f"{path}: no such file or folder")
+        if path.is_dir():
+            files = sorted(f for f in path.rglob("*") if f.is_file() and not f.name.startswith(".")
                            and not DOC_FILE.match(f.name))
             if not files:
-                raise TraceFormatError(f"{p}: folder holds no files")
-            for f in files:
-                yield from (iter_tar(f) if is_tar(f) else [read_file(f)])
-        elif is_tar(p):
-            yield from iter_tar(p)
+                raise TraceFormatError(f"{path}: folder holds no files")
+            for file in files:
+                yield from (iter_tar(file) if is_tar(file) else [read_file(file)])
+        elif is_tar(path):
+            yield from iter_tar(path)
         else:
-            yield read_file(p)
+            yield read_file(path)
 
 
 def loads_json(src: Source) -> object:
