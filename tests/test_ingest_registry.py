@@ -138,3 +138,18 @@ def test_json_is_parsed_once_for_detection_and_reading(tmp_path, monkeypatch) ->
 
     assert exec_trace.parse(src, None, 0).meta["calls"] == 0
     assert calls == ["et.json"]
+
+
+def test_a_reader_returning_the_wrong_shape_is_named(tmp_path) -> None:
+    path = _write(tmp_path / "r0.commlog", 0)
+    bad_events = FunctionReader("commlog", "trace", commlog_looks_like,
+                                lambda source, context: TraceTable(pd.DataFrame({"rank": [0]}), {"rank": 0}))
+    register_reader(bad_events)
+    try:
+        with pytest.raises(TraceFormatError, match=r"r0\.commlog: reader 'commlog' returned events .* EVENTS_SCHEMA"):
+            ingest_trace(path)
+        register_reader(FunctionReader("commlog", "trace", commlog_looks_like, lambda source, context: None))
+        with pytest.raises(TraceFormatError, match="returned NoneType"):
+            ingest_trace(path)
+    finally:
+        unregister_reader("commlog")

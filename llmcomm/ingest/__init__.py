@@ -27,8 +27,17 @@ import pyarrow as pa
 from ..atomic import atomic_dir
 from ..errors import TraceFormatError
 from ..specs import ParallelConfig
-from ..trace import META_KEY, SCHEMA_VERSION, Trace, json_default, table_to_events, validate_events
+from ..trace import (
+    EVENTS_SCHEMA,
+    META_KEY,
+    SCHEMA_VERSION,
+    Trace,
+    json_default,
+    table_to_events,
+    validate_events,
+)
 from . import aicb, exec_trace, kineto, nccl_tests, vtrain_lut
+from .nccl_tests import BANDWIDTH_COLUMNS
 from .readers import (
     FunctionReader,
     ReadContext,
@@ -70,7 +79,7 @@ def iter_rank_tables(paths: PathsLike, parallel: ParallelConfig | None = None, r
     file_of_rank: dict[int, str] = {}
     for src in iter_sources(_paths(paths)):
         reader = reader_for(src, "trace")
-        table, meta = reader.read(src, context)
+        table, meta = _checked_trace_table(reader, src, reader.read(src, context))
         claimed = meta.get("rank")
         if claimed is not None:
             if claimed in file_of_rank:
@@ -81,6 +90,33 @@ def iter_rank_tables(paths: PathsLike, parallel: ParallelConfig | None = None, r
         meta["file"] = src.name
         meta["bytes_read"] = src.size
         yield src, reader.name, table, meta
+
+
+def _checked_trace_table(reader: Reader, src: Source, result: Any) -> TraceTable:
+    """A trace reader's result, checked to be an events table in :data:`EVENTS_SCHEMA` and a metadata dict
+    (a reader from outside the package gets a clear error instead of a failure further on)."""
+    try:
+        table, meta = result
+    except (TypeError, ValueError):
+        raise TraceFormatError(f"{src.name}: reader {reader.name!r} returned {type(result).__name__}, not a "
+                               "TraceTable(events, meta)") from None
+    if not isinstance(table, pa.Table) or not table.schema.equals(EVENTS_SCHEMA):
+        raise TraceFormatError(f"{src.name}: reader {reader.name!r} returned events that are not an Arrow table "
+                               "in EVENTS_SCHEMA (build it with llmcomm.trace.events_to_table)")
+    if not isinstance(meta, dict):
+        raise TraceFormatError(f"{src.name}: reader {reader.name!r} returned meta of type {type(meta).__name__}, "
+                               "not a dict")
+    return TraceTable(table, meta)
+
+
+def _checked_bandwidth_table(reader: Reader, src: Source, frame: Any) -> pd.DataFrame:
+    """A bandwidth reader's result, checked to be a DataFrame with every bandwidth column."""
+    missing = ([] if isinstance(frame, pd.DataFrame) else ["(not a DataFrame)"]) or \
+        [c for c in BANDWIDTH_COLUMNS if c not in frame.columns]
+    if missing:
+        raise TraceFormatError(f"{src.name}: reader {reader.name!r} returned a bandwidth table without "
+                               f"{', '.join(missing)}")
+    return frame
 
 
 def _summary_meta(metas: list[dict[str, Any]], parallel: ParallelConfig | None) -> dict[str, Any]:
@@ -161,7 +197,7 @@ def ingest_bandwidth(paths: PathsLike, op: str | None = None) -> pd.DataFrame:
     frames = []
     for src in iter_sources(_paths(paths)):
         reader = reader_for(src, "bandwidth")
-        frame = reader.read(src, context)
+        frame = _checked_bandwidth_table(reader, src, reader.read(src, context))
         frame["format"] = reader.name
         frames.append(frame)
     if not frames:
