@@ -38,6 +38,12 @@ def test_untimed_trace_is_refused_with_the_librarys_error(predicted: Trace) -> N
 
 def test_trace_and_its_events_give_the_same_answer(predicted: Trace) -> None:
     pd.testing.assert_frame_equal(A.repeatability(predicted), A.repeatability(predicted.events))
+    for algorithm in (None, "ring"):
+        pd.testing.assert_frame_equal(A.bytes_by(predicted, ["phase"], algorithm),
+                                      A.bytes_by(predicted.events, ["phase"], algorithm))
+    pd.testing.assert_frame_equal(A.pair_classes(predicted), A.pair_classes(predicted.events))
+    with pytest.raises(AnalysisError, match="Trace or its events"):
+        A.tp_share([1, 2, 3])
     assert A.repeatability(predicted, reference_iteration=0)["identical"].all()
 
 

@@ -12,7 +12,7 @@ returns a tidy DataFrame or a number (Holistic Trace Analysis style).
 
 from .alltoall import a2a_matrix_estimate
 from .bandwidth import bandwidth_summary
-from .events import events_of, timed_events
+from .events import events_of, timed_events, trace_of
 from .pairs import pair_class_table, pair_classes, support_violations
 from .repeatability import (
     SEQUENCE_COLUMNS,
@@ -53,5 +53,6 @@ __all__ = [
     "support_violations",
     "timed_events",
     "tp_share",
+    "trace_of",
     "volume_table",
 ]

@@ -13,16 +13,19 @@ import numpy as np
 import pandas as pd
 
 from ..trace import Trace
+from .events import TraceOrEvents, trace_of
 
 
 def _received_bytes_by_rank(trace: Trace) -> dict[int, list[int | None] | None]:
     return {m["rank"]: m.get("a2a_recv_bytes") for m in trace.meta.get("per_file", [])}
 
 
-def a2a_matrix_estimate(trace: Trace, world_size: int | None = None) -> tuple[np.ndarray, pd.DataFrame]:
+def a2a_matrix_estimate(data: TraceOrEvents, world_size: int | None = None) -> tuple[np.ndarray, pd.DataFrame]:
     """All-to-all matrix (bytes, sender row, receiver column) summed over calls, and per-rank margins
     (``rank, sent, received``). The ``k``-th all-to-all of every rank is one collective call; each call's
-    matrix is exact or estimated as the module docstring says."""
+    matrix is exact or estimated as the module docstring says (received bytes come from a Trace's
+    metadata; an events table alone has none)."""
+    trace = trace_of(data)
     n = world_size or trace.world_size
     calls = trace.events[trace.events["op"] == "all_to_all"].sort_values(["rank", "t_start_ns"], kind="stable")
     received_by_rank = _received_bytes_by_rank(trace)

@@ -1,4 +1,4 @@
-"""What every analysis starts from: the events table of a :class:`~llmcomm.trace.Trace` or the table itself."""
+"""What every analysis starts from: a :class:`~llmcomm.trace.Trace` or its events table, either one."""
 
 from __future__ import annotations
 
@@ -27,3 +27,11 @@ def timed_events(data: TraceOrEvents) -> pd.DataFrame:
         raise AnalysisError("no timed events: field 't_start_ns' is null everywhere (predicted traces and "
                             "execution traces carry no times)")
     return timed
+
+
+def trace_of(data: TraceOrEvents) -> Trace:
+    """``data`` as a Trace (an events table is wrapped as is, with empty metadata), for the analyses that use
+    the Trace's views (flows, volumes)."""
+    if isinstance(data, Trace):
+        return data
+    return Trace(events_of(data))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import AnalysisError
-from ..trace import Trace
+from .events import TraceOrEvents, trace_of
 from .volumes import with_share
 
 GROUP_KINDS_OF = {"tp": ("tp",), "sp": ("tp",), "cp": ("cp",), "pp": ("pp",), "dp": ("dp", "edp", "dpcp"),
@@ -22,9 +22,9 @@ GROUP_KINDS_OF = {"tp": ("tp",), "sp": ("tp",), "cp": ("cp",), "pp": ("pp",), "d
 VIOLATION_COLUMNS = ["parallelism", "src", "dst", "bytes"]
 
 
-def pair_classes(trace: Trace, gpus_per_node: int = 8, algorithm: str = "ring") -> pd.DataFrame:
+def pair_classes(data: TraceOrEvents, gpus_per_node: int = 8, algorithm: str = "ring") -> pd.DataFrame:
     """Wire bytes per parallelism and pair class (``intra-node``/``inter-node``), with ``share``."""
-    flows = trace.flows(algorithm)
+    flows = trace_of(data).flows(algorithm)
     same_node = flows["src"].to_numpy() // gpus_per_node == flows["dst"].to_numpy() // gpus_per_node
     pair_class = np.where(same_node, "intra-node", "inter-node")
     table = (pd.DataFrame({"parallelism": flows["parallelism"].to_numpy(), "pair_class": pair_class,
@@ -33,19 +33,20 @@ def pair_classes(trace: Trace, gpus_per_node: int = 8, algorithm: str = "ring") 
     return with_share(table)
 
 
-def pair_class_table(traces: Mapping[str, Trace], gpus_per_node: int = 8, algorithm: str = "ring") -> pd.DataFrame:
+def pair_class_table(traces: Mapping[str, TraceOrEvents], gpus_per_node: int = 8, algorithm: str = "ring") -> pd.DataFrame:
     """Tidy ``config, parallelism, pair_class, bytes, share`` over several traces."""
     return pd.concat([pair_classes(trace, gpus_per_node, algorithm).assign(config=label)
                       for label, trace in traces.items()], ignore_index=True)
 
 
-def support_violations(trace: Trace, algorithm: str = "direct") -> pd.DataFrame:
+def support_violations(data: TraceOrEvents, algorithm: str = "direct") -> pd.DataFrame:
     """Nonzero matrix entries ``(parallelism, src, dst, bytes)`` whose two ranks share no group of that
     parallelism in the trace's layout (see the module docstring). Empty when every byte flows inside a
     group — finding F1's "determined by the parallel config and the rank mapping"."""
     from ..layout import Layout
     from ..specs import ParallelConfig
 
+    trace = trace_of(data)
     if "parallel" not in trace.meta:
         raise AnalysisError("trace meta has no field 'parallel': the layout that defines the groups is unknown")
     layout = Layout(ParallelConfig.from_dict(trace.meta["parallel"]), int(trace.meta.get("gpus_per_node", 8)))

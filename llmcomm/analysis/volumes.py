@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
-from ..trace import Trace
+from .events import TraceOrEvents, trace_of
 
 TP_PARALLELISMS = ("tp", "sp")
 
@@ -28,9 +28,11 @@ def with_share(table: pd.DataFrame) -> pd.DataFrame:
     return table.assign(share=table["bytes"] / total if total else 0.0)
 
 
-def bytes_by(trace: Trace, by: Iterable[str] = ("parallelism",), algorithm: str | None = None) -> pd.DataFrame:
+def bytes_by(data: TraceOrEvents, by: Iterable[str] = ("parallelism",), algorithm: str | None = None
+             ) -> pd.DataFrame:
     """Bytes grouped by ``by`` with each group's ``share`` of the total (message or wire bytes), largest
     first."""
+    trace = trace_of(data)
     by = list(by)
     if algorithm is None:
         grouped = trace.volumes(by, sent_only=True)[[*by, "bytes"]]
@@ -39,9 +41,9 @@ def bytes_by(trace: Trace, by: Iterable[str] = ("parallelism",), algorithm: str 
     return with_share(grouped).sort_values("bytes", ascending=False, ignore_index=True)
 
 
-def tp_share(trace: Trace, algorithm: str | None = None) -> float:
+def tp_share(data: TraceOrEvents, algorithm: str | None = None) -> float:
     """Fraction of all bytes that TP (and SP) calls carry."""
-    shares = bytes_by(trace, ("parallelism",), algorithm)
+    shares = bytes_by(data, ("parallelism",), algorithm)
     return float(shares.loc[shares["parallelism"].isin(TP_PARALLELISMS), "share"].sum())
 
 
@@ -52,7 +54,7 @@ def first_crossing(sweep: pd.DataFrame, threshold: float = 0.99) -> int | None:
     return int(hit.min()) if len(hit) else None
 
 
-def volume_table(traces: Mapping[str, Trace], algorithm: str | None = None) -> pd.DataFrame:
+def volume_table(traces: Mapping[str, TraceOrEvents], algorithm: str | None = None) -> pd.DataFrame:
     """Tidy ``config, parallelism, bytes, share`` over several traces (``{config label: trace}``)."""
     return pd.concat([bytes_by(trace, ["parallelism"], algorithm).assign(config=label)
                       for label, trace in traces.items()], ignore_index=True)
