@@ -51,11 +51,11 @@ from .readers import (
 )
 from .sources import Source, iter_sources
 
-# detection asks in this order: the text formats with fixed headers first, then JSON
+# the built-in formats (``registered_readers()`` lists them); detection asks in this order: the text
+# formats with fixed headers first, then JSON
 for _reader in (vtrain_lut.READER, *aicb.READERS, nccl_tests.READER, kineto.READER, exec_trace.READER):
     register_reader(_reader)
-TRACE_FORMATS = tuple(r.name for r in registered_readers("trace"))
-BANDWIDTH_FORMATS = tuple(r.name for r in registered_readers("bandwidth"))
+del _reader
 PathsLike = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 __all__ = ["FunctionReader", "ReadContext", "Reader", "Source", "TraceTable", "detect_format", "ingest_bandwidth",
