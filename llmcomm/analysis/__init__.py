@@ -7,18 +7,41 @@ returns a tidy DataFrame or a number (Holistic Trace Analysis style).
 * :mod:`.repeatability` — calls numbered in issue order and followed across iterations: identical
   sequences, message sizes, duration spread (finding F3).
 * :mod:`.alltoall` — all-to-all matrices, exact or estimated from recorded margins (finding F4).
+* :mod:`.moe` — MoE predictability: all-to-all matrices, uniformity, identities, predictors (finding F4).
 * :mod:`.bandwidth` — peak bus bandwidth per sweep of a bandwidth table.
 """
 
 from .alltoall import a2a_matrix_estimate
 from .bandwidth import bandwidth_summary
 from .events import events_of, timed_events, trace_of
+from .moe import (
+    a2a_cells,
+    a2a_identities,
+    consecutive_distance,
+    ep_matrices,
+    exact_bounded_split,
+    expert_load,
+    identity_summary,
+    iteration_matrices,
+    load_autocorrelation,
+    load_uniformity,
+    matrix_stack,
+    matrix_uniformity,
+    moe_repeatability,
+    predict_next,
+    predictor_errors,
+    routing_matrices,
+    routing_vs_events,
+    sequence_variation,
+    uniformity_stats,
+)
 from .pairs import pair_class_table, pair_classes, support_violations
 from .repeatability import (
     SEQUENCE_COLUMNS,
     call_sequence,
     call_sequences,
     duration_spread,
+    in_issue_order,
     repeatability,
     size_repeatability,
 )
@@ -33,6 +56,8 @@ from .volumes import bytes_by, first_crossing, tp_share, volume_table
 
 __all__ = [
     "SEQUENCE_COLUMNS",
+    "a2a_cells",
+    "a2a_identities",
     "a2a_matrix_estimate",
     "acf_peak_near",
     "autocorrelation",
@@ -41,18 +66,36 @@ __all__ = [
     "call_sequence",
     "call_sequences",
     "comm_time_series",
+    "consecutive_distance",
     "duration_spread",
+    "ep_matrices",
     "events_of",
+    "exact_bounded_split",
+    "expert_load",
     "first_crossing",
+    "identity_summary",
+    "in_issue_order",
+    "iteration_matrices",
+    "load_autocorrelation",
+    "load_uniformity",
+    "matrix_stack",
+    "matrix_uniformity",
     "mean_autocorrelation",
+    "moe_repeatability",
     "pair_class_table",
     "pair_classes",
     "periods",
+    "predict_next",
+    "predictor_errors",
     "repeatability",
+    "routing_matrices",
+    "routing_vs_events",
+    "sequence_variation",
     "size_repeatability",
     "support_violations",
     "timed_events",
     "tp_share",
     "trace_of",
+    "uniformity_stats",
     "volume_table",
 ]

@@ -1,8 +1,9 @@
 """Do iterations repeat? The calls of each rank's iteration, numbered in issue order, followed across iterations.
 
-One numbering serves every measure here: :func:`call_sequence` sorts each ``(rank, iteration)``'s calls into
-issue order (by ``t_start_ns`` when timed, else table order) and numbers them ``seq = 0, 1, ...``, so that
-call ``seq`` of iteration ``i`` and call ``seq`` of iteration ``j`` are *the same call* of the program.
+One ordering serves every measure here (and :mod:`.moe`'s): :func:`in_issue_order` sorts each
+``(rank, iteration)``'s calls into issue order (by ``t_start_ns`` when timed, else table order), and
+:func:`call_sequence` numbers them ``seq = 0, 1, ...``, so that call ``seq`` of iteration ``i`` and call ``seq``
+of iteration ``j`` are *the same call* of the program.
 
 * :func:`repeatability`: per ``(rank, iteration)``, whether its sequence of calls (tuples of the non-timing
   columns :data:`SEQUENCE_COLUMNS`) equals the reference iteration's (``identical``), and the share of
@@ -26,6 +27,17 @@ from .events import TraceOrEvents, events_of
 SEQUENCE_COLUMNS = ("microbatch", "layer", "phase", "parallelism", "op", "peer", "bytes")
 
 
+def in_issue_order(data: TraceOrEvents) -> pd.DataFrame:
+    """The events sorted into issue order within each ``(rank, iteration)``: by ``t_start_ns`` where timed,
+    else by table position (a stable sort, so untimed calls keep the order they were issued in)."""
+    events = events_of(data)
+    position = pd.Series(np.arange(len(events), dtype=np.float64), index=events.index)
+    issue_time = events["t_start_ns"].astype("float64").fillna(position)
+    return (events.assign(_issue_time=issue_time)
+            .sort_values(["rank", "iteration", "_issue_time"], kind="stable")
+            .drop(columns="_issue_time"))
+
+
 def call_sequence(data: TraceOrEvents, iterations_from: int | None = 1) -> pd.DataFrame:
     """The events of iterations ``>= iterations_from`` (all when None; the default skips the set-up
     iteration 0) in issue order per ``(rank, iteration)``, with ``seq`` (position of the call in its rank's
@@ -34,11 +46,7 @@ def call_sequence(data: TraceOrEvents, iterations_from: int | None = 1) -> pd.Da
     events = events_of(data)
     if iterations_from is not None:
         events = events[events["iteration"] >= iterations_from]
-    position = pd.Series(np.arange(len(events), dtype=np.float64), index=events.index)
-    issue_order = events["t_start_ns"].astype("float64").fillna(position)
-    seq = (events.assign(_issue_order=issue_order)
-           .sort_values(["rank", "iteration", "_issue_order"], kind="stable")
-           .drop(columns="_issue_order"))
+    seq = in_issue_order(events)
     seq["seq"] = seq.groupby(["rank", "iteration"]).cumcount()
     duration_ns = (seq["t_end_ns"] - seq["t_start_ns"]).astype("Float64")
     seq["duration_us"] = (duration_ns / 1e3).astype(float)
@@ -50,8 +58,7 @@ def call_sequence(data: TraceOrEvents, iterations_from: int | None = 1) -> pd.Da
 def call_sequences(data: TraceOrEvents, columns: Sequence[str] = SEQUENCE_COLUMNS) -> pd.Series:
     """For each ``(rank, iteration)`` (every iteration), the tuple of its calls in issue order, each call a
     tuple of ``columns`` (as text)."""
-    seq = call_sequence(data, iterations_from=None)
-    return seq.groupby(["rank", "iteration"], sort=True)[list(columns)].apply(
+    return in_issue_order(data).groupby(["rank", "iteration"], sort=True)[list(columns)].apply(
         lambda calls: tuple(map(tuple, calls.astype(str).to_numpy())))
 
 
