@@ -34,7 +34,7 @@ from .common import (
     parse_rank_list,
 )
 from .readers import FunctionReader, ReadContext, TraceTable
-from .sources import Source
+from .sources import Source, json_list
 
 RANK_IN_NAME = re.compile(r"(?:rank|worker)[_-]?(\d+)", re.IGNORECASE)
 DEVICE = re.compile(r"^cuda:(\d+)$")
@@ -205,12 +205,7 @@ def _add_call(builder: EventBuilder, index: _NodeIndex, node_id: int, attrs: dic
 def parse(src: Source, tagger: GroupTagger | None = None, rank: int | None = None) -> TraceTable:
     """One execution trace -> (events table, meta). See the module docstring."""
     origin = src.name
-    doc = src.json(keep=False)
-    if not is_execution_trace_document(doc):
-        raise TraceFormatError(f"{origin}: field 'nodes': missing; not a PyTorch execution trace")
-    nodes = doc["nodes"]
-    if not isinstance(nodes, list):
-        raise TraceFormatError(f"{origin}: field 'nodes': expected a list, got {type(nodes).__name__}")
+    doc, nodes = json_list(src, "nodes", is_execution_trace_document, "a PyTorch execution trace")
     schema = str(doc.get("schema"))
     index = _index_nodes(nodes, origin)
     rank_from = "argument"

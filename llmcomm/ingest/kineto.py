@@ -54,7 +54,7 @@ from .common import (
     parse_rank_list,
 )
 from .readers import FunctionReader, ReadContext, TraceTable
-from .sources import Source
+from .sources import Source, json_list
 
 # Kineto writes one event per block: "[\n  {\n    "ph": ..., "cat": ..., "name": ...\n  },\n  {..."
 _ARRAY_START = b'"traceEvents": [\n  {'
@@ -226,15 +226,8 @@ def _load(src: Source, fast: bool) -> tuple[dict, list]:
     ``fast`` and the layout allows, else a full parse."""
     split = _split_kineto_layout(src) if fast else None
     if split is not None:
-        doc, events = split
-    else:
-        doc = src.json(keep=False)
-        if not is_profiler_document(doc):
-            raise TraceFormatError(f"{src.name}: field 'traceEvents': missing; not a PyTorch profiler trace")
-        events = doc["traceEvents"]
-    if not isinstance(events, list):
-        raise TraceFormatError(f"{src.name}: field 'traceEvents': expected a list, got {type(events).__name__}")
-    return doc, events
+        return split
+    return json_list(src, "traceEvents", is_profiler_document, "a PyTorch profiler trace")
 
 
 def _distributed_info(doc: dict, origin: str, rank: int | None) -> tuple[dict, int, int | None]:

@@ -12,7 +12,7 @@ import os
 import re
 import tarfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -162,6 +162,19 @@ def iter_sources(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Source]:
             yield from iter_tar(path)
         else:
             yield read_file(path)
+
+
+def json_list(source: Source, key: str, is_document: Callable[[object], bool], what: str) -> tuple[dict, list]:
+    """The JSON document of ``source`` (taken from detection, see :meth:`Source.json`) and its list
+    ``doc[key]``; a :class:`TraceFormatError` naming the field when ``is_document`` rejects the document
+    (it is not ``what``) or the field is not a list."""
+    doc = source.json(keep=False)
+    if not is_document(doc):
+        raise TraceFormatError(f"{source.name}: field {key!r}: missing; not {what}")
+    items = doc[key]
+    if not isinstance(items, list):
+        raise TraceFormatError(f"{source.name}: field {key!r}: expected a list, got {type(items).__name__}")
+    return doc, items
 
 
 def loads_json(src: Source) -> object:
