@@ -68,3 +68,11 @@ def test_support_needs_the_layout(predicted: Trace) -> None:
     assert A.support_violations(predicted).empty
     with pytest.raises(AnalysisError, match="'parallel'"):
         A.support_violations(Trace(predicted.events, {}))
+
+
+def test_one_byte_formatter_for_reports_and_labels() -> None:
+    from llmcomm.units import format_bytes
+
+    assert format_bytes(24.5 * 2**30) == "24.50 GiB" and format_bytes(512) == "512 B"
+    assert format_bytes(32 * 2**20, compact=True) == "32MiB" and format_bytes(1536, compact=True) == "1.5KiB"
+    assert format_bytes(96, compact=True) == "96B" and format_bytes(3 * 2**40) == "3.00 TiB"
