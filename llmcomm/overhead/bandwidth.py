@@ -11,7 +11,9 @@ f_all_to_all = (n−1)/n``, ``f_broadcast = f_send = f_recv = 1``, so that ``1/�
 switches protocol (LL, LL128, Simple) and algorithm (tree, ring) with the message size, and each has its own
 latency and bandwidth — NCCL's own tuner models each as ``latency + size / bandwidth`` — so one straight
 line per regime leaves residuals of 30–50 % at 1–16 MB. A sweep is therefore cut into up to three contiguous
-pieces of message size; the number of pieces is chosen by BIC, the cut points by least squares.
+pieces of message size; the number of pieces is chosen by BIC, the cut points by least squares. Where two
+pieces meet, a time is never taken below the largest time an earlier piece reaches (:func:`eval_pieces`), so
+that more bytes never cost less.
 
 Fitting (:func:`fit_sweeps`): per sweep (one op, device, ``n``, ``m``; nccl-tests' out-of-place column),
 weighted least squares (statsmodels ``WLS``) with weights ``1/t²``, i.e. least squares on the *relative*
@@ -222,9 +224,7 @@ class Bandwidth:
                 continue
             x_lo, alpha, beta = self._regime(op, nn, kk)
             sel = inv == i
-            xi = flat_x[sel]
-            p = np.clip(np.searchsorted(x_lo, xi, side="right") - 1, 0, len(x_lo) - 1)
-            flat_out[sel] = alpha[p] + beta[p] * xi
+            flat_out[sel] = eval_pieces(flat_x[sel], x_lo, alpha, beta)[0]
         return out
 
     def busbw(self, op: str, nbytes: Any, group_size: Any, ranks_per_node: Any = None) -> np.ndarray:
@@ -273,6 +273,17 @@ class Bandwidth:
         p["alpha_us"] = p["alpha_s"] * 1e6
         p["busbw_GBps"] = 1.0 / p["beta_s_per_byte"] / 1e9
         return p
+
+
+def eval_pieces(x: np.ndarray, x_lo: np.ndarray, alpha: np.ndarray, beta: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(t, piece)``: ``t = max(α_p + β_p·x, floor_p)`` with ``p`` the piece whose range holds ``x`` and
+    ``floor_p`` the largest time any earlier piece reaches at its upper end, so that a larger message never
+    takes less time where two independently fitted pieces meet."""
+    p = np.clip(np.searchsorted(x_lo, x, side="right") - 1, 0, len(x_lo) - 1)
+    ends = alpha[:-1] + beta[:-1] * x_lo[1:]
+    floor = np.concatenate([[-np.inf], np.maximum.accumulate(ends)]) if len(ends) else np.array([-np.inf])
+    return np.maximum(alpha[p] + beta[p] * x, floor[p]), p
 
 
 def _empty_params() -> pd.DataFrame:
@@ -394,7 +405,6 @@ def fit_sweep(sweep: pd.DataFrame, max_pieces: int = MAX_PIECES) -> SweepFit:
     regime = {"op": head["op"], "scope": head["scope"], "group_size": int(head["group_size"]),
               "ranks_per_node": int(head["ranks_per_node"]), "nodes": int(head["nodes"])}
     params, report = [], []
-    pred = np.empty(len(s))
     x_all = s["x"].to_numpy(float)
     x_los = []
     for p, (i, j) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
@@ -419,11 +429,8 @@ def fit_sweep(sweep: pd.DataFrame, max_pieces: int = MAX_PIECES) -> SweepFit:
             {**common, "parameter": "busbw_GBps", "estimate": 1e-9 / b if b > 0 else math.inf,
              "ci_low": 1e-9 / hi_b if hi_b > 0 else math.inf, "ci_high": 1e-9 / lo_b if lo_b > 0 else math.inf},
         ]
-    xl = np.array(x_los)
-    piece = np.clip(np.searchsorted(xl, x_all, side="right") - 1, 0, len(xl) - 1)
-    al = np.array([q["alpha_s"] for q in params])
-    be = np.array([q["beta_s_per_byte"] for q in params])
-    pred = al[piece] + be[piece] * x_all
+    pred, piece = eval_pieces(x_all, np.array(x_los), np.array([q["alpha_s"] for q in params]),
+                              np.array([q["beta_s_per_byte"] for q in params]))
     resid = s[["device", "op", "scope", "group_size", "ranks_per_node", "nodes", "bytes", "x", "time_s",
                "source"]].copy()
     resid["pred_s"] = pred
