@@ -11,8 +11,9 @@ f_all_to_all = (n−1)/n``, ``f_broadcast = f_send = f_recv = 1``, so that ``1/�
 switches protocol (LL, LL128, Simple) and algorithm (tree, ring) with the message size, and each has its own
 latency and bandwidth — NCCL's own tuner models each as ``latency + size / bandwidth`` — so one straight
 line per regime leaves residuals of 30–50 % at 1–16 MB. A sweep is therefore cut into up to three contiguous
-pieces of message size; the number of pieces is chosen by BIC, the cut points by least squares. Where two
-pieces meet, a time is never taken below the largest time an earlier piece reaches (:func:`eval_pieces`), so
+pieces of message size; the number of pieces is chosen by BIC, the cut points by least squares. Two pieces
+hand over where their lines cross when that lies between their sizes (else halfway, log scale), and a time is
+never taken below the largest time an earlier piece reaches (:func:`eval_pieces`), so
 that more bytes never cost less.
 
 Fitting (:func:`fit_sweeps`): per sweep (one op, device, ``n``, ``m``; nccl-tests' out-of-place column),
@@ -381,6 +382,18 @@ def _fit_piece(x: np.ndarray, y: np.ndarray) -> Any:
     return sm.WLS(y, sm.add_constant(x, has_constant="add"), weights=1.0 / y**2).fit()
 
 
+def _cut_point(prev: dict[str, Any], a: float, b: float, x_left: float, x_right: float) -> float:
+    """Where the previous piece hands over to this one: the crossing of the two lines when it lies between
+    the last size of the previous piece and the first of this one (the time is then continuous), else the
+    geometric mean of the two sizes."""
+    db = prev["beta_s_per_byte"] - b
+    if db != 0:
+        xc = (a - prev["alpha_s"]) / db
+        if x_left <= xc <= x_right:
+            return float(xc)
+    return math.sqrt(x_left * x_right)
+
+
 @dataclass(frozen=True)
 class SweepFit:
     """The fit of one sweep: its pieces' params rows, report rows and residual rows."""
@@ -411,7 +424,7 @@ def fit_sweep(sweep: pd.DataFrame, max_pieces: int = MAX_PIECES) -> SweepFit:
         res = _fit_piece(x[i:j], y[i:j])
         a, b = (float(v) for v in res.params)
         ci = np.asarray(res.conf_int(0.05))
-        x_lo = 0.0 if p == 0 else math.sqrt(x[i - 1] * x[i])
+        x_lo = 0.0 if p == 0 else _cut_point(params[-1], a, b, x[i - 1], x[i])
         x_los.append(x_lo)
         params.append({**regime, "piece": p, "x_lo": x_lo, "alpha_s": a, "beta_s_per_byte": b})
         rel = (np.asarray(res.fittedvalues) - y[i:j]) / y[i:j]
@@ -487,6 +500,64 @@ def residual_summary(bw: Bandwidth, by: Sequence[str] = ("group_size", "nodes"))
             .agg(rows="size", median_abs="median", p95_abs=lambda s: s.quantile(0.95), max_abs="max")
             .reset_index())
 
+
+
+# ------------------------------------------------------------------------------------------ held-out checks
+def screened_rows(table: pd.DataFrame, origin: str = "") -> pd.DataFrame:
+    """:func:`usable_rows` without the spikes (:func:`screen_spikes`), in ascending size per sweep, with the
+    sweep position ``i`` of each row."""
+    u = usable_rows(table, origin).sort_values(["op", "group_size", "nodes", "bytes"]).reset_index(drop=True)
+    keys = ["op", "group_size", "nodes"]
+    keep = u.groupby(keys)["time_s"].transform(lambda t: screen_spikes(t.to_numpy(float))).to_numpy(bool)
+    u = u[keep].reset_index(drop=True)
+    u["i"] = u.groupby(keys).cumcount()
+    return u
+
+
+def held_out(table: pd.DataFrame, origin: str = "", split: str = "every_other",
+             value: int | None = None) -> pd.DataFrame:
+    """Fit on part of a bandwidth table and time the rest; spikes are set aside from both parts first.
+
+    ``split="every_other"``: fit on the even-numbered sizes of each sweep, predict the odd ones;
+    ``split="group_size"``: fit without the sweeps of ``value`` ranks, predict them (the carrying rules of the
+    module docstring at work). Returns the held-out rows with ``pred_s``, ``rel_err`` (signed) and the fit's
+    own reported error of the sweep the prediction came from where it has one (``fit_p95_abs``,
+    ``fit_max_abs``: for ``every_other``, the same sweep's training residuals)."""
+    u = screened_rows(table, origin)
+    if split == "every_other":
+        train, test = u[u["i"] % 2 == 0], u[u["i"] % 2 == 1]
+    elif split == "group_size":
+        if value is None or not (u["group_size"] == value).any():
+            raise ConfigError(f"held_out: group_size={value!r} is not among the sweeps "
+                              f"{sorted(u['group_size'].unique())}")
+        train, test = u[u["group_size"] != value], u[u["group_size"] == value]
+    else:
+        raise ConfigError(f"held_out: split={split!r} must be 'every_other' or 'group_size'")
+    bw = fit_sweeps(train[list(table.columns)], origin)
+    out = test.drop(columns=["i"]).copy()
+    preds = np.empty(len(out))
+    for op, idx in out.groupby("op").groups.items():
+        r = out.loc[idx]
+        preds[out.index.get_indexer(idx)] = bw.time(str(op), r["bytes"].to_numpy(), r["group_size"].to_numpy(),
+                                                    r["ranks_per_node"].to_numpy())
+    out["pred_s"] = preds
+    out["rel_err"] = (out["pred_s"] - out["time_s"]) / out["time_s"]
+    rep = residual_summary(bw).rename(columns={"p95_abs": "fit_p95_abs", "max_abs": "fit_max_abs"})
+    return out.merge(rep[["group_size", "nodes", "fit_p95_abs", "fit_max_abs"]], on=["group_size", "nodes"],
+                     how="left").reset_index(drop=True)
+
+
+def effective_bandwidth(bw: Bandwidth, sizes: Sequence[float], regimes: Sequence[tuple[str, str, int, int]]
+                        ) -> pd.DataFrame:
+    """Tidy ``label, op, group_size, ranks_per_node, nodes, bytes, time_s, busbw`` of ``bw`` over message
+    ``sizes`` for each regime ``(label, op, group_size, ranks_per_node)``."""
+    sizes_a = np.asarray(sizes, dtype=float)
+    frames = []
+    for label, op, n, k in regimes:
+        frames.append(pd.DataFrame({"label": label, "op": op, "group_size": n, "ranks_per_node": k,
+                                    "nodes": -(-n // k), "bytes": sizes_a, "time_s": bw.time(op, sizes_a, n, k),
+                                    "busbw": bw.busbw(op, sizes_a, n, k)}))
+    return pd.concat(frames, ignore_index=True)
 
 # --------------------------------------------------------------------------------------- shipped calibration
 @dataclass(frozen=True, eq=False)
