@@ -11,7 +11,7 @@ f_all_to_all = (n−1)/n``, ``f_broadcast = f_send = f_recv = 1``, so that ``1/�
 switches protocol (LL, LL128, Simple) and algorithm (tree, ring) with the message size, and each has its own
 latency and bandwidth — NCCL's own tuner models each as ``latency + size / bandwidth`` — so one straight
 line per regime leaves residuals of 30–50 % at 1–16 MB. A sweep is therefore cut into up to three contiguous
-pieces of message size; the number of pieces is chosen by BIC, the cut points by least squares. Two pieces
+pieces of message size; the number of pieces is chosen by BIC, the cut points by exhaustive least squares. Two pieces
 hand over where their lines cross when that lies between their sizes (else halfway, log scale), and a time is
 never taken below the largest time an earlier piece reaches (:func:`eval_pieces`), so
 that more bytes never cost less.
@@ -78,7 +78,6 @@ PARAM_COLUMNS = ("op", "scope", "group_size", "ranks_per_node", "nodes", "piece"
 SPIKE_RATIO = 1.5        # a time this much above a larger message's time is a spike, not a measurement
 MAX_PIECES = 3
 MIN_PIECE_ROWS = 4
-MAX_CUT_CANDIDATES = 40
 # nominal latency of the uncalibrated model (seconds); orders of magnitude of NCCL's tuning table
 BASE_LATENCY_S = 8.4e-6
 NVLINK_HOP_S = 0.6e-6
@@ -337,42 +336,52 @@ def screen_spikes(time_s: np.ndarray) -> np.ndarray:
     return time_s <= SPIKE_RATIO * nxt
 
 
-def _wls_sse(x: np.ndarray, y: np.ndarray) -> float:
-    """Weighted (1/y²) residual sum of squares of ``y ≈ a + b·x``: the relative residuals' SSE."""
-    w = 1.0 / y
-    A = np.column_stack([w, x * w])
-    coef, *_ = np.linalg.lstsq(A, np.ones_like(y), rcond=None)
-    r = A @ coef - 1.0
-    return float(r @ r)
+class _SegmentSSE:
+    """Relative-residual SSE of the WLS line ``y ≈ a + b·x`` (weights 1/y²) on any slice ``[i, j)`` in O(1):
+    with ``u = 1/y``, ``v = x/y`` the fit is least squares of ``a·u + b·v ≈ 1``, solved from prefix sums of
+    ``u², u·v, v², u, v`` (``x`` scaled to its maximum for conditioning)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        u = 1.0 / y
+        v = (x / x.max()) / y
+        z = np.zeros(1)
+        self.c = [np.concatenate([z, np.cumsum(q)]) for q in (u * u, u * v, v * v, u, v)]
+
+    def __call__(self, i: Any, j: Any) -> Any:
+        """SSE of ``[i, j)``; ``i``, ``j`` ints or broadcastable integer arrays."""
+        uu, uv, vv, su, sv = (c[j] - c[i] for c in self.c)
+        n = np.asarray(j) - np.asarray(i)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            det = uu * vv - uv * uv
+            ok = det > 1e-12 * np.maximum(uu * vv, 1e-300)
+            a = np.where(ok, (vv * su - uv * sv) / np.where(ok, det, 1.0), su / np.where(uu > 0, uu, 1.0))
+            b = np.where(ok, (uu * sv - uv * su) / np.where(ok, det, 1.0), 0.0)
+        out = np.maximum(n - (a * su + b * sv), 0.0)
+        return float(out) if np.ndim(out) == 0 else out
 
 
 def choose_cuts(x: np.ndarray, y: np.ndarray, max_pieces: int = MAX_PIECES,
                 min_rows: int = MIN_PIECE_ROWS) -> list[int]:
     """Cut indices (into ascending ``x``) of the piecewise fit: for each number of pieces K ≤ ``max_pieces``
-    the cuts minimizing the relative SSE (cut candidates at most ``MAX_CUT_CANDIDATES`` evenly spaced
-    rows), then the K with the smallest BIC ``N·ln(SSE/N) + (3K−1)·ln N``."""
+    the cuts minimizing the relative SSE, then the K with the smallest BIC ``N·ln(SSE/N) + (3K−1)·ln N``."""
     N = len(x)
-    best: list[tuple[float, list[int]]] = []
-    sse1 = max(_wls_sse(x, y), 1e-300)
-    best.append((N * math.log(sse1 / N) + 2 * math.log(N), []))
+    sse = _SegmentSSE(x, y)
+
+    def bic(s: float, k: int) -> float:
+        return N * math.log(max(s, 1e-300) / N) + (3 * k - 1) * math.log(N)
+
+    best: list[tuple[float, list[int]]] = [(bic(sse(0, N), 1), [])]
     cand = np.arange(min_rows, N - min_rows + 1)
-    if len(cand) > MAX_CUT_CANDIDATES:
-        cand = np.unique(np.linspace(min_rows, N - min_rows, MAX_CUT_CANDIDATES).round().astype(int))
-    memo: dict[tuple[int, int], float] = {}
-
-    def sse(i: int, j: int) -> float:
-        if (i, j) not in memo:
-            memo[(i, j)] = _wls_sse(x[i:j], y[i:j])
-        return memo[(i, j)]
-
     if max_pieces >= 2 and N >= 2 * min_rows:
-        s, c = min((sse(0, c) + sse(c, N), c) for c in cand)
-        best.append((N * math.log(max(s, 1e-300) / N) + 5 * math.log(N), [int(c)]))
+        tot = sse(0, cand) + sse(cand, N)
+        c = int(cand[np.argmin(tot)])
+        best.append((bic(float(tot.min()), 2), [c]))
     if max_pieces >= 3 and N >= 3 * min_rows:
-        pairs = [(c1, c2) for c1 in cand for c2 in cand if c2 - c1 >= min_rows]
-        if pairs:
-            s, c1, c2 = min((sse(0, a) + sse(a, b) + sse(b, N), a, b) for a, b in pairs)
-            best.append((N * math.log(max(s, 1e-300) / N) + 8 * math.log(N), [int(c1), int(c2)]))
+        a = cand[:, None]
+        b = cand[None, :]
+        tot = np.where(b - a >= min_rows, sse(0, a) + sse(a, np.maximum(b, a)) + sse(b, N), np.inf)
+        ia, ib = np.unravel_index(int(np.argmin(tot)), tot.shape)
+        best.append((bic(float(tot[ia, ib]), 3), [int(cand[ia]), int(cand[ib])]))
     return min(best, key=lambda t: t[0])[1]
 
 
