@@ -278,3 +278,20 @@ def test_measured_op_is_used_for_itself_and_its_twin(tmp_path):
     assert float(bw.time("recv", 1e8, 2, 2)) == pytest.approx(7e-6 + 1e8 / 40e9, rel=0.02)
     with pytest.raises(ConfigError, match="no intra-node measurements for all_reduce"):
         bw.time("all_reduce", 1e6, 2, 2)
+
+
+def test_default_for_vtrains_cluster_uses_its_own_node_measurements():
+    """A cluster with vTrain's stated links (150 GB/s in a node, 800 Gb/s per node across) gets vTrain's own
+    in-node A100 fit unscaled, and Echo's inter-node fit with β doubled (12.5 vs 25 GB/s per GPU)."""
+    import dataclasses
+
+    vt = dataclasses.replace(load_cluster("a100-40g-hdr200"), name="vtrain-like", intra_node_bandwidth=150e9,
+                             inter_node_bandwidth=12.5e9)
+    bw = Bandwidth.default(vt)
+    assert "intra-node from vtrain-a100" in bw.source and "inter-node from echo-a100" in bw.source
+    # vTrain's LUT: 8 A100s, 1 GiB all-reduce, out-of-place 8193.0 us
+    assert float(bw.time("all_reduce", 2**30, 8, 8)) == pytest.approx(8193.0e-6, rel=0.02)
+    echo = Bandwidth.default(load_cluster("a100-40g-hdr200"))
+    big = 2.0**34
+    assert float(bw.time("all_reduce", big, 128, 8)) / float(echo.time("all_reduce", big, 128, 8)) == \
+        pytest.approx(2.0, rel=0.01)
