@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -174,7 +175,14 @@ class Bandwidth:
     @classmethod
     def default(cls, cluster: Cluster) -> Bandwidth:
         """The kit's shipped calibration (``data/calibration/bandwidth.yaml``) carried to ``cluster`` by the
-        rules of the module docstring (*Shipped calibration*)."""
+        rules of the module docstring (*Shipped calibration*). Cached per cluster and calibration file (the
+        same object comes back while the file is unchanged)."""
+        p = data_dir() / CALIBRATION_NAME
+        stamp = p.stat().st_mtime_ns if p.is_file() else -1
+        return _default_cached(cls, dataclasses.replace(cluster, num_nodes=None), str(p), stamp)
+
+    @classmethod
+    def _default_uncached(cls, cluster: Cluster) -> Bandwidth:
         systems = load_calibration()
         family = "V100" if "V100" in cluster.gpu.upper() else "A100"
         intra = [s for s in systems.values() if s.fit is not None and s.gpu_family == family
@@ -305,6 +313,11 @@ class Bandwidth:
         p["alpha_us"] = p["alpha_s"] * 1e6
         p["busbw_GBps"] = 1.0 / p["beta_s_per_byte"] / 1e9
         return p
+
+
+@functools.lru_cache(maxsize=64)
+def _default_cached(cls: type[Bandwidth], cluster: Cluster, path: str, stamp: int) -> Bandwidth:
+    return cls._default_uncached(cluster)
 
 
 def eval_pieces(x: np.ndarray, x_lo: np.ndarray, alpha: np.ndarray, beta: np.ndarray
@@ -511,7 +524,15 @@ def node_latency(params: pd.DataFrame) -> tuple[float, float, float]:
 
 
 def fit_sweeps(table: pd.DataFrame, origin: str = "", max_pieces: int = MAX_PIECES) -> Bandwidth:
-    """Fit every sweep of a bandwidth table (module docstring, *Fitting*); one device only."""
+    """Fit every sweep of a bandwidth table (module docstring, *Fitting*); one device only.
+
+    The returned :class:`Bandwidth` carries ``fit``, the fit report: one row per (sweep, piece, parameter)
+    with ``device, op, scope, group_size, ranks_per_node, nodes, piece, bytes_lo, bytes_hi, n_rows,
+    screened, parameter`` (``alpha_us``, ``beta_us_per_MB``, ``busbw_GBps`` = 1/β), ``estimate, ci_low,
+    ci_high`` (95 %, statsmodels WLS with weights 1/t², given the cut points; an infinite busbw bound means
+    β's interval reaches 0: a latency-bound piece), ``r2`` and the piece's relative residuals
+    ``rel_rmse, rel_median_abs, rel_max_abs``; plus one ``node_latency_us`` row (δ, OLS) when inter-node
+    sweeps of two or more node counts were fitted. ``residuals`` holds every row with its prediction."""
     t = usable_rows(table, origin)
     devices = sorted(set(t["device"]))
     if len(devices) > 1:
