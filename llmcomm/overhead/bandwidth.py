@@ -175,8 +175,9 @@ class Bandwidth:
     @classmethod
     def default(cls, cluster: Cluster) -> Bandwidth:
         """The kit's shipped calibration (``data/calibration/bandwidth.yaml``) carried to ``cluster`` by the
-        rules of the module docstring (*Shipped calibration*). Cached per cluster and calibration file (the
-        same object comes back while the file is unchanged)."""
+        rules of the module docstring (*Shipped calibration*). ``fit`` is the report of the fits it carries
+        (their own systems' α, β, before scaling). Cached per cluster and calibration file (the same object
+        comes back while the file is unchanged)."""
         p = data_dir() / CALIBRATION_NAME
         stamp = p.stat().st_mtime_ns if p.is_file() else -1
         return _default_cached(cls, dataclasses.replace(cluster, num_nodes=None), str(p), stamp)
@@ -200,8 +201,12 @@ class Bandwidth:
         p_in["beta_s_per_byte"] *= s_in.ref_intra_bw / cluster.intra_node_bandwidth
         p_out = s_out.bandwidth.params[s_out.bandwidth.params["scope"] == "inter"].copy()
         p_out["beta_s_per_byte"] *= s_out.ref_inter_bw / cluster.inter_node_bandwidth
+        fit = None
+        if s_in.fit is not None and s_out.fit is not None:
+            fit = pd.concat([s_in.fit[s_in.fit["scope"] == "intra"], s_out.fit[s_out.fit["scope"] == "inter"]],
+                            ignore_index=True)
         return cls(params=pd.concat([p_in, p_out], ignore_index=True), device=cluster.gpu,
-                   node_latency_s=s_out.bandwidth.node_latency_s, vendor=cluster,
+                   node_latency_s=s_out.bandwidth.node_latency_s, vendor=cluster, fit=fit,
                    source=(f"shipped calibration carried to {cluster.name}: intra-node from {s_in.name} "
                            f"(β × {s_in.ref_intra_bw / cluster.intra_node_bandwidth:.3g}), inter-node from "
                            f"{s_out.name} (β × {s_out.ref_inter_bw / cluster.inter_node_bandwidth:.3g})"))
