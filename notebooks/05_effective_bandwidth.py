@@ -111,8 +111,9 @@ out.check("pieces_improve_mid_sizes", bool((many["median_abs_1_16MiB"] <= one["m
 # ## 2 · The fitted parameters, with 95 % confidence intervals
 #
 # One row per piece: the message sizes it covers, its rows, α (µs) and the bus bandwidth `1/β` (GB/s) with
-# their 95 % intervals (given the cut points), R² and the relative residuals of its rows. The same table,
-# for all systems, is shipped as `data/calibration/bandwidth_fit.csv` (`make calibration`).
+# their 95 % intervals (given the cut points), R² and the relative residuals of its rows. An infinite
+# bandwidth bound means β's interval reaches 0: a latency-bound piece, whose time hardly grows with size.
+# The same table, for all systems, is shipped as `data/calibration/bandwidth_fit.csv` (`make calibration`).
 
 # %%
 def wide(rep: pd.DataFrame) -> pd.DataFrame:
