@@ -327,6 +327,53 @@ def call_duration_spread(data: pd.DataFrame, *, x: str = "duration_us", y: str =
     return ax
 
 
+def busbw_fit(data: pd.DataFrame, *, x: str = "bytes", y: str = "busbw", hue: str = "group_size",
+              ax: Axes | None = None, fit: str = "busbw_fit", used: str = "used", title: str | None = None) -> Axes:
+    """Measured bus bandwidth ``y`` (dots; rows whose ``used`` is False, set aside as spikes: crosses) and the
+    fitted model's ``fit`` (lines) against message size ``x``, one colour per ``hue`` value (e.g.
+    :attr:`llmcomm.overhead.Bandwidth.residuals` with busbw = bus bytes / time, GB/s)."""
+    ax = _axes(ax, (6.5, 4))
+    levels = sorted(data[hue].unique())
+    pal = sns.color_palette("viridis", len(levels))
+    for color, level in zip(pal, levels, strict=True):
+        d = data[data[hue] == level].sort_values(x)
+        ok = d[used].to_numpy(bool)
+        ax.plot(d[x][ok], d[y][ok], "o", ms=2.5, color=color, alpha=0.6)
+        ax.plot(d[x][~ok], d[y][~ok], "x", ms=4, color=color)
+        ax.plot(d[x], d[fit], "-", lw=1.2, color=color, label=str(level))
+    ax.set(xscale="log", xlabel="message size [bytes]", ylabel="bus bandwidth [GB/s]", title=title or "")
+    ax.legend(title=hue.replace("_", " "), fontsize=7, ncol=2)
+    return ax
+
+
+def relative_residuals(data: pd.DataFrame, *, x: str = "bytes", y: str = "rel_err", hue: str = "group_size",
+                       ax: Axes | None = None, used: str = "used", title: str | None = None) -> Axes:
+    """(predicted − measured) / measured ``y`` against message size ``x`` for the rows whose ``used`` is True
+    (e.g. :attr:`llmcomm.overhead.Bandwidth.residuals`), one colour per ``hue`` value."""
+    ax = _axes(ax, (6.5, 3))
+    d = data[data[used]].copy()
+    levels = sorted(d[hue].unique())
+    d[hue] = d[hue].astype(str)
+    sns.scatterplot(data=d, x=x, y=y, hue=hue, hue_order=[str(v) for v in levels], s=8,
+                    palette=sns.color_palette("viridis", len(levels)), linewidth=0, ax=ax, legend=False)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(xscale="log", xlabel="message size [bytes]", ylabel="relative residual", title=title or "")
+    return ax
+
+
+def effective_bandwidth_lines(data: pd.DataFrame, *, x: str = "bytes", y: str = "busbw", hue: str = "label",
+                              ax: Axes | None = None, title: str | None = None) -> Axes:
+    """Modelled bus bandwidth ``y`` against message size ``x``, one line per ``hue`` value, in the frame's
+    order (e.g. :func:`llmcomm.overhead.effective_bandwidth`)."""
+    ax = _axes(ax, (6.5, 4))
+    order = list(pd.unique(data[hue]))
+    sns.lineplot(data=data, x=x, y=y, hue=hue, hue_order=order, ax=ax, lw=1.4,
+                 palette=sns.color_palette("tab10", len(order)))
+    ax.set(xscale="log", xlabel="message size [bytes]", ylabel="bus bandwidth [GB/s]", title=title or "")
+    ax.legend(fontsize=7)
+    return ax
+
+
 def a2a_matrix_heatmap(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue: str = "bytes",
                        ax: Axes | None = None, unit: float = 2**10, label: str = "KiB",
                        title: str | None = None) -> Axes:
