@@ -113,8 +113,9 @@ out.say("**Result.** The parallelism carrying most message bytes, per configurat
 # however many micro-batches there are. With SP the activation between stages is split along the sequence,
 # so each PP send carries `A/tp`; and TP's own bytes grow: each layer's two all-reduces become an all-gather
 # and a reduce-scatter each way (message bytes `A` apiece), and the backward pass all-gathers each layer's
-# input again for the weight gradients, so `t_SP = 10·L·A + 6A + CE` per micro-batch (embedding and output
-# layer: `6A`). The cap becomes `t_SP / (t_SP + 2(pp−1)·A/tp)`. Without PP the cap is 100%.
+# input again for the weight gradients, so `t_SP = 10·L·A + 5A + CE` per micro-batch (`5A`: the embedding's
+# forward all-reduce — GPT-3 has learned positions — and backward all-gather; the output layer's forward
+# all-gather and its two-call backward, a reduce-scatter and an all-gather). The cap becomes `t_SP / (t_SP + 2(pp−1)·A/tp)`. Without PP the cap is 100%.
 # Megatron-LM's older *scatter-gather* optimization (Narayanan et al. 2021, §4.1: send `A/tp` between stages,
 # all-gather it over NVLink at the receiver) had the same effect on PP bytes before SP; `llmcomm.predict`
 # does not model it, so it is not drawn here.
@@ -126,7 +127,7 @@ A = p.micro_batch * p.sequence_length(mdl) * mdl.hidden_size * 2          # b·s
 ce = 3 * p.micro_batch * p.sequence_length(mdl) * 4                      # 3 fp32 all-reduces of b·s
 t_mb = 4 * mdl.num_layers * A + 2 * A + ce           # TP bytes of one micro-batch along the pipeline
 cap = t_mb / (t_mb + 2 * (p.pp - 1) * A)               # + PP sends: forward and backward per boundary
-t_sp = 10 * mdl.num_layers * A + 6 * A + ce          # TP+SP bytes of one micro-batch with SP
+t_sp = 10 * mdl.num_layers * A + 5 * A + ce          # TP+SP bytes of one micro-batch with SP
 cap_sp = t_sp / (t_sp + 2 * (p.pp - 1) * A / p.tp)     # with SP each PP send carries A/tp
 curves = pd.concat([tp_share_vs_microbatches(lc.load_model(m), lc.ParallelConfig(**kw),
                                               [k for k in microbatches if k % (kw["pp"] if kw.get("vpp", 1) > 1 else 1) == 0])
@@ -164,7 +165,7 @@ pc_tab
 # * TP dominates the GPT-3 configuration's bytes;
 # * exactness: for GPT-3, the TP message bytes equal the closed form
 #   `m · (world/pp) · (4·L·A + 2·A + 3·4·b·s)` with `A = b·s·h·2` computed here by hand from the architecture,
-#   and with SP the per-micro-batch TP+SP bytes equal `m · (world/pp) · (10·L·A + 6·A + 3·4·b·s)`;
+#   and with SP the per-micro-batch TP+SP bytes equal `m · (world/pp) · (10·L·A + 5·A + 3·4·b·s)`;
 # * without SP, the GPT-3 tp8·pp16 TP share stays just under its cap `t/(t+p)` at every `m` and never reaches
 #   99%; with SP it passes 99% at some `m`, below its own cap; without PP it passes 99% too;
 # * with TP inside a node (tp 8 = one node), every TP byte is intra-node.
