@@ -104,16 +104,26 @@ def iter_sources(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Source]:
         if not p.exists():
             raise TraceFormatError(f"{p}: no such file or folder")
         if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith(".")
-                           and not DOC_FILE.match(f.name))
+            every = sorted(f for f in p.rglob("*") if f.is_file())
+            files = [f for f in every if not f.name.startswith(".") and not DOC_FILE.search(f.name)]
             if not files:
-                raise TraceFormatError(f"{p}: folder holds no files")
+                raise TraceFormatError(f"{p}: folder holds no trace files{skipped_note(every, p)}")
             for f in files:
                 yield from (iter_tar(f) if is_tar(f) else [read_file(f)])
         elif is_tar(p):
             yield from iter_tar(p)
         else:
             yield read_file(p)
+
+
+def skipped_note(skipped: list[Path], root: Path, limit: int = 10) -> str:
+    """``"; skipped: README.md (documentation), .x (hidden)"`` for the files a folder walk left out."""
+    if not skipped:
+        return " (it is empty)"
+    parts = [f"{f.relative_to(root)} ({'hidden' if f.name.startswith('.') else 'documentation or notes'})"
+             for f in skipped[:limit]]
+    more = f" and {len(skipped) - limit} more" if len(skipped) > limit else ""
+    return "; skipped: " + ", ".join(parts) + more + " (name a file explicitly to read it anyway)"
 
 
 def loads_json(src: Source) -> object:
