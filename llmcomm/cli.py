@@ -2,7 +2,8 @@
 
 ``llmcomm models [NAME]``, ``llmcomm clusters [NAME]``, ``llmcomm reproduce``; further subcommands come from
 modules that implement ``register(subparsers)`` (``llmcomm.predict.cli``, ``llmcomm.collect.cli``,
-``llmcomm.ingest.cli``): a subcommand exists only where its module does, so none is a placeholder.
+``llmcomm.ingest.cli``, ``llmcomm.compare.cli``): a subcommand exists only where its module does, so none is a
+placeholder.
 
 Conventions: every option's help states its default; ``--quiet`` silences progress output; ``--debug``
 shows the traceback of an unexpected error. Exit status: 0 success, 1 a data or configuration error (the
@@ -24,7 +25,7 @@ from typing import Any
 
 from .errors import LLMCommError, UsageError
 
-SUBCOMMAND_MODULES = ("llmcomm.predict.cli", "llmcomm.collect.cli", "llmcomm.ingest.cli")
+SUBCOMMAND_MODULES = ("llmcomm.predict.cli", "llmcomm.collect.cli", "llmcomm.ingest.cli", "llmcomm.compare.cli")
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 _RST = re.compile(r":[a-z]+:`~?([^`]+)`|``([^`]+)``|`([^`]+)`")
