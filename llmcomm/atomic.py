@@ -19,7 +19,15 @@ from pathlib import Path
 
 
 def current_umask() -> int:
-    """The process umask (read by setting it and restoring it at once)."""
+    """The process umask: from ``/proc/self/status`` where Linux states it, else by setting it and restoring
+    it at once (which briefly changes it for other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -237,9 +237,11 @@ def test_cli_messages_speak_cli(tmp_path) -> None:
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "README.md").write_text("# notes")
-    (docs / "notes.txt").write_text("x")
+    (docs / "LICENSE").write_text("x")
+    (docs / ".hidden.json").write_text("{}")
     line = one_error_line(llmcomm("ingest", str(docs), "--out", "y.parquet", cwd=tmp_path), 1, "no trace files")
-    assert "README.md (documentation or notes)" in line and "notes.txt" in line
+    for why in ("README.md (documentation or notes)", "LICENSE (documentation or notes)", ".hidden.json (hidden)"):
+        assert why in line
     with pytest.raises(TraceFormatError) as e:
         lc.ingest_trace([])
     assert "[" not in str(e.value)

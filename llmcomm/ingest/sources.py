@@ -105,7 +105,7 @@ def iter_sources(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Source]:
             raise TraceFormatError(f"{p}: no such file or folder")
         if p.is_dir():
             every = sorted(f for f in p.rglob("*") if f.is_file())
-            files = [f for f in every if not f.name.startswith(".") and not DOC_FILE.search(f.name)]
+            files = [f for f in every if not f.name.startswith(".") and not DOC_FILE.match(f.name)]
             if not files:
                 raise TraceFormatError(f"{p}: folder holds no trace files{skipped_note(every, p)}")
             for f in files:
