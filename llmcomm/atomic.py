@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,3 +102,30 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """``path.write_bytes(data)``, atomically."""
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``path`` to fill; on a clean exit it becomes ``path`` (an
+    existing ``path`` is moved aside first and deleted after, when ``overwrite``), else it is deleted. A
+    reader never sees a half-filled folder, and a failure leaves ``path`` as it was. The folder gets a
+    folder's default mode (:func:`default_mode`).
+
+    Raises :class:`FileExistsError` when ``path`` exists and ``overwrite`` is false."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_dir_beside(path)
+    try:
+        yield tmp
+        if path.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, trash / "old")
+            os.replace(tmp, path)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

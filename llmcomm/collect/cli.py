@@ -36,6 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--routing-iters", type=int, default=None,
                    help="keep per-call events only for the first N iterations; routing counts are kept for "
                         "all (default: keep every iteration)")
+    p.add_argument("--aux-loss-coef", type=float, default=0.01,
+                   help="MoE load-balancing (aux) loss weight; 0 turns balancing off")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch order")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--out", required=True, help="output trace, NAME.parquet (NAME.manifest.json is written beside it)")
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     command = "llmcomm " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
     trace = collect(spec, par, out, iters=args.iters, record_iters=args.routing_iters,
                     seed=args.seed, lr=args.lr, timeout=args.timeout, command=command, fault=args.inject_fault,
-                    recorder_mode=args.recorder_mode, progress=not args.quiet and sys.stderr.isatty())
+                    recorder_mode=args.recorder_mode, aux_loss_coef=args.aux_loss_coef,
+                    progress=not args.quiet and sys.stderr.isatty())
     loss = trace.meta["loss"]
     print(f"{out}: {len(trace)} events from {trace.world_size} ranks, {trace.meta['iterations']} iterations, "
           f"loss {loss[0]:.3f} -> {loss[-1]:.3f}, {trace.meta['wall_seconds']:.1f} s")

@@ -81,12 +81,12 @@ def _spawn(cfg: RunConfig, world: int, timeout: float, progress: bool = False) -
 def collect(model: str | ModelSpec, parallel: ParallelConfig, out: str | os.PathLike[str], *, iters: int,
             record_iters: int | None = None, seed: int = 0, lr: float = 3e-3, timeout: float = 120.0,
             command: str | None = None, fault: str | None = None, recorder_mode: str = "kernel",
-            progress: bool = False) -> Trace:
+            aux_loss_coef: float = 0.01, progress: bool = False) -> Trace:
     """Run a recorded training job and write ``out`` (events), ``<stem>.manifest.json`` and, for MoE,
     ``<stem>.routing.parquet``. Returns the trace as read back. ``recorder_mode``: see
-    :class:`llmcomm.collect.record.Recorder` (both modes record the same events). The model and
-    configuration are checked before any worker starts (:mod:`llmcomm.collect.checks`); ``progress``
-    shows a progress bar of iterations on stderr."""
+    :class:`llmcomm.collect.record.Recorder` (both modes record the same events). ``aux_loss_coef``: weight of
+    the MoE load-balancing loss (0: off). The model and configuration are checked before any worker starts
+    (:mod:`llmcomm.collect.checks`); ``progress`` shows a progress bar of iterations on stderr."""
     from .. import specs
     from .checks import check_collectable
 
@@ -102,7 +102,8 @@ def collect(model: str | ModelSpec, parallel: ParallelConfig, out: str | os.Path
     try:
         cfg = RunConfig(model=spec.to_dict(), parallel=parallel.to_dict(), iters=iters, out_dir=str(tmp),
                         record_iters=record_iters, seed=seed, lr=lr, timeout=timeout, port=free_port(),
-                        fault=fault, recorder_mode=recorder_mode)
+                        fault=fault, recorder_mode=recorder_mode,
+                        aux_loss_coef=aux_loss_coef)
         _spawn(cfg, world, timeout, progress)
         wall = time.time() - t0
         trace = _merge(tmp, world)

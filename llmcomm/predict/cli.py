@@ -9,10 +9,16 @@ from __future__ import annotations
 import argparse
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..output_paths import FIGURE_SUFFIXES, check_distinct, check_file
 from ..specs import Cluster, ParallelConfig, load_cluster, load_model
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..trace import Trace
 
 DEFAULT_GPUS_PER_NODE = 8  # without --cluster
 
@@ -76,7 +82,6 @@ def warn_surprises(parallel: ParallelConfig, gpus_per_node: int, cluster: Cluste
 
 def run(args: argparse.Namespace) -> int:
     from . import predict_traffic
-    from .summary import summary_text
 
     out = check_file(args.out, option="--out", suffixes=(".parquet",), writes="a parquet trace") \
         if args.out else None
@@ -108,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_matrix(trace, model_name: str, gpn: int, path: Path, fmt: str) -> None:  # noqa: ANN001
+def _write_matrix(trace: Trace, model_name: str, gpn: int, path: Path, fmt: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,3 +127,26 @@ def _write_matrix(trace, model_name: str, gpn: int, path: Path, fmt: str) -> Non
         fig.savefig(path, dpi=150, bbox_inches="tight", format=fmt)
     finally:
         plt.close(fig)
+
+
+def summary_text(trace: Trace, gpus_per_node: int = 8) -> str:
+    """The summary ``predict`` prints: bytes per parallelism, per phase, per pair class, and the TP share."""
+    from ..analysis import bytes_by, pair_classes, tp_share
+    from ..units import format_bytes
+
+    def table(df: pd.DataFrame, keys: list[str]) -> list[str]:
+        lines = []
+        for _, row in df.iterrows():
+            name = " / ".join(str(row[k]) for k in keys)
+            lines.append(f"  {name:<28} {format_bytes(row['bytes']):>12}  {100 * row['share']:6.2f}%")
+        return lines
+
+    out = [f"{trace.meta.get('model', {}).get('name', '?')}: {trace.world_size} ranks, "
+           f"{int(trace.events['count'].sum()):,} calls ({len(trace):,} rows)",
+           "message bytes per parallelism:", *table(bytes_by(trace, ["parallelism"]), ["parallelism"]),
+           "message bytes per phase:", *table(bytes_by(trace, ["phase"]), ["phase"]),
+           f"wire bytes (ring) per pair class ({gpus_per_node} GPUs per node):",
+           *table(pair_classes(trace, gpus_per_node).sort_values("bytes", ascending=False),
+                  ["parallelism", "pair_class"]),
+           f"TP share of message bytes: {100 * tp_share(trace):.2f}%"]
+    return "\n".join(out)
