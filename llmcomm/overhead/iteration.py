@@ -481,6 +481,7 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
         r = {"q": _compute(model, c, layers[cls], hf, hl, peak, hbm)}
         for t in ("tp", "ep", "pp", "dp"):
             r[t] = np.zeros(n)
+            r[t + "_bus"] = np.zeros(n)
         for it in comm_items(model, c, cls, gpn, layers[cls]):
             live = it.count > 0
             if it.op == "recv" or not live.any():  # a receive is the peer's send: timed once, on the sender
@@ -491,6 +492,7 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
                 tt = np.zeros(n)
                 tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
             r[it.term] = r[it.term] + it.count * tt
+            r[it.term + "_bus"] = r[it.term + "_bus"] + it.count * bus_bytes(it.op, it.nbytes, it.size)
         per_class[cls] = r
         dn, ex, _ = _stage_params(model, c, *layers[cls], hf, hl)
         exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
@@ -507,7 +509,8 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     per: dict[str, dict[str, np.ndarray]] = {}
     for cls, r in st.cls.items():
         fwd, bwd, rec = class_times(r["q"], util)
-        q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": r["tp"], "ep": r["ep"], "pp": r["pp"], "dp": r["dp"]}
+        q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": r["tp"], "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
+             "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"]}
         q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
         per[cls] = q
     first, mid, last = (per[k] for k in CLASSES)
@@ -535,10 +538,25 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     out["dp_comm_total_s"] = np.maximum(first["dp"], np.maximum(np.where(has_last, last["dp"], 0.0),
                                                                 np.where(has_mid, mid["dp"], 0.0)))
     out["optimizer_s"] = st.optimizer_bytes / st.hbm / util.scale
+    out["comm_bus_bytes"] = m * pick("bus") + _dp_bus(st, crit)
     out["critical"] = np.asarray(CLASSES)[crit]
     out["critical_index"] = crit
     out["num_microbatches"] = m
     return out
+
+
+def _dp_bus(st: Stages, crit: np.ndarray) -> np.ndarray:
+    """Bus bytes of the stage-0 gradient reduction (the one exposed at the end of the iteration)."""
+    return st.cls["first"]["dp_bus"]
+
+
+def bus_bytes(op: str, nbytes: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """nccl-tests bus bytes of one call: ``f_op(n)·bytes`` (all-reduce ``2(n−1)/n``, gather/scatter/all-to-all
+    ``(n−1)/n``, send 1)."""
+    n = np.maximum(np.asarray(size, dtype=np.float64), 1.0)
+    f = 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n if op in (
+        "all_gather", "reduce_scatter", "all_to_all") else np.ones_like(n)
+    return f * nbytes
 
 
 def _evaluate(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwidth: Any,
@@ -642,7 +660,7 @@ def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster
     bw, ut = _resolve(cluster, bandwidth, utilization)
     r = _evaluate(model, c, cluster, bw, ut, overlap_grad_reduce)
     out = candidates.reset_index(drop=True).copy()
-    for t in (*TERMS, "dp_comm_total_s", "critical", "num_microbatches"):
+    for t in (*TERMS, "dp_comm_total_s", "critical", "num_microbatches", "comm_bus_bytes"):
         out[t] = r[t]
     out["total_s"] = sum(r[t] for t in TERMS)
     out["exposed_comm_s"] = sum(r[t] for t in COMM_TERMS)

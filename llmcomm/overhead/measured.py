@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..data import path as data_path
+from ..data import path as data_path  # noqa: F401 - re-exported for tests
 from ..errors import DataError
 from ..specs import ModelSpec
 
