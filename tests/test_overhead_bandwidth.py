@@ -10,12 +10,13 @@ import pytest
 from llmcomm import data
 from llmcomm.errors import ConfigError, DataError
 from llmcomm.ingest import ingest_bandwidth
-from llmcomm.overhead import Bandwidth, fit_sweeps, load_calibration
+from llmcomm.overhead import Bandwidth, fit_sweeps, held_out, load_calibration
 from llmcomm.overhead.bandwidth import (
     CALIBRATION_SYSTEMS,
     PARAM_COLUMNS,
     bus_factor,
     screen_spikes,
+    screened_rows,
     usable_rows,
 )
 from llmcomm.specs import load_cluster
@@ -181,18 +182,8 @@ def test_devices_are_not_mixed():
 
 
 # --------------------------------------------------------------------------- held-out rows of the real sweeps
-def _system_rows(name: str) -> tuple[pd.DataFrame, list[str]]:
-    files = [data.path(f) for f in CALIBRATION_SYSTEMS[name]["files"]]
-    table = ingest_bandwidth(files, op="all_reduce")
-    u = usable_rows(table, name).sort_values(["group_size", "nodes", "bytes"])
-    keep = u.groupby(["group_size", "nodes"])["time_s"].transform(lambda s: screen_spikes(s.to_numpy()))
-    return u[keep.to_numpy(bool)].reset_index(drop=True), list(table.columns)
-
-
-def _rel_err(bw: Bandwidth, rows: pd.DataFrame) -> np.ndarray:
-    pred = bw.time("all_reduce", rows["bytes"].to_numpy(), rows["group_size"].to_numpy(),
-                   rows["ranks_per_node"].to_numpy())
-    return np.abs(pred - rows["time_s"].to_numpy()) / rows["time_s"].to_numpy()
+def _table(name: str) -> pd.DataFrame:
+    return ingest_bandwidth([data.path(f) for f in CALIBRATION_SYSTEMS[name]["files"]], op="all_reduce")
 
 
 @pytest.mark.parametrize(("name", "within_max"), [("echo-a100", 0.8), ("vtrain-a100", 0.95), ("vtrain-v100", 0.95)])
@@ -200,35 +191,34 @@ def test_every_other_size_held_out(name, within_max):
     """Fit on the even-numbered sizes of each sweep (spikes set aside first), predict the odd ones: each
     sweep's held-out median error is within the fit's reported 95th percentile, and most held-out rows are
     within the reported worst case."""
-    from llmcomm.overhead.bandwidth import residual_summary
-
-    u, cols = _system_rows(name)
-    i = u.groupby(["group_size", "nodes"]).cumcount()
-    train, test = u[i % 2 == 0], u[i % 2 == 1]
-    bw = fit_sweeps(train[cols], name)
-    rep = residual_summary(bw)
-    test = test.assign(err=_rel_err(bw, test)).merge(rep, on=["group_size", "nodes"])
-    per = test.groupby(["group_size", "nodes"]).agg(med=("err", "median"), p95=("p95_abs", "first"))
+    h = held_out(_table(name), name)
+    assert len(h) > 0 and h["fit_p95_abs"].notna().all()
+    h["abs_err"] = h["rel_err"].abs()
+    per = h.groupby(["group_size", "nodes"]).agg(med=("abs_err", "median"), p95=("fit_p95_abs", "first"))
     assert (per["med"] <= per["p95"]).all(), per
-    assert (test["err"] <= test["max_abs"]).mean() >= within_max
+    assert (h["abs_err"] <= h["fit_max_abs"]).mean() >= within_max
+    # the held-out rows are not the fitted ones: sizes alternate within each sweep
+    u = screened_rows(_table(name), name)
+    assert len(h) == (u["i"] % 2 == 1).sum()
 
 
 def test_vtrain_a100_leave_one_gpu_count_out():
     """An A100 NVSwitch node: a group size left out of the fit is timed from its nearest neighbour within
     5 % (median), because its bus factor carries the size dependence."""
-    u, cols = _system_rows("vtrain-a100")
+    table = _table("vtrain-a100")
     for n in (3, 5, 6, 7):
-        bw = fit_sweeps(u[u["group_size"] != n][cols], "vtrain-a100")
-        assert np.median(_rel_err(bw, u[u["group_size"] == n])) < 0.05, n
+        h = held_out(table, "vtrain-a100", "group_size", n)
+        assert set(h["group_size"]) == {n}
+        assert h["rel_err"].abs().median() < 0.05, n
 
 
 def test_echo_leave_one_node_count_out():
     """64 GPUs on 8 nodes left out: timed from 16 nodes with the fitted latency per node doubling, within 10 %
     (median) for messages of 1 MiB and more."""
-    u, cols = _system_rows("echo-a100")
-    bw = fit_sweeps(u[u["group_size"] != 64][cols], "echo-a100")
-    held = u[(u["group_size"] == 64) & (u["bytes"] >= 2**20)]
-    assert np.median(_rel_err(bw, held)) < 0.10
+    h = held_out(_table("echo-a100"), "echo-a100", "group_size", 64)
+    assert h[h["bytes"] >= 2**20]["rel_err"].abs().median() < 0.10
+    with pytest.raises(ConfigError, match="group_size=3"):
+        held_out(_table("echo-a100"), "echo-a100", "group_size", 3)
 
 
 # ------------------------------------------------------------------------------------- shipped calibration

@@ -11,7 +11,10 @@ f_all_to_all = (n−1)/n``, ``f_broadcast = f_send = f_recv = 1``, so that ``1/�
 switches protocol (LL, LL128, Simple) and algorithm (tree, ring) with the message size, and each has its own
 latency and bandwidth — NCCL's own tuner models each as ``latency + size / bandwidth`` — so one straight
 line per regime leaves residuals of 30–50 % at 1–16 MB. A sweep is therefore cut into up to three contiguous
-pieces of message size; the number of pieces is chosen by BIC, the cut points by least squares.
+pieces of message size; the number of pieces is chosen by BIC, the cut points by exhaustive least squares. Two pieces
+hand over where their lines cross when that lies between their sizes (else halfway, log scale), and a time is
+never taken below the largest time an earlier piece reaches (:func:`eval_pieces`), so
+that more bytes never cost less.
 
 Fitting (:func:`fit_sweeps`): per sweep (one op, device, ``n``, ``m``; nccl-tests' out-of-place column),
 weighted least squares (statsmodels ``WLS``) with weights ``1/t²``, i.e. least squares on the *relative*
@@ -75,7 +78,6 @@ PARAM_COLUMNS = ("op", "scope", "group_size", "ranks_per_node", "nodes", "piece"
 SPIKE_RATIO = 1.5        # a time this much above a larger message's time is a spike, not a measurement
 MAX_PIECES = 3
 MIN_PIECE_ROWS = 4
-MAX_CUT_CANDIDATES = 40
 # nominal latency of the uncalibrated model (seconds); orders of magnitude of NCCL's tuning table
 BASE_LATENCY_S = 8.4e-6
 NVLINK_HOP_S = 0.6e-6
@@ -222,9 +224,7 @@ class Bandwidth:
                 continue
             x_lo, alpha, beta = self._regime(op, nn, kk)
             sel = inv == i
-            xi = flat_x[sel]
-            p = np.clip(np.searchsorted(x_lo, xi, side="right") - 1, 0, len(x_lo) - 1)
-            flat_out[sel] = alpha[p] + beta[p] * xi
+            flat_out[sel] = eval_pieces(flat_x[sel], x_lo, alpha, beta)[0]
         return out
 
     def busbw(self, op: str, nbytes: Any, group_size: Any, ranks_per_node: Any = None) -> np.ndarray:
@@ -273,6 +273,17 @@ class Bandwidth:
         p["alpha_us"] = p["alpha_s"] * 1e6
         p["busbw_GBps"] = 1.0 / p["beta_s_per_byte"] / 1e9
         return p
+
+
+def eval_pieces(x: np.ndarray, x_lo: np.ndarray, alpha: np.ndarray, beta: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(t, piece)``: ``t = max(α_p + β_p·x, floor_p)`` with ``p`` the piece whose range holds ``x`` and
+    ``floor_p`` the largest time any earlier piece reaches at its upper end, so that a larger message never
+    takes less time where two independently fitted pieces meet."""
+    p = np.clip(np.searchsorted(x_lo, x, side="right") - 1, 0, len(x_lo) - 1)
+    ends = alpha[:-1] + beta[:-1] * x_lo[1:]
+    floor = np.concatenate([[-np.inf], np.maximum.accumulate(ends)]) if len(ends) else np.array([-np.inf])
+    return np.maximum(alpha[p] + beta[p] * x, floor[p]), p
 
 
 def _empty_params() -> pd.DataFrame:
@@ -325,42 +336,52 @@ def screen_spikes(time_s: np.ndarray) -> np.ndarray:
     return time_s <= SPIKE_RATIO * nxt
 
 
-def _wls_sse(x: np.ndarray, y: np.ndarray) -> float:
-    """Weighted (1/y²) residual sum of squares of ``y ≈ a + b·x``: the relative residuals' SSE."""
-    w = 1.0 / y
-    A = np.column_stack([w, x * w])
-    coef, *_ = np.linalg.lstsq(A, np.ones_like(y), rcond=None)
-    r = A @ coef - 1.0
-    return float(r @ r)
+class _SegmentSSE:
+    """Relative-residual SSE of the WLS line ``y ≈ a + b·x`` (weights 1/y²) on any slice ``[i, j)`` in O(1):
+    with ``u = 1/y``, ``v = x/y`` the fit is least squares of ``a·u + b·v ≈ 1``, solved from prefix sums of
+    ``u², u·v, v², u, v`` (``x`` scaled to its maximum for conditioning)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        u = 1.0 / y
+        v = (x / x.max()) / y
+        z = np.zeros(1)
+        self.c = [np.concatenate([z, np.cumsum(q)]) for q in (u * u, u * v, v * v, u, v)]
+
+    def __call__(self, i: Any, j: Any) -> Any:
+        """SSE of ``[i, j)``; ``i``, ``j`` ints or broadcastable integer arrays."""
+        uu, uv, vv, su, sv = (c[j] - c[i] for c in self.c)
+        n = np.asarray(j) - np.asarray(i)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            det = uu * vv - uv * uv
+            ok = det > 1e-12 * np.maximum(uu * vv, 1e-300)
+            a = np.where(ok, (vv * su - uv * sv) / np.where(ok, det, 1.0), su / np.where(uu > 0, uu, 1.0))
+            b = np.where(ok, (uu * sv - uv * su) / np.where(ok, det, 1.0), 0.0)
+        out = np.maximum(n - (a * su + b * sv), 0.0)
+        return float(out) if np.ndim(out) == 0 else out
 
 
 def choose_cuts(x: np.ndarray, y: np.ndarray, max_pieces: int = MAX_PIECES,
                 min_rows: int = MIN_PIECE_ROWS) -> list[int]:
     """Cut indices (into ascending ``x``) of the piecewise fit: for each number of pieces K ≤ ``max_pieces``
-    the cuts minimizing the relative SSE (cut candidates at most ``MAX_CUT_CANDIDATES`` evenly spaced
-    rows), then the K with the smallest BIC ``N·ln(SSE/N) + (3K−1)·ln N``."""
+    the cuts minimizing the relative SSE, then the K with the smallest BIC ``N·ln(SSE/N) + (3K−1)·ln N``."""
     N = len(x)
-    best: list[tuple[float, list[int]]] = []
-    sse1 = max(_wls_sse(x, y), 1e-300)
-    best.append((N * math.log(sse1 / N) + 2 * math.log(N), []))
+    sse = _SegmentSSE(x, y)
+
+    def bic(s: float, k: int) -> float:
+        return N * math.log(max(s, 1e-300) / N) + (3 * k - 1) * math.log(N)
+
+    best: list[tuple[float, list[int]]] = [(bic(sse(0, N), 1), [])]
     cand = np.arange(min_rows, N - min_rows + 1)
-    if len(cand) > MAX_CUT_CANDIDATES:
-        cand = np.unique(np.linspace(min_rows, N - min_rows, MAX_CUT_CANDIDATES).round().astype(int))
-    memo: dict[tuple[int, int], float] = {}
-
-    def sse(i: int, j: int) -> float:
-        if (i, j) not in memo:
-            memo[(i, j)] = _wls_sse(x[i:j], y[i:j])
-        return memo[(i, j)]
-
     if max_pieces >= 2 and N >= 2 * min_rows:
-        s, c = min((sse(0, c) + sse(c, N), c) for c in cand)
-        best.append((N * math.log(max(s, 1e-300) / N) + 5 * math.log(N), [int(c)]))
+        tot = sse(0, cand) + sse(cand, N)
+        c = int(cand[np.argmin(tot)])
+        best.append((bic(float(tot.min()), 2), [c]))
     if max_pieces >= 3 and N >= 3 * min_rows:
-        pairs = [(c1, c2) for c1 in cand for c2 in cand if c2 - c1 >= min_rows]
-        if pairs:
-            s, c1, c2 = min((sse(0, a) + sse(a, b) + sse(b, N), a, b) for a, b in pairs)
-            best.append((N * math.log(max(s, 1e-300) / N) + 8 * math.log(N), [int(c1), int(c2)]))
+        a = cand[:, None]
+        b = cand[None, :]
+        tot = np.where(b - a >= min_rows, sse(0, a) + sse(a, np.maximum(b, a)) + sse(b, N), np.inf)
+        ia, ib = np.unravel_index(int(np.argmin(tot)), tot.shape)
+        best.append((bic(float(tot[ia, ib]), 3), [int(cand[ia]), int(cand[ib])]))
     return min(best, key=lambda t: t[0])[1]
 
 
@@ -368,6 +389,18 @@ def _fit_piece(x: np.ndarray, y: np.ndarray) -> Any:
     import statsmodels.api as sm
 
     return sm.WLS(y, sm.add_constant(x, has_constant="add"), weights=1.0 / y**2).fit()
+
+
+def _cut_point(prev: dict[str, Any], a: float, b: float, x_left: float, x_right: float) -> float:
+    """Where the previous piece hands over to this one: the crossing of the two lines when it lies between
+    the last size of the previous piece and the first of this one (the time is then continuous), else the
+    geometric mean of the two sizes."""
+    db = prev["beta_s_per_byte"] - b
+    if db != 0:
+        xc = (a - prev["alpha_s"]) / db
+        if x_left <= xc <= x_right:
+            return float(xc)
+    return math.sqrt(x_left * x_right)
 
 
 @dataclass(frozen=True)
@@ -394,14 +427,13 @@ def fit_sweep(sweep: pd.DataFrame, max_pieces: int = MAX_PIECES) -> SweepFit:
     regime = {"op": head["op"], "scope": head["scope"], "group_size": int(head["group_size"]),
               "ranks_per_node": int(head["ranks_per_node"]), "nodes": int(head["nodes"])}
     params, report = [], []
-    pred = np.empty(len(s))
     x_all = s["x"].to_numpy(float)
     x_los = []
     for p, (i, j) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         res = _fit_piece(x[i:j], y[i:j])
         a, b = (float(v) for v in res.params)
         ci = np.asarray(res.conf_int(0.05))
-        x_lo = 0.0 if p == 0 else math.sqrt(x[i - 1] * x[i])
+        x_lo = 0.0 if p == 0 else _cut_point(params[-1], a, b, x[i - 1], x[i])
         x_los.append(x_lo)
         params.append({**regime, "piece": p, "x_lo": x_lo, "alpha_s": a, "beta_s_per_byte": b})
         rel = (np.asarray(res.fittedvalues) - y[i:j]) / y[i:j]
@@ -419,11 +451,8 @@ def fit_sweep(sweep: pd.DataFrame, max_pieces: int = MAX_PIECES) -> SweepFit:
             {**common, "parameter": "busbw_GBps", "estimate": 1e-9 / b if b > 0 else math.inf,
              "ci_low": 1e-9 / hi_b if hi_b > 0 else math.inf, "ci_high": 1e-9 / lo_b if lo_b > 0 else math.inf},
         ]
-    xl = np.array(x_los)
-    piece = np.clip(np.searchsorted(xl, x_all, side="right") - 1, 0, len(xl) - 1)
-    al = np.array([q["alpha_s"] for q in params])
-    be = np.array([q["beta_s_per_byte"] for q in params])
-    pred = al[piece] + be[piece] * x_all
+    pred, piece = eval_pieces(x_all, np.array(x_los), np.array([q["alpha_s"] for q in params]),
+                              np.array([q["beta_s_per_byte"] for q in params]))
     resid = s[["device", "op", "scope", "group_size", "ranks_per_node", "nodes", "bytes", "x", "time_s",
                "source"]].copy()
     resid["pred_s"] = pred
@@ -480,6 +509,64 @@ def residual_summary(bw: Bandwidth, by: Sequence[str] = ("group_size", "nodes"))
             .agg(rows="size", median_abs="median", p95_abs=lambda s: s.quantile(0.95), max_abs="max")
             .reset_index())
 
+
+
+# ------------------------------------------------------------------------------------------ held-out checks
+def screened_rows(table: pd.DataFrame, origin: str = "") -> pd.DataFrame:
+    """:func:`usable_rows` without the spikes (:func:`screen_spikes`), in ascending size per sweep, with the
+    sweep position ``i`` of each row."""
+    u = usable_rows(table, origin).sort_values(["op", "group_size", "nodes", "bytes"]).reset_index(drop=True)
+    keys = ["op", "group_size", "nodes"]
+    keep = u.groupby(keys)["time_s"].transform(lambda t: screen_spikes(t.to_numpy(float))).to_numpy(bool)
+    u = u[keep].reset_index(drop=True)
+    u["i"] = u.groupby(keys).cumcount()
+    return u
+
+
+def held_out(table: pd.DataFrame, origin: str = "", split: str = "every_other",
+             value: int | None = None) -> pd.DataFrame:
+    """Fit on part of a bandwidth table and time the rest; spikes are set aside from both parts first.
+
+    ``split="every_other"``: fit on the even-numbered sizes of each sweep, predict the odd ones;
+    ``split="group_size"``: fit without the sweeps of ``value`` ranks, predict them (the carrying rules of the
+    module docstring at work). Returns the held-out rows with ``pred_s``, ``rel_err`` (signed) and the fit's
+    own reported error of the sweep the prediction came from where it has one (``fit_p95_abs``,
+    ``fit_max_abs``: for ``every_other``, the same sweep's training residuals)."""
+    u = screened_rows(table, origin)
+    if split == "every_other":
+        train, test = u[u["i"] % 2 == 0], u[u["i"] % 2 == 1]
+    elif split == "group_size":
+        if value is None or not (u["group_size"] == value).any():
+            raise ConfigError(f"held_out: group_size={value!r} is not among the sweeps "
+                              f"{sorted(u['group_size'].unique())}")
+        train, test = u[u["group_size"] != value], u[u["group_size"] == value]
+    else:
+        raise ConfigError(f"held_out: split={split!r} must be 'every_other' or 'group_size'")
+    bw = fit_sweeps(train[list(table.columns)], origin)
+    out = test.drop(columns=["i"]).copy()
+    preds = np.empty(len(out))
+    for op, idx in out.groupby("op").groups.items():
+        r = out.loc[idx]
+        preds[out.index.get_indexer(idx)] = bw.time(str(op), r["bytes"].to_numpy(), r["group_size"].to_numpy(),
+                                                    r["ranks_per_node"].to_numpy())
+    out["pred_s"] = preds
+    out["rel_err"] = (out["pred_s"] - out["time_s"]) / out["time_s"]
+    rep = residual_summary(bw).rename(columns={"p95_abs": "fit_p95_abs", "max_abs": "fit_max_abs"})
+    return out.merge(rep[["group_size", "nodes", "fit_p95_abs", "fit_max_abs"]], on=["group_size", "nodes"],
+                     how="left").reset_index(drop=True)
+
+
+def effective_bandwidth(bw: Bandwidth, sizes: Sequence[float], regimes: Sequence[tuple[str, str, int, int]]
+                        ) -> pd.DataFrame:
+    """Tidy ``label, op, group_size, ranks_per_node, nodes, bytes, time_s, busbw`` of ``bw`` over message
+    ``sizes`` for each regime ``(label, op, group_size, ranks_per_node)``."""
+    sizes_a = np.asarray(sizes, dtype=float)
+    frames = []
+    for label, op, n, k in regimes:
+        frames.append(pd.DataFrame({"label": label, "op": op, "group_size": n, "ranks_per_node": k,
+                                    "nodes": -(-n // k), "bytes": sizes_a, "time_s": bw.time(op, sizes_a, n, k),
+                                    "busbw": bw.busbw(op, sizes_a, n, k)}))
+    return pd.concat(frames, ignore_index=True)
 
 # --------------------------------------------------------------------------------------- shipped calibration
 @dataclass(frozen=True, eq=False)
