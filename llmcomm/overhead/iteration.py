@@ -119,7 +119,7 @@ def _candidates(model: ModelSpec, df: pd.DataFrame) -> dict[str, np.ndarray]:
 
     def col(name: str, default: Any) -> pd.Series:
         if name not in df.columns:
-            return pd.Series([default] * n)
+            return pd.Series(np.full(n, default, dtype=object if isinstance(default, str) else None))
         v = df[name].reset_index(drop=True)
         return v.fillna(default) if default is not None else v
 
@@ -138,10 +138,10 @@ def _candidates(model: ModelSpec, df: pd.DataFrame) -> dict[str, np.ndarray]:
     if rec.isna().any():
         raise ConfigError(f"candidates: column 'recompute' holds values outside {list(RECOMPUTE_CODE)}")
     cols["recompute"] = rec.to_numpy(np.int64)
-    sched = col("schedule", "1f1b").to_numpy(object)
-    su, si = np.unique(sched.astype(str), return_inverse=True)
-    sched = su[si]
-    if not np.isin(su, ("1f1b", "gpipe", "interleaved")).all():
+    scat = pd.Categorical(col("schedule", "1f1b"))
+    su = np.asarray(scat.categories, dtype=str)
+    sched = np.append(su, "").astype(object)[scat.codes]
+    if (scat.codes < 0).any() or not np.isin(su, ("1f1b", "gpipe", "interleaved")).all():
         raise ConfigError("candidates: column 'schedule' holds values outside ['1f1b', 'gpipe', 'interleaved']")
     if ((sched == "gpipe") & (cols["vpp"] > 1)).any():
         raise ConfigError("candidates: schedule 'gpipe' with vpp > 1 is not a Megatron-LM schedule")
@@ -154,11 +154,11 @@ def _candidates(model: ModelSpec, df: pd.DataFrame) -> dict[str, np.ndarray]:
     return cols
 
 
-def _map(values: pd.Series, table: dict[str, int]) -> pd.Series:
+def _map(values: pd.Series, table: dict[str, Any]) -> pd.Series:
     """``values.map(table)`` through the distinct values (fast for long columns of few strings)."""
-    uniq, inv = np.unique(values.to_numpy(object).astype(str), return_inverse=True)
-    codes = np.array([table.get(u, np.nan) for u in uniq], dtype=np.float64)
-    return pd.Series(codes[inv])
+    cat = pd.Categorical(values)
+    codes = np.array([table.get(str(u), np.nan) for u in cat.categories] + [np.nan], dtype=np.float64)
+    return pd.Series(codes[cat.codes])
 
 
 def _check(model: ModelSpec, c: dict[str, np.ndarray]) -> None:
@@ -568,8 +568,8 @@ class _Timer:
     """Times calls through a bandwidth model, caching its per-regime parameters.
 
     With a :class:`~llmcomm.overhead.bandwidth.Bandwidth` the regime ``(x_lo, α, β)`` of each (op, group
-    size, ranks per node) is looked up once and every call is ``α_p + β_p·f_op(n)·bytes``, the same
-    expression as ``Bandwidth.time`` (checked equal in ``tests/test_overhead_speed.py``); any other object
+    size, ranks per node) is looked up once and every call is evaluated by the same piecewise expression as
+    ``Bandwidth.time`` (``bandwidth.eval_pieces``) (checked equal in ``tests/test_overhead_speed.py``); any other object
     with a ``time(op, nbytes, group_size, ranks_per_node)`` method is called as it is."""
 
     def __init__(self, bandwidth: Any) -> None:
@@ -585,7 +585,7 @@ class _Timer:
     def time(self, op: str, nbytes: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
         if not self.fast:
             return np.asarray(self.bw.time(op, nbytes, n, k), dtype=np.float64)
-        from .bandwidth import bus_factor
+        from .bandwidth import bus_factor, eval_pieces
 
         nbytes = np.asarray(nbytes, dtype=np.float64)
         n = np.asarray(n, dtype=np.int64)
@@ -611,9 +611,7 @@ class _Timer:
                 reg = self.cache[(op, nn, kk)] = self.bw._regime(op, nn, kk)
             x_lo, alpha, beta = reg
             sel = slice(None) if len(uniq) == 1 else inv == i
-            xi = x[sel]
-            p = np.clip(np.searchsorted(x_lo, xi, side="right") - 1, 0, len(x_lo) - 1)
-            out[sel] = alpha[p] + beta[p] * xi
+            out[sel] = eval_pieces(x[sel], x_lo, alpha, beta)[0]
         return out
 
 
