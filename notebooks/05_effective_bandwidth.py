@@ -45,7 +45,7 @@ from llmcomm.overhead.bandwidth import CALIBRATION_SYSTEMS, fit_sweeps, residual
 from llmcomm.reproduce import Outputs
 
 plots.apply_style()
-out = Outputs("05_effective_bandwidth", out_dir) if out_dir else Outputs("05_effective_bandwidth")
+out = Outputs("05_effective_bandwidth", out_dir)
 pd.set_option("display.width", 160)
 tables = {s: ingest_bandwidth([data.path(f) for f in CALIBRATION_SYSTEMS[s]["files"]], op="all_reduce")
           for s in systems}

@@ -255,3 +255,43 @@ def test_default_carries_calibration_by_link_ratio():
     for n, k in ((2, 2), (4, 4), (8, 8), (16, 8), (64, 1), (512, 8)):
         t = ba.time("all_reduce", sizes, n, k)
         assert (np.diff(t) >= -0.05 * t[1:]).all(), (n, k)
+
+
+def test_scalar_and_array_paths_agree():
+    bw = Bandwidth.default(load_cluster("a100-40g-hdr200"))
+    sizes = np.geomspace(1.0, 1e10, 150)
+    for op, n, k in (("all_reduce", 8, 8), ("all_reduce", 16, 8), ("all_reduce", 64, 1), ("all_gather", 3, 3),
+                     ("reduce_scatter", 256, 8), ("send", 2, 1), ("recv", 2, 2), ("all_to_all", 8, 8)):
+        vec = bw.time(op, sizes, n, k)
+        one = np.array([float(bw.time(op, s, n, k)) for s in sizes])
+        np.testing.assert_allclose(vec, one, rtol=1e-12, atol=0)
+    assert float(bw.time("recv", 1e6, 2, 1)) == float(bw.time("send", 1e6, 2, 1))
+
+
+def test_measured_op_is_used_for_itself_and_its_twin(tmp_path):
+    """A sendrecv_perf log fits a `send` regime that times send and recv; all_reduce still needs its own."""
+    sizes = 2 ** np.arange(10, 28)
+    p = tmp_path / "sendrecv_perf.log"
+    p.write_text(_nccl_log(2, sizes, (7e-6 + sizes / 40e9) * 1e6).replace("all_reduce", "sendrecv"))
+    bw = Bandwidth.from_nccl_tests(p, op="send")
+    assert set(bw.params["op"]) == {"send"}
+    assert float(bw.time("recv", 1e8, 2, 2)) == pytest.approx(7e-6 + 1e8 / 40e9, rel=0.02)
+    with pytest.raises(ConfigError, match="no intra-node measurements for all_reduce"):
+        bw.time("all_reduce", 1e6, 2, 2)
+
+
+def test_default_for_vtrains_cluster_uses_its_own_node_measurements():
+    """A cluster with vTrain's stated links (150 GB/s in a node, 800 Gb/s per node across) gets vTrain's own
+    in-node A100 fit unscaled, and Echo's inter-node fit with β doubled (12.5 vs 25 GB/s per GPU)."""
+    import dataclasses
+
+    vt = dataclasses.replace(load_cluster("a100-40g-hdr200"), name="vtrain-like", intra_node_bandwidth=150e9,
+                             inter_node_bandwidth=12.5e9)
+    bw = Bandwidth.default(vt)
+    assert "intra-node from vtrain-a100" in bw.source and "inter-node from echo-a100" in bw.source
+    # vTrain's LUT: 8 A100s, 1 GiB all-reduce, out-of-place 8193.0 us
+    assert float(bw.time("all_reduce", 2**30, 8, 8)) == pytest.approx(8193.0e-6, rel=0.02)
+    echo = Bandwidth.default(load_cluster("a100-40g-hdr200"))
+    big = 2.0**34
+    assert float(bw.time("all_reduce", big, 128, 8)) / float(echo.time("all_reduce", big, 128, 8)) == \
+        pytest.approx(2.0, rel=0.01)

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -145,6 +146,8 @@ class Bandwidth:
     fit: pd.DataFrame | None = field(default=None, repr=False)
     residuals: pd.DataFrame | None = field(default=None, repr=False)
     source: str = ""
+    _memo: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -172,7 +175,14 @@ class Bandwidth:
     @classmethod
     def default(cls, cluster: Cluster) -> Bandwidth:
         """The kit's shipped calibration (``data/calibration/bandwidth.yaml``) carried to ``cluster`` by the
-        rules of the module docstring (*Shipped calibration*)."""
+        rules of the module docstring (*Shipped calibration*). Cached per cluster and calibration file (the
+        same object comes back while the file is unchanged)."""
+        p = data_dir() / CALIBRATION_NAME
+        stamp = p.stat().st_mtime_ns if p.is_file() else -1
+        return _default_cached(cls, dataclasses.replace(cluster, num_nodes=None), str(p), stamp)
+
+    @classmethod
+    def _default_uncached(cls, cluster: Cluster) -> Bandwidth:
         systems = load_calibration()
         family = "V100" if "V100" in cluster.gpu.upper() else "A100"
         intra = [s for s in systems.values() if s.fit is not None and s.gpu_family == family
@@ -203,8 +213,12 @@ class Bandwidth:
         numpy broadcasting over the three arrays. ``t = α_p + β_p · f_op(n) · bytes``."""
         if op not in OPS:
             raise ConfigError(f"op {op!r}: not one of {', '.join(OPS)}")
+        if ranks_per_node is None:
+            ranks_per_node = group_size
+        if np.ndim(nbytes) == 0 and np.ndim(group_size) == 0 and np.ndim(ranks_per_node) == 0:
+            return np.asarray(self._time_scalar(op, float(nbytes), int(group_size), int(ranks_per_node)))
         b, n, k = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(group_size),
-                                      np.asarray(group_size if ranks_per_node is None else ranks_per_node))
+                                      np.asarray(ranks_per_node))
         n = n.astype(np.int64)
         k = k.astype(np.int64)
         if (n < 1).any() or (k < 1).any() or (k > n).any():
@@ -227,6 +241,22 @@ class Bandwidth:
             flat_out[sel] = eval_pieces(flat_x[sel], x_lo, alpha, beta)[0]
         return out
 
+    def _time_scalar(self, op: str, b: float, n: int, k: int) -> float:
+        """:meth:`time` of one call, without numpy's array machinery (the iteration model calls it often)."""
+        if not (1 <= k <= n):
+            raise ConfigError("group_size and ranks_per_node must satisfy 1 <= ranks_per_node <= group_size")
+        if not (b >= 0 and math.isfinite(b)):
+            raise ConfigError("nbytes must be finite and >= 0")
+        if n == 1:
+            return 0.0
+        x_lo, alpha, beta = self._regime(op, n, k)
+        x = float(bus_factor(op, n)) * b
+        p = max(int(np.searchsorted(x_lo, x, side="right")) - 1, 0)
+        t = alpha[p] + beta[p] * x
+        if p:
+            t = max(t, float(np.max(alpha[:p] + beta[:p] * x_lo[1:p + 1])))
+        return float(t)
+
     def busbw(self, op: str, nbytes: Any, group_size: Any, ranks_per_node: Any = None) -> np.ndarray:
         """nccl-tests bus bandwidth in GB/s (1e9 bytes/s): ``f_op(n) · bytes / t / 1e9`` (0 for one rank)."""
         t = self.time(op, nbytes, group_size, ranks_per_node)
@@ -235,13 +265,23 @@ class Bandwidth:
             return np.where(t > 0, x / np.where(t > 0, t, 1.0) / 1e9, 0.0)
 
     def _regime(self, op: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(x_lo, alpha, beta)`` of the pieces that time ``op`` in a group of ``n`` ranks, ``k`` per node."""
+        """``(x_lo, alpha, beta)`` of the pieces that time ``op`` in a group of ``n`` ranks, ``k`` per node
+        (memoized: the parameters never change)."""
+        key = (op, n, k)
+        if key not in self._memo:
+            self._memo[key] = self._resolve(op, n, k)
+        return self._memo[key]
+
+    def _resolve(self, op: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         m = -(-n // k)
         scope = "intra" if m == 1 else "inter"
         p = self.params
-        rows = p[(p["op"] == op) & (p["scope"] == scope)] if len(p) else p
-        if not len(rows) and len(p):
-            rows = p[(p["op"] == "all_reduce") & (p["scope"] == scope)]
+        rows = p.iloc[:0]
+        # the op's own measurements, else its point-to-point twin's (send/recv), else all_reduce's
+        for src in (op, {"send": "recv", "recv": "send"}.get(op, op), "all_reduce"):
+            rows = p[(p["op"] == src) & (p["scope"] == scope)] if len(p) else p
+            if len(rows):
+                break
         if not len(rows):
             if self.vendor is None:
                 raise ConfigError(f"no {scope}-node measurements for {op} in this calibration ({self.source}) "
@@ -273,6 +313,11 @@ class Bandwidth:
         p["alpha_us"] = p["alpha_s"] * 1e6
         p["busbw_GBps"] = 1.0 / p["beta_s_per_byte"] / 1e9
         return p
+
+
+@functools.lru_cache(maxsize=64)
+def _default_cached(cls: type[Bandwidth], cluster: Cluster, path: str, stamp: int) -> Bandwidth:
+    return cls._default_uncached(cluster)
 
 
 def eval_pieces(x: np.ndarray, x_lo: np.ndarray, alpha: np.ndarray, beta: np.ndarray
@@ -479,7 +524,15 @@ def node_latency(params: pd.DataFrame) -> tuple[float, float, float]:
 
 
 def fit_sweeps(table: pd.DataFrame, origin: str = "", max_pieces: int = MAX_PIECES) -> Bandwidth:
-    """Fit every sweep of a bandwidth table (module docstring, *Fitting*); one device only."""
+    """Fit every sweep of a bandwidth table (module docstring, *Fitting*); one device only.
+
+    The returned :class:`Bandwidth` carries ``fit``, the fit report: one row per (sweep, piece, parameter)
+    with ``device, op, scope, group_size, ranks_per_node, nodes, piece, bytes_lo, bytes_hi, n_rows,
+    screened, parameter`` (``alpha_us``, ``beta_us_per_MB``, ``busbw_GBps`` = 1/β), ``estimate, ci_low,
+    ci_high`` (95 %, statsmodels WLS with weights 1/t², given the cut points; an infinite busbw bound means
+    β's interval reaches 0: a latency-bound piece), ``r2`` and the piece's relative residuals
+    ``rel_rmse, rel_median_abs, rel_max_abs``; plus one ``node_latency_us`` row (δ, OLS) when inter-node
+    sweeps of two or more node counts were fitted. ``residuals`` holds every row with its prediction."""
     t = usable_rows(table, origin)
     devices = sorted(set(t["device"]))
     if len(devices) > 1:
