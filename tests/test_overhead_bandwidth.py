@@ -295,3 +295,11 @@ def test_default_for_vtrains_cluster_uses_its_own_node_measurements():
     big = 2.0**34
     assert float(bw.time("all_reduce", big, 128, 8)) / float(echo.time("all_reduce", big, 128, 8)) == \
         pytest.approx(2.0, rel=0.01)
+
+
+def test_default_carries_its_fit_report():
+    rep = Bandwidth.default(load_cluster("h100-80g-ndr400")).fit
+    assert set(rep["system"]) == {"echo-a100"}
+    assert {"intra", "inter"} == set(rep["scope"])
+    row = rep[(rep["parameter"] == "busbw_GBps") & (rep["group_size"] == 8) & (rep["piece"] == rep["piece"].max())]
+    assert ((row["ci_low"] <= row["estimate"]) & (row["estimate"] <= row["ci_high"])).all()
