@@ -267,7 +267,8 @@ class CommItem:
 
 
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str, gpus_per_node: int,
-               layers: tuple[np.ndarray, np.ndarray]) -> list[CommItem]:
+               layers: tuple[np.ndarray, np.ndarray],
+               params: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> list[CommItem]:
     """Every communication call of stage class ``cls`` (``first``, ``mid``, ``last``) in closed form, equal to
     the predictor's stage program (:mod:`llmcomm.predict.program`) aggregated by ``count``::
 
@@ -342,7 +343,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str, gpus_per_no
                            ("send", "backward", v - f), ("recv", "backward", v - la)):
         items.append(CommItem("pp", "pp", op, phase, p2p, cnt * ppon, 2 * one, rpn_pp, "microbatch"))
     # once per iteration
-    dense, expert, repl = _stage_params(model, c, nd, nm, holds_first, holds_last)
+    dense, expert, repl = params or _stage_params(model, c, nd, nm, holds_first, holds_last)
     rpn_dp = ranks_per_node(dp, tp, gpus_per_node)
     dpon = (dp > 1).astype(np.int64)
     edp = dp // ep
@@ -482,11 +483,17 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
         for t in ("tp", "ep", "pp", "dp"):
             r[t] = np.zeros(n)
             r[t + "_bus"] = np.zeros(n)
-        for it in comm_items(model, c, cls, gpn, layers[cls]):
-            live = it.count > 0
-            if it.op == "recv" or not live.any():  # a receive is the peer's send: timed once, on the sender
+        sp_params = _stage_params(model, c, *layers[cls], hf, hl)
+        for it in comm_items(model, c, cls, gpn, layers[cls], sp_params):
+            if it.op == "recv":  # a receive is the peer's send: timed once, on the sender
                 continue
-            if live.all():
+            live = it.count > 0
+            if n == 1:
+                if not live[0]:
+                    continue
+            elif not live.any():
+                continue
+            if n == 1 or live.all():
                 tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
             else:
                 tt = np.zeros(n)
@@ -494,7 +501,7 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
             r[it.term] = r[it.term] + it.count * tt
             r[it.term + "_bus"] = r[it.term + "_bus"] + it.count * bus_bytes(it.op, it.nbytes, it.size)
         per_class[cls] = r
-        dn, ex, _ = _stage_params(model, c, *layers[cls], hf, hl)
+        dn, ex, _ = sp_params
         exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
         params = np.maximum(params, np.where(exists, dn + ex, 0))
     shard = np.where(c["distributed_optimizer"], c["dp"], 1)
@@ -587,6 +594,14 @@ class _Timer:
             return np.asarray(self.bw.time(op, nbytes, n, k), dtype=np.float64)
         from .bandwidth import bus_factor, eval_pieces
 
+        if len(n) == 1:
+            nn, kk = int(n[0]), int(k[0])
+            if nn == 1:
+                return np.zeros(1)
+            reg = self.cache.get((op, nn, kk))
+            if reg is None:
+                reg = self.cache[(op, nn, kk)] = self.bw._regime(op, nn, kk)
+            return eval_pieces(bus_factor(op, n) * np.asarray(nbytes, dtype=np.float64), *reg)[0]
         nbytes = np.asarray(nbytes, dtype=np.float64)
         n = np.asarray(n, dtype=np.int64)
         k = np.asarray(k, dtype=np.int64)

@@ -4,14 +4,15 @@ work's shape, fitted on measured iteration times (:mod:`llmcomm.overhead.calibra
 The model (per layer, per micro-batch, per *pass*: a forward pass is one pass, a backward pass two, a
 recomputed forward one more)::
 
-    t_pass = max(θ_launch, work) + θ_tp · [tp > 1]
-    work   = θ_gemm · (F_gemm + F_attn) / P          matrix work of the layer on one TP rank
-           + θ_mem  · B / H                          memory traffic of the elementwise kernels
+    t_pass = max(θ_Lg, θ_gemm · (F_gemm + F_attn) / P)     matmuls of the layer on one TP rank
+           + max(θ_Lm, θ_mem · B / H)                      elementwise kernels (memory traffic)
+           + θ_tp · log2(tp)                               TP synchronisation
 
-``θ_launch`` is the host's time to issue one layer pass's kernels: kernels run asynchronously, so a pass
-takes the longer of issuing and executing them (a layer whose GPU work is shorter than its launch time leaves
-the GPU idle: the floor of a few ms per layer per micro-batch the data show at small per-GPU work).
-``θ_tp`` is a fixed cost per layer pass of the TP synchronisation (the all-reduce waits for every rank).
+``θ_Lg`` and ``θ_Lm`` are the host's time to issue one layer pass's matmul and elementwise kernels: kernels run
+asynchronously, so each class takes the longer of issuing and executing its kernels (work shorter than its
+launch time leaves the GPU idle: the floor of a few ms per layer per micro-batch the data show at small
+per-GPU work). ``θ_tp`` is a fixed cost per layer pass growing with the TP group (the all-reduce waits for
+every rank); the shipped fit drives it to its bound, 0.
 
     F_gemm = 2·b·s·(h·a·d + 2·h·g·d + a·d·h + k·h·f)/tp        weight matmuls (MoE: the routed share)
     F_attn = 4·b·s²·a·d/tp                                    Q·Kᵀ and scores·V
@@ -24,14 +25,17 @@ the GPU idle: the floor of a few ms per layer per micro-batch the data show at s
 pass; the embedding lookup ``2·b·s·h`` bytes. The access counts fix how the memory traffic scales with the
 shape; ``θ_mem`` scales them all (1 if the counts and the bandwidth were exact).
 
-Why this form: it is linear in θ (statsmodels gives coefficients with confidence intervals) and it saturates.
+Why this form: it is linear in θ once the sides of the ``max`` are known (statsmodels gives coefficients with
+confidence intervals) and it saturates.
 ``1/θ_gemm`` is the matmul efficiency a large GEMM reaches; the byte terms grow like ``h`` while the FLOP terms
 grow like ``h²``, so as the hidden size grows the achieved FLOP/s of a layer rises towards ``P/θ_gemm`` and
-never past it; at small sizes the launch floor ``θ_launch`` dominates. The model is linear in θ once it is
-known which side of the ``max`` a layer is on, so the fit alternates: assign each row's layers to
-launch-bound or work-bound under the current θ, fit by weighted least squares, repeat. Extrapolating from the calibration data
+never past it; at small sizes the launch floors dominate. The fit alternates: assign each row's layers to
+launch-bound or work-bound under the current θ, fit by weighted least squares, repeat. Extrapolating from the
+calibration data
 (hidden 1,024–2,048, sequence 1,024) to hidden 12,288 moves a layer from launch- and memory-bound towards
-``P/θ_gemm``: it cannot predict more than peak. What the single-node data cannot separate, the form fixes
+``P/θ_gemm``: it cannot predict more than peak. How fast it gets there rests on two hidden sizes (fitted on
+hidden 1,024 alone the model misses hidden 2,048 by about a third: the data cannot tell matmul from memory
+scaling without both). What the single-node data cannot separate, the form fixes
 by mechanism: the sequence length is 1,024 in every calibration row, so the attention core (``∝ s²``) shares
 the GEMM efficiency and the scores' traffic the memory coefficient rather than getting their own.
 
