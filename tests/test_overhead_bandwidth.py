@@ -303,3 +303,16 @@ def test_default_carries_its_fit_report():
     assert {"intra", "inter"} == set(rep["scope"])
     row = rep[(rep["parameter"] == "busbw_GBps") & (rep["group_size"] == 8) & (rep["piece"] == rep["piece"].max())]
     assert ((row["ci_low"] <= row["estimate"]) & (row["estimate"] <= row["ci_high"])).all()
+
+
+def test_public_regime_evaluates_like_time():
+    from llmcomm.overhead.bandwidth import eval_pieces
+
+    bw = Bandwidth.default(load_cluster("a100-40g-hdr200"))
+    sizes = np.geomspace(1e3, 1e10, 50)
+    for n, k in ((8, 8), (16, 8), (32, 1)):
+        x_lo, a, b = bw.regime("reduce_scatter", n, k)
+        np.testing.assert_allclose(eval_pieces(bus_factor("reduce_scatter", n) * sizes, x_lo, a, b)[0],
+                                   bw.time("reduce_scatter", sizes, n, k), rtol=1e-12)
+    with pytest.raises(ConfigError, match="group_size >= 2"):
+        bw.regime("all_reduce", 1, 1)

@@ -271,6 +271,14 @@ class Bandwidth:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(t > 0, x / np.where(t > 0, t, 1.0) / 1e9, 0.0)
 
+    def regime(self, op: str, group_size: int, ranks_per_node: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(x_lo, alpha, beta)``: the pieces (bus-byte start, α in s, β in s/byte) that time ``op`` in a
+        group of ``group_size`` ranks, ``ranks_per_node`` per node, after the carrying rules; evaluate them
+        with :func:`eval_pieces` on the bus bytes ``f_op(n)·bytes`` (what :meth:`time` does)."""
+        if group_size < 2 or not (1 <= ranks_per_node <= group_size):
+            raise ConfigError("regime needs group_size >= 2 and 1 <= ranks_per_node <= group_size")
+        return self._regime(op, int(group_size), int(ranks_per_node))
+
     def _regime(self, op: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(x_lo, alpha, beta)`` of the pieces that time ``op`` in a group of ``n`` ranks, ``k`` per node
         (memoized: the parameters never change)."""
