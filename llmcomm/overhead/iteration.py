@@ -586,7 +586,7 @@ class _Timer:
 
     def __init__(self, bandwidth: Any) -> None:
         self.bw = bandwidth
-        self.fast = hasattr(bandwidth, "_regime")
+        self.fast = hasattr(bandwidth, "regime")
         self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
 
@@ -605,7 +605,7 @@ class _Timer:
                 return np.zeros(1)
             reg = self.cache.get((op, nn, kk))
             if reg is None:
-                reg = self.cache[(op, nn, kk)] = self.bw._regime(op, nn, kk)
+                reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
             return eval_pieces(bus_factor(op, n) * np.asarray(nbytes, dtype=np.float64), *reg)[0]
         nbytes = np.asarray(nbytes, dtype=np.float64)
         n = np.asarray(n, dtype=np.int64)
@@ -628,7 +628,7 @@ class _Timer:
                 continue
             reg = self.cache.get((op, nn, kk))
             if reg is None:
-                reg = self.cache[(op, nn, kk)] = self.bw._regime(op, nn, kk)
+                reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
             x_lo, alpha, beta = reg
             sel = slice(None) if len(uniq) == 1 else inv == i
             out[sel] = eval_pieces(x[sel], x_lo, alpha, beta)[0]

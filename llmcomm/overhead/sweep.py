@@ -52,8 +52,8 @@ class ScaledBandwidth:
     def time(self, op: str, nbytes: Any, group_size: Any, ranks_per_node: Any = None) -> np.ndarray:
         return self.inner.time(op, nbytes, group_size, ranks_per_node) / self.scale
 
-    def _regime(self, op: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        x_lo, a, b = self.inner._regime(op, n, k)
+    def regime(self, op: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x_lo, a, b = self.inner.regime(op, n, k)
         return x_lo, a / self.scale, b / self.scale
 
 
