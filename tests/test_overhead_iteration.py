@@ -167,3 +167,17 @@ def test_cached_timer_equals_bandwidth_time():
     nbytes = rng.integers(1, 2**31, 500).astype(float)
     for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send"):
         np.testing.assert_allclose(t.time(op, nbytes, n, k), bw.time(op, nbytes, n, k), rtol=1e-12)
+
+
+def test_expert_all_to_all_by_hand():
+    """EP: per MoE layer and micro-batch, dispatch + combine forward and their two backward all-to-alls, each
+    of T·topk·h·act bytes (uniform routing), repeated in the backward phase under full recomputation."""
+    moe = ModelSpec(name="small-moe", num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+                    vocab_size=128, num_experts=4, moe_router_topk=2, seq_length=32, tied_embeddings=False)
+    for rec, calls in (("none", 4), ("full", 6)):
+        par = ParallelConfig(tp=1, pp=1, dp=2, ep=2, micro_batch=1, global_batch=4, recompute=rec)
+        b = iteration_time(moe, par, CLUSTER, StubBandwidth(), GEMM_ONLY)
+        nbytes = round(32 * 2 * 64 * 2 / 2) * 2  # per-peer split (T·topk·h·act/ep) times ep peers
+        m = 2
+        assert b.ep_comm_s == pytest.approx(m * 2 * calls * call(nbytes), rel=1e-12)
+        assert b.tp_comm_s == 0.0

@@ -9,6 +9,10 @@ One iteration of a pipeline stage ``r`` runs ``m`` micro-batches; per micro-batc
     tp_r, ep_r = Σ over the TP/SP and EP calls the stage issues per micro-batch of ``bw.time(call)``
     pp_r       = (number of sends per micro-batch)·bw.time(send, p2p bytes)
 
+Each call is timed for its group as placed by Megatron's rank order (TP fastest, then EP/DP, then PP) on nodes
+of ``gpus_per_node`` consecutive ranks (:func:`ranks_per_node`): a TP group larger than a node (TP 16 on
+8-GPU nodes) is timed as an inter-node collective, a pipeline send as inter-node once ``tp·dp·pp`` spans nodes.
+
 The pipeline (1F1B, GPipe and interleaved 1F1B with ``v`` chunks; Narayanan et al. 2021)::
 
     T_pipe = m·c_crit + bubble,   c_crit = max_r c_r,   bubble = (Σ_r c_r − c_crit) / v
@@ -481,7 +485,8 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
     edges = [holds_edges(cls, pp) for cls in CLASSES]
     hf3 = np.concatenate([e[0] for e in edges])
     hl3 = np.concatenate([e[1] for e in edges])
-    layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]), np.concatenate([layers[cls][1] for cls in CLASSES]))
+    layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
+               np.concatenate([layers[cls][1] for cls in CLASSES]))
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
@@ -550,16 +555,11 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     out["dp_comm_total_s"] = np.maximum(first["dp"], np.maximum(np.where(has_last, last["dp"], 0.0),
                                                                 np.where(has_mid, mid["dp"], 0.0)))
     out["optimizer_s"] = st.optimizer_bytes / st.hbm / util.scale
-    out["comm_bus_bytes"] = m * pick("bus") + _dp_bus(st, crit)
+    out["comm_bus_bytes"] = m * pick("bus") + st.cls["first"]["dp_bus"]  # + stage 0's gradient reduction
     out["critical"] = np.asarray(CLASSES)[crit]
     out["critical_index"] = crit
     out["num_microbatches"] = m
     return out
-
-
-def _dp_bus(st: Stages, crit: np.ndarray) -> np.ndarray:
-    """Bus bytes of the stage-0 gradient reduction (the one exposed at the end of the iteration)."""
-    return st.cls["first"]["dp_bus"]
 
 
 def bus_bytes(op: str, nbytes: np.ndarray, size: np.ndarray) -> np.ndarray:
@@ -581,8 +581,8 @@ class _Timer:
 
     With a :class:`~llmcomm.overhead.bandwidth.Bandwidth` the regime ``(x_lo, α, β)`` of each (op, group
     size, ranks per node) is looked up once and every call is evaluated by the same piecewise expression as
-    ``Bandwidth.time`` (``bandwidth.eval_pieces``) (checked equal in ``tests/test_overhead_speed.py``); any other object
-    with a ``time(op, nbytes, group_size, ranks_per_node)`` method is called as it is."""
+    ``Bandwidth.time`` (``bandwidth.eval_pieces``; checked equal in ``tests/test_overhead_iteration.py``); any
+    other object with a ``time(op, nbytes, group_size, ranks_per_node)`` method is called as it is."""
 
     def __init__(self, bandwidth: Any) -> None:
         self.bw = bandwidth
