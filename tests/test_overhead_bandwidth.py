@@ -316,3 +316,20 @@ def test_public_regime_evaluates_like_time():
                                    bw.time("reduce_scatter", sizes, n, k), rtol=1e-12)
     with pytest.raises(ConfigError, match="group_size >= 2"):
         bw.regime("all_reduce", 1, 1)
+
+
+def test_derived_ops_against_aicb_timed_calls():
+    """All-gather and reduce-scatter were never measured by nccl-tests here; AICB timed them on 8xA100. At GiB
+    scale the all-reduce-derived model is within 10 % (7 % today); smaller calls carry AICB's per-call
+    PyTorch overhead, which the model does not (it is faster there: bounds from today's numbers)."""
+    from llmcomm.overhead import against_measured
+
+    vs = against_measured(Bandwidth.default(load_cluster("a100-40g-hdr200")),
+                          ingest_bandwidth([data.path("aicb/A100_example.csv")]))
+    large = vs[vs["bytes"] >= 2**30]
+    assert set(large["op"]) == {"all_gather", "reduce_scatter"}
+    assert (large["rel_err"].abs() < 0.10).all()
+    mid = vs[(vs["bytes"] >= 2**23) & (vs["bytes"] < 2**30)]
+    assert ((mid["rel_err"] < 0) & (mid["rel_err"] > -0.35)).all()
+    with pytest.raises(DataError, match="no timed collective"):
+        against_measured(HAND, ingest_bandwidth([data.path("aicb/A100_example.csv")]).iloc[:0])

@@ -624,6 +624,29 @@ def held_out(table: pd.DataFrame, origin: str = "", split: str = "every_other",
                      how="left").reset_index(drop=True)
 
 
+def against_measured(bw: Bandwidth, table: pd.DataFrame, gpus_per_node: int | None = None) -> pd.DataFrame:
+    """``bw``'s times against any measured bandwidth table (:func:`llmcomm.ingest_bandwidth`: nccl-tests,
+    vTrain, AICB's timed calls), one row per (op, ranks, nodes, bytes) with the measured median and count:
+    ``op, group_size, ranks_per_node, bytes, calls, measured_s, pred_s, rel_err`` (signed, (pred − measured)
+    / measured). Rows with no node count are placed ``gpus_per_node`` ranks to a node (``None``: all in one
+    node); rows of one rank or no bytes are left out."""
+    t = table[(pd.to_numeric(table["ranks"], errors="coerce") >= 2) & (table["bytes"] > 0)
+              & table["op"].isin(OPS) & (table["time_s"] > 0)].copy()
+    if t.empty:
+        raise DataError("against_measured: the table has no timed collective over >= 2 ranks")
+    if "placement" in t and (t["placement"] == "out-of-place").any():
+        t = t[t["placement"] == "out-of-place"]
+    t["group_size"] = t["ranks"].astype(int)
+    nodes = pd.to_numeric(t["nodes"], errors="coerce")
+    per = t["group_size"] if gpus_per_node is None else np.minimum(t["group_size"], gpus_per_node)
+    t["ranks_per_node"] = np.where(nodes.notna(), -(-t["group_size"] // nodes.fillna(1)), per).astype(int)
+    g = (t.groupby(["op", "group_size", "ranks_per_node", "bytes"])["time_s"]
+         .agg(calls="size", measured_s="median").reset_index())
+    g["pred_s"] = [float(bw.time(o, b, n, k)) for o, b, n, k in
+                   zip(g["op"], g["bytes"], g["group_size"], g["ranks_per_node"], strict=True)]
+    g["rel_err"] = (g["pred_s"] - g["measured_s"]) / g["measured_s"]
+    return g
+
 def effective_bandwidth(bw: Bandwidth, sizes: Sequence[float], regimes: Sequence[tuple[str, str, int, int]]
                         ) -> pd.DataFrame:
     """Tidy ``label, op, group_size, ranks_per_node, nodes, bytes, time_s, busbw`` of ``bw`` over message
