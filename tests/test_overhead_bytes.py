@@ -57,7 +57,9 @@ def configs(seed: int, count: int):
         kw = dict(tp=tp, pp=pp, dp=dp, ep=ep, vpp=vpp, micro_batch=b, global_batch=b * dp * m,
                   seq_len=rng.choice([128, 256]), sp=tp > 1 and (rng.random() < 0.5 or ep > 1),
                   recompute=rng.choice(["none", "selective", "full"]),
-                  distributed_optimizer=rng.random() < 0.5, schedule=rng.choice(["1f1b", "gpipe"]))
+                  distributed_optimizer=rng.random() < 0.5, schedule=rng.choice(["1f1b", "gpipe"]),
+                  act_dtype=rng.choice(["bf16", "fp16"]), create_attention_mask_in_dataloader=rng.random() < 0.5,
+                  moe_aux_loss_coeff=rng.choice([0.0, 0.01]) if model.is_moe else 0.0)
         try:
             p = ParallelConfig(**kw)
             from llmcomm.specs import validate
@@ -72,7 +74,7 @@ def configs(seed: int, count: int):
     return out
 
 
-@pytest.mark.parametrize("model,parallel", configs(0, 60), ids=lambda x: getattr(x, "name", None) or "")
+@pytest.mark.parametrize("model,parallel", configs(0, 100), ids=lambda x: getattr(x, "name", None) or "")
 def test_closed_form_equals_predictor(model, parallel):
     stages = {"first": 0, "last": parallel.pp - 1}
     if parallel.pp >= 3:
@@ -86,9 +88,12 @@ def test_closed_form_equals_predictor(model, parallel):
 
 
 def test_many_configurations_counted():
-    cfgs = configs(0, 60)
-    assert len(cfgs) == 60
+    cfgs = configs(0, 100)
+    assert len(cfgs) == 100
     assert any(p.pp >= 2 and p.vpp > 1 for _, p in cfgs)
     assert any(p.pp >= 3 for _, p in cfgs)
     assert any(p.sp for _, p in cfgs) and any(p.recompute == "full" for _, p in cfgs)
     assert any(m.is_moe and p.ep > 1 for m, p in cfgs)
+    assert any(p.act_dtype == "fp16" and p.distributed_optimizer for _, p in cfgs)
+    assert any(m.is_moe and p.moe_aux_loss_coeff > 0 and p.tp > 1 for m, p in cfgs)
+    assert any(m.position_embedding_type == "learned_absolute" and p.sp for m, p in cfgs)

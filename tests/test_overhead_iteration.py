@@ -40,8 +40,11 @@ def test_every_term_by_hand():
     fwd_first, fwd_last = 2 * f_layer / 1e12, (2 * f_layer + f_out) / 1e12
     rec = 2 * f_layer / 1e12
     A = T * h * 2  # activation bytes (bf16)
-    tp_first = 13 * call(A)  # 2 layers x (2 fwd + 2 recompute + 2 bwd) + embedding fwd
-    tp_last = 13 * call(A) + 3 * call(T * 4)  # ... + output bwd AR + 3 fp32 cross-entropy ARs
+    mask = T * T  # the bool attention mask of the batch broadcast
+    # 2 layers x (2 fwd + 2 recompute + 2 bwd) + embedding fwd; batch broadcast of tokens, positions, mask
+    tp_first = 13 * call(A) + 2 * call(8 * T) + call(mask)
+    # ... + output bwd AR + 3 fp32 cross-entropy ARs; broadcast of labels, loss mask, mask
+    tp_last = 13 * call(A) + 3 * call(T * 4) + call(8 * T) + call(4 * T) + call(mask)
     pp_first = pp_last = call(A)  # one send per micro-batch (forward / backward)
     c_first = fwd_first * 3 + rec + tp_first + pp_first
     c_last = fwd_last * 3 + rec + tp_last + pp_last
@@ -60,8 +63,11 @@ def test_every_term_by_hand():
     first = 2 * layer + 256 * 64 // 2 + 32 * 64  # + word embedding shard + learned positions
     last = 2 * layer + 128 + 256 * 64 // 2  # + final norm + the last stage's copy of the tied embedding
     emb = call(256 * 64 // 2 * 4)
-    assert b.dp_comm_total_s == pytest.approx(max(call(first * 4), call(last * 4)) + emb, rel=1e-12)
-    assert b.dp_comm_s == pytest.approx(call(first * 4) + emb, rel=1e-12)
+    scalars = 3 * call(4)  # gradient norm over tp·pp, train_step's two scalars over tp·pp
+    dp_first = call(first * 4) + emb + scalars
+    dp_last = call(last * 4) + emb + scalars + call(8)  # + the loss report over DP
+    assert b.dp_comm_total_s == pytest.approx(max(dp_first, dp_last), rel=1e-12)
+    assert b.dp_comm_s == pytest.approx(dp_first, rel=1e-12)
     assert b.optimizer_s == pytest.approx(40 * first / 3.35e12, rel=1e-12)
     assert b.total_s == pytest.approx(sum(getattr(b, t) for t in TERMS))
     assert b.exposed_comm_s == pytest.approx(b.tp_comm_s + b.pp_comm_s + b.dp_comm_s)
@@ -170,14 +176,18 @@ def test_cached_timer_equals_bandwidth_time():
 
 
 def test_expert_all_to_all_by_hand():
-    """EP: per MoE layer and micro-batch, dispatch + combine forward and their two backward all-to-alls, each
-    of T·topk·h·act bytes (uniform routing), repeated in the backward phase under full recomputation."""
+    """EP (alltoall dispatcher): per MoE layer and micro-batch, the token-count all-gather, dispatch, routing-
+    probability and combine all-to-alls forward and the three all-to-alls backward (uniform routing), the
+    forward ones repeated in the backward phase under full recomputation."""
     moe = ModelSpec(name="small-moe", num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
                     vocab_size=128, num_experts=4, moe_router_topk=2, seq_length=32, tied_embeddings=False)
-    for rec, calls in (("none", 4), ("full", 6)):
+    tok = round(32 * 2 * 64 * 2 / 2) * 2  # per-peer split (T·topk·h·act/ep) times ep peers
+    prb = round(32 * 2 * 2 / 2) * 2  # routing probabilities (T·topk·act/ep per peer)
+    cnt = 1 * 2 * 4 * 8  # token counts: E int64 gathered over tp·ep
+    for rec, (n_tok, n_prb, n_cnt) in (("none", (4, 2, 1)), ("full", (6, 3, 2))):
         par = ParallelConfig(tp=1, pp=1, dp=2, ep=2, micro_batch=1, global_batch=4, recompute=rec)
         b = iteration_time(moe, par, CLUSTER, StubBandwidth(), GEMM_ONLY)
-        nbytes = round(32 * 2 * 64 * 2 / 2) * 2  # per-peer split (T·topk·h·act/ep) times ep peers
         m = 2
-        assert b.ep_comm_s == pytest.approx(m * 2 * calls * call(nbytes), rel=1e-12)
+        per_layer = n_tok * call(tok) + n_prb * call(prb) + n_cnt * call(cnt)
+        assert b.ep_comm_s == pytest.approx(m * 2 * per_layer, rel=1e-12)
         assert b.tp_comm_s == 0.0

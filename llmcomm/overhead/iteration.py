@@ -60,6 +60,7 @@ COMM_TERMS = ("tp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s")
 CANDIDATE_DEFAULTS: dict[str, Any] = {
     "ep": 1, "vpp": 1, "micro_batch": 1, "sp": False, "recompute": "none", "schedule": "1f1b",
     "distributed_optimizer": False, "act_dtype": "bf16", "grad_reduce_dtype": "fp32", "param_dtype": "bf16",
+    "create_attention_mask_in_dataloader": True, "moe_aux_loss_coeff": 0.0,
 }
 RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
 CLASSES = ("first", "mid", "last")
@@ -138,6 +139,9 @@ def _candidates(model: ModelSpec, df: pd.DataFrame) -> dict[str, np.ndarray]:
     cols["seq_len"] = col("seq_len", model.seq_length).to_numpy(np.int64)
     cols["sp"] = col("sp", False).to_numpy(bool)
     cols["distributed_optimizer"] = col("distributed_optimizer", False).to_numpy(bool)
+    cols["attention_mask"] = col("create_attention_mask_in_dataloader", True).to_numpy(bool).astype(np.int64)
+    cols["moe_aux_loss_coeff"] = col("moe_aux_loss_coeff", 0.0).to_numpy(np.float64)
+    cols["act_is_fp16"] = (col("act_dtype", "bf16").astype(str).to_numpy() == "fp16").astype(np.int64)
     rec = _map(col("recompute", "none"), RECOMPUTE_CODE)
     if rec.isna().any():
         raise ConfigError(f"candidates: column 'recompute' holds values outside {list(RECOMPUTE_CODE)}")
@@ -317,29 +321,59 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tpc("reduce_scatter", "forward", A, blocks * ysp)
     tpc("all_gather", "backward", A, blocks * ysp * (2 + fr))
     tpc("reduce_scatter", "backward", A, blocks * ysp * (1 + fr))
-    if model.is_moe:
-        nexp = T * model.moe_router_topk * h * act
-        tpc("all_gather", "forward", nexp, nm)
-        tpc("reduce_scatter", "forward", nexp, nm)
-        tpc("all_gather", "backward", nexp, nm * (1 + fr))
-        tpc("reduce_scatter", "backward", nexp, nm * (1 + fr))
+    if model.is_moe:  # Megatron-LM's alltoall token dispatcher, expert TP = TP (llmcomm.predict.ep)
+        k, E = model.moe_router_topk, model.num_experts
         local = np.where(sp, T // tp, T)
-        split = np.rint(local * model.moe_router_topk * h * act / ep).astype(np.int64)
+        rec = 1 + fr  # forward calls, and again in the backward phase under full recomputation
+        tpep = tp * ep
+        cnt_on = (tpep > 1).astype(np.int64)
+        rpn_tpep = ranks_per_node(tpep, one, gpus_per_node)
+        items.append(CommItem("ep", "ep", "all_gather", "forward", tpep * E * 8, nm * cnt_on, tpep, rpn_tpep,
+                              "microbatch"))
+        items.append(CommItem("ep", "ep", "all_gather", "backward", tpep * E * 8, nm * cnt_on * fr, tpep,
+                              rpn_tpep, "microbatch"))
+        aux_on = (c["moe_aux_loss_coeff"] > 0).astype(np.int64) * tpon  # router token-count all-reduce
+        items.append(CommItem("ep", "ep", "all_reduce", "forward", 8 * E * one, nm * aux_on, tp, rpn_tp,
+                              "microbatch"))
+        items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, nm * aux_on * fr, tp, rpn_tp,
+                              "microbatch"))
+        # expert TP (= TP): forward AG tokens, AG probabilities, RS output; backward AG output, RS probs, RS tokens
+        rows = local * tp * k
+        tok, prb = rows * h * act, rows * act
+        tpc("all_gather", "forward", tok, nm)
+        tpc("all_gather", "forward", prb, nm)
+        tpc("reduce_scatter", "forward", tok, nm)
+        tpc("all_gather", "backward", tok, nm * rec)
+        tpc("all_gather", "backward", prb, nm * fr)
+        tpc("reduce_scatter", "backward", tok, nm * rec)
+        tpc("reduce_scatter", "backward", prb, nm)
+        split = np.rint(local * k * h * act / ep).astype(np.int64)
+        psplit = np.rint(local * k * act / ep).astype(np.int64)
         epon = (ep > 1).astype(np.int64)
         rpn_ep = ranks_per_node(ep, tp, gpus_per_node)
-        items.append(CommItem("ep", "ep", "all_to_all", "forward", split * ep, 2 * nm * epon, ep, rpn_ep,
-                              "microbatch"))
-        items.append(CommItem("ep", "ep", "all_to_all", "backward", split * ep, 2 * nm * epon * (1 + fr), ep,
-                              rpn_ep, "microbatch"))
+        for nb, cnt in ((split * ep, 2), (psplit * ep, 1)):
+            items.append(CommItem("ep", "ep", "all_to_all", "forward", nb, cnt * nm * epon, ep, rpn_ep,
+                                  "microbatch"))
+            items.append(CommItem("ep", "ep", "all_to_all", "backward", nb, cnt * nm * epon * rec, ep, rpn_ep,
+                                  "microbatch"))
     f, la = holds_first.astype(np.int64), holds_last.astype(np.int64)
-    tpc("all_reduce", "forward", A, f * nsp)
-    tpc("reduce_scatter", "forward", A, f * ysp)
+    # embedding: SP reduce-scatters only without learned positions (LanguageModelEmbedding), else all-reduce
+    rs_emb = ysp * int(model.position_embedding_type != "learned_absolute")
+    tpc("all_reduce", "forward", A, f * (1 - rs_emb))
+    tpc("reduce_scatter", "forward", A, f * rs_emb)
     tpc("all_gather", "backward", A, f * ysp)
     tpc("all_gather", "forward", A, la * ysp)
     tpc("all_reduce", "forward", T * 4, 3 * la)
     tpc("all_reduce", "backward", A, la * nsp)
-    tpc("all_gather", "backward", A, 2 * la * ysp)
+    tpc("all_gather", "backward", A, la * ysp)
     tpc("reduce_scatter", "backward", A, la * ysp)
+    # batch broadcast over TP (get_batch_on_this_tp_rank) on the first and last virtual stage: int64 tokens,
+    # labels, positions (8·b·s each), fp32 loss mask (4·b·s), the bool attention mask (b·s·s) by default
+    both = holds_first & holds_last
+    n8 = 3 * both + 2 * (holds_first & ~holds_last) + 1 * (holds_last & ~holds_first)
+    tpc("broadcast", "forward", 8 * T, n8.astype(np.int64), "other")
+    tpc("broadcast", "forward", 4 * T, la, "other")
+    tpc("broadcast", "forward", T * c["seq_len"], (f | la) * c["attention_mask"], "other")
     # pipeline
     p2p = np.where(sp, T // tp, T) * h * act
     rpn_pp = np.where(pp * tp * dp <= gpus_per_node, 2, 1)
@@ -355,18 +389,51 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     edpon = ((edp > 1) & (expert > 0)).astype(np.int64)
     rpn_edp = ranks_per_node(edp, tp * ep, gpus_per_node)
     dist = c["distributed_optimizer"].astype(np.int64)
+    # one gradient buffer per model chunk (finish_grad_sync per chunk): v - 1 chunks of layers only, one with
+    # the stage's embedding / output layer when it holds them
+    vh = padded_vocab(model, tp) * h // tp
+    pos = ((model.max_position_embeddings or model.seq_length) * h
+           if model.position_embedding_type == "learned_absolute" else 0)
+    edge = (holds_first * (vh + pos)
+            + holds_last * (model.norm_parameters() + np.where((not model.tied_embeddings) | (pp > 1), vh, 0)))
+    has_edge = (holds_first | holds_last).astype(np.int64)
+    chunk_layers = (dense - edge) // v
+    chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge, has_edge))
     for op, cnt in (("all_reduce", 1 - dist), ("reduce_scatter", dist)):
-        items.append(CommItem("dp", "dp", op, "optimizer", dense * gby, cnt * dpon, dp, rpn_dp, "iteration"))
-        items.append(CommItem("dp", "dp", op, "optimizer", expert * gby, cnt * edpon, edp, rpn_edp, "iteration"))
+        for nb, k_ in chunk_sizes:
+            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration"))
+        items.append(CommItem("dp", "dp", op, "optimizer", expert // v * gby, v * cnt * edpon, edp, rpn_edp,
+                              "iteration"))
     items.append(CommItem("dp", "tp", "all_reduce", "optimizer", repl * gby, tpon * ysp * (repl > 0), tp, rpn_tp,
                           "iteration"))
     tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
     emb = padded_vocab(model, tp) * h // tp
     items.append(CommItem("dp", "pp", "all_reduce", "optimizer", emb * gby, tied.astype(np.int64), 2 * one,
                           np.where(pp * tp * dp <= gpus_per_node, 2, 1), "iteration"))
-    items.append(CommItem("dp", "dp", "all_gather", "optimizer", dense * pby, dist * dpon, dp, rpn_dp, "iteration"))
-    items.append(CommItem("dp", "dp", "all_gather", "optimizer", expert * pby, dist * edpon, edp, rpn_edp,
+    for nb, k_ in chunk_sizes:
+        items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpon, dp, rpn_dp,
+                              "iteration"))
+    items.append(CommItem("dp", "dp", "all_gather", "optimizer", expert // v * pby, v * dist * edpon, edp, rpn_edp,
                           "iteration"))
+    # per-iteration scalars (llmcomm.predict.scalars): fp16 found_inf + gradient norm over the gradient-statistics
+    # group (world with the distributed optimizer, else tp·pp), train_step's two over tp·pp, the loss report over
+    # DP on the last stage, MoE load-balancing metrics over pp, [tp], dp
+    world, mp = tp * pp * dp, tp * pp
+    gs = np.where(dist > 0, world, mp)
+    rpn_gs = np.where(gs <= gpus_per_node, gs, np.minimum(tp, gpus_per_node))
+    rpn_mp = np.where(mp <= gpus_per_node, mp, np.minimum(tp, gpus_per_node))
+    fp16 = (act == 2) & (c["act_is_fp16"] > 0)
+    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, (gs > 1) * (1 + fp16), gs, rpn_gs,
+                          "iteration"))
+    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, 2 * (mp > 1), mp, rpn_mp, "iteration"))
+    items.append(CommItem("dp", "dp", "all_reduce", "optimizer", 8 * one, la * dpon, dp, rpn_dp, "iteration"))
+    if model.is_moe:
+        nl = 4 * model.num_layers * one
+        rpn_pg = ranks_per_node(pp, tp * dp, gpus_per_node)
+        items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, ppon, pp, rpn_pg, "iteration"))
+        items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl,
+                              (c["moe_aux_loss_coeff"] > 0) * tpon, tp, rpn_tp, "iteration"))
+        items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, dpon, dp, rpn_dp, "iteration"))
     return items
 
 
@@ -664,6 +731,10 @@ def _unsupported(df: pd.DataFrame) -> None:
     for col in ("cp", "fsdp"):
         if col in df.columns and (df[col].astype(int) > (1 if col == "cp" else 0)).any():
             raise ConfigError(f"candidates: {col} is not modelled by the iteration-time formulation")
+    if "moe_token_dispatcher_type" in df.columns and (df["moe_token_dispatcher_type"] != "alltoall").any():
+        raise ConfigError("candidates: only the alltoall MoE token dispatcher is modelled")
+    if "etp" in df.columns and (df["etp"].notna() & (df["etp"] != df["tp"])).any():
+        raise ConfigError("candidates: an expert tensor-parallel size other than tp is not modelled")
 
 
 def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
@@ -693,7 +764,9 @@ def parallel_row(parallel: ParallelConfig) -> dict[str, Any]:
             "seq_len": parallel.seq_len, "sp": parallel.sp, "recompute": parallel.recompute,
             "schedule": parallel.schedule, "distributed_optimizer": parallel.distributed_optimizer,
             "act_dtype": parallel.act_dtype, "grad_reduce_dtype": parallel.grad_reduce_dtype,
-            "param_dtype": parallel.param_dtype}
+            "param_dtype": parallel.param_dtype,
+            "create_attention_mask_in_dataloader": parallel.create_attention_mask_in_dataloader,
+            "moe_aux_loss_coeff": parallel.moe_aux_loss_coeff}
 
 
 def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandwidth: Any = None,
@@ -704,6 +777,11 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
     divided by ``dp`` with the distributed optimizer) exceeds the GPU memory."""
     if parallel.cp > 1 or parallel.fsdp:
         raise ConfigError("cp > 1 and fsdp are not modelled by the iteration-time formulation")
+    if parallel.moe_token_dispatcher_type != "alltoall" and model.is_moe:
+        raise ConfigError("only the alltoall MoE token dispatcher is modelled by the iteration-time formulation")
+    if parallel.expert_tp != parallel.tp and model.is_moe:
+        raise ConfigError("an expert tensor-parallel size (etp) other than tp is not modelled")
+    overlap_grad_reduce = overlap_grad_reduce or parallel.overlap_grad_reduce
     validate(model, parallel)
     if cluster.num_gpus is not None and parallel.world_size > cluster.num_gpus:
         raise ConfigError(f"tp*pp*dp={parallel.world_size} GPUs but cluster {cluster.name} holds "
@@ -732,6 +810,9 @@ def _single(model: ModelSpec, p: ParallelConfig) -> dict[str, np.ndarray]:
         ("grad_reduce_dtype", DTYPE_BYTES[p.grad_reduce_dtype]), ("param_dtype", DTYPE_BYTES[p.param_dtype]))}
     i64["sp"] = np.array([p.sp])
     i64["distributed_optimizer"] = np.array([p.distributed_optimizer])
+    i64["attention_mask"] = np.array([int(p.create_attention_mask_in_dataloader)])
+    i64["moe_aux_loss_coeff"] = np.array([float(p.moe_aux_loss_coeff)])
+    i64["act_is_fp16"] = np.array([int(p.act_dtype == "fp16")])
     return i64
 
 
