@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from .errors import LLMCommError
 
-SUBCOMMAND_MODULES = ("llmcomm.predict.cli", "llmcomm.collect.cli", "llmcomm.ingest.cli", "llmcomm.compare.cli")
+SUBCOMMAND_MODULES = ("llmcomm.predict.cli", "llmcomm.collect.cli", "llmcomm.ingest.cli", "llmcomm.compare.cli",
+                      "llmcomm.tune.cli")
 
 
 def _fmt_count(n: float | None) -> str:
