@@ -36,8 +36,9 @@ from . import measured
 from . import utilization as U
 
 CLUSTER = "vtrain-a100"
-START = (1.5, 1.0, 1e-4, 1e-4)  # only to pick the first critical stage
+START = (1.5, 1.0, 2e-4, 2e-4, 1e-4)  # only to pick the first critical stage
 COMMAND = "python -m llmcomm.overhead.calibrate"
+LOWER = {"gemm": 1.0}  # physical bounds of the coefficients (others: >= 0)
 
 
 @dataclass
@@ -86,28 +87,49 @@ def design(prep: Prepared, util: U.Utilization) -> tuple[np.ndarray, np.ndarray]
     return X, off
 
 
-def fit(prep: Prepared, max_iter: int = 20) -> tuple[U.Utilization, Any]:
-    """WLS fit of θ with the critical-stage iteration; returns the :class:`Utilization` and the statsmodels
-    results."""
+def fit(prep: Prepared, max_iter: int = 30) -> tuple[U.Utilization, Any]:
+    """WLS fit of θ, alternating with the assignment of critical stages and ``max`` sides until the
+    assignment repeats. A coefficient must be physical (:data:`LOWER`: no matmul runs faster than the GPU's
+    peak, so ``θ_gemm >= 1``; every fixed cost is ``>= 0``): a coefficient that comes out below its bound is
+    fixed at the bound and the rest refitted. Returns the :class:`Utilization` and the statsmodels results."""
+    import warnings
+
     import statsmodels.api as sm
+    from statsmodels.tools.sm_exceptions import SingularMatrixWarning
 
     y = prep.rows["time_s"].to_numpy()
-    util = U.Utilization(coef=START)
-    prev = None
-    res = None
-    for _ in range(max_iter):
-        X, off = design(prep, util)
-        res = sm.WLS(y - off, X, weights=1.0 / y**2).fit()
-        util = U.Utilization(coef=tuple(float(x) for x in res.params))
-        crit = np.concatenate([np.concatenate([it.combine(st, util)["critical_index"]] + [
-            util.launch_bound(st.cls[k]["q"][x]) for k in it.CLASSES for x in ("Ld", "Lm")])
-            for _, st in prep.stages])
-        if prev is not None and np.array_equal(prev, crit):
+    keep = np.ones(U.K, bool)
+    fixed = np.zeros(U.K)
+    while True:
+        util = U.Utilization(coef=START)
+        seen: list[np.ndarray] = []
+        res = None
+        for _ in range(max_iter):
+            X, off = design(prep, util)
+            off = off + X[:, ~keep] @ fixed[~keep]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SingularMatrixWarning)
+                res = sm.WLS(y - off, X[:, keep], weights=1.0 / y**2).fit()
+            theta = fixed.copy()
+            theta[keep] = res.params
+            util = U.Utilization(coef=tuple(float(x) for x in theta))
+            state = np.concatenate([np.concatenate([it.combine(st, util)["critical_index"]] + [
+                b for k in it.CLASSES for x in ("Ld", "Lm") for b in util.launch_bound(st.cls[k]["q"][x])])
+                for _, st in prep.stages])
+            if any(np.array_equal(state, s) for s in seen):
+                break
+            seen.append(state)
+        low = np.array([LOWER.get(f, 0.0) for f in U.FEATURES])
+        below = keep & (theta < low)
+        if not below.any():
             break
-        prev = crit
+        keep &= ~below
+        fixed[below] = low[below]
+    se, lo, hi = np.zeros(U.K), np.zeros(U.K), np.zeros(U.K)
     ci = res.conf_int(0.05)
-    return U.Utilization(coef=tuple(float(x) for x in res.params), stderr=tuple(float(x) for x in res.bse),
-                         ci_low=tuple(float(x) for x in ci[:, 0]), ci_high=tuple(float(x) for x in ci[:, 1])), res
+    se[keep], lo[keep], hi[keep] = res.bse, ci[:, 0], ci[:, 1]
+    return U.Utilization(coef=tuple(float(x) for x in theta), stderr=tuple(float(x) for x in se),
+                         ci_low=tuple(float(x) for x in lo), ci_high=tuple(float(x) for x in hi)), res
 
 
 def predict(prep: Prepared, util: U.Utilization) -> np.ndarray:

@@ -116,33 +116,49 @@ def _candidates(model: ModelSpec, df: pd.DataFrame) -> dict[str, np.ndarray]:
                               f"{sorted(CANDIDATE_DEFAULTS) + ['global_batch', 'seq_len']})")
     n = len(df)
     cols: dict[str, np.ndarray] = {}
+
+    def col(name: str, default: Any) -> pd.Series:
+        if name not in df.columns:
+            return pd.Series([default] * n)
+        v = df[name].reset_index(drop=True)
+        return v.fillna(default) if default is not None else v
+
     for c in ("tp", "pp", "dp", "ep", "vpp", "micro_batch"):
-        cols[c] = (df[c].to_numpy(np.int64) if c in df.columns else np.full(n, CANDIDATE_DEFAULTS[c], np.int64))
-    cols["global_batch"] = (df["global_batch"].to_numpy(np.int64) if "global_batch" in df.columns
-                            else cols["micro_batch"] * cols["dp"])
-    cols["seq_len"] = (df["seq_len"].to_numpy(np.int64) if "seq_len" in df.columns
-                       else np.full(n, model.seq_length, np.int64))
-    cols["sp"] = df["sp"].to_numpy(bool) if "sp" in df.columns else np.zeros(n, bool)
-    cols["distributed_optimizer"] = (df["distributed_optimizer"].to_numpy(bool)
-                                     if "distributed_optimizer" in df.columns else np.zeros(n, bool))
-    rec = df["recompute"] if "recompute" in df.columns else pd.Series(["none"] * n)
-    try:
-        cols["recompute"] = rec.map(RECOMPUTE_CODE).to_numpy(np.int64)
-    except (ValueError, TypeError):
-        raise ConfigError(f"candidates: column 'recompute' holds values outside {list(RECOMPUTE_CODE)}") from None
-    sched = df["schedule"].to_numpy(str) if "schedule" in df.columns else np.full(n, "1f1b")
-    if not np.isin(sched, ("1f1b", "gpipe", "interleaved")).all():
+        s = col(c, CANDIDATE_DEFAULTS.get(c))
+        if s.isna().any():
+            raise ConfigError(f"candidates: column {c!r} has missing values")
+        cols[c] = s.to_numpy(np.int64)
+    gb = col("global_batch", None)
+    cols["global_batch"] = (np.where(gb.isna(), cols["micro_batch"] * cols["dp"], gb.fillna(0)).astype(np.int64)
+                            if "global_batch" in df.columns else cols["micro_batch"] * cols["dp"])
+    cols["seq_len"] = col("seq_len", model.seq_length).to_numpy(np.int64)
+    cols["sp"] = col("sp", False).to_numpy(bool)
+    cols["distributed_optimizer"] = col("distributed_optimizer", False).to_numpy(bool)
+    rec = _map(col("recompute", "none"), RECOMPUTE_CODE)
+    if rec.isna().any():
+        raise ConfigError(f"candidates: column 'recompute' holds values outside {list(RECOMPUTE_CODE)}")
+    cols["recompute"] = rec.to_numpy(np.int64)
+    sched = col("schedule", "1f1b").to_numpy(object)
+    su, si = np.unique(sched.astype(str), return_inverse=True)
+    sched = su[si]
+    if not np.isin(su, ("1f1b", "gpipe", "interleaved")).all():
         raise ConfigError("candidates: column 'schedule' holds values outside ['1f1b', 'gpipe', 'interleaved']")
     if ((sched == "gpipe") & (cols["vpp"] > 1)).any():
         raise ConfigError("candidates: schedule 'gpipe' with vpp > 1 is not a Megatron-LM schedule")
     for c in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
-        vals = df[c] if c in df.columns else pd.Series([CANDIDATE_DEFAULTS[c]] * n)
-        mapped = vals.map(DTYPE_BYTES)
+        mapped = _map(col(c, CANDIDATE_DEFAULTS[c]), DTYPE_BYTES)
         if mapped.isna().any():
             raise ConfigError(f"candidates: column {c!r} holds a dtype outside {sorted(DTYPE_BYTES)}")
         cols[c] = mapped.to_numpy(np.int64)
     _check(model, cols)
     return cols
+
+
+def _map(values: pd.Series, table: dict[str, int]) -> pd.Series:
+    """``values.map(table)`` through the distinct values (fast for long columns of few strings)."""
+    uniq, inv = np.unique(values.to_numpy(object).astype(str), return_inverse=True)
+    codes = np.array([table.get(u, np.nan) for u in uniq], dtype=np.float64)
+    return pd.Series(codes[inv])
 
 
 def _check(model: ModelSpec, c: dict[str, np.ndarray]) -> None:
@@ -456,6 +472,8 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
     peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
     pp = c["pp"]
     layers = _stage_layers(model, pp, c["vpp"])
+    if isinstance(bandwidth, _Timer):
+        bandwidth.reset()
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
     for cls in CLASSES:
@@ -467,8 +485,11 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
             live = it.count > 0
             if it.op == "recv" or not live.any():  # a receive is the peer's send: timed once, on the sender
                 continue
-            tt = np.zeros(n)
-            tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
+            if live.all():
+                tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
+            else:
+                tt = np.zeros(n)
+                tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
             r[it.term] = r[it.term] + it.count * tt
         per_class[cls] = r
         dn, ex, _ = _stage_params(model, c, *layers[cls], hf, hl)
@@ -525,12 +546,82 @@ def _evaluate(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, band
     return combine(stages(model, c, cluster, bandwidth), util, overlap_grad_reduce)
 
 
-def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None) -> tuple[Any, U.Utilization]:
-    if bandwidth is None:
-        from .bandwidth import Bandwidth
+class _Timer:
+    """Times calls through a bandwidth model, caching its per-regime parameters.
 
-        bandwidth = Bandwidth.default(cluster)
-    return bandwidth, (utilization if utilization is not None else U.Utilization.default())
+    With a :class:`~llmcomm.overhead.bandwidth.Bandwidth` the regime ``(x_lo, α, β)`` of each (op, group
+    size, ranks per node) is looked up once and every call is ``α_p + β_p·f_op(n)·bytes``, the same
+    expression as ``Bandwidth.time`` (checked equal in ``tests/test_overhead_speed.py``); any other object
+    with a ``time(op, nbytes, group_size, ranks_per_node)`` method is called as it is."""
+
+    def __init__(self, bandwidth: Any) -> None:
+        self.bw = bandwidth
+        self.fast = hasattr(bandwidth, "_regime")
+        self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
+
+    def reset(self) -> None:
+        """Forget the grouping of rows by (group size, ranks per node) cached for the current arrays."""
+        self.groups.clear()
+
+    def time(self, op: str, nbytes: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+        if not self.fast:
+            return np.asarray(self.bw.time(op, nbytes, n, k), dtype=np.float64)
+        from .bandwidth import bus_factor
+
+        nbytes = np.asarray(nbytes, dtype=np.float64)
+        n = np.asarray(n, dtype=np.int64)
+        k = np.asarray(k, dtype=np.int64)
+        x = bus_factor(op, n) * nbytes
+        out = np.zeros(len(x))
+        hit = self.groups.get((id(n), id(k)))
+        if hit is not None and hit[0] is n and hit[1] is k:
+            uniq, inv = hit[2], hit[3]
+        else:
+            key = n * (1 << 20) + k
+            if len(key) and (key == key[0]).all():
+                uniq, inv = key[:1], np.zeros(len(key), np.int64)
+            else:
+                uniq, inv = np.unique(key, return_inverse=True)
+            self.groups[(id(n), id(k))] = (n, k, uniq, inv)
+        for i, u in enumerate(uniq.tolist()):
+            nn, kk = u >> 20, u & ((1 << 20) - 1)
+            if nn == 1:
+                continue
+            reg = self.cache.get((op, nn, kk))
+            if reg is None:
+                reg = self.cache[(op, nn, kk)] = self.bw._regime(op, nn, kk)
+            x_lo, alpha, beta = reg
+            sel = slice(None) if len(uniq) == 1 else inv == i
+            xi = x[sel]
+            p = np.clip(np.searchsorted(x_lo, xi, side="right") - 1, 0, len(x_lo) - 1)
+            out[sel] = alpha[p] + beta[p] * xi
+        return out
+
+
+_TIMERS: dict[int, tuple[Any, _Timer]] = {}
+_DEFAULT_BW: dict[Cluster, Any] = {}
+
+
+def _timer(bandwidth: Any) -> _Timer:
+    hit = _TIMERS.get(id(bandwidth))
+    if hit is None or hit[0] is not bandwidth:
+        if len(_TIMERS) > 64:
+            _TIMERS.clear()
+        hit = _TIMERS[id(bandwidth)] = (bandwidth, _Timer(bandwidth))
+    return hit[1]
+
+
+def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None) -> tuple[Any, U.Utilization]:
+    """The bandwidth model (``None``: the shipped calibration carried to ``cluster``) wrapped in a caching
+    :class:`_Timer`, and the utilization model (``None``: the shipped one)."""
+    if bandwidth is None:
+        bandwidth = _DEFAULT_BW.get(cluster)
+        if bandwidth is None:
+            from .bandwidth import Bandwidth
+
+            bandwidth = _DEFAULT_BW[cluster] = Bandwidth.default(cluster)
+    return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
 
 
 def _unsupported(df: pd.DataFrame) -> None:
@@ -581,10 +672,7 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
     if cluster.num_gpus is not None and parallel.world_size > cluster.num_gpus:
         raise ConfigError(f"tp*pp*dp={parallel.world_size} GPUs but cluster {cluster.name} holds "
                           f"{cluster.num_gpus}")
-    row = parallel_row(parallel)
-    if row["seq_len"] is None:
-        row["seq_len"] = model.seq_length
-    c = _candidates(model, pd.DataFrame([row]))
+    c = _single(model, parallel)
     bw, ut = _resolve(cluster, bandwidth, utilization)
     state = _state_bytes(model, c)
     if state[0] > cluster.gpu_memory_bytes:
@@ -593,6 +681,22 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
                           f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
     r = _evaluate(model, c, cluster, bw, ut, overlap_grad_reduce)
     return Breakdown(**{t: float(r[t][0]) for t in (*TERMS, "dp_comm_total_s")}, critical_stage=str(r["critical"][0]))
+
+
+def _single(model: ModelSpec, p: ParallelConfig) -> dict[str, np.ndarray]:
+    """One validated :class:`ParallelConfig` as the arrays :func:`_candidates` builds (without pandas)."""
+    if p.schedule == "gpipe" and p.vpp > 1:
+        raise ConfigError("schedule 'gpipe' with vpp > 1 is not a Megatron-LM schedule")
+    if p.ep > 1 and p.tp > 1 and not p.sp:
+        raise ConfigError("tp > 1 with ep > 1 needs sp (Megatron-LM)")
+    i64 = {k: np.array([v], np.int64) for k, v in (
+        ("tp", p.tp), ("pp", p.pp), ("dp", p.dp), ("ep", p.ep), ("vpp", p.vpp), ("micro_batch", p.micro_batch),
+        ("global_batch", p.global_batch), ("seq_len", p.sequence_length(model)),
+        ("recompute", RECOMPUTE_CODE[p.recompute]), ("act_dtype", DTYPE_BYTES[p.act_dtype]),
+        ("grad_reduce_dtype", DTYPE_BYTES[p.grad_reduce_dtype]), ("param_dtype", DTYPE_BYTES[p.param_dtype]))}
+    i64["sp"] = np.array([p.sp])
+    i64["distributed_optimizer"] = np.array([p.distributed_optimizer])
+    return i64
 
 
 def _state_bytes(model: ModelSpec, c: dict[str, np.ndarray]) -> np.ndarray:

@@ -54,7 +54,7 @@ from ..atomic import write_bytes
 from ..errors import DataError
 from ..specs import Cluster, data_dir
 
-FEATURES = ("gemm", "mem", "launch", "tp")
+FEATURES = ("gemm", "mem", "launch_gemm", "launch_mem", "tp")
 K = len(FEATURES)
 I = {f: i for i, f in enumerate(FEATURES)}  # noqa: E741 - index by feature name
 
@@ -92,8 +92,9 @@ def layer_features(b: np.ndarray, s: np.ndarray, tp: np.ndarray, h: int, a: int,
     score_bytes = 2.0 * 5.0 * b * (a / tp) * s * s
     X[:, I["gemm"]] = (2.0 * T * (proj + k * h * f_eff) / tp + f_attn) / peak
     X[:, I["mem"]] = (2.0 * 16.0 * T * h / fw + 2.0 * 2.0 * T * f_eff / tp + score_bytes) / hbm
-    X[:, I["launch"]] = 1.0
-    X[:, I["tp"]] = (tp > 1).astype(np.float64)
+    X[:, I["launch_gemm"]] = 1.0
+    X[:, I["launch_mem"]] = 1.0
+    X[:, I["tp"]] = np.log2(tp)
     core[:, I["gemm"]] = f_attn / peak
     core[:, I["mem"]] = score_bytes / hbm
     return X, core
@@ -148,23 +149,31 @@ class Utilization:
         th = self.coef
         return (X[:, I["gemm"]] * th[I["gemm"]] + X[:, I["mem"]] * th[I["mem"]]) / self.scale
 
-    def layer_pass(self, X: np.ndarray) -> np.ndarray:
-        """Seconds of one layer pass: ``max(θ_launch, work) + θ_tp·[tp > 1]`` (divided by ``scale``)."""
+    def _parts(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         th = self.coef
-        return (np.maximum(th[I["launch"]] * X[:, I["launch"]], self.work(X) * self.scale)
-                + th[I["tp"]] * X[:, I["tp"]]) / self.scale
+        return (th[I["launch_gemm"]] * X[:, I["launch_gemm"]], th[I["gemm"]] * X[:, I["gemm"]],
+                th[I["launch_mem"]] * X[:, I["launch_mem"]], th[I["mem"]] * X[:, I["mem"]])
 
-    def launch_bound(self, X: np.ndarray) -> np.ndarray:
-        """Whether a layer pass of features ``X`` is bound by launching (``θ_launch > work``)."""
-        return self.coef[I["launch"]] * X[:, I["launch"]] > self.work(X) * self.scale
+    def layer_pass(self, X: np.ndarray) -> np.ndarray:
+        """Seconds of one layer pass: ``max(θ_Lg, θ_gemm·X_gemm) + max(θ_Lm, θ_mem·X_mem) + θ_tp·log2(tp)``
+        (divided by ``scale``)."""
+        lg, g, lm, m = self._parts(X)
+        return (np.maximum(lg, g) + np.maximum(lm, m) + self.coef[I["tp"]] * X[:, I["tp"]]) / self.scale
+
+    def launch_bound(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Whether the matmul and the elementwise kernels of a layer pass are bound by launching."""
+        lg, g, lm, m = self._parts(X)
+        return lg > g, lm > m
 
     @staticmethod
-    def design(X: np.ndarray, launch_bound: np.ndarray) -> np.ndarray:
-        """The linear design row of a layer pass given its side of the ``max``."""
+    def design(X: np.ndarray, launch_bound: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """The linear design row of a layer pass given the side of each ``max``."""
+        bg, bm = launch_bound
         D = X.copy()
-        D[launch_bound, I["gemm"]] = 0.0
-        D[launch_bound, I["mem"]] = 0.0
-        D[~launch_bound, I["launch"]] = 0.0
+        D[bg, I["gemm"]] = 0.0
+        D[~bg, I["launch_gemm"]] = 0.0
+        D[bm, I["mem"]] = 0.0
+        D[~bm, I["launch_mem"]] = 0.0
         return D
 
     def achieved_flops(self, X: np.ndarray, flops: np.ndarray) -> np.ndarray:
