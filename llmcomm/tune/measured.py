@@ -28,6 +28,7 @@ import pandas as pd
 import yaml
 
 from ..specs import data_dir, load_cluster, load_model
+from .report import label
 from .search import tune
 from .space import SearchSpace
 
@@ -79,11 +80,6 @@ def _label(r: pd.Series) -> str:
     return f"tp{int(r['tp'])}·pp{int(r['pp'])}·dp{int(r['dp'])}·mb{int(r['micro_batch'])}"
 
 
-def _short(r: pd.Series) -> str:
-    return (f"tp{int(r['tp'])}·pp{int(r['pp'])}·dp{int(r['dp'])}·mb{int(r['micro_batch'])}·v{int(r['vpp'])}"
-            f"{'·sp' if r['sp'] else ''}·{r['recompute']}{'·dopt' if r['distributed_optimizer'] else ''}")
-
-
 def published_runs(path: str | Path | None = None) -> pd.DataFrame:
     """Megatron-LM's published configurations (one row per run) with their source."""
     p = Path(path) if path else data_dir() / PUBLISHED
@@ -126,9 +122,9 @@ def published_table(runs: pd.DataFrame | None = None, **tune_kw: Any) -> pd.Data
             "published": f"tp{r.tp}·pp{r.pp}", "published_measured_s": measured,
             "published_pred_s": pb["total_s"], "published_error": pb["total_s"] / measured - 1,
             "published_pred_config": f"mb{int(pb['micro_batch'])}·v{int(pb['vpp'])}",
-            "tuner": _short(tb),
+            "tuner": label(tb),
             "tuner_pred_s": tb["total_s"], "predicted_speedup": pb["total_s"] / tb["total_s"],
-            "tuner_2021": _short(then.best), "predicted_speedup_2021": pb["total_s"] / then.best["total_s"],
+            "tuner_2021": label(then.best), "predicted_speedup_2021": pb["total_s"] / then.best["total_s"],
             "enumerated": best.stats["enumerated"], "evaluated": best.stats["evaluated"],
             "wall_s": best.stats["wall_s"],
         })
