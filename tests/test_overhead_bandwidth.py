@@ -10,12 +10,13 @@ import pytest
 from llmcomm import data
 from llmcomm.errors import ConfigError, DataError
 from llmcomm.ingest import ingest_bandwidth
-from llmcomm.overhead import Bandwidth, fit_sweeps, load_calibration
+from llmcomm.overhead import Bandwidth, fit_sweeps, held_out, load_calibration
 from llmcomm.overhead.bandwidth import (
     CALIBRATION_SYSTEMS,
     PARAM_COLUMNS,
     bus_factor,
     screen_spikes,
+    screened_rows,
     usable_rows,
 )
 from llmcomm.specs import load_cluster
@@ -181,18 +182,8 @@ def test_devices_are_not_mixed():
 
 
 # --------------------------------------------------------------------------- held-out rows of the real sweeps
-def _system_rows(name: str) -> tuple[pd.DataFrame, list[str]]:
-    files = [data.path(f) for f in CALIBRATION_SYSTEMS[name]["files"]]
-    table = ingest_bandwidth(files, op="all_reduce")
-    u = usable_rows(table, name).sort_values(["group_size", "nodes", "bytes"])
-    keep = u.groupby(["group_size", "nodes"])["time_s"].transform(lambda s: screen_spikes(s.to_numpy()))
-    return u[keep.to_numpy(bool)].reset_index(drop=True), list(table.columns)
-
-
-def _rel_err(bw: Bandwidth, rows: pd.DataFrame) -> np.ndarray:
-    pred = bw.time("all_reduce", rows["bytes"].to_numpy(), rows["group_size"].to_numpy(),
-                   rows["ranks_per_node"].to_numpy())
-    return np.abs(pred - rows["time_s"].to_numpy()) / rows["time_s"].to_numpy()
+def _table(name: str) -> pd.DataFrame:
+    return ingest_bandwidth([data.path(f) for f in CALIBRATION_SYSTEMS[name]["files"]], op="all_reduce")
 
 
 @pytest.mark.parametrize(("name", "within_max"), [("echo-a100", 0.8), ("vtrain-a100", 0.95), ("vtrain-v100", 0.95)])
@@ -200,35 +191,34 @@ def test_every_other_size_held_out(name, within_max):
     """Fit on the even-numbered sizes of each sweep (spikes set aside first), predict the odd ones: each
     sweep's held-out median error is within the fit's reported 95th percentile, and most held-out rows are
     within the reported worst case."""
-    from llmcomm.overhead.bandwidth import residual_summary
-
-    u, cols = _system_rows(name)
-    i = u.groupby(["group_size", "nodes"]).cumcount()
-    train, test = u[i % 2 == 0], u[i % 2 == 1]
-    bw = fit_sweeps(train[cols], name)
-    rep = residual_summary(bw)
-    test = test.assign(err=_rel_err(bw, test)).merge(rep, on=["group_size", "nodes"])
-    per = test.groupby(["group_size", "nodes"]).agg(med=("err", "median"), p95=("p95_abs", "first"))
+    h = held_out(_table(name), name)
+    assert len(h) > 0 and h["fit_p95_abs"].notna().all()
+    h["abs_err"] = h["rel_err"].abs()
+    per = h.groupby(["group_size", "nodes"]).agg(med=("abs_err", "median"), p95=("fit_p95_abs", "first"))
     assert (per["med"] <= per["p95"]).all(), per
-    assert (test["err"] <= test["max_abs"]).mean() >= within_max
+    assert (h["abs_err"] <= h["fit_max_abs"]).mean() >= within_max
+    # the held-out rows are not the fitted ones: sizes alternate within each sweep
+    u = screened_rows(_table(name), name)
+    assert len(h) == (u["i"] % 2 == 1).sum()
 
 
 def test_vtrain_a100_leave_one_gpu_count_out():
     """An A100 NVSwitch node: a group size left out of the fit is timed from its nearest neighbour within
     5 % (median), because its bus factor carries the size dependence."""
-    u, cols = _system_rows("vtrain-a100")
+    table = _table("vtrain-a100")
     for n in (3, 5, 6, 7):
-        bw = fit_sweeps(u[u["group_size"] != n][cols], "vtrain-a100")
-        assert np.median(_rel_err(bw, u[u["group_size"] == n])) < 0.05, n
+        h = held_out(table, "vtrain-a100", "group_size", n)
+        assert set(h["group_size"]) == {n}
+        assert h["rel_err"].abs().median() < 0.05, n
 
 
 def test_echo_leave_one_node_count_out():
     """64 GPUs on 8 nodes left out: timed from 16 nodes with the fitted latency per node doubling, within 10 %
     (median) for messages of 1 MiB and more."""
-    u, cols = _system_rows("echo-a100")
-    bw = fit_sweeps(u[u["group_size"] != 64][cols], "echo-a100")
-    held = u[(u["group_size"] == 64) & (u["bytes"] >= 2**20)]
-    assert np.median(_rel_err(bw, held)) < 0.10
+    h = held_out(_table("echo-a100"), "echo-a100", "group_size", 64)
+    assert h[h["bytes"] >= 2**20]["rel_err"].abs().median() < 0.10
+    with pytest.raises(ConfigError, match="group_size=3"):
+        held_out(_table("echo-a100"), "echo-a100", "group_size", 3)
 
 
 # ------------------------------------------------------------------------------------- shipped calibration
@@ -265,3 +255,81 @@ def test_default_carries_calibration_by_link_ratio():
     for n, k in ((2, 2), (4, 4), (8, 8), (16, 8), (64, 1), (512, 8)):
         t = ba.time("all_reduce", sizes, n, k)
         assert (np.diff(t) >= -0.05 * t[1:]).all(), (n, k)
+
+
+def test_scalar_and_array_paths_agree():
+    bw = Bandwidth.default(load_cluster("a100-40g-hdr200"))
+    sizes = np.geomspace(1.0, 1e10, 150)
+    for op, n, k in (("all_reduce", 8, 8), ("all_reduce", 16, 8), ("all_reduce", 64, 1), ("all_gather", 3, 3),
+                     ("reduce_scatter", 256, 8), ("send", 2, 1), ("recv", 2, 2), ("all_to_all", 8, 8)):
+        vec = bw.time(op, sizes, n, k)
+        one = np.array([float(bw.time(op, s, n, k)) for s in sizes])
+        np.testing.assert_allclose(vec, one, rtol=1e-12, atol=0)
+    assert float(bw.time("recv", 1e6, 2, 1)) == float(bw.time("send", 1e6, 2, 1))
+
+
+def test_measured_op_is_used_for_itself_and_its_twin(tmp_path):
+    """A sendrecv_perf log fits a `send` regime that times send and recv; all_reduce still needs its own."""
+    sizes = 2 ** np.arange(10, 28)
+    p = tmp_path / "sendrecv_perf.log"
+    p.write_text(_nccl_log(2, sizes, (7e-6 + sizes / 40e9) * 1e6).replace("all_reduce", "sendrecv"))
+    bw = Bandwidth.from_nccl_tests(p, op="send")
+    assert set(bw.params["op"]) == {"send"}
+    assert float(bw.time("recv", 1e8, 2, 2)) == pytest.approx(7e-6 + 1e8 / 40e9, rel=0.02)
+    with pytest.raises(ConfigError, match="no intra-node measurements for all_reduce"):
+        bw.time("all_reduce", 1e6, 2, 2)
+
+
+def test_default_for_vtrains_cluster_uses_its_own_node_measurements():
+    """A cluster with vTrain's stated links (150 GB/s in a node, 800 Gb/s per node across) gets vTrain's own
+    in-node A100 fit unscaled, and Echo's inter-node fit with β doubled (12.5 vs 25 GB/s per GPU)."""
+    import dataclasses
+
+    vt = dataclasses.replace(load_cluster("a100-40g-hdr200"), name="vtrain-like", intra_node_bandwidth=150e9,
+                             inter_node_bandwidth=12.5e9)
+    bw = Bandwidth.default(vt)
+    assert "intra-node from vtrain-a100" in bw.source and "inter-node from echo-a100" in bw.source
+    # vTrain's LUT: 8 A100s, 1 GiB all-reduce, out-of-place 8193.0 us
+    assert float(bw.time("all_reduce", 2**30, 8, 8)) == pytest.approx(8193.0e-6, rel=0.02)
+    echo = Bandwidth.default(load_cluster("a100-40g-hdr200"))
+    big = 2.0**34
+    assert float(bw.time("all_reduce", big, 128, 8)) / float(echo.time("all_reduce", big, 128, 8)) == \
+        pytest.approx(2.0, rel=0.01)
+
+
+def test_default_carries_its_fit_report():
+    rep = Bandwidth.default(load_cluster("h100-80g-ndr400")).fit
+    assert set(rep["system"]) == {"echo-a100"}
+    assert {"intra", "inter"} == set(rep["scope"])
+    row = rep[(rep["parameter"] == "busbw_GBps") & (rep["group_size"] == 8) & (rep["piece"] == rep["piece"].max())]
+    assert ((row["ci_low"] <= row["estimate"]) & (row["estimate"] <= row["ci_high"])).all()
+
+
+def test_public_regime_evaluates_like_time():
+    from llmcomm.overhead.bandwidth import eval_pieces
+
+    bw = Bandwidth.default(load_cluster("a100-40g-hdr200"))
+    sizes = np.geomspace(1e3, 1e10, 50)
+    for n, k in ((8, 8), (16, 8), (32, 1)):
+        x_lo, a, b = bw.regime("reduce_scatter", n, k)
+        np.testing.assert_allclose(eval_pieces(bus_factor("reduce_scatter", n) * sizes, x_lo, a, b)[0],
+                                   bw.time("reduce_scatter", sizes, n, k), rtol=1e-12)
+    with pytest.raises(ConfigError, match="group_size >= 2"):
+        bw.regime("all_reduce", 1, 1)
+
+
+def test_derived_ops_against_aicb_timed_calls():
+    """All-gather and reduce-scatter were never measured by nccl-tests here; AICB timed them on 8xA100. At GiB
+    scale the all-reduce-derived model is within 10 % (7 % today); smaller calls carry AICB's per-call
+    PyTorch overhead, which the model does not (it is faster there: bounds from today's numbers)."""
+    from llmcomm.overhead import against_measured
+
+    vs = against_measured(Bandwidth.default(load_cluster("a100-40g-hdr200")),
+                          ingest_bandwidth([data.path("aicb/A100_example.csv")]))
+    large = vs[vs["bytes"] >= 2**30]
+    assert set(large["op"]) == {"all_gather", "reduce_scatter"}
+    assert (large["rel_err"].abs() < 0.10).all()
+    mid = vs[(vs["bytes"] >= 2**23) & (vs["bytes"] < 2**30)]
+    assert ((mid["rel_err"] < 0) & (mid["rel_err"] > -0.35)).all()
+    with pytest.raises(DataError, match="no timed collective"):
+        against_measured(HAND, ingest_bandwidth([data.path("aicb/A100_example.csv")]).iloc[:0])

@@ -35,6 +35,7 @@ class RunConfig:
     port: int = 0
     fault: str | None = None  # "RANK:raise|hang:ITER" (tests of the launcher's failure handling)
     recorder_mode: str = "kernel"  # how the recorder intercepts calls (llmcomm.collect.record.MODES)
+    aux_loss_coef: float = 0.01  # MoE load-balancing loss weight (0: balancing off)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -48,10 +49,23 @@ def _maybe_fault(cfg: RunConfig, rank: int, iteration: int) -> None:
         time.sleep(10 * cfg.timeout + 3600)
 
 
+def _silence_torch_notices() -> None:
+    """Hide torch's notices a ``collect`` user cannot act on (they are about torch's own internals), once per
+    rank process: the deprecation notice of slicing the flattened ``dp`` mesh dimension (torch 2.9+), and
+    FSDP2's caution that ``replicate``'s root module returned a view (this workload applies no in-place op
+    to the logits)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(\w+\) returned a view tensor",
+                            category=UserWarning)
+
+
 def run_rank(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
     """Entry point of a spawned rank (``torch.multiprocessing`` passes ``rank`` first)."""
     import torch
 
+    _silence_torch_notices()
     torch.set_num_threads(1)
     world = ParallelConfig.from_dict(cfg.parallel).world_size
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg.port))
@@ -89,7 +103,7 @@ def _train(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
     with rec:
         mesh = build_mesh(par)
         rec.register_mesh(mesh, names=("dp",))
-        model = build_model(spec, cfg.seed)
+        model = build_model(spec, cfg.seed, cfg.aux_loss_coef)
         pp_rank = mesh["pp"].get_local_rank()
         if par.pp > 1:
             apply_pp(model, pp_rank, par.pp)

@@ -2,7 +2,10 @@
 (findings F5, F6). Exports one per line."""
 
 from .bandwidth import Bandwidth as Bandwidth
+from .bandwidth import against_measured as against_measured
+from .bandwidth import effective_bandwidth as effective_bandwidth
 from .bandwidth import fit_sweeps as fit_sweeps
+from .bandwidth import held_out as held_out
 from .bandwidth import load_calibration as load_calibration
 from .iteration import Breakdown as Breakdown
 from .iteration import iteration_time as iteration_time
