@@ -474,3 +474,53 @@ def comparison_bars(data: pd.DataFrame, *, x: str = "parallelism",
     ax.set(ylabel="MiB per iteration (log)", title=title or "bytes per parallelism")
     ax.legend(title=hue, fontsize=8)
     return ax
+
+
+def breakdown_bars(data: pd.DataFrame, *, x: str = "config", y: str = "seconds", hue: str = "term",
+                   ax: Axes | None = None, title: str | None = None) -> Axes:
+    """Stacked bars of ``y`` per ``hue`` (the named terms of an iteration) for each ``x`` (a configuration),
+    communication terms hatched."""
+    ax = _axes(ax, (8, 4))
+    wide = data.pivot_table(index=x, columns=hue, values=y, aggfunc="sum", sort=False).fillna(0.0)
+    kinds = data.drop_duplicates(hue).set_index(hue)["kind"] if "kind" in data.columns else pd.Series(dtype=str)
+    bottom = np.zeros(len(wide))
+    colors = sns.color_palette("tab10", n_colors=len(wide.columns))
+    for color, term in zip(colors, wide.columns, strict=True):
+        vals = wide[term].to_numpy()
+        ax.barh(range(len(wide)), vals, left=bottom, color=color, label=term,
+                hatch="//" if kinds.get(term) == "comm" else None, edgecolor="white", linewidth=0.3)
+        bottom += vals
+    ax.set_yticks(range(len(wide)), wide.index, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel=f"{y} per iteration", title=title or "")
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False,
+              title="term (hatched: communication)", title_fontsize=7)
+    return ax
+
+
+def best_config_shift(data: pd.DataFrame, *, x: str = "gpus", y: str = "tflops_per_gpu", hue: str = "cluster",
+                      ax: Axes | None = None, label: str = "config", title: str | None = None) -> Axes:
+    """``y`` of the best configuration against ``x`` (log2), one line per ``hue``, each point annotated with its
+    ``label``."""
+    ax = _axes(ax, (8, 4.5))
+    sns.lineplot(data=data, x=x, y=y, hue=hue, marker="o", ax=ax)
+    ax.set_xscale("log", base=2)
+    for r in data.itertuples():
+        ax.annotate(getattr(r, label), (getattr(r, x), getattr(r, y)), fontsize=6, rotation=20,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.set(title=title or "", ylabel=y.replace("_", " "))
+    return ax
+
+
+def published_speedups(data: pd.DataFrame, *, x: str = "model", y: Sequence[str] = (
+        "predicted_speedup_2021", "predicted_speedup"), hue: str = "features", ax: Axes | None = None,
+        title: str | None = None) -> Axes:
+    """Grouped bars of predicted speed-ups per ``x``, one bar per column in ``y`` (named in the legend
+    titled ``hue``), with the 1× line."""
+    ax = _axes(ax, (8, 4))
+    long = data.melt(id_vars=x, value_vars=list(y), var_name=hue, value_name="speed-up")
+    sns.barplot(data=long, x=x, y="speed-up", hue=hue, ax=ax)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.tick_params(axis="x", rotation=30, labelsize=7)
+    ax.set(title=title or "", ylabel="predicted speed-up (×)")
+    return ax

@@ -53,8 +53,9 @@ print(t, run, f"{t.meta['iterations']} iterations")
 # **Method.** Each rank's calls carry their issue time and completion time (`t_start_ns`, `t_end_ns`,
 # one host clock). (1) A timeline draws the calls of every rank over a few iterations, rows grouped by
 # pipeline stage, each micro-batch's forward (F) and backward (B) pass labelled where its first call starts.
-# (2) The calls of one rank (TP and PP) are binned into a time series of the fraction of each bin with a call
-# in flight, `bin = micro-batch period / 4`; the autocorrelation `r(k)` of each rank's series (statsmodels
+# (2) The calls of each rank (TP and PP) are binned into a time series of the bytes issued per bin,
+# `bin = micro-batch period / 4` (issue times, not durations: on a shared CPU a gloo call's duration is mostly
+# waiting for its peer); the autocorrelation `r(k)` of each rank's series (statsmodels
 # `acf`), averaged over ranks, should peak at the measured micro-batch period and at the iteration period
 # (`llmcomm.analysis.periods`), above the white-noise band `±1.96/√(n·R)`. The on-off pattern is the share
 # of 1 ms bins of one rank with no call in flight. (3) The ordered call sequence of each (rank, iteration) —
@@ -74,14 +75,17 @@ out.figure(ax.figure, "timeline")
 # %%
 per = A.periods(ev, rank, iterations=range(skip_iterations, t.meta["iterations"]))
 bin_s = per["microbatch"] / bins_per_microbatch
-acf = A.mean_autocorrelation(steady, bin_s, int(1.5 * per["iteration"] / bin_s), parallelism=["tp", "sp", "pp"])
+# issue times (bytes started per bin), not busy time: a gloo call's duration on a shared CPU is mostly
+# waiting for its peer, which blurs the program's own rhythm
+acf = A.mean_autocorrelation(steady, bin_s, int(1.5 * per["iteration"] / bin_s), parallelism=["tp", "sp", "pp"],
+                             value="bytes")
 mb_lag, mb_r = A.acf_peak_near(acf, per["microbatch"] / bin_s)
 it_lag, it_r = A.acf_peak_near(acf, per["iteration"] / bin_s, rel_window=0.15)
 n_obs = int(acf["n"].iloc[0])
 band = 1.96 / np.sqrt(n_obs)
 ax = plots.acf_plot(acf, x="lag", y="acf", lag_s=bin_s, n_obs=n_obs,
                     marks={"micro-batch": per["microbatch"], "iteration": per["iteration"]},
-                    title=f"{run}: autocorrelation of TP+PP activity, mean over ranks")
+                    title=f"{run}: autocorrelation of TP+PP bytes issued, mean over ranks")
 out.figure(ax.figure, "autocorrelation")
 fine = A.comm_time_series(steady, on_off_bin_s, rank=rank, parallelism=["tp", "sp", "pp"], value="busy")
 off_share = float((fine["value"] == 0).mean())
