@@ -123,7 +123,8 @@ def _write_matrix(trace: Trace, model_name: str, gpn: int, path: Path, fmt: str)
 
     fig, ax = plt.subplots(figsize=(6, 5))
     try:
-        comm_matrix(trace.matrix("direct"), gpus_per_node=gpn, ax=ax, title=f"{model_name}: bytes (direct)")
+        comm_matrix(trace.flows("direct"), x="dst", y="src", hue="bytes", ax=ax, world_size=trace.world_size,
+                    gpus_per_node=gpn, title=f"{model_name}: bytes (direct)")
         fig.savefig(path, dpi=150, bbox_inches="tight", format=fmt)
     finally:
         plt.close(fig)
