@@ -28,25 +28,27 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .paths import data_dir
+from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
+from .vocab import PIPELINE_SCHEDULES, RECOMPUTE_MODES, dtype_bytes
 
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-RECOMPUTE_MODES = ("none", "selective", "full")
-PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
-def data_dir() -> Path:
-    """The project's ``data/`` folder (override with ``$LLMCOMM_DATA``)."""
-    env = os.environ.get("LLMCOMM_DATA")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "data"
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a dtype name (``bf16`` -> 2)."""
+def _from_fields(cls: type, d: Mapping[str, Any], origin: str, what: str) -> Any:
+    """``cls(**d)`` for a frozen spec dataclass; unknown or missing fields and failed validation become a
+    :class:`ConfigError` that names ``origin`` and the field."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"{origin}: unknown {what} field(s) {unknown}; known fields: {sorted(known)}")
+    missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in d]
+    if missing:
+        raise ConfigError(f"{origin}: missing required {what} field(s) {missing}")
     try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise ConfigError(f"dtype={dtype!r} is not one of {sorted(DTYPE_BYTES)}") from None
+        return cls(**dict(d))
+    except (ConfigError, TypeError) as e:  # TypeError: e.g. a list where a number belongs
+        raise ConfigError(f"{origin}: {e}") from None
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -341,20 +343,7 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], origin: str = "<dict>") -> ModelSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"{origin}: unknown model field(s) {unknown}; known fields: {sorted(known)}")
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.name not in d]
-        if missing:
-            raise ConfigError(f"{origin}: missing required model field(s) {missing}")
-        try:
-            return cls(**dict(d))
-        except ConfigError as e:
-            raise ConfigError(f"{origin}: {e}") from None
-        except TypeError as e:  # e.g. a list where a number belongs
-            raise ConfigError(f"{origin}: {e}") from None
+        return _from_fields(cls, d, origin, "model")
 
 
 def model_catalogue_dir() -> Path:
@@ -480,14 +469,7 @@ class ParallelConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], origin: str = "<dict>") -> ParallelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"{origin}: unknown parallel field(s) {unknown}")
-        try:
-            return cls(**dict(d))
-        except ConfigError as e:
-            raise ConfigError(f"{origin}: {e}") from None
+        return _from_fields(cls, d, origin, "parallel")
 
 
 # ------------------------------------------------------------------------------------------- cluster
