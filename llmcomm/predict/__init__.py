@@ -22,7 +22,7 @@ from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace, table_to_events, validate_events
 from . import expand, program, torch_rules
 from .calls import Context
-from .ep import peer_tokens, routing_counts, uniform_split_bytes
+from .ep import peer_tokens, routing_counts
 
 AUTO_AGGREGATE_ROWS = 500_000
 
@@ -65,15 +65,12 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
     if aggregate and d_tokens is not None:
         raise ConfigError("aggregate=True cannot merge routed all-to-alls (their splits differ per layer and "
                           "micro-batch); use aggregate=False with routing")
-    groups = expand._Groups(lay)
     parts = []
     for r, prog in enumerate(programs):
         calls, counts_ = expand.aggregate_calls(prog) if aggregate else (prog, [1] * len(prog))
         if not calls:
             continue
-        parts.append(expand.stage_table(lay, groups, r, calls, counts_, iteration, d_tokens,
-                                        uniform_split_bytes(ctx) if model.is_moe else 0,
-                                        model.hidden_size * ctx.act))
+        parts.append(expand.stage_table(lay, r, calls, counts_, iteration, d_tokens, model.hidden_size * ctx.act))
     table = expand.to_table(parts)
     if parts:
         rk = table.column("rank").to_numpy()
