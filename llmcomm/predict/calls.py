@@ -15,12 +15,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..errors import ConfigError
-from ..specs import ModelSpec, ParallelConfig, dtype_bytes
+from ..specs import ModelSpec, ParallelConfig
+from ..vocab import CALL_GROUP_KINDS, FRAMEWORKS, dtype_bytes
 
-FRAMEWORKS = ("megatron", "torch")
-# group kinds a Call can name; "p2p" / "cp_p2p" mean [rank, peer] with the peer in the PP / CP group;
-# "dpcp" is the data-parallel group with context parallelism folded in (Megatron's gradient group)
-GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp")
+GROUP_KINDS = CALL_GROUP_KINDS  # the group kinds a Call can name (llmcomm.vocab.GroupKind explains each)
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ class Context:
         return self.parallel.sp
 
     @property
-    def m(self) -> int:
+    def num_microbatches(self) -> int:
         """Micro-batches per iteration: ``global_batch / (micro_batch · dp)``."""
         return self.parallel.num_microbatches
 

@@ -123,7 +123,7 @@ def stage_program(ctx: Context, stage: int) -> list[Call]:
     if ctx.pp > 1 and ctx.vpp == 1 and sched == "interleaved":
         sched = "1f1b"
     out: list[Call] = []
-    for step in schedule(sched, ctx.m, ctx.pp, stage, ctx.vpp):
+    for step in schedule(sched, ctx.num_microbatches, ctx.pp, stage, ctx.vpp):
         if step.kind == "F":
             out += _forward(ctx, stage, step.chunk, step.microbatch)
         else:
