@@ -8,7 +8,7 @@ functions compares them.
 reduce_scatter: the input before scattering; all_to_all: what this rank sends in total (per-peer sizes in
 ``split_bytes``, aligned with ``group``); send/recv: the tensor.
 
-``count`` (an extension of DESIGN.md's table) says how many identical calls a row stands for: 1 in an
+``count`` (see ARCHITECTURE.md's events table) says how many identical calls a row stands for: 1 in an
 expanded trace (recorded, imported, small predictions); more in the aggregated form a large prediction
 uses. Every derived quantity multiplies by it, so both forms give the same matrix and volumes.
 

@@ -26,7 +26,7 @@ Calls torch makes outside the dispatcher (a
 backend talking to itself, e.g. gloo's own rendezvous, the TCPStore) are not communication calls of the job
 and are not seen.
 
-Sizes follow nccl-tests (see DESIGN.md), ``S`` = elements × element size of the tensor named:
+Sizes follow nccl-tests (see ARCHITECTURE.md), ``S`` = elements × element size of the tensor named:
 
 ==================================  =========  ============================================================
 dispatcher op                       ``op``     ``bytes``
