@@ -39,6 +39,11 @@ class Call:
     route: str = ""
 
 
+def _parallel_field(name: str, doc: str) -> property:
+    """A read-only attribute of :class:`Context` passed through from its ``ParallelConfig``."""
+    return property(lambda ctx: getattr(ctx.parallel, name), doc=doc)
+
+
 @dataclass(frozen=True)
 class Context:
     """Model, parallel config and framework with the derived sizes used by every generator."""
@@ -52,21 +57,12 @@ class Context:
             raise ConfigError(f"framework={self.framework!r} is not one of {FRAMEWORKS}")
 
     # -- sizes ------------------------------------------------------------------------------------
-    @property
-    def tp(self) -> int:
-        return self.parallel.tp
-
-    @property
-    def pp(self) -> int:
-        return self.parallel.pp
-
-    @property
-    def vpp(self) -> int:
-        return self.parallel.vpp
-
-    @property
-    def sp(self) -> bool:
-        return self.parallel.sp
+    tp = _parallel_field("tp", "Tensor-parallel size.")
+    pp = _parallel_field("pp", "Pipeline-parallel size (stages).")
+    vpp = _parallel_field("vpp", "Model chunks per pipeline rank (virtual stages; 1 without interleaving).")
+    sp = _parallel_field("sp", "Whether sequence parallelism turns TP all-reduces into all-gathers and "
+                               "reduce-scatters.")
+    act_dtype = _parallel_field("act_dtype", "Activation dtype name (``bf16``...).")
 
     @property
     def num_microbatches(self) -> int:
@@ -75,15 +71,13 @@ class Context:
 
     @property
     def seq(self) -> int:
+        """Sequence length ``s``."""
         return self.parallel.sequence_length(self.model)
 
     @property
     def act(self) -> int:
+        """``act``: bytes per activation element."""
         return dtype_bytes(self.parallel.act_dtype)
-
-    @property
-    def act_dtype(self) -> str:
-        return self.parallel.act_dtype
 
     @property
     def tokens(self) -> int:
