@@ -148,21 +148,21 @@ def validate_events(table: pa.Table, origin: str = "<events>") -> None:
     b = table.column("bytes").to_numpy()
     if (b < 0).any():
         bad("bytes", "must be >= 0", b < 0)
-    cnt = table.column("count").to_numpy()
-    if (cnt < 1).any():
-        bad("count", "must be >= 1", cnt < 1)
+    count = table.column("count").to_numpy()
+    if (count < 1).any():
+        bad("count", "must be >= 1", count < 1)
     op = table.column("op").to_numpy(zero_copy_only=False)
     peer = table.column("peer").to_numpy()
     p2p = np.isin(op, POINT_TO_POINT)
     if (p2p & (peer < 0)).any():
         bad("peer", "send/recv need a peer >= 0", p2p & (peer < 0))
     rank = table.column("rank").to_numpy()
-    grp = table.column("group").combine_chunks()
-    lens = grp.value_lengths().to_numpy(zero_copy_only=False)
+    groups = table.column("group").combine_chunks()
+    lens = groups.value_lengths().to_numpy(zero_copy_only=False)
     coll = np.isin(op, COLLECTIVES)
     if (coll & (lens == 0)).any():
         bad("group", "a collective needs its group's ranks", coll & (lens == 0))
-    flat = grp.values.to_numpy(zero_copy_only=False)
+    flat = groups.values.to_numpy(zero_copy_only=False)
     ev_of_flat = np.repeat(np.arange(len(rank)), lens)
     hit = flat == rank[ev_of_flat]
     has_self = np.bincount(ev_of_flat[hit], minlength=len(rank))
@@ -272,12 +272,12 @@ class Trace:
         if sent_only:
             df = df[df["op"] != "recv"]
         by = list(by)
-        tot = pd.DataFrame({**{c: df[c] for c in by},
-                            "bytes": df[bytes_col].to_numpy(np.int64) * df["count"].to_numpy(np.int64),
-                            "calls": df["count"].to_numpy(np.int64)})
+        totals = pd.DataFrame({**{c: df[c] for c in by},
+                               "bytes": df[bytes_col].to_numpy(np.int64) * df["count"].to_numpy(np.int64),
+                               "calls": df["count"].to_numpy(np.int64)})
         if not by:
-            return pd.DataFrame({"bytes": [int(tot["bytes"].sum())], "calls": [int(tot["calls"].sum())]})
-        return tot.groupby(by, sort=True, observed=True)[["bytes", "calls"]].sum().reset_index()
+            return pd.DataFrame({"bytes": [int(totals["bytes"].sum())], "calls": [int(totals["calls"].sum())]})
+        return totals.groupby(by, sort=True, observed=True)[["bytes", "calls"]].sum().reset_index()
 
     def expand(self) -> Trace:
         """The expanded form: every row with ``count = k`` repeated k times with ``count = 1``."""
@@ -394,10 +394,11 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     routing = None
     rpath = routing_path(path)
     if rpath.is_file():
-        rt = pq.read_table(rpath)
-        if not _schemas_equal(rt.schema, ROUTING_SCHEMA):
-            raise TraceFormatError(f"{rpath}: routing schema differs: {_schema_diff(rt.schema, ROUTING_SCHEMA)}")
-        routing = rt.to_pandas()
+        routing_table = pq.read_table(rpath)
+        if not _schemas_equal(routing_table.schema, ROUTING_SCHEMA):
+            diff = _schema_diff(routing_table.schema, ROUTING_SCHEMA)
+            raise TraceFormatError(f"{rpath}: routing schema differs: {diff}")
+        routing = routing_table.to_pandas()
     return Trace(table_to_events(table), meta, routing)
 
 
@@ -457,10 +458,10 @@ class _EventGroups:
         n_events = table.num_rows
         rank = table.column("rank").to_numpy().astype(np.int64)
         if n_events:
-            grp = table.column("group").combine_chunks()
-            lens = grp.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
-            offsets = grp.offsets.to_numpy().astype(np.int64)[:-1]
-            members = grp.values.to_numpy(zero_copy_only=False).astype(np.int64)
+            groups = table.column("group").combine_chunks()
+            lens = groups.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
+            offsets = groups.offsets.to_numpy().astype(np.int64)[:-1]
+            members = groups.values.to_numpy(zero_copy_only=False).astype(np.int64)
         else:
             lens = offsets = members = np.zeros(0, np.int64)
         event_of_member = np.repeat(np.arange(n_events), lens)
@@ -608,8 +609,9 @@ def concat(traces: Sequence[Trace], meta: Mapping[str, Any] | None = None) -> Tr
     """One trace of the events of several (e.g. one per rank), with their routing counts merged and sorted
     by ``iteration, microbatch, layer, src_rank, expert``. ``meta`` defaults to the first trace's."""
     df = pd.concat([t.events for t in traces], ignore_index=True) if traces else pd.DataFrame()
-    routing = [t.routing for t in traces if t.routing is not None]
-    rt = pd.concat(routing, ignore_index=True).sort_values(ROUTING_KEY, ignore_index=True) if routing else None
+    routings = [t.routing for t in traces if t.routing is not None]
+    routing = (pd.concat(routings, ignore_index=True).sort_values(ROUTING_KEY, ignore_index=True) if routings
+               else None)
     if meta is None:
         meta = dict(traces[0].meta) if traces else {}
-    return Trace.from_events(df, meta, rt)
+    return Trace.from_events(df, meta, routing)

@@ -67,14 +67,13 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
                           "micro-batch); use aggregate=False with routing")
     parts = []
     for r, prog in enumerate(programs):
-        calls, counts_ = expand.aggregate_calls(prog) if aggregate else (prog, [1] * len(prog))
+        calls, call_counts = expand.aggregate_calls(prog) if aggregate else (prog, [1] * len(prog))
         if not calls:
             continue
-        parts.append(expand.stage_table(lay, r, calls, counts_, iteration, d_tokens, model.hidden_size * ctx.act))
+        parts.append(expand.stage_table(lay, r, calls, call_counts, iteration, d_tokens, model.hidden_size * ctx.act))
     table = expand.to_table(parts)
     if parts:
-        rk = table.column("rank").to_numpy()
-        order = np.argsort(rk, kind="stable")
+        order = np.argsort(table.column("rank").to_numpy(), kind="stable")
         if not np.array_equal(order, np.arange(len(order))):
             table = table.take(order)
     validate_events(table, "predicted")
