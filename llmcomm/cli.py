@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from .errors import LLMCommError
 
-SUBCOMMAND_MODULES = ("llmcomm.predict.cli", "llmcomm.collect.cli", "llmcomm.ingest.cli")
+SUBCOMMAND_MODULES = ("llmcomm.predict.cli", "llmcomm.collect.cli", "llmcomm.ingest.cli", "llmcomm.compare.cli")
 
 
 def _fmt_count(n: float | None) -> str:

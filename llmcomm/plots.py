@@ -259,3 +259,51 @@ def busbw_curves(bw: pd.DataFrame, ax: Axes | None = None, hue: str = "ranks", t
     ax.set(xscale="log", xlabel="message size [bytes]", ylabel="bus bandwidth [GB/s]", title=title or "")
     ax.legend(fontsize=7, ncol=2)
     return ax
+
+
+def comparison_matrices(measured, predicted, *, gpus_per_node: int = 8, titles: tuple[str, str] = (  # noqa: ANN001
+        "measured", "predicted"), size: float = 3.4) -> plt.Figure:
+    """Measured and predicted ``world × world`` byte matrices on one log colour scale, and their difference
+    (measured − predicted, bytes, symmetric diverging scale; white = equal)."""
+    import scipy.sparse as sps
+
+    a, b = sps.csr_matrix(measured).toarray(), sps.csr_matrix(predicted).toarray()
+    fig, axes = plt.subplots(1, 3, figsize=(3 * size * 1.35, size * 1.1), layout="constrained")
+    positive = np.concatenate([a[a > 0], b[b > 0]])
+    vmin, vmax = (np.log10(positive.min()), np.log10(positive.max())) if len(positive) else (0, 1)
+    for ax, m, title in zip(axes[:2], (a, b), titles, strict=True):
+        shown = np.where(m > 0, np.log10(np.where(m > 0, m, 1)), np.nan)
+        im = ax.imshow(shown, cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
+        ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=axes[1], fraction=0.046, pad=0.03).set_label("log10 bytes (both panels)")
+    d = a - b
+    lim = max(float(np.abs(d).max()), 1.0)
+    im = axes[2].imshow(d, cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
+    axes[2].set_title("measured − predicted", fontsize=9)
+    fig.colorbar(im, ax=axes[2], fraction=0.046, pad=0.03).set_label("bytes")
+    n = a.shape[0]
+    for ax in axes:
+        ax.grid(False)
+        ax.set_xlabel("receiver rank", fontsize=8)
+        ax.set_ylabel("sender rank", fontsize=8)
+        for boundary in range(gpus_per_node, n, gpus_per_node):
+            ax.axhline(boundary - 0.5, color="0.3", lw=0.6)
+            ax.axvline(boundary - 0.5, color="0.3", lw=0.6)
+    return fig
+
+
+def comparison_bars(by_kind: pd.DataFrame, *, x: str = "parallelism", ax: Axes | None = None,
+                    unit: float = 2**20, title: str | None = None) -> Axes:
+    """Bytes per ``x`` on both sides of a comparison (``by_kind`` of :class:`llmcomm.compare.Comparison`:
+    ``bytes_measured``, ``bytes_predicted``), in MiB, log scale."""
+    ax = ax or plt.subplots(figsize=(6, 3.5))[1]
+    t = by_kind.groupby(x, observed=True)[["bytes_measured", "bytes_predicted"]].sum().reset_index()
+    long = t.melt(id_vars=x, var_name="side", value_name="bytes")
+    long["side"] = long["side"].str.removeprefix("bytes_")
+    long["MiB"] = long["bytes"] / unit
+    sns.barplot(data=long, x=x, y="MiB", hue="side", ax=ax, palette={"measured": "#4c72b0",
+                                                                     "predicted": "#dd8452"})
+    ax.set_yscale("log")
+    ax.set(ylabel="MiB per iteration (log)", title=title or "bytes per parallelism")
+    ax.legend(title="side", fontsize=8)
+    return ax

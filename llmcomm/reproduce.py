@@ -53,10 +53,14 @@ class Outputs:
     ``out.value("name", x)``, then ``out.save()``."""
 
     notebook: str
-    out_dir: str | os.PathLike[str] = ROOT / "figures"
+    out_dir: str | os.PathLike[str] | None = None  # None: the project's figures/
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.out_dir is None:
+            self.out_dir = ROOT / "figures"
 
     @property
     def figure_dir(self) -> Path:

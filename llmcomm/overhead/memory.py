@@ -1,0 +1,203 @@
+"""GPU memory of one training configuration: weights, gradients, optimizer states and activations, per GPU.
+
+Every term is bytes on one GPU of pipeline stage ``r``; the configuration's memory is the largest stage's total.
+Parameters a stage holds come from the predictor's one home for them (:func:`llmcomm.predict.dp.stage_parameters`,
+built on :meth:`ModelSpec.layer_parameter_split`): ``P_dense`` reduced over DP×CP, ``P_expert`` over the
+expert-data-parallel group.
+
+Model states (Megatron-LM's mixed-precision Adam; ``docs/source/api-guide/dist_optimizer.md`` tabulates the
+bytes per parameter: 18 for bf16 parameters with fp32 gradients, ``6 + 12/d`` with the distributed optimizer)::
+
+    weights     = (P_dense + P_expert) · bytes(param_dtype)
+    gradients   = (P_dense + P_expert) · bytes(grad_reduce_dtype)          (Megatron's main_grad buffer)
+    optimizer   = P_dense · o / D + P_expert · o / E_d   with o = 12 (fp32 master, Adam m, v) for 16-bit
+                  parameters, 8 for fp32 ones; D = dp·cp, E_d = expert data-parallel size with the distributed
+                  optimizer, else D = E_d = 1
+    FSDP (ZeRO-3) shards weights and gradients the same way.
+
+For bf16 parameters, fp16 gradients and no sharding this is ZeRO's ``2 + 2 + 12 = 16`` bytes per parameter.
+
+Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", MLSys 2023,
+Table 2, generalized to grouped-query attention, gated MLPs and MoE), bytes per layer per micro-batch with 16-bit
+activations, ``s`` the sequence per CP rank, ``b`` micro-batch, ``t`` tp::
+
+    replicated per token (divided by t only with SP):  4h (2 LayerNorm inputs) + 2h (QKV input)
+                                                       + h (attention dropout mask) + 2h (fc1 input) + h (MLP mask)
+    sharded per token (divided by t):   2·a·d + 2·g·d (Q, K) + 2·g·d (V) + 2·a·d (projection input)
+                                        + 5·a·s (softmax output, its dropout mask and output; not with selective
+                                        recompute or flash attention)
+                                        + x·(2·f_up + 2·f) MLP activation and fc2 inputs (f_up = 2f gated, f else;
+                                        x = top-k + shared experts in an MoE layer, 1 in a dense one)
+
+For GPT (f = 4h, g = a, a·d = h) this is Korthikanti's ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` without SP,
+``s·b·h/t·(34 + 5·a·s/h)`` with SP and ``34·s·b·h/t`` with SP and selective recomputation. Full recomputation keeps
+only each layer's input, ``2·s·b·h`` (``/t`` with SP). A stage keeps the activations of the micro-batches in
+flight: GPipe all ``m``; 1F1B ``min(pp − r, m)``; interleaved ``(pp − r − 1)·2 + (v − 1)·pp + 1`` model chunks of
+``L/(pp·v)`` layers (Megatron's warm-up count, which gives Korthikanti's ``L·(1 + (p−1)/(p·v))`` on stage 0).
+Stage 0 adds the embedding's dropout mask (``s·b·h`` per micro-batch in flight, ``/t`` with SP); the last stage
+adds the output layer and loss, ``4·s·b·h/t·(1 + V/h)`` (Korthikanti §4.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ..specs import ModelSpec, ParallelConfig, dtype_bytes, validate
+
+COLUMNS = ("weights", "gradients", "optimizer", "activations")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on one GPU of the most loaded pipeline stage, by term."""
+
+    stage: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"term": [*COLUMNS, "total"],
+                             "bytes": [self.weights, self.gradients, self.optimizer, self.activations, self.total]})
+
+
+def optimizer_bytes_per_parameter(param_bytes: np.ndarray | int) -> np.ndarray:
+    """Adam's state per parameter: fp32 m and v (8 bytes), plus an fp32 master copy for 16-bit parameters."""
+    return np.where(np.asarray(param_bytes) >= 4, 8, 12)
+
+
+def model_state_bytes(dense: np.ndarray, expert: np.ndarray, *, dp_cp: np.ndarray, expert_dp: np.ndarray,
+                      param_bytes: np.ndarray, grad_bytes: np.ndarray, distributed_optimizer: np.ndarray,
+                      fsdp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(weights, gradients, optimizer)`` bytes of ``dense`` + ``expert`` parameters on one GPU (module doc);
+    every argument broadcasts (numpy arrays or scalars)."""
+    fsdp = np.asarray(fsdp, dtype=bool)
+    shard_opt = fsdp | np.asarray(distributed_optimizer, dtype=bool)
+    held = np.where(fsdp, dense / dp_cp + expert / expert_dp, dense + expert)
+    o = optimizer_bytes_per_parameter(param_bytes)
+    optimizer = np.where(shard_opt, dense * o / dp_cp + expert * o / expert_dp, (dense + expert) * o)
+    return held * param_bytes, held * grad_bytes, optimizer
+
+
+def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: np.ndarray, micro_batch: np.ndarray,
+                           tp: np.ndarray, sp: np.ndarray, recompute: np.ndarray, act_bytes: np.ndarray
+                           ) -> np.ndarray:
+    """Activation bytes one transformer layer keeps per micro-batch on one GPU (module doc). ``seq`` is the
+    sequence per CP rank; ``recompute`` holds ``"none"``/``"selective"``/``"full"``; arrays broadcast."""
+    recompute = np.asarray(recompute)
+    sp_div = np.where(np.asarray(sp, dtype=bool), tp, 1)
+    tokens = seq * micro_batch
+    scale = np.asarray(act_bytes) / 2
+    h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
+    f = model.expert_ffn_hidden_size if moe_layer else model.ffn_hidden_size
+    experts = (model.moe_router_topk + model.num_shared_experts) if moe_layer else 1
+    f_up = 2 * f if model.gated_mlp else f
+    replicated = 4 * h + 2 * h + h + 2 * h + h
+    sharded = 2 * a * d + 4 * g * d + 2 * a * d + experts * (2 * f_up + 2 * f) \
+        + np.where(recompute == "selective", 0, 5 * a * seq)
+    kept = scale * tokens * (replicated / sp_div + sharded / tp)
+    full = scale * tokens * 2 * h / sp_div
+    return np.where(recompute == "full", full, kept)
+
+
+def chunks_in_flight(stage: int | np.ndarray, *, pp: np.ndarray, vpp: np.ndarray, microbatches: np.ndarray,
+                     gpipe: np.ndarray) -> np.ndarray:
+    """Model chunks (of ``L/(pp·v)`` layers) whose activations stage ``stage`` holds at its peak."""
+    interleaved = np.minimum((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
+    one_f_one_b = np.minimum(pp - stage, microbatches)
+    return np.where(np.asarray(gpipe, dtype=bool), microbatches * vpp, np.where(vpp > 1, interleaved, one_f_one_b))
+
+
+PARALLEL_COLUMNS = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "micro_batch", "global_batch", "seq_len",
+                    "recompute", "distributed_optimizer", "fsdp", "schedule", "act_dtype", "grad_reduce_dtype",
+                    "param_dtype")
+_SHAPE = ("tp", "pp", "ep", "vpp")
+
+
+def _stage_parameters(model: ModelSpec, tp: int, pp: int, ep: int, vpp: int) -> np.ndarray:
+    """``(pp, 2)`` dense and expert parameters one GPU of each stage holds (the predictor's
+    :func:`~llmcomm.predict.dp.stage_parameters`, which depends on tp, pp, ep and vpp only)."""
+    from ..predict.calls import Context
+    from ..predict.dp import stage_parameters
+
+    shape = ParallelConfig(tp=tp, pp=pp, ep=ep, dp=ep, vpp=vpp, global_batch=pp * ep)
+    ctx = Context(model, shape, "megatron")
+    return np.array([[sp.dense, sp.expert] for sp in (stage_parameters(ctx, r) for r in range(pp))], dtype=float)
+
+
+def memory_table(model: ModelSpec, candidates: pd.DataFrame, **fixed: object) -> pd.DataFrame:
+    """Memory of the most loaded stage for every row of ``candidates`` (columns named as :class:`ParallelConfig`
+    fields; ``fixed`` supplies the rest, e.g. ``seq_len=2048``; unset fields take ParallelConfig's defaults).
+
+    Vectorized: the per-stage parameter counts are computed once per distinct (tp, pp, ep, vpp), everything else
+    with numpy over the rows. Returns ``weights_bytes, gradients_bytes, optimizer_bytes, activations_bytes,
+    total_bytes, stage`` (the stage that sets the peak). Rows are not validated here (the tuner enumerates valid
+    ones; :func:`memory` validates)."""
+    defaults = ParallelConfig()
+    n = len(candidates)
+
+    def col(name: str) -> np.ndarray:
+        if name in candidates.columns:
+            return candidates[name].to_numpy()
+        value = fixed.get(name, getattr(defaults, name))
+        return np.full(n, value)
+
+    tp, pp, dp, ep, cp, vpp = (col(c).astype(np.int64) for c in ("tp", "pp", "dp", "ep", "cp", "vpp"))
+    mb = col("micro_batch").astype(np.int64)
+    gb = col("global_batch")
+    gb = np.where(pd.isna(gb), mb * dp, gb).astype(np.int64)
+    seq_len = col("seq_len")
+    seq = np.where(pd.isna(seq_len), model.seq_length, seq_len).astype(float) / cp
+    microbatches = gb // (mb * dp)
+    byte_of = np.vectorize(dtype_bytes, otypes=[float])
+    act, pbytes, gbytes = (byte_of(col(c)) for c in ("act_dtype", "param_dtype", "grad_reduce_dtype"))
+    sp, recompute = col("sp").astype(bool), col("recompute").astype(str)
+    gpipe = col("schedule").astype(str) == "gpipe"
+    dist_opt, fsdp = col("distributed_optimizer").astype(bool), col("fsdp").astype(bool)
+    layer_kw = dict(seq=seq, micro_batch=mb, tp=tp, sp=sp, recompute=recompute, act_bytes=act)
+    per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) for moe in (False, True)}
+    sbh = seq * mb * model.hidden_size
+    best = np.full((n, 6), -np.inf)
+    shapes = pd.DataFrame({"tp": tp, "pp": pp, "ep": ep, "vpp": vpp})
+    pattern = np.asarray(model.moe_layer_pattern())
+    for (t, p, e, v), rows in shapes.groupby(list(_SHAPE), sort=False).indices.items():
+        params = _stage_parameters(model, int(t), int(p), int(e), int(v))
+        layers_per_chunk = model.num_layers // (p * v)
+        for r in range(p):
+            stage_layers = [c * p * layers_per_chunk + r * layers_per_chunk + i
+                            for c in range(v) for i in range(layers_per_chunk)]
+            moe_share = pattern[stage_layers].mean()
+            mean_layer = (1 - moe_share) * per_layer[False][rows] + moe_share * per_layer[True][rows]
+            chunks = chunks_in_flight(r, pp=p, vpp=v, microbatches=microbatches[rows], gpipe=gpipe[rows])
+            activations = chunks * layers_per_chunk * mean_layer
+            if r == 0:
+                activations = activations + -(-chunks // v) * sbh[rows] / np.where(sp[rows], t, 1)
+            if r == p - 1:
+                activations = activations + 4 * sbh[rows] / t * (1 + model.padded_vocab_size(int(t)) / model.hidden_size)
+            w, g, o = model_state_bytes(params[r, 0], params[r, 1], dp_cp=dp[rows] * cp[rows],
+                                        expert_dp=dp[rows] * cp[rows] // e, param_bytes=pbytes[rows],
+                                        grad_bytes=gbytes[rows], distributed_optimizer=dist_opt[rows],
+                                        fsdp=fsdp[rows])
+            total = w + g + o + activations
+            better = total > best[rows, 4]
+            idx = rows[better]
+            best[idx] = np.column_stack([w, g, o, activations, total, np.full(len(rows), r)])[better]
+    out = pd.DataFrame(best, columns=[f"{c}_bytes" for c in (*COLUMNS, "total")] + ["stage"], index=candidates.index)
+    out["stage"] = out["stage"].astype(np.int64)
+    return out
+
+
+def memory(model: ModelSpec, parallel: ParallelConfig) -> MemoryBreakdown:
+    """The most loaded pipeline stage's memory for one configuration (validated first)."""
+    validate(model, parallel)
+    row = memory_table(model, pd.DataFrame([{c: getattr(parallel, c) for c in PARALLEL_COLUMNS}])).iloc[0]
+    return MemoryBreakdown(int(row["stage"]), row["weights_bytes"], row["gradients_bytes"], row["optimizer_bytes"],
+                           row["activations_bytes"])

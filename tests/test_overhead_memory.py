@@ -1,0 +1,113 @@
+"""Memory model: each term against the figures published for it (Korthikanti et al. 2022; ZeRO; Megatron-LM's
+distributed-optimizer table), and the vectorized table against the one-configuration path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import llmcomm as lc
+from llmcomm.overhead.memory import (
+    chunks_in_flight,
+    layer_activation_bytes,
+    memory,
+    memory_table,
+    model_state_bytes,
+)
+
+GPT3 = lc.load_model("gpt3-175b")
+S, B, H, A, L = 2048, 1, 12288, 96, 96
+
+
+def _layer(par: dict) -> float:
+    kw = dict(seq=S, micro_batch=B, tp=8, sp=False, recompute="none", act_bytes=2)
+    kw.update(par)
+    return float(layer_activation_bytes(GPT3, False, **kw))
+
+
+def test_korthikanti_table2_per_layer() -> None:
+    """Table 2 of Korthikanti et al. (MLSys 2023), bytes per layer, t = 8."""
+    t = 8
+    sbh = S * B * H
+    assert _layer({}) == pytest.approx(sbh * (10 + 24 / t + 5 * A * S / (H * t)))
+    assert _layer({"sp": True}) == pytest.approx(sbh / t * (34 + 5 * A * S / H))
+    assert _layer({"recompute": "selective"}) == pytest.approx(sbh * (10 + 24 / t))
+    assert _layer({"sp": True, "recompute": "selective"}) == pytest.approx(sbh * 34 / t)
+    assert _layer({"recompute": "full"}) == pytest.approx(2 * sbh)
+    assert _layer({"tp": 1}) == pytest.approx(sbh * (34 + 5 * A * S / H))  # no parallelism: 34 + 5as/h
+
+
+def test_pipeline_in_flight_matches_korthikanti() -> None:
+    """Stage 0 keeps p micro-batches of L/p layers under 1F1B (= L layers) and L·(1 + (p−1)/(p·v)) layers
+    interleaved; GPipe keeps every micro-batch."""
+    p, v, m = 16, 3, 64
+    assert chunks_in_flight(0, pp=p, vpp=1, microbatches=m, gpipe=False) * (L // p) == L
+    layers = chunks_in_flight(0, pp=p, vpp=v, microbatches=m, gpipe=False) * L / (p * v)
+    assert layers == pytest.approx(L * (1 + (p - 1) / (p * v)))
+    assert chunks_in_flight(p - 1, pp=p, vpp=1, microbatches=m, gpipe=False) == 1
+    assert chunks_in_flight(3, pp=p, vpp=1, microbatches=m, gpipe=True) == m
+    assert chunks_in_flight(0, pp=p, vpp=1, microbatches=4, gpipe=False) == 4  # fewer micro-batches than stages
+
+
+@pytest.mark.parametrize("param, grad, dist, d, per_param", [
+    (2, 2, False, 64, 2 + 2 + 12),          # ZeRO (Rajbhandari et al. 2020): 2 + 2 + 12 = 16 bytes
+    (2, 4, False, 64, 18),                  # Megatron-LM dist_optimizer.md: bf16 params, fp32 grads
+    (2, 4, True, 64, 6 + 12 / 64),          # ... with the distributed optimizer: 6 + 12/d
+    (4, 4, False, 8, 16),                   # fp32 params and grads: 16
+    (4, 4, True, 8, 8 + 8 / 8),             # ... distributed: 8 + 8/d
+])
+def test_model_state_bytes_per_parameter(param, grad, dist, d, per_param) -> None:  # noqa: ANN001
+    w, g, o = model_state_bytes(1e9, 0.0, dp_cp=d, expert_dp=d, param_bytes=param, grad_bytes=grad,
+                                distributed_optimizer=dist, fsdp=False)
+    assert (w + g + o) / 1e9 == pytest.approx(per_param)
+
+
+def test_gpt3_175b_published_configuration_fits_an_80gb_gpu() -> None:
+    """Megatron-LM trains GPT-3 175B at tp8·pp16 with SP and selective recomputation on 80 GB A100s."""
+    par = lc.ParallelConfig(tp=8, pp=16, dp=8, global_batch=1536, sp=True, recompute="selective",
+                            distributed_optimizer=True)
+    m = memory(GPT3, par)
+    assert m.stage == 0
+    assert m.weights == pytest.approx(2 * 1.46e9, rel=0.03)  # ~175B/128 parameters per GPU plus the embedding
+    assert m.activations == pytest.approx(L * S * B * H * 34 / 8 + S * B * H / 8 * 16, rel=1e-9)
+    assert m.total < 80e9
+    unsplit = lc.ParallelConfig(tp=1, pp=1, dp=1024, global_batch=1024)
+    assert memory(GPT3, unsplit).total > 80e9 * 10
+
+
+def test_table_equals_single_configurations() -> None:
+    model = lc.load_model("mixtral-8x7b")
+    rows = []
+    for tp in (1, 2, 4):
+        for pp in (1, 2, 4):
+            for ep in (1, 2, 8):
+                for rec in ("none", "selective", "full"):
+                    rows.append(dict(tp=tp, pp=pp, dp=8, ep=ep, vpp=2 if pp == 4 else 1, sp=tp > 1,
+                                     micro_batch=2, global_batch=64, recompute=rec, distributed_optimizer=tp == 2,
+                                     schedule="interleaved" if pp == 4 else "1f1b"))
+    table = memory_table(model, pd.DataFrame(rows))
+    for i, r in enumerate(rows):
+        one = memory(model, lc.ParallelConfig(**r))
+        assert table.loc[i, "total_bytes"] == pytest.approx(one.total, rel=1e-12)
+        assert table.loc[i, "stage"] == one.stage
+    assert np.isfinite(table.to_numpy()).all()
+
+
+def test_memory_validates() -> None:
+    with pytest.raises(lc.ConfigError, match="tp=5 does not divide"):
+        memory(GPT3, lc.ParallelConfig(tp=5))
+
+
+def test_unsplit_model_by_hand() -> None:
+    """tp = pp = ep = 1: every parameter on one GPU (padded vocabulary), one micro-batch of activations."""
+    model = lc.load_model("mixtral-8x7b")
+    par = lc.ParallelConfig(dp=4, micro_batch=1, global_batch=8, seq_len=4096)
+    m = memory(model, par)
+    params = model.num_parameters() + 2 * (model.padded_vocab_size(1) - model.vocab_size) * model.hidden_size
+    assert m.weights == pytest.approx(2 * params) and m.gradients == pytest.approx(4 * params)
+    assert m.optimizer == pytest.approx(12 * params)
+    h, f, s = 4096, 14336, 4096
+    per_token = 10 * h + (2 * h + 4 * 1024 + 2 * h) + 2 * (2 * 2 * f + 2 * f) + 5 * 32 * s  # GQA 8x128, top-2 SwiGLU
+    sbh = s * h
+    assert m.activations == pytest.approx(32 * s * per_token + sbh + 4 * sbh * (1 + model.padded_vocab_size(1) / h))
