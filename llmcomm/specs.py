@@ -30,7 +30,7 @@ import yaml
 from .errors import ConfigError
 from .paths import data_dir
 from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
-from .vocab import PIPELINE_SCHEDULES, RECOMPUTE_MODES, dtype_bytes
+from .vocab import NORMALIZATIONS, PIPELINE_SCHEDULES, POSITION_EMBEDDINGS, RECOMPUTE_MODES, dtype_bytes
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
@@ -309,9 +309,9 @@ class ModelSpec:
                 f"model {self.name}: num_attention_heads={self.num_attention_heads} does not divide "
                 f"hidden_size={self.hidden_size} (set kv_channels)"
             )
-        if self.normalization not in ("LayerNorm", "RMSNorm"):
+        if self.normalization not in NORMALIZATIONS:
             raise ConfigError(f"model {self.name}: normalization={self.normalization!r} is not LayerNorm or RMSNorm")
-        if self.position_embedding_type not in ("rope", "learned_absolute", "none"):
+        if self.position_embedding_type not in POSITION_EMBEDDINGS:
             raise ConfigError(
                 f"model {self.name}: position_embedding_type={self.position_embedding_type!r} is not "
                 "rope, learned_absolute or none"

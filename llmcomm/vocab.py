@@ -190,7 +190,24 @@ class Framework(StrEnum):
     TORCH = "torch"
 
 
+class Normalization(StrEnum):
+    """A transformer's norm layers (Megatron-LM's ``--normalization``): LayerNorm has 2·h parameters, RMSNorm h."""
+
+    LAYER_NORM = "LayerNorm"
+    RMS_NORM = "RMSNorm"
+
+
+class PositionEmbedding(StrEnum):
+    """Megatron-LM's ``--position-embedding-type``; ``learned_absolute`` adds a P·h table of parameters."""
+
+    ROPE = "rope"
+    LEARNED_ABSOLUTE = "learned_absolute"
+    NONE = "none"
+
+
 RECOMPUTE_MODES = _values(Recompute)
+NORMALIZATIONS = _values(Normalization)
+POSITION_EMBEDDINGS = _values(PositionEmbedding)
 PIPELINE_SCHEDULES = _values(PipelineSchedule)
 FRAMEWORKS = _values(Framework)
 
