@@ -67,9 +67,6 @@ class Op(StrEnum):
     BROADCAST = "broadcast"
 
 
-PHASES = _values(Phase)
-PARALLELISM_TAGS = _values(Parallelism)
-OPS = _values(Op)
 COLLECTIVES = (Op.ALL_REDUCE.value, Op.ALL_GATHER.value, Op.REDUCE_SCATTER.value, Op.ALL_TO_ALL.value,
                Op.BROADCAST.value)
 POINT_TO_POINT = (Op.SEND.value, Op.RECV.value)
@@ -80,9 +77,6 @@ class Algorithm(StrEnum):
 
     RING = "ring"
     DIRECT = "direct"
-
-
-ALGORITHMS = _values(Algorithm)
 
 
 # ------------------------------------------------------------------------------------------ groups
@@ -121,9 +115,6 @@ class Route(StrEnum):
     DISPATCH = "dispatch"  # rank -> the ranks of its tokens' experts
     COMBINE = "combine"  # experts' outputs -> back to the rank
     COUNTS = "counts"  # the token-count exchange before a dispatch
-
-
-ROUTES = _values(Route)
 
 
 # ------------------------------------------------------------------------------------------ dtypes
@@ -205,11 +196,18 @@ class PositionEmbedding(StrEnum):
     NONE = "none"
 
 
+# ------------------------------------------------------------------------------------ value tuples
+# the values of each vocabulary as plain strings, in declaration order (the codes llmcomm.predict.expand uses)
+PHASES = _values(Phase)
+PARALLELISM_TAGS = _values(Parallelism)
+OPS = _values(Op)
+ALGORITHMS = _values(Algorithm)
+ROUTES = _values(Route)
 RECOMPUTE_MODES = _values(Recompute)
-NORMALIZATIONS = _values(Normalization)
-POSITION_EMBEDDINGS = _values(PositionEmbedding)
 PIPELINE_SCHEDULES = _values(PipelineSchedule)
 FRAMEWORKS = _values(Framework)
+NORMALIZATIONS = _values(Normalization)
+POSITION_EMBEDDINGS = _values(PositionEmbedding)
 
 
 # ------------------------------------------------------------------------------------------ schemas
