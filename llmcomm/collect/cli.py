@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--iters", type=int, required=True, help="training iterations")
     p.add_argument("--routing-iters", type=int, default=None,
                    help="keep per-call events only for the first N iterations (routing counts: all)")
+    p.add_argument("--aux-loss-coef", type=float, default=0.01,
+                   help="MoE load-balancing (aux) loss weight; 0 turns balancing off (default 0.01)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--out", required=True, help="output trace, NAME.parquet")
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     command = "llmcomm " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
     trace = collect(args.model, par, args.out, iters=args.iters, record_iters=args.routing_iters,
                     seed=args.seed, lr=args.lr, timeout=args.timeout, command=command, fault=args.inject_fault,
-                    recorder_mode=args.recorder_mode)
+                    recorder_mode=args.recorder_mode, aux_loss_coef=args.aux_loss_coef)
     loss = trace.meta["loss"]
     print(f"{args.out}: {len(trace)} events from {trace.world_size} ranks, {trace.meta['iterations']} iterations, "
           f"loss {loss[0]:.3f} -> {loss[-1]:.3f}, {trace.meta['wall_seconds']:.1f} s")

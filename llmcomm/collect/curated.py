@@ -26,6 +26,7 @@ class CuratedRun:
     record_iters: int | None = None
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    aux_loss_coef: float = 0.01  # MoE load-balancing loss weight (0: off)
 
     def config(self) -> ParallelConfig:
         return ParallelConfig(act_dtype="fp32", grad_reduce_dtype="fp32", param_dtype="fp32", **self.parallel)
@@ -44,6 +45,8 @@ class CuratedRun:
         args += [f"--micro-batch {p.micro_batch}", f"--global-batch {p.global_batch}", f"--iters {self.iters}"]
         if self.record_iters:
             args.append(f"--routing-iters {self.record_iters}")
+        if self.aux_loss_coef != 0.01:
+            args.append(f"--aux-loss-coef {self.aux_loss_coef:g}")
         return "llmcomm collect " + " ".join(args) + f" --out data/traces/{self.name}.parquet"
 
 
@@ -64,6 +67,11 @@ RUNS: tuple[CuratedRun, ...] = (
                note="EP over the DP ranks; routing for 300 iterations"),
     CuratedRun("moe_ep2tp2", "tiny-moe", dict(tp=2, dp=2, ep=2, micro_batch=2, global_batch=8), 300,
                record_iters=4, note="EP x TP; routing for 300 iterations"),
+    CuratedRun("moe8e_ep4_aux", "tiny-moe-8e", dict(dp=4, ep=4, micro_batch=2, global_batch=8), 2000,
+               record_iters=4, note="8 experts top-2 over EP 4, aux-loss balancing on; routing for 2,000 "
+                                    "iterations (notebook 09)"),
+    CuratedRun("moe8e_ep4_noaux", "tiny-moe-8e", dict(dp=4, ep=4, micro_batch=2, global_batch=8), 2000,
+               record_iters=4, aux_loss_coef=0.0, note="as moe8e_ep4_aux with the load-balancing loss off"),
 )
 
 
@@ -73,7 +81,7 @@ def run_one(run: CuratedRun, root: Path | None = None, timeout: float = 600.0) -
 
     t0 = time.time()
     tr = collect(run.model, run.config(), run.path(root), iters=run.iters, record_iters=run.record_iters,
-                 timeout=timeout, command=run.command())
+                 timeout=timeout, command=run.command(), aux_loss_coef=run.aux_loss_coef)
     dt = time.time() - t0
     loss = tr.meta["loss"]
     print(f"{run.name:<20} {len(tr):>6} events  loss {loss[0]:.3f} -> {loss[-1]:.3f}  {dt:6.1f} s", flush=True)

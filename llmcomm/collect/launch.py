@@ -76,10 +76,12 @@ def _spawn(cfg: RunConfig, world: int, timeout: float) -> None:
 
 def collect(model: str | ModelSpec, parallel: ParallelConfig, out: str | os.PathLike[str], *, iters: int,
             record_iters: int | None = None, seed: int = 0, lr: float = 3e-3, timeout: float = 120.0,
-            command: str | None = None, fault: str | None = None, recorder_mode: str = "kernel") -> Trace:
+            command: str | None = None, fault: str | None = None, recorder_mode: str = "kernel",
+            aux_loss_coef: float = 0.01) -> Trace:
     """Run a recorded training job and write ``out`` (events), ``<stem>.manifest.json`` and, for MoE,
     ``<stem>.routing.parquet``. Returns the trace as read back. ``recorder_mode``: see
-    :class:`llmcomm.collect.record.Recorder` (both modes record the same events)."""
+    :class:`llmcomm.collect.record.Recorder` (both modes record the same events). ``aux_loss_coef``: weight of
+    the MoE load-balancing loss (0: off)."""
     from .. import specs
 
     spec = model if isinstance(model, ModelSpec) else specs.load_model(model)
@@ -93,7 +95,8 @@ def collect(model: str | ModelSpec, parallel: ParallelConfig, out: str | os.Path
     try:
         cfg = RunConfig(model=spec.to_dict(), parallel=parallel.to_dict(), iters=iters, out_dir=str(tmp),
                         record_iters=record_iters, seed=seed, lr=lr, timeout=timeout, port=free_port(),
-                        fault=fault, recorder_mode=recorder_mode)
+                        fault=fault, recorder_mode=recorder_mode,
+                        aux_loss_coef=aux_loss_coef)
         _spawn(cfg, world, timeout)
         wall = time.time() - t0
         trace = _merge(tmp, world)

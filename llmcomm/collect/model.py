@@ -14,7 +14,7 @@ Per layer: pre-norm attention with rotary positions (no parameters) and a pre-no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -144,7 +144,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
-def build_model(spec: ModelSpec, seed: int = 0) -> GPT:
-    """The full model, initialized from ``seed`` (identical on every rank)."""
+def build_model(spec: ModelSpec, seed: int = 0, aux_loss_coef: float = 0.01) -> GPT:
+    """The full model, initialized from ``seed`` (identical on every rank); MoE layers weight their
+    load-balancing loss by ``aux_loss_coef`` (0 turns balancing off)."""
     torch.manual_seed(seed)
-    return GPT(ModelArgs.from_spec(spec))
+    return GPT(replace(ModelArgs.from_spec(spec), aux_loss_coef=aux_loss_coef))

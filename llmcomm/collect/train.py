@@ -36,6 +36,7 @@ class RunConfig:
     port: int = 0
     fault: str | None = None  # "RANK:raise|hang:ITER" (tests of the launcher's failure handling)
     recorder_mode: str = "kernel"  # how the recorder intercepts calls (llmcomm.collect.record.MODES)
+    aux_loss_coef: float = 0.01  # MoE load-balancing loss weight (0: balancing off)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -135,7 +136,7 @@ def _build(spec: ModelSpec, par: ParallelConfig, rec: Any, cfg: RunConfig) -> _J
 
     mesh = build_mesh(par)
     rec.register_mesh(mesh, names=("dp",))
-    model = build_model(spec, cfg.seed)
+    model = build_model(spec, cfg.seed, cfg.aux_loss_coef)
     pp_rank = mesh["pp"].get_local_rank()
     if par.pp > 1:
         apply_pp(model, pp_rank, par.pp)
