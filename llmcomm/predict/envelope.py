@@ -28,8 +28,9 @@ import pandas as pd
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import ModelSpec, ParallelConfig, load_model
+from ..vocab import ROUTING_COLUMNS
 from .calls import Context
-from .ep import ROUTING_COLUMNS, peer_tokens, routing_counts, uniform_split_bytes
+from .ep import peer_tokens, routing_counts, uniform_split_bytes
 
 ENVELOPE_COLUMNS = ("layer", "microbatch", "src", "dst", "min_bytes", "expected_bytes", "max_bytes",
                     "uniform_bytes", "hard_min_bytes", "hard_max_bytes", "iterations")

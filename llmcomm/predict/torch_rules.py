@@ -31,7 +31,7 @@ Differences from Megatron-LM (:mod:`.program`), with ``A = b·s·h·act`` and ``
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..specs import dtype_bytes
+from ..vocab import dtype_bytes
 from . import ep as epmod
 from . import pp
 from .calls import Call, Context
