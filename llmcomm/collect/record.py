@@ -408,8 +408,8 @@ class Recorder(TorchDispatchMode):
             group = self._ranks_of(next(a for a in args if isinstance(a, torch.ScriptObject)))
             call = _c10d_call(name, args, group)
         else:
-            gname = kwargs.get("group_name", args[-1] if name not in ("isend", "irecv") else args[3])
-            group = self._ranks_of(gname)
+            group_name = kwargs.get("group_name", args[-1] if name not in ("isend", "irecv") else args[3])
+            group = self._ranks_of(group_name)
             call = _functional_call(op, args, group)
         phase, mb = ("setup" if _in_setup_helper() else self._phase), self._microbatch
         if op in ("send", "recv") and call.tensors and phase != "setup":
