@@ -303,7 +303,7 @@ def manifest_path(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".parquet") + ".manifest.json")
 
 
-def meta_json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
     """JSON form of what trace metadata may hold beyond JSON's own types: specs (``to_dict``), numpy
     scalars, sets and tuples (as lists)."""
     if hasattr(o, "to_dict"):
@@ -317,13 +317,10 @@ def meta_json_default(o: Any) -> Any:
     raise TypeError(f"cannot store {type(o).__name__} in trace metadata")
 
 
-_json_default = meta_json_default  # the name llmcomm.ingest imports until it calls trace_metadata
-
-
 def encode_meta(meta: Mapping[str, Any]) -> bytes:
     """Trace metadata as the JSON bytes stored under ``META_KEY`` (keys sorted, so equal metadata gives
     equal bytes)."""
-    return json.dumps(dict(meta), default=meta_json_default, sort_keys=True).encode()
+    return json.dumps(dict(meta), default=json_default, sort_keys=True).encode()
 
 
 def decode_meta(schema_metadata: Mapping[bytes, bytes] | None) -> dict[str, Any]:
