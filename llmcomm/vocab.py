@@ -84,9 +84,12 @@ class GroupKind(StrEnum):
     """A process group named by its role rather than by its ranks.
 
     ``tp``, ``cp``, ``dp``, ``pp``, ``ep``: one parallelism's groups; ``edp``: expert data parallel (the ranks
-    holding the same experts, ``cp·dp/ep``); ``dpcp``: data parallel with CP folded in (Megatron's gradient
-    group, ``cp·dp``); ``emb``: first and last pipeline stage (Megatron's embedding group, tied weights);
-    ``p2p`` / ``cp_p2p``: the pair ``[rank, peer]`` with the peer in the rank's PP / CP group."""
+    holding the same experts, ``world/(etp·ep·pp)``); ``dpcp``: data parallel with CP folded in (Megatron's
+    gradient group, ``cp·dp``); ``emb``: first and last pipeline stage (Megatron's embedding group, tied
+    weights); ``mp``: Megatron's model-parallel group (``tp × pp``); ``tpcp``: ``tp × cp`` (the router's
+    aux-loss group); ``etp``: expert tensor parallel; ``tpep``: expert tensor × expert parallel (Megatron's
+    ``tp_ep`` group); ``world``: every rank; ``p2p`` / ``cp_p2p``: the pair ``[rank, peer]`` with the peer in
+    the rank's PP / CP group."""
 
     TP = "tp"
     CP = "cp"
@@ -96,16 +99,24 @@ class GroupKind(StrEnum):
     EDP = "edp"
     DPCP = "dpcp"
     EMB = "emb"
+    MP = "mp"
+    TPCP = "tpcp"
+    ETP = "etp"
+    TPEP = "tpep"
+    WORLD = "world"
     P2P = "p2p"
     CP_P2P = "cp_p2p"
 
 
 RANK_DIMS = ("tp", "cp", "dp", "pp")  # the world is their product, ordered by ParallelConfig.order
 GROUP_PARALLELISMS = (*RANK_DIMS, "ep")  # parallelisms with a group of their own (Layout.membership)
-LAYOUT_GROUP_KINDS = (*GROUP_PARALLELISMS, "edp", "dpcp", "emb")  # what Layout.groups builds
+# what Layout.groups builds
+LAYOUT_GROUP_KINDS = (*GROUP_PARALLELISMS, "edp", "dpcp", "emb", "mp", "tpcp", "etp", "tpep", "world")
 PAIR_GROUP_KINDS = ("p2p", "cp_p2p")  # [rank, peer] pairs, built per call
-# the group kinds a predictor Call names (llmcomm.predict.calls), in the order expand encodes them
-CALL_GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp")
+# the group kinds a predictor Call names (llmcomm.predict.calls), in the order expand encodes them; "pp" is the
+# whole pipeline group (collectives over it, not send/recv)
+CALL_GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world",
+                    "pp")
 
 
 class Route(StrEnum):
@@ -115,6 +126,8 @@ class Route(StrEnum):
     DISPATCH = "dispatch"  # rank -> the ranks of its tokens' experts
     COMBINE = "combine"  # experts' outputs -> back to the rank
     COUNTS = "counts"  # the token-count exchange before a dispatch
+    PROBS_DISPATCH = "probs_dispatch"  # the routing probabilities, sent like a dispatch
+    PROBS_COMBINE = "probs_combine"  # their gradients, sent back like a combine
 
 
 # ------------------------------------------------------------------------------------------ dtypes
@@ -181,6 +194,16 @@ class Framework(StrEnum):
     TORCH = "torch"
 
 
+class MoeTokenDispatcher(StrEnum):
+    """Megatron-LM's ``--moe-token-dispatcher-type`` (``core/transformer/transformer_config.py``); ``flex``
+    (DeepEP / HybridEP kernels) is named so that it can be refused with a reason rather than as an unknown
+    word."""
+
+    ALLGATHER = "allgather"
+    ALLTOALL = "alltoall"
+    FLEX = "flex"
+
+
 class Normalization(StrEnum):
     """A transformer's norm layers (Megatron-LM's ``--normalization``): LayerNorm has 2·h parameters, RMSNorm h."""
 
@@ -206,6 +229,7 @@ ROUTES = _values(Route)
 RECOMPUTE_MODES = _values(Recompute)
 PIPELINE_SCHEDULES = _values(PipelineSchedule)
 FRAMEWORKS = _values(Framework)
+MOE_TOKEN_DISPATCHERS = _values(MoeTokenDispatcher)
 NORMALIZATIONS = _values(Normalization)
 POSITION_EMBEDDINGS = _values(PositionEmbedding)
 

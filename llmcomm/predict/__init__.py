@@ -21,12 +21,13 @@ from ..layout import Layout
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace, table_to_events, validate_events
 from . import expand, program, torch_rules
+from .audit import audit_table
 from .calls import Context
 from .ep import peer_tokens, routing_counts
 
 AUTO_AGGREGATE_ROWS = 500_000
 
-__all__ = ["predict_traffic", "Context"]
+__all__ = ["predict_traffic", "audit_table", "Context"]
 
 
 def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: Cluster | None = None,
@@ -70,7 +71,8 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
         calls, call_counts = expand.aggregate_calls(prog) if aggregate else (prog, [1] * len(prog))
         if not calls:
             continue
-        parts.append(expand.stage_table(lay, r, calls, call_counts, iteration, d_tokens, model.hidden_size * ctx.act))
+        parts.append(expand.stage_table(lay, r, calls, call_counts, iteration, d_tokens, model.hidden_size * ctx.act,
+                                        ctx.act))
     table = expand.to_table(parts)
     if parts:
         order = np.argsort(table.column("rank").to_numpy(), kind="stable")

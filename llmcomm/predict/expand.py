@@ -40,11 +40,13 @@ def aggregate_calls(calls: Sequence[Call]) -> tuple[list[Call], list[int]]:
 
 
 def stage_table(lay: Layout, stage: int, calls: Sequence[Call], counts: Sequence[int], iteration: int,
-                peer_tokens: np.ndarray | None, hidden_bytes: int) -> dict[str, np.ndarray | pa.Array]:
+                peer_tokens: np.ndarray | None, hidden_bytes: int, probs_bytes: int = 0
+                ) -> dict[str, np.ndarray | pa.Array]:
     """Columns (numpy / pyarrow) for every rank of ``stage`` × every call template.
 
     ``peer_tokens[layer, microbatch, src_rank, ep_position]`` (routing, optional) sizes the routed
-    all-to-alls: ``tokens · hidden_bytes`` to each peer; without it their ``bytes`` split evenly."""
+    all-to-alls: ``tokens · hidden_bytes`` to each peer (``probs_bytes`` per token for the routing
+    probabilities' all-to-alls); without it their ``bytes`` split evenly."""
     coords = lay.coords
     ranks = coords["rank"].to_numpy()[coords["pp"].to_numpy() == stage]
     n = len(ranks)
@@ -53,7 +55,7 @@ def stage_table(lay: Layout, stage: int, calls: Sequence[Call], counts: Sequence
     col = {k: np.tile(v, n) for k, v in template.items()}
     peer = _peers(lay, stage, rank, col)
     group = _group_lists(lay, rank, peer, col)
-    nbytes, split = _all_to_all_splits(lay, rank, col, peer_tokens, hidden_bytes)
+    nbytes, split = _all_to_all_splits(lay, rank, col, peer_tokens, hidden_bytes, probs_bytes)
     dt_codes, dt_idx = np.unique(np.array([c.dtype for c in calls], dtype=object), return_inverse=True)
     return {
         "rank": rank.astype(np.int32), "iteration": np.full(len(rank), iteration, dtype=np.int32),
@@ -123,26 +125,30 @@ def _group_lists(lay: Layout, rank: np.ndarray, peer: np.ndarray, col: dict[str,
 
 
 def _all_to_all_splits(lay: Layout, rank: np.ndarray, col: dict[str, np.ndarray], peer_tokens: np.ndarray | None,
-                       hidden_bytes: int) -> tuple[np.ndarray, pa.Array]:
+                       hidden_bytes: int, probs_bytes: int) -> tuple[np.ndarray, pa.Array]:
     """``bytes`` and ``split_bytes`` of every row: an all-to-all's splits are even (uniform routing, token
     counts) or, for a routed dispatch / combine with ``peer_tokens``, the tokens sent to / received from each
-    EP peer times ``hidden_bytes``; its ``bytes`` is their sum. Other rows keep their bytes and no splits."""
+    EP peer times ``hidden_bytes`` (``probs_bytes`` for the probabilities' all-to-alls); its ``bytes`` is
+    their sum. Other rows keep their bytes and no splits."""
     nbytes = col["bytes"].copy()
     a2a = np.nonzero(col["op"] == OPS.index("all_to_all"))[0]
     if not len(a2a):
         return nbytes, pa.nulls(len(rank), pa.list_(pa.int64()))
     ep = lay.size("ep")
     split_values = np.repeat((col["bytes"][a2a] // ep)[:, None], ep, axis=1)
-    routed = np.isin(col["route"][a2a], [ROUTES.index("dispatch"), ROUTES.index("combine")])
+    dispatch_like = [ROUTES.index("dispatch"), ROUTES.index("probs_dispatch")]
+    probs = [ROUTES.index("probs_dispatch"), ROUTES.index("probs_combine")]
+    routed = np.isin(col["route"][a2a], [*dispatch_like, ROUTES.index("combine"), ROUTES.index("probs_combine")])
     if peer_tokens is not None and routed.any():
         rows = a2a[routed]
         src, layer, mb = rank[rows], col["layer"][rows], col["mb"][rows]
-        dispatch = col["route"][rows] == ROUTES.index("dispatch")
+        dispatch = np.isin(col["route"][rows], dispatch_like)
+        per_token = np.where(np.isin(col["route"][rows], probs), probs_bytes, hidden_bytes)
         members = lay.group_rows("ep", src)
         position = lay.coords["ep"].to_numpy()[src]
         sent = peer_tokens[layer, mb, src, :]  # dispatch: what src sends to each EP position
         received = peer_tokens[layer[:, None], mb[:, None], members, position[:, None]]  # combine: what each sent src
-        split_values[routed] = np.where(dispatch[:, None], sent, received) * hidden_bytes
+        split_values[routed] = np.where(dispatch[:, None], sent, received) * per_token[:, None]
     nbytes[a2a] = split_values.sum(axis=1)
     split_offsets = np.zeros(len(rank) + 1, dtype=np.int64)
     split_lens = np.zeros(len(rank), dtype=np.int64)
