@@ -573,20 +573,6 @@ class Cluster:
         """This cluster sized to hold ``world_size`` GPUs (whole nodes)."""
         return self.with_nodes(max(1, math.ceil(world_size / self.gpus_per_node)))
 
-    def _check_vp_groups(self) -> None:
-        """Megatron-LM ``forward_backward_pipelining_with_interleaving`` (core/pipeline_parallel/schedules.py):
-        the micro-batch group ``n`` must satisfy ``pp <= n <= m``, and the last group ``m % n`` must be 0 or
-        at least ``pp``; ``m % pp != 0`` is allowed otherwise."""
-        m, n, p = self.num_microbatches, self.vp_group_size, self.pp
-        if not p <= n <= m:
-            raise ConfigError(
-                f"microbatch_group_size_per_vp_stage={n} must lie in [pp={p}, num_microbatches={m}] "
-                "(Megatron-LM's interleaved schedule)")
-        if 0 < m % n < p:
-            raise ConfigError(
-                f"num_microbatches={m} % microbatch_group_size_per_vp_stage={n} = {m % n} must be 0 or >= "
-                f"pp={p} (Megatron-LM's interleaved schedule: the last micro-batch group)")
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

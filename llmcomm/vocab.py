@@ -194,6 +194,13 @@ class Framework(StrEnum):
     TORCH = "torch"
 
 
+class Normalization(StrEnum):
+    """A transformer's norm layers (Megatron-LM's ``--normalization``): LayerNorm has 2·h parameters, RMSNorm h."""
+
+    LAYER_NORM = "LayerNorm"
+    RMS_NORM = "RMSNorm"
+
+
 class MoeTokenDispatcher(StrEnum):
     """Megatron-LM's ``--moe-token-dispatcher-type`` (``core/transformer/transformer_config.py``); ``flex``
     (DeepEP / HybridEP kernels) is named so that it can be refused with a reason rather than as an unknown
@@ -202,13 +209,6 @@ class MoeTokenDispatcher(StrEnum):
     ALLGATHER = "allgather"
     ALLTOALL = "alltoall"
     FLEX = "flex"
-
-
-class Normalization(StrEnum):
-    """A transformer's norm layers (Megatron-LM's ``--normalization``): LayerNorm has 2·h parameters, RMSNorm h."""
-
-    LAYER_NORM = "LayerNorm"
-    RMS_NORM = "RMSNorm"
 
 
 class PositionEmbedding(StrEnum):

@@ -109,7 +109,7 @@ def test_layout_group_rows_match_groups() -> None:
     assert lay.group_rows("tp", [3]) is not lay.group_rows("tp", [3])  # fresh arrays, shared cache
     assert len(lay._group_lookup) == 5
     with pytest.raises(ConfigError, match="is not one of"):
-        lay.groups("mp")
+        lay.groups("bogus")
 
 
 def test_events_table_rejects_unknown_vocabulary() -> None:
