@@ -46,7 +46,7 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from .atomic import atomic_path
-from .errors import TraceFormatError
+from .errors import ConfigError, TraceFormatError
 from .vocab import (
     ALGORITHMS,
     COLLECTIVES,
@@ -62,6 +62,7 @@ from .vocab import (
 )
 from .vocab import ROUTING_KEY as _ROUTING_KEY
 
+_VOCABULARIES: dict[str, tuple[str, ...]] = {"phase": PHASES, "parallelism": PARALLELISM_TAGS, "op": OPS}
 META_KEY = b"llmcomm.meta"
 SCHEMA_VERSION_KEY = b"llmcomm.schema_version"
 SCHEMA_VERSION = 1
@@ -243,8 +244,12 @@ class Trace:
             if val is None:
                 continue
             if col not in df.columns:
-                raise TraceFormatError(f"select: no column {col!r}; columns: {list(df.columns)}")
+                raise ConfigError(f"select: no column {col!r}; columns: {', '.join(df.columns)}")
             vals = [val] if isinstance(val, (str, int, np.integer)) else list(val)
+            vocab = _VOCABULARIES.get(col)
+            bad = [v for v in vals if vocab is not None and v not in vocab]
+            if bad:
+                raise ConfigError(f"select: {col}={bad[0]!r} is not one of {', '.join(vocab)}")
             mask &= df[col].isin(vals).to_numpy()
         return Trace(df[mask].reset_index(drop=True), dict(self.meta), self.routing)
 
@@ -271,7 +276,10 @@ class Trace:
         df = self.events
         if sent_only:
             df = df[df["op"] != "recv"]
-        by = list(by)
+        by = [by] if isinstance(by, str) else list(by)
+        missing = [c for c in (*by, bytes_col) if c not in df.columns]
+        if missing:
+            raise ConfigError(f"volumes: no column {missing[0]!r} to group or sum; columns: {', '.join(df.columns)}")
         totals = pd.DataFrame({**{c: df[c] for c in by},
                                "bytes": df[bytes_col].to_numpy(np.int64) * df["count"].to_numpy(np.int64),
                                "calls": df["count"].to_numpy(np.int64)})

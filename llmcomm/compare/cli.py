@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from ..errors import ConfigError
+from ..vocab import FRAMEWORKS
 
 REPORT_SUFFIXES = (".md", ".html")
 
@@ -27,11 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: metadata or model)")
     p.add_argument("--distributed-optimizer", action="store_true", default=None,
                    help="Megatron's distributed optimizer (default: metadata)")
-    p.add_argument("--framework", default="megatron", choices=("megatron", "torch"),
+    p.add_argument("--framework", default="megatron", choices=FRAMEWORKS,
                    help="what issued the calls: Megatron-LM or torch's own parallel APIs (default: megatron)")
     p.add_argument("--iteration", type=int, default=None, help="iteration to compare (default: the last)")
     p.add_argument("--top", type=int, default=10, help="one-sided call groups to print (default: 10)")
-    p.add_argument("--out", default=None, help="write the report to this .md or .html file")
+    p.add_argument("--out", default=None, help="write the report to this .md or .html file (default: none)")
     p.set_defaults(func=run)
 
 
@@ -43,12 +42,12 @@ def _parallel_overrides(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..output_paths import check_file
     from ..specs import ParallelConfig
     from . import compare, load_measured
 
-    out = Path(args.out) if args.out else None
-    if out is not None and out.suffix not in REPORT_SUFFIXES:
-        raise ConfigError(f"--out {out}: the report is written as Markdown (.md) or HTML (.html)")
+    out = check_file(args.out, option="--out", suffixes=REPORT_SUFFIXES, writes="a Markdown or HTML report") \
+        if args.out else None
     trace = load_measured(args.trace)
     overrides = _parallel_overrides(args)
     parallel = None
