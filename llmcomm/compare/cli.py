@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..vocab import FRAMEWORKS
-
 REPORT_SUFFIXES = (".md", ".html")
 
 
@@ -26,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: metadata or model)")
     p.add_argument("--distributed-optimizer", action="store_true", default=None,
                    help="Megatron's distributed optimizer (default: metadata)")
-    p.add_argument("--framework", default="megatron", choices=FRAMEWORKS,
+    p.add_argument("--framework", default="megatron", choices=("megatron", "torch"),
                    help="what issued the calls: Megatron-LM or torch's own parallel APIs (default: megatron)")
     p.add_argument("--iteration", type=int, default=None, help="iteration to compare (default: the last)")
     p.add_argument("--top", type=int, default=10, help="one-sided call groups to print (default: 10)")
