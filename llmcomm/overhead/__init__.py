@@ -10,4 +10,7 @@ from .bandwidth import load_calibration as load_calibration
 from .iteration import Breakdown as Breakdown
 from .iteration import iteration_time as iteration_time
 from .iteration import iteration_times as iteration_times
+from .memory import MemoryBreakdown as MemoryBreakdown
+from .memory import memory as memory
+from .memory import memory_table as memory_table
 from .utilization import Utilization as Utilization
