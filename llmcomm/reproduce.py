@@ -25,8 +25,9 @@ import yaml
 
 from .atomic import write_bytes
 from .errors import ConfigError, LLMCommError
+from .paths import PROJECT_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = PROJECT_ROOT
 NOTEBOOKS = ROOT / "notebooks"
 PROFILES = ("full", "quick")
 FIGURES = ROOT / "figures"
@@ -40,7 +41,7 @@ def default_out_dir(profile: str) -> Path:
 def data_file(relative: str | os.PathLike[str]) -> Path:
     """A file of the project's ``data/`` folder (``"traces/gpt_tp4.parquet"``), independent of the
     working directory; absolute paths are returned unchanged."""
-    from .specs import data_dir
+    from .paths import data_dir
 
     p = Path(relative)
     return p if p.is_absolute() else data_dir() / p
