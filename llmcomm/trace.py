@@ -269,14 +269,23 @@ class Trace:
         t = self.select(**filters) if filters else self
         return flows_from_table(t.to_table(), algorithm)
 
-    def matrix(self, algorithm: str = "direct", world_size: int | None = None, **filters: Any) -> sp.csr_matrix:
+    def matrix(self, algorithm: str = "direct", world_size: int | None = None, *, level: str = "gpu",
+               gpus_per_node: int | None = None, nodes_per_rack: int | None = None,
+               **filters: Any) -> sp.csr_matrix:
         """Sparse ``world × world`` matrix of bytes from ``src`` (row) to ``dst`` (column).
 
         ``algorithm="direct"`` gives the logical (who-talks-to-whom) traffic; ``"ring"`` the ring flows.
-        Filters select events first (``parallelism=``, ``op=``, ``phase=``, ``iteration=``...)."""
+        Filters select events first (``parallelism=``, ``op=``, ``phase=``, ``iteration=``...).
+        ``level="node"`` (``"rack"``, given ``nodes_per_rack``) sums GPUs into nodes (racks); built block by
+        block of source ranks by :func:`llmcomm.matrix.matrix_from_table`. ``gpus_per_node`` defaults to
+        ``meta['gpus_per_node']`` or 8."""
+        from .matrix import matrix_from_table
+
         n = world_size or self.world_size
-        f = self.flows(algorithm, **filters)
-        return flows_to_matrix(f, n)
+        t = self.select(**filters) if filters else self
+        g = gpus_per_node or int(self.meta.get("gpus_per_node") or 8)
+        return matrix_from_table(t.to_table(), n, algorithm, level=level, gpus_per_node=g,
+                                 nodes_per_rack=nodes_per_rack)
 
     def volumes(self, by: Sequence[str] = ("parallelism",), bytes_col: str = "bytes",
                 sent_only: bool = False) -> pd.DataFrame:
@@ -417,8 +426,9 @@ def _schema_diff(got: pa.Schema, want: pa.Schema) -> str:
 
 
 # ------------------------------------------------------------------------------------------ flows
-def flows_from_table(table: pa.Table, algorithm: str = "ring") -> pd.DataFrame:
-    """Vectorized flow decomposition of an events table (see the module docstring for the rules)."""
+def flows_from_table(table: pa.Table, algorithm: str = "ring", tags: bool = True) -> pd.DataFrame:
+    """Vectorized flow decomposition of an events table (see the module docstring for the rules);
+    ``tags=False`` leaves out the event's tag columns (``src, dst, bytes`` only)."""
     if algorithm not in ALGORITHMS:
         raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     n_ev = table.num_rows
@@ -505,7 +515,7 @@ def flows_from_table(table: pa.Table, algorithm: str = "ring") -> pd.DataFrame:
         "bytes": np.concatenate(byte_parts).astype(np.float64) if byte_parts else np.zeros(0),
     }
     take = pa.array(ev_all, type=pa.int64())
-    for tag in FLOW_TAGS:  # Arrow take + to_pandas: same dtypes as a numpy gather, ~100x faster for strings
+    for tag in FLOW_TAGS if tags else ():  # Arrow take + to_pandas: same dtypes as a numpy gather, ~100x faster for strings
         out[tag] = table.column(tag).take(take).to_pandas()
     return pd.DataFrame(out)
 
