@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from .errors import ConfigError, TraceFormatError
 
 LEVELS = ("gpu", "node", "rack")
-BLOCK_FLOWS = 4_000_000  # flows decomposed at once (~100 MB of src/dst/bytes)
+BLOCK_FLOWS = 4_000_000  # group members decomposed at once (~40 bytes each in the temporaries)
 
 
 def level_unit(level: str, gpus_per_node: int = 8, nodes_per_rack: int | None = None) -> int:
@@ -52,23 +52,19 @@ def flow_arrays(table: pa.Table, algorithm: str = "ring") -> tuple[np.ndarray, n
     return f["src"].to_numpy(np.int64), f["dst"].to_numpy(np.int64), f["bytes"].to_numpy(np.float64)
 
 
-def _flows_per_event(table: pa.Table, algorithm: str) -> np.ndarray:
-    """An upper bound of the flows each event yields: group size for direct collectives, else 1."""
+def _work_per_event(table: pa.Table) -> np.ndarray:
+    """Work (and memory) an event costs the decomposition: its group size (the flat group members it
+    expands to, an upper bound of its flows under either algorithm), at least 1."""
     if table.num_rows == 0:
         return np.zeros(0, np.int64)
     lens = table.column("group").combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
-    lens = np.asarray(lens, dtype=np.int64)
-    op = table.column("op").to_numpy(zero_copy_only=False)
-    wide = op == "all_to_all"
-    if algorithm == "direct":
-        wide |= op != "send"
-    return np.where(wide, np.maximum(lens, 1), 1)
+    return np.maximum(np.asarray(lens, dtype=np.int64), 1)
 
 
 def blocks(rank: np.ndarray, weight: np.ndarray, world_size: int, unit: int,
            block_flows: int = BLOCK_FLOWS) -> list[tuple[int, int]]:
-    """Cut ``[0, world_size)`` into rank ranges ``[lo, hi)`` aligned to ``unit`` whose events yield at most
-    about ``block_flows`` flows (a single unit may exceed it)."""
+    """Cut ``[0, world_size)`` into rank ranges ``[lo, hi)`` aligned to ``unit`` whose events weigh at most
+    ``block_flows`` in all (a single unit may exceed it)."""
     n_units = -(-world_size // unit)
     per_unit = np.bincount(rank // unit, weights=weight, minlength=n_units)[:n_units]
     cum = np.concatenate([[0.0], np.cumsum(per_unit)])
@@ -95,7 +91,7 @@ def matrix_from_table(table: pa.Table, world_size: int, algorithm: str = "direct
     rank = table.column("rank").to_numpy().astype(np.int64) if table.num_rows else np.zeros(0, np.int64)
     if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
         raise TraceFormatError(f"events reach rank {int(rank.max())} >= world_size={world_size}")
-    weight = _flows_per_event(table, algorithm)
+    weight = _work_per_event(table)
     sorted_ranks = bool(np.all(rank[1:] >= rank[:-1])) if len(rank) else True
     order = None if sorted_ranks else np.argsort(rank, kind="stable")
     srank = rank if order is None else rank[order]

@@ -80,6 +80,7 @@ DEFAULTS: dict[str, Any] = {
     "t_start_ns": None, "t_end_ns": None, "count": 1,
 }
 
+VALIDATE_ROWS = 50_000  # rows validated at once
 FLOW_TAGS = ("iteration", "microbatch", "layer", "phase", "parallelism", "op")
 
 
@@ -146,11 +147,17 @@ def table_to_events(table: pa.Table) -> pd.DataFrame:
     return df
 
 
-def validate_events(table: pa.Table, origin: str = "<events>") -> None:
+def validate_events(table: pa.Table, origin: str = "<events>", _row0: int = 0) -> None:
     """Semantic checks on an events table: known ops/phases/parallelisms, non-negative bytes, the rank in
-    its own group, a peer for send/recv, split sizes matching the group for all_to_all."""
+    its own group, a peer for send/recv, split sizes matching the group for all_to_all. A large table is
+    checked in slices of ``VALIDATE_ROWS`` rows (bounded temporaries); errors name the row in the table."""
+    if table.num_rows > VALIDATE_ROWS:
+        for lo in range(0, table.num_rows, VALIDATE_ROWS):
+            validate_events(table.slice(lo, VALIDATE_ROWS), origin, _row0=_row0 + lo)
+        return
+
     def bad(col: str, rule: str, mask: np.ndarray) -> None:
-        i = int(np.nonzero(mask)[0][0])
+        i = int(np.nonzero(mask)[0][0]) + _row0
         raise TraceFormatError(f"{origin}: field {col!r} row {i}: {rule}")
 
     for col, allowed in (("op", OPS), ("phase", PHASES), ("parallelism", PARALLELISM_TAGS)):
