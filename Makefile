@@ -27,7 +27,7 @@ $(BASE): pyproject.toml
 
 # the tests add the dev tools and torch (CPU build) for the real torch.distributed runs
 $(STAMP): $(BASE)
-	$(PY) -m pip install --quiet -e '.[dev,collect]'
+	$(PY) -m pip install --quiet -e '.[dev,collect,scale]'
 	rm -f $(VENV)/.installed-test-* && touch $@
 
 figures: $(BASE)

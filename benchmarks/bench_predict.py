@@ -13,7 +13,8 @@ RSS (imports included) and the matrix's nonzeros. Targets at 131,072 GPUs: event
 
 A case is ``model:gpus:what`` with what = ``ring`` / ``direct`` (GPU matrix) or ``node`` (direct, summed
 to nodes of 8 GPUs). The machine's load average is printed with the table: timings on a shared machine
-are upper bounds.
+are upper bounds; the process's CPU time (user + system, one thread) is printed beside the wall time as the
+figure an idle machine would approach. Pass/fail is judged on wall time.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def one(case: str) -> dict:
 
     model, gpus, what = case.split(":")
     spec, parallel = config(model, int(gpus))
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = ru0.ru_utime + ru0.ru_stime
     t0 = time.perf_counter()
     trace = predict_traffic(spec, parallel)
     t1 = time.perf_counter()
@@ -60,10 +63,12 @@ def one(case: str) -> dict:
     else:
         m = trace.matrix(what)
     t2 = time.perf_counter()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    rss = ru.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    cpu = ru.ru_utime + ru.ru_stime - cpu0
     return {"case": case, "model": model, "gpus": int(gpus), "what": what, "rows": len(trace),
             "calls": int(trace.events["count"].sum()), "events_s": t1 - t0, "matrix_s": t2 - t1,
-            "total_s": t2 - t0, "peak_rss_gib": rss / 2**30, "nnz": int(m.nnz), "shape": list(m.shape)}
+            "total_s": t2 - t0, "cpu_s": cpu, "peak_rss_gib": rss / 2**30, "nnz": int(m.nnz), "shape": list(m.shape)}
 
 
 def main() -> int:
@@ -76,7 +81,7 @@ def main() -> int:
         print(json.dumps(one(args.one)))
         return 0
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print("| model | GPUs | what | events | matrix | total | peak RSS | nonzeros | target |")
+    print("| model | GPUs | what | events | matrix | total (CPU time) | peak RSS | nonzeros | target |")
     print("|---|---|---|---|---|---|---|---|---|")
     ok = True
     for case in args.cases:
@@ -99,7 +104,7 @@ def main() -> int:
         met = target is None or (r["total_s"] < target[0] and r["peak_rss_gib"] < target[1])
         ok &= met
         print(f"| {model} | {r['gpus']:,} | {what} | {r['events_s']:.1f} s ({r['rows']:,} rows) | "
-              f"{r['matrix_s']:.1f} s | {r['total_s']:.1f} s | {r['peak_rss_gib']:.2f} GiB | "
+              f"{r['matrix_s']:.1f} s | {r['total_s']:.1f} s ({r['cpu_s']:.1f} s) | {r['peak_rss_gib']:.2f} GiB | "
               f"{r['nnz'] / 1e6:.1f} M | {tgt}{'' if met else ' MISSED'} |")
     return 0 if ok else 1
 

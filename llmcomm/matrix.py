@@ -57,8 +57,10 @@ def _work_per_event(table: pa.Table) -> np.ndarray:
     expands to, an upper bound of its flows under either algorithm), at least 1."""
     if table.num_rows == 0:
         return np.zeros(0, np.int64)
-    lens = table.column("group").combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
-    return np.maximum(np.asarray(lens, dtype=np.int64), 1)
+    col = table.column("group")
+    lens = np.concatenate([np.diff(c.offsets.to_numpy()) for c in col.chunks]) if col.num_chunks else \
+        np.zeros(0, np.int64)
+    return np.maximum(lens.astype(np.int64), 1)
 
 
 def blocks(rank: np.ndarray, weight: np.ndarray, world_size: int, unit: int,

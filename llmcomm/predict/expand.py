@@ -105,20 +105,27 @@ def stage_table(lay: Layout, groups: _Groups, stage: int, calls: Sequence[Call],
         rows = groups.rows("cp", rank[is_cp])
         pos = lay.coords["cp"].to_numpy()[rank[is_cp]]
         peer[is_cp] = rows[np.arange(len(rows)), (pos + col["peer"][is_cp]) % lay.parallel.cp]
-    # group lists
+    # group lists: every rank has the same templates, so each rank's members fill one row of an (n, L) block
     sizes = {k: (2 if k in ("p2p", "cp_p2p") else groups.matrix(k).shape[1])
              for k in _KINDS if (tmpl["kind"] == _KINDS.index(k)).any()}
-    lens = np.zeros(n * t, dtype=np.int64)
-    for k, sz in sizes.items():
-        lens[col["kind"] == _KINDS.index(k)] = sz
-    offsets = np.zeros(n * t + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    values = np.empty(int(offsets[-1]), dtype=np.int32)
-    for k, sz in sizes.items():
-        sel = np.nonzero(col["kind"] == _KINDS.index(k))[0]
-        members = np.stack([rank[sel], peer[sel]], axis=1) if k in ("p2p", "cp_p2p") else groups.rows(k, rank[sel])
-        values[(offsets[sel][:, None] + np.arange(sz)).ravel()] = members.ravel()
-    group = pa.LargeListArray.from_arrays(offsets, values).cast(pa.list_(pa.int32()))
+    tlens = np.array([sizes[_KINDS[k]] for k in tmpl["kind"]], dtype=np.int64)
+    toff = np.concatenate([[0], np.cumsum(tlens)])
+    width = int(toff[-1])
+    values = np.empty((n, width), dtype=np.int32)
+    peer_nt = peer.reshape(n, t)
+    members = {k: groups.rows(k, ranks) for k in sizes if k not in ("p2p", "cp_p2p")}
+    for j in range(t):
+        k, a = _KINDS[tmpl["kind"][j]], int(toff[j])
+        if k in ("p2p", "cp_p2p"):
+            values[:, a] = ranks
+            values[:, a + 1] = peer_nt[:, j]
+        else:
+            values[:, a:a + sizes[k]] = members[k]
+    offsets = np.append((np.arange(n, dtype=np.int64)[:, None] * width + toff[None, :-1]).ravel(), n * width)
+    if n * width < 2**31:
+        group = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values.ravel()))
+    else:
+        group = pa.LargeListArray.from_arrays(offsets, values.ravel()).cast(pa.list_(pa.int32()))
     # all-to-all splits
     nbytes = col["bytes"].copy()
     a2a = np.nonzero(col["op"] == _OPS.index("all_to_all"))[0]
@@ -161,7 +168,7 @@ def stage_table(lay: Layout, groups: _Groups, stage: int, calls: Sequence[Call],
 
 
 def to_table(parts: Sequence[dict[str, np.ndarray | pa.Array]]) -> pa.Table:
-    """Concatenate stage columns into one table in ``EVENTS_SCHEMA``."""
+    """Stage columns as one table in ``EVENTS_SCHEMA`` (one chunk per stage)."""
     arrays = []
     for f in EVENTS_SCHEMA:
         if f.name in ("t_start_ns", "t_end_ns"):
@@ -177,9 +184,11 @@ def to_table(parts: Sequence[dict[str, np.ndarray | pa.Array]]) -> pa.Table:
             a = p[f.name]
             a = a if isinstance(a, pa.Array) else pa.array(a)
             chunks.append(a.cast(f.type) if not isinstance(a, pa.DictionaryArray) else a.dictionary_decode())
-        arrays.append(pa.concat_arrays(chunks) if chunks else pa.array([], f.type))
+        # one chunk per stage: no copy of the (large) group lists into one buffer
+        arrays.append(pa.chunked_array(chunks, f.type) if chunks else pa.array([], f.type))
     for i, f in enumerate(EVENTS_SCHEMA):
         if isinstance(arrays[i], pa.DictionaryArray):
             arrays[i] = arrays[i].dictionary_decode()
-        arrays[i] = arrays[i].cast(f.type)
+        if arrays[i].type != f.type:
+            arrays[i] = arrays[i].cast(f.type)
     return pa.Table.from_arrays(arrays, schema=EVENTS_SCHEMA)
