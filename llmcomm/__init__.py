@@ -6,7 +6,7 @@ Public names: the specs (:class:`ModelSpec`, :class:`ParallelConfig`, :class:`Cl
 
 from __future__ import annotations
 
-from .errors import ConfigError, DataError, LLMCommError, TraceFormatError
+from .errors import AnalysisError, ConfigError, DataError, LLMCommError, TraceFormatError
 from .ingest import ingest_bandwidth, ingest_trace
 from .layout import Layout, layout
 from .predict import predict_traffic
@@ -34,7 +34,7 @@ def __getattr__(name: str):  # noqa: ANN202 - lazy: the recorder needs torch, `i
     raise AttributeError(f"module 'llmcomm' has no attribute {name!r}")
 
 __all__ = [
-    "EVENTS_SCHEMA", "Cluster", "ConfigError", "DataError", "LLMCommError", "Layout", "ModelSpec",
+    "AnalysisError", "EVENTS_SCHEMA", "Cluster", "ConfigError", "DataError", "LLMCommError", "Layout", "ModelSpec",
     "ParallelConfig", "Trace", "TraceFormatError", "TrainingJob", "layout", "list_clusters", "list_models",
     "ingest_bandwidth", "ingest_trace", "load_cluster", "load_model", "predict_traffic", "read_trace", "record", "validate",
 ]

@@ -15,5 +15,10 @@ class TraceFormatError(LLMCommError, ValueError):
     """A trace or measurement file is malformed; the message names the file, the field and the rule."""
 
 
+class AnalysisError(LLMCommError, ValueError):
+    """An analysis was asked of a trace that cannot answer it (timings of an untimed trace, a layout that the
+    trace's metadata does not give) or with an argument outside its domain; the message says which."""
+
+
 class DataError(LLMCommError, RuntimeError):
     """External data is missing or fails its checksum."""

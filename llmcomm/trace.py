@@ -357,6 +357,9 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"cannot store {type(o).__name__} in trace metadata")
 
 
+json_default = _json_default  # the public name of the trace-metadata JSON encoder's fallback (json.dumps default=)
+
+
 def _atomic_write_parquet(table: pa.Table, path: Path) -> None:
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")

@@ -48,10 +48,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import DataError
+from ..errors import AnalysisError, DataError
 from ..layout import Layout
 from ..specs import ParallelConfig
-from .temporal import autocorrelation, repeatability
+from .repeatability import in_issue_order, repeatability
+from .temporal import autocorrelation
 
 ROUTING_COLUMNS = ("iteration", "microbatch", "layer", "src_rank", "expert", "tokens")
 METRICS = ("cv", "gini", "max_over_mean", "norm_entropy")
@@ -152,12 +153,6 @@ def expert_load(routing: pd.DataFrame) -> pd.DataFrame:
     return load
 
 
-def _issue_order(events: pd.DataFrame) -> pd.DataFrame:
-    e = events.copy()
-    e["_order"] = e["t_start_ns"].astype("float64").fillna(pd.Series(np.arange(len(e)), index=e.index))
-    return e.sort_values(["rank", "iteration", "_order"], kind="stable")
-
-
 def a2a_cells(events: pd.DataFrame, *, payload_only: bool = True) -> pd.DataFrame:
     """The all-to-all matrices of an events table as tidy cells: ``iteration, microbatch, layer, group,
     call, phase, dtype, src, dst, value`` — ``call`` is the ordinal of the all-to-all among those of the same
@@ -171,7 +166,7 @@ def a2a_cells(events: pd.DataFrame, *, payload_only: bool = True) -> pd.DataFram
     if e.empty:
         return pd.DataFrame(columns=["iteration", "microbatch", "layer", "group", "call", "phase", "dtype",
                                      "src", "dst", "value"])
-    e = _issue_order(e)
+    e = in_issue_order(e)
     e["group"] = [tuple(int(x) for x in g) for g in e["group"]]
     e["call"] = e.groupby(["rank", "iteration", "microbatch", "layer", "group"], sort=False).cumcount()
     sizes = e["group"].map(len).to_numpy()
@@ -358,7 +353,7 @@ def predict_next(stack: np.ndarray, method: str, *, alpha: float = 0.3, window: 
         p[1:] = m[:-1]
     elif method == "ema":
         if not 0 < alpha <= 1:
-            raise ValueError(f"alpha={alpha} must be in (0, 1]")
+            raise AnalysisError(f"alpha={alpha} must be in (0, 1]")
         s = m[0].copy()
         p[1] = s
         for t in range(2, T):
@@ -366,13 +361,13 @@ def predict_next(stack: np.ndarray, method: str, *, alpha: float = 0.3, window: 
             p[t] = s
     elif method == "window":
         if window < 1:
-            raise ValueError(f"window={window} must be >= 1")
+            raise AnalysisError(f"window={window} must be >= 1")
         c = np.concatenate([np.zeros((1, *m.shape[1:])), np.cumsum(m, axis=0)])
         t = np.arange(1, T)
         lo = np.maximum(0, t - window)
         p[1:] = (c[t] - c[lo]) / (t - lo)[:, None, None]
     else:
-        raise ValueError(f"method={method!r} is not one of uniform, last, ema, window")
+        raise AnalysisError(f"method={method!r} is not one of uniform, last, ema, window")
     return p
 
 
@@ -410,7 +405,7 @@ def exact_bounded_split(cells: pd.DataFrame, cell_keys: Sequence[str], time: str
     changes. Tidy: ``quantity, share, bytes`` (mean bytes per time step)."""
     ck = list(cell_keys)
     if "src" not in ck or "dst" not in ck:
-        raise ValueError("cell_keys must include 'src' and 'dst'")
+        raise AnalysisError("cell_keys must include 'src' and 'dst'")
     calls = list(call_keys) if call_keys is not None else [c for c in ck if c not in ("src", "dst")]
     n_t = cells[time].nunique()
     g = cells.groupby(ck, sort=False)["value"]
@@ -441,7 +436,7 @@ def exact_bounded_split(cells: pd.DataFrame, cell_keys: Sequence[str], time: str
 # ------------------------------------------------------------------------------------------ call sequence
 def moe_repeatability(events: pd.DataFrame, reference_iteration: int = 1,
                       columns: Sequence[str] = ("op", "group", "bytes")) -> pd.DataFrame:
-    """:func:`llmcomm.analysis.temporal.repeatability` on the ``(op, group, bytes)`` call sequence: per
+    """:func:`llmcomm.analysis.repeatability.repeatability` on the ``(op, group, bytes)`` call sequence: per
     (rank, iteration) whether it equals the reference iteration's and the share of matching positions."""
     return repeatability(events, reference_iteration=reference_iteration, columns=columns)
 
@@ -450,11 +445,11 @@ def sequence_variation(events: pd.DataFrame, reference_iteration: int = 1,
                        columns: Sequence[str] = ("op", "group", "bytes"),
                        by: Sequence[str] = ("parallelism", "op", "phase", "dtype", "slot")) -> pd.DataFrame:
     """Which calls vary: each call is compared on ``columns`` with the call at the same position of the same
-    rank's ``reference_iteration`` (issue order, as :func:`~llmcomm.analysis.temporal.call_sequences`).
+    rank's ``reference_iteration`` (issue order, :func:`~llmcomm.analysis.repeatability.in_issue_order`).
     ``slot`` is the ordinal of a call among the calls of the same (micro-batch, layer, phase, op, dtype) of its
     rank and iteration (for an MoE layer: 0 = dispatch, 1 = combine). Per ``by``: ``calls`` compared (the
     reference iteration excluded), ``identical`` share, ``bytes_min``/``bytes_max``."""
-    e = _issue_order(events)
+    e = in_issue_order(events)
     e["slot"] = e.groupby(["rank", "iteration", "microbatch", "layer", "phase", "op", "dtype"], sort=False,
                           observed=True).cumcount()
     e["pos"] = e.groupby(["rank", "iteration"], sort=False).cumcount()

@@ -7,15 +7,16 @@
 * :func:`ingest_bandwidth` reads nccl-tests logs, vTrain all-reduce tables and AICB timings into a bandwidth
   table.
 
-Every malformed input raises :class:`~llmcomm.errors.TraceFormatError` naming the file and the field.
+Each format is one reader (:mod:`llmcomm.ingest.readers`: ``looks_like(source)``, ``read(source, context)``)
+in a registry; detection and dispatch loop over it, and :func:`register_reader` adds a format from outside
+the package. Every malformed input raises :class:`~llmcomm.errors.TraceFormatError` naming the file and the
+field.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,16 +24,43 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from ..atomic import atomic_dir
 from ..errors import TraceFormatError
 from ..specs import ParallelConfig
-from ..trace import META_KEY, SCHEMA_VERSION, Trace, table_to_events, validate_events
+from ..trace import (
+    EVENTS_SCHEMA,
+    META_KEY,
+    SCHEMA_VERSION,
+    Trace,
+    json_default,
+    table_to_events,
+    validate_events,
+)
+from . import aicb, exec_trace, kineto, nccl_tests, vtrain_lut
+from .nccl_tests import BANDWIDTH_COLUMNS
+from .readers import (
+    FunctionReader,
+    ReadContext,
+    Reader,
+    TraceTable,
+    detect_format,
+    reader_for,
+    register_reader,
+    registered_readers,
+    unregister_reader,
+)
 from .sources import Source, iter_sources
 
-TRACE_FORMATS = ("kineto", "exec_trace", "aicb")
-BANDWIDTH_FORMATS = ("nccl_tests", "vtrain_lut", "aicb")
+# the built-in formats (``registered_readers()`` lists them); detection asks in this order: the text
+# formats with fixed headers first, then JSON
+for _reader in (vtrain_lut.READER, *aicb.READERS, nccl_tests.READER, kineto.READER, exec_trace.READER):
+    register_reader(_reader)
+del _reader
 PathsLike = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
-__all__ = ["detect_format", "ingest_bandwidth", "ingest_to_dataset", "ingest_trace", "iter_rank_tables"]
+__all__ = ["FunctionReader", "ReadContext", "Reader", "Source", "TraceTable", "detect_format", "ingest_bandwidth",
+           "ingest_to_dataset", "ingest_trace", "iter_rank_tables", "register_reader", "registered_readers",
+           "unregister_reader"]
 
 
 def _paths(paths: PathsLike) -> list[str | os.PathLike[str]]:
@@ -41,68 +69,54 @@ def _paths(paths: PathsLike) -> list[str | os.PathLike[str]]:
     return list(paths)
 
 
-def detect_format(src: Source) -> str:
-    """``kineto``, ``exec_trace``, ``aicb``, ``nccl_tests`` or ``vtrain_lut``, from the file's content."""
-    from . import aicb, nccl_tests, vtrain_lut
-
-    if not src.data.strip():
-        raise TraceFormatError(f"{src.name}: empty file")
-    if vtrain_lut.looks_like(src):
-        return "vtrain_lut"
-    if aicb.looks_like(src):
-        return "aicb"
-    if nccl_tests.looks_like(src):
-        return "nccl_tests"
-    head = src.data[:65536]
-    if head.lstrip()[:1] in (b"{", b"["):
-        if b'"traceEvents"' in head or b'"distributedInfo"' in head or b'"deviceProperties"' in head:
-            return "kineto"
-        if b'"nodes"' in head and b'"schema"' in head:
-            return "exec_trace"
-        from . import exec_trace, kineto
-        from .sources import loads_json
-
-        doc = loads_json(src)
-        if kineto.looks_like(doc):
-            return "kineto"
-        if exec_trace.looks_like(doc):
-            return "exec_trace"
-        raise TraceFormatError(f"{src.name}: field 'traceEvents'/'nodes': JSON, but neither a profiler trace "
-                               "nor an execution trace")
-    raise TraceFormatError(f"{src.name}: unknown format (not Kineto/execution-trace JSON, AICB CSV, "
-                           "nccl-tests output or a vTrain table)")
-
-
 def iter_rank_tables(paths: PathsLike, parallel: ParallelConfig | None = None, rank: int | None = None,
                      gpus_per_node: int = 8) -> Iterator[tuple[Source, str, pa.Table, dict[str, Any]]]:
-    """Each input file parsed into its events table, one at a time: ``(source, format, table, meta)``.
+    """Each input file parsed into its events table by the reader of its format, one at a time:
+    ``(source, format, table, meta)``.
 
     Two files claiming the same rank raise :class:`TraceFormatError` naming both."""
-    from . import aicb, exec_trace, kineto
-    from .common import GroupTagger
-
-    tagger = GroupTagger(parallel, gpus_per_node)  # without a config: tags from group names only
-    seen: dict[int, str] = {}
+    context = ReadContext(parallel, rank, gpus_per_node)  # without a config: groups tagged from names only
+    file_of_rank: dict[int, str] = {}
     for src in iter_sources(_paths(paths)):
-        fmt = detect_format(src)
-        if fmt == "kineto":
-            table, meta = kineto.parse(src, tagger, rank)
-        elif fmt == "exec_trace":
-            table, meta = exec_trace.parse(src, tagger, rank)
-        elif fmt == "aicb":
-            table, meta = aicb.parse(src, parallel, rank or 0, gpus_per_node)
-        else:
-            raise TraceFormatError(f"{src.name}: a {fmt} bandwidth measurement, not a trace; "
-                                   "read it with ingest_bandwidth")
-        r = meta.get("rank")
-        if r is not None:
-            if r in seen:
-                raise TraceFormatError(f"{src.name}: field 'rank': rank {r} is already claimed by {seen[r]}")
-            seen[r] = src.name
-        meta["format"] = fmt
+        reader = reader_for(src, "trace")
+        table, meta = _checked_trace_table(reader, src, reader.read(src, context))
+        claimed = meta.get("rank")
+        if claimed is not None:
+            if claimed in file_of_rank:
+                raise TraceFormatError(f"{src.name}: field 'rank': rank {claimed} is already claimed by "
+                                       f"{file_of_rank[claimed]}")
+            file_of_rank[claimed] = src.name
+        meta["format"] = reader.name
         meta["file"] = src.name
         meta["bytes_read"] = src.size
-        yield src, fmt, table, meta
+        yield src, reader.name, table, meta
+
+
+def _checked_trace_table(reader: Reader, src: Source, result: Any) -> TraceTable:
+    """A trace reader's result, checked to be an events table in :data:`EVENTS_SCHEMA` and a metadata dict
+    (a reader from outside the package gets a clear error instead of a failure further on)."""
+    try:
+        table, meta = result
+    except (TypeError, ValueError):
+        raise TraceFormatError(f"{src.name}: reader {reader.name!r} returned {type(result).__name__}, not a "
+                               "TraceTable(events, meta)") from None
+    if not isinstance(table, pa.Table) or not table.schema.equals(EVENTS_SCHEMA):
+        raise TraceFormatError(f"{src.name}: reader {reader.name!r} returned events that are not an Arrow table "
+                               "in EVENTS_SCHEMA (build it with llmcomm.trace.events_to_table)")
+    if not isinstance(meta, dict):
+        raise TraceFormatError(f"{src.name}: reader {reader.name!r} returned meta of type {type(meta).__name__}, "
+                               "not a dict")
+    return TraceTable(table, meta)
+
+
+def _checked_bandwidth_table(reader: Reader, src: Source, frame: Any) -> pd.DataFrame:
+    """A bandwidth reader's result, checked to be a DataFrame with every bandwidth column."""
+    missing = ([] if isinstance(frame, pd.DataFrame) else ["(not a DataFrame)"]) or \
+        [c for c in BANDWIDTH_COLUMNS if c not in frame.columns]
+    if missing:
+        raise TraceFormatError(f"{src.name}: reader {reader.name!r} returned a bandwidth table without "
+                               f"{', '.join(missing)}")
+    return frame
 
 
 def _summary_meta(metas: list[dict[str, Any]], parallel: ParallelConfig | None) -> dict[str, Any]:
@@ -152,64 +166,40 @@ def ingest_to_dataset(paths: PathsLike, out: str | os.PathLike[str], parallel: P
     renamed into place only when every input was read, so a failure leaves nothing under ``out``."""
     import pyarrow.parquet as pq
 
-    from ..trace import _json_default
-
     out = Path(out)
     if out.exists() and not overwrite:
         raise TraceFormatError(f"{out}: already exists (pass overwrite=True to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        n = 0
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        files = 0
         for _src, fmt, table, meta in iter_rank_tables(paths, parallel, rank, gpus_per_node):
             validate_events(table, meta["file"])
             doc = {"source": "ingest", "format": fmt, "file": meta["file"], "rank": meta.get("rank"),
                    "world_size": meta.get("world_size")}
             if parallel is not None:
                 doc["parallel"] = parallel.to_dict()
-            md = {META_KEY: json.dumps(doc, default=_json_default, sort_keys=True).encode(),
-                  b"llmcomm.schema_version": str(SCHEMA_VERSION).encode()}
-            r = meta.get("rank")
-            name = f"rank-{r:05d}.parquet" if r is not None else f"part-{n:05d}.parquet"
-            pq.write_table(table.replace_schema_metadata(md), tmp / name, compression="zstd")
-            n += 1
-        if n == 0:
+            schema_metadata = {META_KEY: json.dumps(doc, default=json_default, sort_keys=True).encode(),
+                               b"llmcomm.schema_version": str(SCHEMA_VERSION).encode()}
+            file_rank = meta.get("rank")
+            name = f"rank-{file_rank:05d}.parquet" if file_rank is not None else f"part-{files:05d}.parquet"
+            pq.write_table(table.replace_schema_metadata(schema_metadata), tmp / name, compression="zstd")
+            files += 1
+        if files == 0:
             raise TraceFormatError(f"{_paths(paths)}: no input files")
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            os.replace(out, trash / "old")
-            os.replace(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
 def ingest_bandwidth(paths: PathsLike, op: str | None = None) -> pd.DataFrame:
     """Bandwidth measurements (nccl-tests logs, vTrain all-reduce tables, AICB timed workloads) as one table:
     ``op, bytes, count, dtype, ranks, nodes, placement, time_us, time_s, algbw, busbw, device, source``
-    (bandwidths in GB/s; ``nodes`` null where the file does not say)."""
-    from . import aicb, nccl_tests, vtrain_lut
-
+    (bandwidths in GB/s; ``nodes`` null where the file does not say). ``op`` names the collective of
+    nccl-tests logs that do not."""
+    context = ReadContext(op=op)
     frames = []
     for src in iter_sources(_paths(paths)):
-        fmt = detect_format(src)
-        if fmt == "nccl_tests":
-            df = nccl_tests.parse(src, nccl_tests.canonical_op(op))
-        elif fmt == "vtrain_lut":
-            df = vtrain_lut.parse(src)
-        elif fmt == "aicb":
-            df = aicb.bandwidth_rows(src)
-            df = df.assign(count=None, dtype="", nodes=None, placement="out-of-place", time_s=df["time_us"] * 1e-6,
-                           device="", source=src.name.rsplit("/", 1)[-1])
-        else:
-            raise TraceFormatError(f"{src.name}: a {fmt} trace, not a bandwidth measurement; read it with "
-                                   "ingest_trace")
-        df["format"] = fmt
-        frames.append(df)
+        reader = reader_for(src, "bandwidth")
+        frame = _checked_bandwidth_table(reader, src, reader.read(src, context))
+        frame["format"] = reader.name
+        frames.append(frame)
     if not frames:
         raise TraceFormatError(f"{_paths(paths)}: no input files")
     out = pd.concat(frames, ignore_index=True)

@@ -32,11 +32,12 @@ import math
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
 
 from ..errors import ConfigError, TraceFormatError
+from ..layout import Layout
 from ..specs import ParallelConfig
 from .common import EventBuilder, GroupTagger, as_int, guarded, op_name, parallelism_from_name
+from .readers import FunctionReader, ReadContext, TraceTable
 from .sources import Source
 
 COLUMNS = ("comm_type", "comm_group", "comm_group_size", "msg_size", "stage", "dst", "src", "additional",
@@ -44,17 +45,28 @@ COLUMNS = ("comm_type", "comm_group", "comm_group_size", "msg_size", "stage", "d
 LAYOUT_DIMS = {"tp": "tp", "dp": "dp", "pp": "pp", "ep": "ep", "cp": "cp"}
 
 
-def looks_like(src: Source) -> bool:
-    head = src.data[:400].decode("utf-8", "replace")
+def looks_like(source: Source) -> bool:
+    """A CSV whose first 400 bytes name the ``comm_type`` and ``msg_size`` columns."""
+    head = source.data[:400].decode("utf-8", "replace")
     return "comm_type" in head and "msg_size" in head
 
 
+def read_trace(source: Source, context: ReadContext) -> TraceTable:
+    """The trace reader's entry point: :func:`parse` for the context's parallel configuration and rank
+    (rank 0 when not given)."""
+    return parse(source, context.parallel, context.rank or 0, context.gpus_per_node)
+
+
+def read_bandwidth(source: Source, context: ReadContext) -> pd.DataFrame:
+    """The bandwidth reader's entry point: :func:`bandwidth_rows` in the bandwidth table's columns (no
+    element count, dtype, node count or device in the file; placement out-of-place)."""
+    rows = bandwidth_rows(source)
+    return rows.assign(count=None, dtype="", nodes=None, placement="out-of-place", time_s=rows["time_us"] * 1e-6,
+                       device="", source=source.name.rsplit("/", 1)[-1])
+
+
 def _rows(src: Source) -> list[dict[str, str]]:
-    try:
-        text = src.data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise TraceFormatError(f"{src.name}: not UTF-8 text: {e}") from None
-    lines = text.splitlines()
+    lines = src.text().splitlines()
     start = 0
     while start < len(lines) and not lines[start].startswith("comm_type"):
         start += 1
@@ -87,6 +99,51 @@ def _opt_float(v: str | None, origin: str, field: str, line: int) -> float | Non
     if not math.isfinite(x) or x < 0:
         raise TraceFormatError(f"{origin} line {line}: field {field!r}: {x} is not a finite non-negative number")
     return x
+
+
+def _phase(stage: str, iteration: int) -> str:
+    """``setup`` before the first epoch end or for ``init*`` stages, else from the stage's prefix."""
+    if stage.startswith("init") or iteration == 0:
+        return "setup"
+    if stage.startswith("backward"):
+        return "backward"
+    if stage.startswith("step"):
+        return "optimizer"
+    return "forward"
+
+
+def _peer(row: dict[str, str], op: str, group: list[int], origin: str, line: int) -> int:
+    """The partner of a send (``dst``) or recv (``src``), or a broadcast's root as a global rank; -1 for
+    other ops and for a broadcast that names none."""
+    if op not in ("send", "recv", "broadcast"):
+        return -1
+    stated = _opt_int(row.get("dst" if op == "send" else "src"), origin, "dst/src", line)
+    if stated is None:
+        if op != "broadcast":
+            raise TraceFormatError(f"{origin} line {line}: field 'dst/src': missing for {op}")
+        return -1
+    return group[stated] if op == "broadcast" and stated < len(group) else stated
+
+
+def _row_group(row: dict[str, str], groups: dict[str, list[int]], layout: Layout, rank: int, origin: str,
+               line: int) -> list[int]:
+    """The global ranks of the row's ``comm_group`` for ``rank`` on ``layout`` (cached per group kind in
+    ``groups``), checked against the row's ``comm_group_size``."""
+    kind = _group_kind(row.get("comm_group"))
+    if kind is None:
+        raise TraceFormatError(f"{origin} line {line}: field 'comm_group': missing for "
+                               f"{(row.get('comm_type') or '').strip()}")
+    if kind not in groups:
+        parallel = layout.parallel
+        dim = LAYOUT_DIMS.get(kind)
+        size = (parallel.ep if dim == "ep" else getattr(parallel, dim)) if dim else 0
+        groups[kind] = layout.group_of(rank, dim) if dim and size > 1 else [rank]
+    group = groups[kind]
+    stated = _opt_int(row.get("comm_group_size"), origin, "comm_group_size", line)
+    if stated is not None and stated != len(group):
+        raise TraceFormatError(f"{origin} line {line}: field 'comm_group_size': {stated} but the "
+                               f"{kind} group of the parallel configuration has {len(group)} ranks")
+    return group
 
 
 def _group_kind(v: str | None) -> str | None:
@@ -123,10 +180,8 @@ def infer_parallel(rows: list[dict[str, str]], origin: str) -> tuple[ParallelCon
 
 @guarded("AICB")
 def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
-          gpus_per_node: int = 8) -> tuple[pa.Table, dict]:
+          gpus_per_node: int = 8) -> TraceTable:
     """One AICB workload -> (events table of ``rank``, meta). See the module docstring."""
-    from ..layout import Layout
-
     origin = src.name
     rows = _rows(src)
     assumptions: list[str] = []
@@ -134,17 +189,17 @@ def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
         parallel, assumptions = infer_parallel(rows, origin)
     if not 0 <= rank < parallel.world_size:
         raise TraceFormatError(f"{origin}: rank {rank} is outside the world of {parallel.world_size}")
-    lay = Layout(parallel, gpus_per_node)
+    layout = Layout(parallel, gpus_per_node)
     tagger = GroupTagger(parallel, gpus_per_node)
     groups: dict[str, list[int]] = {}
-    b = EventBuilder("aicb")
+    builder = EventBuilder("aicb")
     iteration, micro, last_phase = 0, -1, ""
     clock_ns = 0
     timed = 0
     skipped: dict[str, int] = {}
-    for i, r in enumerate(rows):
+    for i, row in enumerate(rows):
         line = i + 2
-        ctype = (r.get("comm_type") or "").strip()
+        ctype = (row.get("comm_type") or "").strip()
         if ctype == "CommType.epoch_end":
             iteration += 1
             micro, last_phase = -1, ""
@@ -153,52 +208,33 @@ def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
         if op is None:
             skipped[ctype] = skipped.get(ctype, 0) + 1
             continue
-        stage = (r.get("stage") or "").strip()
-        phase = ("setup" if stage.startswith("init") or iteration == 0 else
-                 "forward" if stage.startswith("forward") else
-                 "backward" if stage.startswith("backward") else
-                 "optimizer" if stage.startswith("step") else "forward")
+        phase = _phase((row.get("stage") or "").strip(), iteration)
         if phase == "forward" and last_phase in ("", "backward"):
             micro += 1
         if phase in ("forward", "backward"):
             last_phase = phase
-        kind = _group_kind(r.get("comm_group"))
-        if kind is None:
-            raise TraceFormatError(f"{origin} line {line}: field 'comm_group': missing for {ctype}")
-        if kind not in groups:
-            dim = LAYOUT_DIMS.get(kind)
-            size = (parallel.ep if dim == "ep" else getattr(parallel, dim)) if dim else 0
-            groups[kind] = lay.group_of(rank, dim) if dim and size > 1 else [rank]
-        group = groups[kind]
-        stated = _opt_int(r.get("comm_group_size"), origin, "comm_group_size", line)
-        if stated is not None and stated != len(group):
-            raise TraceFormatError(f"{origin} line {line}: field 'comm_group_size': {stated} but the "
-                                   f"{kind} group of the parallel configuration has {len(group)} ranks")
-        nbytes = _opt_int(r.get("msg_size"), origin, "msg_size", line)
+        group = _row_group(row, groups, layout, rank, origin, line)
+        nbytes = _opt_int(row.get("msg_size"), origin, "msg_size", line)
         if nbytes is None:
             raise TraceFormatError(f"{origin} line {line}: field 'msg_size': missing")
-        ms = _opt_float(r.get("_elapsed_time"), origin, "_elapsed_time", line)
+        elapsed_ms = _opt_float(row.get("_elapsed_time"), origin, "_elapsed_time", line)
         t0 = t1 = None
-        if ms is not None:
+        if elapsed_ms is not None:
             t0 = clock_ns
-            t1 = clock_ns + round(ms * 1e6)
+            t1 = clock_ns + round(elapsed_ms * 1e6)
             clock_ns = t1
             timed += 1
-        peer = -1
-        if op in ("send", "recv", "broadcast"):
-            p = _opt_int(r.get("dst" if op == "send" else "src"), origin, "dst/src", line)
-            if p is not None:
-                peer = group[p] if op == "broadcast" and p < len(group) else p
-            elif op != "broadcast":
-                raise TraceFormatError(f"{origin} line {line}: field 'dst/src': missing for {op}")
+        peer = _peer(row, op, group, origin, line)
         split = [nbytes // len(group)] * len(group) if op == "all_to_all" and nbytes % len(group) == 0 else None
-        b.add(rank=rank, op=op, group=group, nbytes=nbytes, parallelism=tagger.tag(r.get("comm_group"), group, op),
-              iteration=iteration, microbatch=micro if phase in ("forward", "backward") and parallel.pp == 1 else -1,
-              phase=phase, peer=peer, split_bytes=split, t_start_ns=t0, t_end_ns=t1)
+        builder.add(rank=rank, op=op, group=group, nbytes=nbytes,
+                    parallelism=tagger.tag(row.get("comm_group"), group, op),
+                    iteration=iteration,
+                    microbatch=micro if phase in ("forward", "backward") and parallel.pp == 1 else -1,
+                    phase=phase, peer=peer, split_bytes=split, t_start_ns=t0, t_end_ns=t1)
     meta = {"rank": rank, "parallel": parallel.to_dict(), "world_size": parallel.world_size,
             "assumptions": assumptions, "epoch_ends": iteration, "timed_rows": timed, "skipped": skipped,
             "time_base": "back-to-back: start = running sum of measured durations" if timed else None}
-    return b.table(origin), meta
+    return TraceTable(builder.table(origin), meta)
 
 
 @guarded("AICB")
@@ -222,3 +258,7 @@ def bandwidth_rows(src: Source) -> pd.DataFrame:
         out.append({"op": op, "bytes": nbytes, "ranks": n, "time_us": ms * 1e3, "algbw": algbw,
                     "busbw": algbw * BUSBW_FACTOR[op](n), "group": kind, "stage": r.get("stage")})
     return pd.DataFrame(out)
+
+
+READERS = (FunctionReader("aicb", "trace", looks_like, read_trace),
+           FunctionReader("aicb", "bandwidth", looks_like, read_bandwidth))

@@ -125,15 +125,15 @@ class GroupTagger:
         return hit
 
     def _from_ranks(self, ranks: tuple[int, ...], a2a: bool) -> str:
-        cands = self._by_ranks.get(tuple(sorted(ranks)))
-        if not cands:
+        candidates = self._by_ranks.get(tuple(sorted(ranks)))
+        if not candidates:
             return "other"
-        if a2a and "ep" in cands:
+        if a2a and "ep" in candidates:
             return "ep"
-        for p in self.ORDER:
-            if p in cands:
-                return p
-        return cands[0]
+        for parallelism in self.ORDER:
+            if parallelism in candidates:
+                return parallelism
+        return candidates[0]
 
 
 def parse_rank_list(value: Any, origin: str, field: str) -> list[int]:
@@ -182,23 +182,23 @@ class EventBuilder:
             microbatch: int = -1, layer: int = -1, phase: str = "forward", peer: int = -1, dtype: str = "",
             split_bytes: list[int] | None = None, t_start_ns: int | None = None, t_end_ns: int | None = None,
             count: int = 1) -> None:
-        c = self.cols
-        c["rank"].append(rank)
-        c["iteration"].append(iteration)
-        c["microbatch"].append(microbatch)
-        c["layer"].append(layer)
-        c["phase"].append(phase)
-        c["parallelism"].append(parallelism)
-        c["op"].append(op)
-        c["group"].append(group)
-        c["peer"].append(peer)
-        c["bytes"].append(nbytes)
-        c["dtype"].append(dtype)
-        c["split_bytes"].append(split_bytes)
-        c["t_start_ns"].append(t_start_ns)
-        c["t_end_ns"].append(t_end_ns)
-        c["source"].append(self.source)
-        c["count"].append(count)
+        columns = self.cols
+        columns["rank"].append(rank)
+        columns["iteration"].append(iteration)
+        columns["microbatch"].append(microbatch)
+        columns["layer"].append(layer)
+        columns["phase"].append(phase)
+        columns["parallelism"].append(parallelism)
+        columns["op"].append(op)
+        columns["group"].append(group)
+        columns["peer"].append(peer)
+        columns["bytes"].append(nbytes)
+        columns["dtype"].append(dtype)
+        columns["split_bytes"].append(split_bytes)
+        columns["t_start_ns"].append(t_start_ns)
+        columns["t_end_ns"].append(t_end_ns)
+        columns["source"].append(self.source)
+        columns["count"].append(count)
 
     def __len__(self) -> int:
         return len(self.cols["rank"])

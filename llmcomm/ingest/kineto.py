@@ -24,7 +24,7 @@ What is read from a trace (Chrome trace format, ``traceEvents`` of complete ``"p
   on a thread other than the ones that hold ``ProfilerStep`` spans (the autograd thread); else ``forward``.
 * **received bytes** of old-style all-to-alls (no split sizes): the output tensor of the enclosing
   ``c10d::alltoall_base_`` op, kept in ``meta['a2a_recv_bytes']`` (call order) for
-  :func:`llmcomm.ingest.summary.a2a_matrix_estimate`.
+  :func:`llmcomm.analysis.a2a_matrix_estimate`.
 
 Speed: files in the profiler's own layout (one event per ``"\n  {" ... "\n  }"`` block) take a fast path that
 finds the events above with one regex scan and parses only those blocks plus the document without its
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -52,7 +53,8 @@ from .common import (
     op_name,
     parse_rank_list,
 )
-from .sources import Source, loads_json
+from .readers import FunctionReader, ReadContext, TraceTable
+from .sources import Source, json_list
 
 # Kineto writes one event per block: "[\n  {\n    "ph": ..., "cat": ..., "name": ...\n  },\n  {..."
 _ARRAY_START = b'"traceEvents": [\n  {'
@@ -69,32 +71,51 @@ NCCL_KERNEL = re.compile(r"^nccl(Dev)?Kernel", re.IGNORECASE)
 BWD_ANNOTATION = re.compile(r"backward|bwd", re.IGNORECASE)
 
 
-def looks_like(doc: Any) -> bool:
+KINETO_KEYS = (b'"traceEvents"', b'"distributedInfo"', b'"deviceProperties"')
+
+
+def is_profiler_document(doc: Any) -> bool:
+    """A parsed JSON document with ``traceEvents``."""
     return isinstance(doc, dict) and "traceEvents" in doc
+
+
+def looks_like(source: Source) -> bool:
+    """JSON whose first 64 KiB name a profiler key (``traceEvents``, ``distributedInfo``,
+    ``deviceProperties``), or, failing that, whose parsed document has ``traceEvents``."""
+    if not source.is_json():
+        return False
+    if any(source.head_contains(key) for key in KINETO_KEYS):
+        return True
+    return is_profiler_document(source.json_or_none())
+
+
+def read(source: Source, context: ReadContext) -> TraceTable:
+    """The reader protocol's entry point: :func:`parse` with the context's group tagger and rank."""
+    return parse(source, context.tagger, context.rank)
 
 
 class _Spans:
     """Time spans (start, end) that answer "is time t inside any span" for sorted queries in O(log n)."""
 
     def __init__(self) -> None:
-        self.s: list[float] = []
-        self.e: list[float] = []
-        self._ready: tuple[np.ndarray, np.ndarray] | None = None
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
 
-    def add(self, s: float, e: float) -> None:
-        self.s.append(s)
-        self.e.append(e)
+    def add(self, start: float, end: float) -> None:
+        self.starts.append(start)
+        self.ends.append(end)
 
     def contains(self, t: float) -> bool:
-        if not self.s:
+        if not self.starts:
             return False
-        if self._ready is None:
-            order = np.argsort(self.s, kind="stable")
-            starts = np.asarray(self.s)[order]
-            self._ready = (starts, np.maximum.accumulate(np.asarray(self.e)[order]))
-        starts, maxend = self._ready
+        if self._sorted is None:
+            order = np.argsort(self.starts, kind="stable")
+            starts = np.asarray(self.starts)[order]
+            self._sorted = (starts, np.maximum.accumulate(np.asarray(self.ends)[order]))
+        starts, latest_end = self._sorted
         i = int(np.searchsorted(starts, t, side="right")) - 1
-        return i >= 0 and maxend[i] >= t
+        return i >= 0 and latest_end[i] >= t
 
 
 def _num(v: Any, origin: str, field: str) -> float:
@@ -110,31 +131,107 @@ def _dims_numel(dims: Any, origin: str) -> int:
         raise TraceFormatError(f"{origin}: field 'Input Dims': expected a list of shapes")
     shapes = dims if all(isinstance(d, list) for d in dims) else [dims]
     total = 0
-    for shp in shapes:
-        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shp):
-            raise TraceFormatError(f"{origin}: field 'Input Dims': not a shape: {shp!r:.60}")
-        total += int(np.prod(shp, dtype=np.int64)) if shp else 0
+    for shape in shapes:
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
+            raise TraceFormatError(f"{origin}: field 'Input Dims': not a shape: {shape!r:.60}")
+        total += int(np.prod(shape, dtype=np.int64)) if shape else 0
     return total
 
 
-@guarded("Kineto")
-def parse(src: Source, parallel_tagger: GroupTagger | None = None, rank: int | None = None,
-          fast: bool = True) -> tuple[pa.Table, dict]:
-    """One Kineto trace -> (events table of its rank, meta). See the module docstring for the rules.
+@dataclass
+class _Scan:
+    """The events of one trace that the reader uses, sorted by role (one pass over ``traceEvents``)."""
 
-    ``fast``: when the file has the profiler's own layout, parse only the events that matter (see
-    :func:`_split_kineto_layout`); ``fast=False`` always parses the whole document (same result)."""
-    origin = src.name
+    origin: str
+    comm_records: list[dict] = field(default_factory=list)  # record_param_comms CPU ops
+    nccl_annotations: list[dict] = field(default_factory=list)  # nccl:<op> CPU annotations
+    steps: list[tuple[float, int]] = field(default_factory=list)  # (ts, N) of each ProfilerStep#N
+    step_threads: set = field(default_factory=set)
+    optimizer_spans: dict[Any, _Spans] = field(default_factory=dict)  # per thread
+    backward_spans: dict[Any, _Spans] = field(default_factory=dict)  # per thread
+    kernels: dict[Any, tuple[Any, Any]] = field(default_factory=dict)  # correlation -> (ts, dur), µs as written
+    launches: list[tuple[Any, float, Any]] = field(default_factory=list)  # (tid, ts, correlation)
+    alltoall_ops: list[dict] = field(default_factory=list)  # c10d::alltoall* CPU ops
+    _step_starts: list[float] = field(default_factory=list)
+
+    def add(self, event: Any) -> None:
+        """File ``event`` under its role (or nowhere); malformed fields of a used event are errors."""
+        origin = self.origin
+        if not isinstance(event, dict):
+            raise TraceFormatError(f"{origin}: field 'traceEvents[]': expected objects, got {type(event).__name__}")
+        if event.get("ph") != "X":
+            return
+        name = event.get("name")
+        if not isinstance(name, str):
+            return
+        category = event.get("cat")
+        if category == "kernel":
+            if NCCL_KERNEL.match(name):
+                correlation = (event.get("args") or {}).get("correlation")
+                _num(event.get("ts"), origin, "ts")
+                _num(event.get("dur", 0), origin, "dur")
+                self.kernels[correlation] = (event["ts"], event.get("dur", 0))
+        elif category in ("cuda_runtime", "cuda_driver"):
+            args = event.get("args")
+            if isinstance(args, dict) and "correlation" in args:
+                self.launches.append((event.get("tid"), _num(event.get("ts"), origin, "ts"), args["correlation"]))
+        elif name == "record_param_comms":
+            self.comm_records.append(event)
+        elif name.startswith("nccl:"):
+            if category != "gpu_user_annotation":
+                self.nccl_annotations.append(event)
+        elif name.startswith("c10d::alltoall"):
+            self.alltoall_ops.append(event)
+        elif name.startswith("ProfilerStep#"):
+            try:
+                step = int(name[13:])
+            except ValueError:
+                raise TraceFormatError(f"{origin}: field 'name': bad step span {name!r:.60}") from None
+            self.steps.append((_num(event.get("ts"), origin, "ts"), step))
+            self.step_threads.add(event.get("tid"))
+        elif name.startswith("Optimizer.step"):
+            self._add_span(self.optimizer_spans, event)
+        elif name.startswith("autograd::engine::evaluate_function") or (
+                category == "user_annotation" and BWD_ANNOTATION.search(name)):
+            self._add_span(self.backward_spans, event)
+
+    def _add_span(self, spans: dict[Any, _Spans], event: dict) -> None:
+        ts = _num(event.get("ts"), self.origin, "ts")
+        spans.setdefault(event.get("tid"), _Spans()).add(ts, ts + _num(event.get("dur", 0), self.origin, "dur"))
+
+    def iteration_at(self, ts: float) -> int:
+        """``N`` of the last ``ProfilerStep#N`` starting at or before ``ts`` (the first N before any; 0
+        without steps). Call after :meth:`sort_steps`."""
+        if not self.steps:
+            return 0
+        i = bisect_right(self._step_starts, ts) - 1
+        return self.steps[max(i, 0)][1]
+
+    def sort_steps(self) -> None:
+        self.steps.sort()
+        self._step_starts = [ts for ts, _ in self.steps]
+
+    def phase_of(self, tid: Any, ts: float) -> str:
+        """``optimizer``, ``backward`` or ``forward`` for a call on thread ``tid`` at ``ts`` (module docstring)."""
+        if tid in self.optimizer_spans and self.optimizer_spans[tid].contains(ts):
+            return "optimizer"
+        if ((tid in self.backward_spans and self.backward_spans[tid].contains(ts))
+                or (self.step_threads and tid not in self.step_threads)):
+            return "backward"
+        return "forward"
+
+
+def _load(src: Source, fast: bool) -> tuple[dict, list]:
+    """The document (possibly without its events) and the events to read: through the fast path when
+    ``fast`` and the layout allows, else a full parse."""
     split = _split_kineto_layout(src) if fast else None
     if split is not None:
-        doc, events = split
-    else:
-        doc = loads_json(src)
-        if not looks_like(doc):
-            raise TraceFormatError(f"{origin}: field 'traceEvents': missing; not a PyTorch profiler trace")
-        events = doc["traceEvents"]
-    if not isinstance(events, list):
-        raise TraceFormatError(f"{origin}: field 'traceEvents': expected a list, got {type(events).__name__}")
+        return split
+    return json_list(src, "traceEvents", is_profiler_document, "a PyTorch profiler trace")
+
+
+def _distributed_info(doc: dict, origin: str, rank: int | None) -> tuple[dict, int, int | None]:
+    """``(distributedInfo, rank, world_size)``; the file's rank wins over the ``rank`` hint."""
     dist = doc.get("distributedInfo")
     if dist is not None and not isinstance(dist, dict):
         raise TraceFormatError(f"{origin}: field 'distributedInfo': expected an object")
@@ -147,138 +244,107 @@ def parse(src: Source, parallel_tagger: GroupTagger | None = None, rank: int | N
     world = as_int(dist["world_size"], origin, "distributedInfo.world_size", 1) if "world_size" in dist else None
     if world is not None and rank >= world:
         raise TraceFormatError(f"{origin}: field 'distributedInfo.rank': {rank} >= world_size {world}")
-    base_ns = doc.get("baseTimeNanoseconds", 0)
-    base_ns = as_int(base_ns, origin, "baseTimeNanoseconds") if base_ns else 0
-    pg_by_name: dict[str, dict] = {}
-    pgs = dist.get("pg_config") or []
-    for pg in pgs if isinstance(pgs, list) else []:
-        if isinstance(pg, dict) and "pg_name" in pg:
-            pg_by_name[str(pg["pg_name"])] = pg
+    return dist, rank, world
 
-    rpcs: list[dict] = []
-    annots: list[dict] = []
-    steps: list[tuple[float, int]] = []
-    step_tids: set = set()
-    opt_spans: dict[Any, _Spans] = {}
-    bwd_spans: dict[Any, _Spans] = {}
-    kernels: dict[Any, tuple[float, float]] = {}
-    launches: list[tuple[Any, float, Any]] = []
-    a2a_ops: list[dict] = []
-    for e in events:
-        if not isinstance(e, dict):
-            raise TraceFormatError(f"{origin}: field 'traceEvents[]': expected objects, got {type(e).__name__}")
-        if e.get("ph") != "X":
-            continue
-        name = e.get("name")
-        if not isinstance(name, str):
-            continue
-        cat = e.get("cat")
-        if cat == "kernel":
-            if NCCL_KERNEL.match(name):
-                corr = (e.get("args") or {}).get("correlation")
-                _num(e.get("ts"), origin, "ts")
-                _num(e.get("dur", 0), origin, "dur")
-                kernels[corr] = (e["ts"], e.get("dur", 0))
-        elif cat in ("cuda_runtime", "cuda_driver"):
-            args = e.get("args")
-            if isinstance(args, dict) and "correlation" in args:
-                launches.append((e.get("tid"), _num(e.get("ts"), origin, "ts"), args["correlation"]))
-        elif name == "record_param_comms":
-            rpcs.append(e)
-        elif name.startswith("nccl:"):
-            if cat != "gpu_user_annotation":
-                annots.append(e)
-        elif name.startswith("c10d::alltoall"):
-            a2a_ops.append(e)
-        elif name.startswith("ProfilerStep#"):
-            try:
-                n = int(name[13:])
-            except ValueError:
-                raise TraceFormatError(f"{origin}: field 'name': bad step span {name!r:.60}") from None
-            steps.append((_num(e.get("ts"), origin, "ts"), n))
-            step_tids.add(e.get("tid"))
-        elif name.startswith("Optimizer.step"):
-            ts = _num(e.get("ts"), origin, "ts")
-            opt_spans.setdefault(e.get("tid"), _Spans()).add(ts, ts + _num(e.get("dur", 0), origin, "dur"))
-        elif name.startswith("autograd::engine::evaluate_function") or (
-                cat == "user_annotation" and BWD_ANNOTATION.search(name)):
-            ts = _num(e.get("ts"), origin, "ts")
-            bwd_spans.setdefault(e.get("tid"), _Spans()).add(ts, ts + _num(e.get("dur", 0), origin, "dur"))
 
-    new_style = [e for e in rpcs if isinstance(e.get("args"), dict) and "Collective name" in e["args"]]
+def _process_groups_by_name(dist: dict) -> dict[str, dict]:
+    """``distributedInfo.pg_config`` entries by ``pg_name``."""
+    configs = dist.get("pg_config") or []
+    return {str(pg["pg_name"]): pg for pg in (configs if isinstance(configs, list) else [])
+            if isinstance(pg, dict) and "pg_name" in pg}
+
+
+def _calls(scan: _Scan, rank: int, world: int | None, groups_by_name: dict[str, dict]
+           ) -> tuple[list[dict], dict[str, int], str]:
+    """The communication calls, from ``record_param_comms`` metadata when the trace has it, else from the
+    ``nccl:*`` annotations: ``(calls, skipped record counts by name, which metadata was used)``."""
+    origin = scan.origin
+    described = [e for e in scan.comm_records if isinstance(e.get("args"), dict) and "Collective name" in e["args"]]
     calls: list[dict] = []
     skipped: dict[str, int] = {}
-    if new_style:
-        for e in new_style:
-            c = _call_from_rpc(e, origin, rank, world, pg_by_name)
-            if c is None:
-                nm = str(e["args"].get("Collective name"))
-                skipped[nm] = skipped.get(nm, 0) + 1
+    if described:
+        for event in described:
+            call = _call_from_rpc(event, origin, rank, world, groups_by_name)
+            if call is None:
+                name = str(event["args"].get("Collective name"))
+                skipped[name] = skipped.get(name, 0) + 1
             else:
-                calls.append(c)
-        metadata = "record_param_comms"
-    else:
-        for e in annots:
-            c = _call_from_annotation(e, origin, rank, world)
-            if c is None:
-                skipped[e["name"]] = skipped.get(e["name"], 0) + 1
-            else:
-                calls.append(c)
-        metadata = "nccl annotations"
-        if kernels and not calls:
-            raise TraceFormatError(f"{origin}: field 'record_param_comms': missing metadata — the trace has NCCL "
-                                   "kernels but neither record_param_comms 'Collective name' nor nccl:* annotations")
+                calls.append(call)
+        return calls, skipped, "record_param_comms"
+    for event in scan.nccl_annotations:
+        call = _call_from_annotation(event, origin, rank, world)
+        if call is None:
+            skipped[event["name"]] = skipped.get(event["name"], 0) + 1
+        else:
+            calls.append(call)
+    if scan.kernels and not calls:
+        raise TraceFormatError(f"{origin}: field 'record_param_comms': missing metadata — the trace has NCCL "
+                               "kernels but neither record_param_comms 'Collective name' nor nccl:* annotations")
+    return calls, skipped, "nccl annotations"
 
-    recv = _a2a_received(calls, a2a_ops, origin) if not new_style else []
-    _match_kernels(calls, kernels, launches, base_ns)
-    steps.sort()
-    step_ts = [s for s, _ in steps]
-    b = EventBuilder("kineto")
-    for c in sorted(calls, key=lambda c: c["ts"]):
-        t = c["ts"]
-        if steps:
-            i = bisect_right(step_ts, t) - 1
-            iteration = steps[max(i, 0)][1]
-        else:
-            iteration = 0
-        tid = c["tid"]
-        if tid in opt_spans and opt_spans[tid].contains(t):
-            phase = "optimizer"
-        elif (tid in bwd_spans and bwd_spans[tid].contains(t)) or (step_tids and tid not in step_tids):
-            phase = "backward"
-        else:
-            phase = "forward"
-        op = c["op"]
-        par = parallel_tagger.tag(c["desc"], c["group"], op) if parallel_tagger else "other"
-        b.add(rank=rank, op=op, group=c["group"], nbytes=c["bytes"], parallelism=par, iteration=iteration,
-              phase=phase, peer=c["peer"], dtype=c["dtype"], split_bytes=c["split"], t_start_ns=c.get("t0"),
-              t_end_ns=c.get("t1"))
+
+def _events_table(calls: list[dict], scan: _Scan, rank: int, tagger: GroupTagger | None) -> pa.Table:
+    """One event per call, in start order, with its iteration, phase and tagged parallelism."""
+    scan.sort_steps()
+    builder = EventBuilder("kineto")
+    for call in sorted(calls, key=lambda c: c["ts"]):
+        op = call["op"]
+        builder.add(rank=rank, op=op, group=call["group"], nbytes=call["bytes"],
+                    parallelism=tagger.tag(call["desc"], call["group"], op) if tagger else "other",
+                    iteration=scan.iteration_at(call["ts"]), phase=scan.phase_of(call["tid"], call["ts"]),
+                    peer=call["peer"], dtype=call["dtype"], split_bytes=call["split"], t_start_ns=call.get("t0"),
+                    t_end_ns=call.get("t1"))
+    return builder.table(scan.origin)
+
+
+@guarded("Kineto")
+def parse(src: Source, parallel_tagger: GroupTagger | None = None, rank: int | None = None,
+          fast: bool = True) -> TraceTable:
+    """One Kineto trace -> (events table of its rank, meta). See the module docstring for the rules.
+
+    ``fast``: when the file has the profiler's own layout, parse only the events that matter (see
+    :func:`_split_kineto_layout`); ``fast=False`` always parses the whole document (same result)."""
+    origin = src.name
+    doc, events = _load(src, fast)
+    dist, rank, world = _distributed_info(doc, origin, rank)
+    base_ns = doc.get("baseTimeNanoseconds", 0)
+    base_ns = as_int(base_ns, origin, "baseTimeNanoseconds") if base_ns else 0
+    groups_by_name = _process_groups_by_name(dist)
+    scan = _Scan(origin)
+    for event in events:
+        scan.add(event)
+    calls, skipped, metadata = _calls(scan, rank, world, groups_by_name)
+    received = _a2a_received(calls, scan.alltoall_ops, origin) if metadata == "nccl annotations" else []
+    _match_kernels(calls, scan.kernels, scan.launches, base_ns)
+    table = _events_table(calls, scan, rank, parallel_tagger)
     meta = {"rank": rank, "world_size": world, "metadata": metadata, "skipped": skipped,
             "nccl_version": dist.get("nccl_version"), "kernels_matched": sum(1 for c in calls if "t0" in c),
             "calls": len(calls)}
-    if recv:
-        meta["a2a_recv_bytes"] = recv
-    return b.table(origin), meta
+    if received:
+        meta["a2a_recv_bytes"] = received
+    return TraceTable(table, meta)
 
-
-def _group_of(args: dict, origin: str, rank: int, world: int | None, pg_by_name: dict[str, dict]) -> list[int]:
+def _group_of(args: dict, origin: str, rank: int, world: int | None,
+              groups_by_name: dict[str, dict]) -> list[int]:
+    """The global ranks of a call's process group: its ``Process Group Ranks``, else rebuilt from
+    ``Global rank start``/``stride``/``Group size``, else ``distributedInfo.pg_config``, else the world."""
     if "Process Group Ranks" in args:
         try:
-            g = parse_rank_list(args["Process Group Ranks"], origin, "Process Group Ranks")
+            ranks = parse_rank_list(args["Process Group Ranks"], origin, "Process Group Ranks")
         except TraceFormatError:
-            g = []  # very large groups are written truncated; fall back to start/stride/size
-        if g:
-            if "Group size" in args and len(g) != as_int(args["Group size"], origin, "Group size", 1):
-                raise TraceFormatError(f"{origin}: field 'Process Group Ranks': {len(g)} ranks, but 'Group size' "
-                                       f"says {args['Group size']}")
-            return g
+            ranks = []  # very large groups are written truncated; fall back to start/stride/size
+        if ranks:
+            if "Group size" in args and len(ranks) != as_int(args["Group size"], origin, "Group size", 1):
+                raise TraceFormatError(f"{origin}: field 'Process Group Ranks': {len(ranks)} ranks, but 'Group "
+                                       f"size' says {args['Group size']}")
+            return ranks
     if "Global rank start" in args and "Group size" in args:
         return group_range(as_int(args["Global rank start"], origin, "Global rank start"),
                            as_int(args.get("Global rank stride", 1), origin, "Global rank stride", 1),
                            as_int(args["Group size"], origin, "Group size", 1))
-    pg = pg_by_name.get(str(args.get("Process Group Name")))
-    if pg and isinstance(pg.get("ranks"), list) and pg["ranks"]:
-        return parse_rank_list(pg["ranks"], origin, "distributedInfo.pg_config.ranks")
+    config = groups_by_name.get(str(args.get("Process Group Name")))
+    if config and isinstance(config.get("ranks"), list) and config["ranks"]:
+        return parse_rank_list(config["ranks"], origin, "distributedInfo.pg_config.ranks")
     size = as_int(args["Group size"], origin, "Group size", 1) if "Group size" in args else world
     if size is not None and world is not None and size == world:
         return list(range(world))
@@ -286,104 +352,116 @@ def _group_of(args: dict, origin: str, rank: int, world: int | None, pg_by_name:
                            "from 'Global rank start'/'Group size' or distributedInfo.pg_config")
 
 
-def _call_from_rpc(e: dict, origin: str, rank: int, world: int | None, pg_by_name: dict) -> dict | None:
-    a = e["args"]
-    name = a.get("Collective name")
+def _alltoall_split(args: dict, origin: str, group: list[int], n_in: int, elem_size: int,
+                    nbytes: int) -> list[int] | None:
+    """Bytes sent to each peer of an all_to_all: from ``In split size`` (rows of dim 0; a row holds
+    ``n_in / Σ splits`` elements), an even split when the list is empty, None when it cannot be known."""
+    in_splits = parse_rank_list(args.get("In split size", "[]"), origin, "In split size")
+    if not in_splits:
+        return [nbytes // len(group)] * len(group) if nbytes % len(group) == 0 else None
+    if len(in_splits) != len(group):
+        raise TraceFormatError(f"{origin}: field 'In split size': {len(in_splits)} entries for a group of "
+                               f"{len(group)}")
+    total_rows = sum(in_splits)
+    if total_rows and n_in % total_rows:
+        raise TraceFormatError(f"{origin}: field 'In split size': splits sum to {total_rows}, which does not "
+                               f"divide In msg nelems={n_in}")
+    elements_per_row = n_in // total_rows if total_rows else 0
+    return [rows * elements_per_row * elem_size for rows in in_splits]
+
+
+def _peer_of(args: dict, origin: str, op: str, rank: int, group: list[int]) -> int | None:
+    """The partner of a send/recv: a ``Peer rank``/``peer``/``dst``/``src`` field, else the other rank of a
+    two-rank group; None when neither says."""
+    for key in ("Peer rank", "peer", "dst" if op == "send" else "src"):
+        if key in args:
+            return as_int(args[key], origin, key)
+    others = [g for g in group if g != rank]
+    return others[0] if len(others) == 1 else None
+
+
+def _call_from_rpc(event: dict, origin: str, rank: int, world: int | None, groups_by_name: dict) -> dict | None:
+    """A call from a ``record_param_comms`` op with its metadata; None for records that move no data."""
+    args = event["args"]
+    name = args.get("Collective name")
     if not isinstance(name, str):
         raise TraceFormatError(f"{origin}: field 'Collective name': expected a string, got {name!r:.60}")
     op = op_name(name)
     if op is None:  # wait, barrier, coalescing markers, gather/scatter: not in the events table
         return None
-    dtype, size = dtype_info(a.get("dtype", ""), origin, "dtype")
-    n_in = as_int(a.get("In msg nelems"), origin, "In msg nelems")
-    n_out = as_int(a.get("Out msg nelems", n_in), origin, "Out msg nelems")
-    group = _group_of(a, origin, rank, world, pg_by_name)
+    dtype, elem_size = dtype_info(args.get("dtype", ""), origin, "dtype")
+    n_in = as_int(args.get("In msg nelems"), origin, "In msg nelems")
+    n_out = as_int(args.get("Out msg nelems", n_in), origin, "Out msg nelems")
+    group = _group_of(args, origin, rank, world, groups_by_name)
     if rank not in group:
         raise TraceFormatError(f"{origin}: field 'Process Group Ranks': rank {rank} is not in its group {group[:16]}")
-    nbytes = (n_out if op in ("all_gather", "recv") else n_in) * size
+    nbytes = (n_out if op in ("all_gather", "recv") else n_in) * elem_size
     split = None
     peer = -1
     if op == "all_to_all":
-        ins = parse_rank_list(a.get("In split size", "[]"), origin, "In split size")
-        if ins:
-            if len(ins) != len(group):
-                raise TraceFormatError(f"{origin}: field 'In split size': {len(ins)} entries for a group of "
-                                       f"{len(group)}")
-            # split sizes count rows of dim 0; a row holds n_in / sum(splits) elements
-            tot = sum(ins)
-            if tot and n_in % tot:
-                raise TraceFormatError(f"{origin}: field 'In split size': splits sum to {tot}, which does not "
-                                       f"divide In msg nelems={n_in}")
-            row = n_in // tot if tot else 0
-            split = [x * row * size for x in ins]
-        elif nbytes % len(group) == 0:
-            split = [nbytes // len(group)] * len(group)
+        split = _alltoall_split(args, origin, group, n_in, elem_size, nbytes)
     elif op in ("send", "recv"):
-        for k in ("Peer rank", "peer", "dst" if op == "send" else "src"):
-            if k in a:
-                peer = as_int(a[k], origin, k)
-                break
-        else:
-            others = [g for g in group if g != rank]
-            if len(others) != 1:
-                return None  # a point-to-point record without its peer: not representable
-            peer = others[0]
-    ts = _num(e.get("ts"), origin, "ts")
+        peer = _peer_of(args, origin, op, rank, group)
+        if peer is None:
+            return None  # a point-to-point record without its peer: not representable
+    ts = _num(event.get("ts"), origin, "ts")
     return {"op": op, "bytes": nbytes, "dtype": dtype, "group": group, "split": split, "peer": peer,
-            "desc": a.get("Process Group Description") or a.get("Process Group Name"), "tid": e.get("tid"),
-            "ts": ts, "end": ts + _num(e.get("dur", 0), origin, "dur")}
+            "desc": args.get("Process Group Description") or args.get("Process Group Name"),
+            "tid": event.get("tid"), "ts": ts, "end": ts + _num(event.get("dur", 0), origin, "dur")}
 
 
-def _call_from_annotation(e: dict, origin: str, rank: int, world: int | None) -> dict | None:
-    op = op_name(e["name"])
+def _call_from_annotation(event: dict, origin: str, rank: int, world: int | None) -> dict | None:
+    """A call from an ``nccl:<op>`` annotation of an older trace (group: the world; no split sizes)."""
+    op = op_name(event["name"])
     if op is None or op in ("send", "recv"):
         return None
-    a = e.get("args")
-    if not isinstance(a, dict):
-        raise TraceFormatError(f"{origin}: field 'args' of {e['name']}: missing")
-    if "Input Dims" not in a or "Input type" not in a:
-        raise TraceFormatError(f"{origin}: field 'Input Dims': missing on {e['name']}; the trace was recorded "
+    args = event.get("args")
+    if not isinstance(args, dict):
+        raise TraceFormatError(f"{origin}: field 'args' of {event['name']}: missing")
+    if "Input Dims" not in args or "Input type" not in args:
+        raise TraceFormatError(f"{origin}: field 'Input Dims': missing on {event['name']}; the trace was recorded "
                                "without record_shapes and has no record_param_comms metadata")
-    types = a["Input type"]
+    types = args["Input type"]
     if not isinstance(types, list) or not types:
         raise TraceFormatError(f"{origin}: field 'Input type': expected a list of type names")
-    dtype, size = dtype_info(types[0], origin, "Input type")
-    numel = _dims_numel(a["Input Dims"], origin)
+    dtype, elem_size = dtype_info(types[0], origin, "Input type")
+    numel = _dims_numel(args["Input Dims"], origin)
     if world is None:
         raise TraceFormatError(f"{origin}: field 'distributedInfo.world_size': missing; needed for the group of "
-                               f"{e['name']} (the trace has no process-group metadata)")
-    group = list(range(world))
-    ts = _num(e.get("ts"), origin, "ts")
-    return {"op": op, "bytes": numel * size, "numel": numel, "dtype": dtype, "group": group, "split": None,
-            "peer": -1,
-            "desc": None, "tid": e.get("tid"), "ts": ts, "end": ts + _num(e.get("dur", 0), origin, "dur")}
+                               f"{event['name']} (the trace has no process-group metadata)")
+    ts = _num(event.get("ts"), origin, "ts")
+    return {"op": op, "bytes": numel * elem_size, "numel": numel, "dtype": dtype, "group": list(range(world)),
+            "split": None, "peer": -1, "desc": None, "tid": event.get("tid"), "ts": ts,
+            "end": ts + _num(event.get("dur", 0), origin, "dur")}
 
 
 def _match_kernels(calls: list[dict], kernels: dict, launches: list[tuple[Any, float, Any]], base_ns: int) -> None:
-    """Attach each NCCL kernel to the call whose CPU span holds the kernel's launch (same thread)."""
+    """Attach each NCCL kernel to the call whose CPU span holds the kernel's launch (same thread): the
+    call's ``t0``/``t1`` become the first kernel start and the last kernel end (ns)."""
     if not kernels or not calls:
         return
-    by_tid: dict[Any, list[dict]] = {}
-    for c in calls:
-        by_tid.setdefault(c["tid"], []).append(c)
-    starts = {}
-    for tid, cs in by_tid.items():
-        cs.sort(key=lambda c: c["ts"])
-        starts[tid] = [c["ts"] for c in cs]
-    for tid, ts, corr in launches:
-        k = kernels.get(corr)
-        if k is None or tid not in by_tid:
+    calls_by_thread: dict[Any, list[dict]] = {}
+    for call in calls:
+        calls_by_thread.setdefault(call["tid"], []).append(call)
+    starts_by_thread = {}
+    for tid, thread_calls in calls_by_thread.items():
+        thread_calls.sort(key=lambda c: c["ts"])
+        starts_by_thread[tid] = [c["ts"] for c in thread_calls]
+    for tid, launch_ts, correlation in launches:
+        kernel = kernels.get(correlation)
+        if kernel is None or tid not in calls_by_thread:
             continue
-        i = bisect_right(starts[tid], ts) - 1
+        i = bisect_right(starts_by_thread[tid], launch_ts) - 1
         if i < 0:
             continue
-        c = by_tid[tid][i]
-        if ts > c["end"]:
+        call = calls_by_thread[tid][i]
+        if launch_ts > call["end"]:
             continue
-        t0 = base_ns + _us_to_ns(k[0])
-        t1 = t0 + _us_to_ns(k[1])
-        c["t0"] = min(c.get("t0", t0), t0)
-        c["t1"] = max(c.get("t1", t1), t1)
+        kernel_start, kernel_duration = kernel
+        t0 = base_ns + _us_to_ns(kernel_start)
+        t1 = t0 + _us_to_ns(kernel_duration)
+        call["t0"] = min(call.get("t0", t0), t0)
+        call["t1"] = max(call.get("t1", t1), t1)
 
 
 def _us_to_ns(v: float | int) -> int:
@@ -395,26 +473,23 @@ def _us_to_ns(v: float | int) -> int:
     return whole * 1000 + round((v - whole) * 1000)
 
 
-def _a2a_received(calls: list[dict], a2a_ops: list[dict], origin: str) -> list[int | None]:
+def _a2a_received(calls: list[dict], alltoall_ops: list[dict], origin: str) -> list[int | None]:
     """For traces without split sizes: the bytes each all_to_all *received*, in call order, from the output
     tensor (first input, ``Input Dims[0]``) of the enclosing ``c10d::alltoall_base_`` op; ``None`` where
     there is none. With the bytes sent, these are the row and column sums of the all-to-all matrix."""
-    out: list[int | None] = []
-    for c in sorted((c for c in calls if c["op"] == "all_to_all"), key=lambda c: c["ts"]):
-        got = None
-        for e in a2a_ops:
-            ts = e.get("ts")
-            if e.get("tid") == c["tid"] and isinstance(ts, (int, float)) and ts <= c["ts"] <= ts + e.get("dur", 0):
-                dims = (e.get("args") or {}).get("Input Dims")
+    received: list[int | None] = []
+    for call in sorted((c for c in calls if c["op"] == "all_to_all"), key=lambda c: c["ts"]):
+        nbytes = None
+        for op in alltoall_ops:
+            ts = op.get("ts")
+            if op.get("tid") == call["tid"] and isinstance(ts, (int, float)) and ts <= call["ts"] <= ts + op.get("dur", 0):
+                dims = (op.get("args") or {}).get("Input Dims")
                 if isinstance(dims, list) and dims and isinstance(dims[0], list):
-                    got = _dims_numel([dims[0]], origin) * (c["bytes"] // max(_dims_numel_safe(c), 1))
+                    elem_size = call["bytes"] // max(call.get("numel", 0), 1)
+                    nbytes = _dims_numel([dims[0]], origin) * elem_size
                 break
-        out.append(got)
-    return out
-
-
-def _dims_numel_safe(c: dict) -> int:
-    return c.get("numel", 0)
+        received.append(nbytes)
+    return received
 
 
 def _split_kineto_layout(src: Source) -> tuple[dict, list[dict]] | None:
@@ -462,3 +537,6 @@ def _split_kineto_layout(src: Source) -> tuple[dict, list[dict]] | None:
         except orjson.JSONDecodeError as e:
             raise TraceFormatError(f"{src.name}: not valid JSON near byte {b0}: {e}") from None
     return header, events
+
+
+READER = FunctionReader("kineto", "trace", looks_like, read)

@@ -18,11 +18,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from ..errors import TraceFormatError
 from .common import guarded, op_name
+from .readers import FunctionReader, ReadContext
 from .sources import Source
 
 MPI_PREFIX = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
@@ -47,19 +49,16 @@ BANDWIDTH_COLUMNS = ("op", "bytes", "count", "dtype", "ranks", "nodes", "placeme
 _HEADER = re.compile(r"^#\s*(nThread\s|\s*size\s+count\s+type\s)", re.MULTILINE)
 
 
-def looks_like(src: Source) -> bool:
+def looks_like(source: Source) -> bool:
     """nccl-tests output: a ``# nThread ...`` line or the ``#  size  count  type ...`` table header (after any
     MPI prefix). Prose that merely mentions the tool is not taken for its output."""
-    head = src.data[:8192].decode("utf-8", "replace")
-    return bool(_HEADER.search("\n".join(MPI_PREFIX.sub("", ln) for ln in head.splitlines())))
+    head = source.data[:8192].decode("utf-8", "replace")
+    return bool(_HEADER.search("\n".join(MPI_PREFIX.sub("", line) for line in head.splitlines())))
 
 
-def _lines(src: Source) -> list[str]:
-    try:
-        text = src.data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise TraceFormatError(f"{src.name}: not UTF-8 text: {e}") from None
-    return [MPI_PREFIX.sub("", ln).rstrip() for ln in text.splitlines()]
+def read(source: Source, context: ReadContext) -> pd.DataFrame:
+    """The reader protocol's entry point: :func:`parse` with the context's collective (``op``), if any."""
+    return parse(source, canonical_op(context.op))
 
 
 def _op_from_name(name: str) -> str | None:
@@ -70,67 +69,86 @@ def _op_from_name(name: str) -> str | None:
     return None
 
 
+@dataclass
+class _Log:
+    """What a log says before its numbers: hosts by rank, the device, the column header, the data rows."""
+
+    hosts: dict[int, str] = field(default_factory=dict)
+    device: str = ""
+    header: list[str] | None = None
+    rows: list[list[str]] = field(default_factory=list)
+
+
+def _scan(source: Source) -> _Log:
+    """Split the log's lines (MPI prefixes removed) into rank lines, the header and the data rows."""
+    log = _Log()
+    for line in source.text().splitlines():
+        text = MPI_PREFIX.sub("", line).rstrip().strip()
+        if not text:
+            continue
+        if text.startswith("#"):
+            m = RANK_LINE.match(text)
+            if m:
+                log.hosts[int(m.group(1))] = m.group(2)
+                log.device = log.device or m.group(4).strip()
+                continue
+            tokens = text.lstrip("#").split()
+            if "size" in tokens and "time" in tokens and "busbw" in tokens:
+                log.header = tokens
+            continue
+        if log.header is None:
+            continue
+        tokens = text.split()
+        if tokens and tokens[0].isdigit():
+            log.rows.append(tokens)
+    if log.header is None:
+        raise TraceFormatError(f"{source.name}: field 'header': no nccl-tests column header (size ... busbw) found")
+    if not log.rows:
+        raise TraceFormatError(f"{source.name}: field 'rows': the header is there but no measurement rows follow")
+    return log
+
+
+def _row_key(tokens: list[str], header: list[str], origin: str) -> tuple[int, int, str, str]:
+    """``(size, count, dtype, the row as text for messages)`` of one data row."""
+    row = " ".join(tokens)[:80]
+    if len(tokens) < len(header):
+        raise TraceFormatError(f"{origin}: field 'row': {len(tokens)} columns where the header has "
+                               f"{len(header)}: {row!r}")
+    try:
+        size, count = int(tokens[header.index("size")]), int(tokens[header.index("count")])
+    except ValueError:
+        raise TraceFormatError(f"{origin}: field 'size': not an integer in {row!r}") from None
+    dtype = tokens[header.index("type")] if "type" in header else ""
+    return size, count, dtype, row
+
+
 @guarded("nccl-tests")
 def parse(src: Source, op: str | None = None) -> pd.DataFrame:
     """One nccl-tests log -> bandwidth table (see the module docstring)."""
     origin = src.name
-    lines = _lines(src)
-    hosts: dict[int, str] = {}
-    device = ""
-    header: list[str] | None = None
-    data_rows: list[list[str]] = []
-    for ln in lines:
-        s = ln.strip()
-        if not s:
-            continue
-        if s.startswith("#"):
-            m = RANK_LINE.match(s)
-            if m:
-                hosts[int(m.group(1))] = m.group(2)
-                device = device or m.group(4).strip()
-                continue
-            toks = s.lstrip("#").split()
-            if "size" in toks and "time" in toks and "busbw" in toks:
-                header = toks
-            continue
-        if header is None:
-            continue
-        toks = s.split()
-        if toks and toks[0].isdigit():
-            data_rows.append(toks)
-    if header is None:
-        raise TraceFormatError(f"{origin}: field 'header': no nccl-tests column header (size ... busbw) found")
-    if not data_rows:
-        raise TraceFormatError(f"{origin}: field 'rows': the header is there but no measurement rows follow")
-    times = [i for i, t in enumerate(header) if t == "time"]
-    if not times:
+    log = _scan(src)
+    header = log.header
+    time_columns = [i for i, t in enumerate(header) if t == "time"]
+    if not time_columns:
         raise TraceFormatError(f"{origin}: field 'time': missing from the header")
-    blocks = list(zip(("out-of-place", "in-place"), times, strict=False))
-    ranks = len(hosts) or None
-    nodes = len(set(hosts.values())) or None
+    placements = list(zip(("out-of-place", "in-place"), time_columns, strict=False))
+    ranks = len(log.hosts) or None
+    nodes = len(set(log.hosts.values())) or None
     if op is None:
         op = _op_from_name(origin)
     out = []
-    for toks in data_rows:
-        if len(toks) < len(header):
-            raise TraceFormatError(f"{origin}: field 'row': {len(toks)} columns where the header has "
-                                   f"{len(header)}: {' '.join(toks)[:80]!r}")
-        try:
-            size, count = int(toks[header.index("size")]), int(toks[header.index("count")])
-        except ValueError:
-            raise TraceFormatError(f"{origin}: field 'size': not an integer in {' '.join(toks)[:80]!r}") from None
-        dtype = toks[header.index("type")] if "type" in header else ""
-        for placement, ti in blocks:
+    for tokens in log.rows:
+        size, count, dtype, row = _row_key(tokens, header, origin)
+        for placement, column in placements:
             try:
-                t_us, algbw, busbw = float(toks[ti]), float(toks[ti + 1]), float(toks[ti + 2])
+                t_us, algbw, busbw = float(tokens[column]), float(tokens[column + 1]), float(tokens[column + 2])
             except (ValueError, IndexError):
-                raise TraceFormatError(f"{origin}: field 'time/algbw/busbw': not numbers in "
-                                       f"{' '.join(toks)[:80]!r}") from None
+                raise TraceFormatError(f"{origin}: field 'time/algbw/busbw': not numbers in {row!r}") from None
             if not all(math.isfinite(x) and x >= 0 for x in (t_us, algbw, busbw)):
-                raise TraceFormatError(f"{origin}: field 'time': negative or non-finite value in {toks[:4]}")
+                raise TraceFormatError(f"{origin}: field 'time': negative or non-finite value in {tokens[:4]}")
             out.append({"op": op, "bytes": size, "count": count, "dtype": dtype, "ranks": ranks, "nodes": nodes,
                         "placement": placement, "time_us": t_us, "time_s": t_us * 1e-6, "algbw": algbw,
-                        "busbw": busbw, "device": device, "source": origin.rsplit("/", 1)[-1]})
+                        "busbw": busbw, "device": log.device, "source": origin.rsplit("/", 1)[-1]})
     df = pd.DataFrame(out, columns=list(BANDWIDTH_COLUMNS))
     if op is None:
         df["op"] = _infer_op(df, ranks, origin)
@@ -155,3 +173,6 @@ def _infer_op(df: pd.DataFrame, ranks: int | None, origin: str) -> str:
 
 def canonical_op(op: str | None) -> str | None:
     return None if op is None else (op_name(op) or op)
+
+
+READER = FunctionReader("nccl_tests", "bandwidth", looks_like, read)

@@ -12,18 +12,22 @@ import os
 import re
 import tarfile
 import zlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from ..errors import TraceFormatError
 
 GZIP_MAGIC = b"\x1f\x8b"
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")
-MAX_MEMBER_BYTES = 8 << 30
+MAX_MEMBER_BYTES = 8 << 30  # refuse absurd members (a zip bomb would claim more)
 # documentation beside data in a folder (skipped when walking folders, never when named explicitly)
 DOC_FILE = re.compile(r"^(README|LICEN[CS]E|COPYING|NOTICE|SHA256SUMS)(\.\w+)?$|\.(md|rst|txt|yaml|yml)$|^sources\.json$",
-                      re.IGNORECASE)  # refuse absurd members (a zip bomb would claim more)
+                      re.IGNORECASE)
+
+
+JSON_HEAD_BYTES = 65536  # how far a reader looks for the keys that name a JSON format
+_NOT_PARSED = object()
 
 
 @dataclass
@@ -32,10 +36,54 @@ class Source:
 
     name: str
     data: bytes
+    _json: object = field(default=_NOT_PARSED, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         return len(self.data)
+
+    def text(self) -> str:
+        """The data as UTF-8 text (a byte-order mark dropped); :class:`TraceFormatError` naming the file when
+        it is not UTF-8."""
+        try:
+            return self.data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise TraceFormatError(f"{self.name}: not UTF-8 text: {e}") from None
+
+    def is_json(self) -> bool:
+        """Whether the data starts like a JSON object or array (the first non-blank byte is ``{`` or ``[``)."""
+        return self.data[:JSON_HEAD_BYTES].lstrip()[:1] in (b"{", b"[")
+
+    def head_contains(self, *keys: bytes) -> bool:
+        """Whether every one of ``keys`` occurs in the first :data:`JSON_HEAD_BYTES` bytes."""
+        head = self.data[:JSON_HEAD_BYTES]
+        return all(k in head for k in keys)
+
+    def json(self, *, keep: bool = True) -> object:
+        """The parsed JSON document (see :func:`loads_json`). Format detection parses once and keeps the
+        outcome, document or error (``keep=True``), so that the next reader asked does not parse again; a
+        reader takes it with ``keep=False``, which hands the kept outcome over and forgets it (or parses
+        without keeping), so the document is freed with the reader's result."""
+        doc = self._json
+        if doc is _NOT_PARSED:
+            try:
+                doc = loads_json(self)
+            except TraceFormatError as e:
+                doc = e
+            if keep:
+                self._json = doc
+        elif not keep:
+            self._json = _NOT_PARSED
+        if isinstance(doc, TraceFormatError):
+            raise doc
+        return doc
+
+    def json_or_none(self) -> object | None:
+        """:meth:`json`, or None when the data is not valid JSON (for format detection)."""
+        try:
+            return self.json()
+        except TraceFormatError:
+            return None
 
 
 def gunzip(data: bytes, name: str) -> bytes:
@@ -72,19 +120,19 @@ def check_member(member: tarfile.TarInfo, archive: str) -> None:
 def iter_tar(path: Path) -> Iterator[Source]:
     """Members of a tar archive as sources, in name order, after checking every member."""
     try:
-        with tarfile.open(path, "r:*") as tf:
-            members = tf.getmembers()
-            for m in members:
-                check_member(m, str(path))
-            for m in sorted((m for m in members if m.isfile()), key=lambda m: m.name):
-                base = PurePosixPath(m.name).name
+        with tarfile.open(path, "r:*") as archive:
+            members = archive.getmembers()
+            for member in members:
+                check_member(member, str(path))
+            for member in sorted((m for m in members if m.isfile()), key=lambda m: m.name):
+                base = PurePosixPath(member.name).name
                 if base.startswith(".") or base.startswith("._"):
                     continue  # editor / macOS metadata files
-                fh = tf.extractfile(m)
-                if fh is None:
-                    raise TraceFormatError(f"{path}!{m.name}: field 'member': cannot be read")
-                name = f"{path}!{m.name}"
-                yield Source(name, gunzip(fh.read(), name))
+                stream = archive.extractfile(member)
+                if stream is None:
+                    raise TraceFormatError(f"{path}!{member.name}: field 'member': cannot be read")
+                name = f"{path}!{member.name}"
+                yield Source(name, gunzip(stream.read(), name))
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
         raise TraceFormatError(f"{path}: not a readable tar archive: {e}") from None
 
@@ -99,21 +147,34 @@ def read_file(path: Path) -> Source:
 
 def iter_sources(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Source]:
     """Every file under ``paths`` (files, folders walked in name order, tar archives), one at a time."""
-    for p in paths:
-        p = Path(p)
-        if not p.exists():
-            raise TraceFormatError(f"{p}: no such file or folder")
-        if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith(".")
+    for given in paths:
+        path = Path(given)
+        if not path.exists():
+            raise TraceFormatError(f"{path}: no such file or folder")
+        if path.is_dir():
+            files = sorted(f for f in path.rglob("*") if f.is_file() and not f.name.startswith(".")
                            and not DOC_FILE.match(f.name))
             if not files:
-                raise TraceFormatError(f"{p}: folder holds no files")
-            for f in files:
-                yield from (iter_tar(f) if is_tar(f) else [read_file(f)])
-        elif is_tar(p):
-            yield from iter_tar(p)
+                raise TraceFormatError(f"{path}: folder holds no files")
+            for file in files:
+                yield from (iter_tar(file) if is_tar(file) else [read_file(file)])
+        elif is_tar(path):
+            yield from iter_tar(path)
         else:
-            yield read_file(p)
+            yield read_file(path)
+
+
+def json_list(source: Source, key: str, is_document: Callable[[object], bool], what: str) -> tuple[dict, list]:
+    """The JSON document of ``source`` (taken from detection, see :meth:`Source.json`) and its list
+    ``doc[key]``; a :class:`TraceFormatError` naming the field when ``is_document`` rejects the document
+    (it is not ``what``) or the field is not a list."""
+    doc = source.json(keep=False)
+    if not is_document(doc):
+        raise TraceFormatError(f"{source.name}: field {key!r}: missing; not {what}")
+    items = doc[key]
+    if not isinstance(items, list):
+        raise TraceFormatError(f"{source.name}: field {key!r}: expected a list, got {type(items).__name__}")
+    return doc, items
 
 
 def loads_json(src: Source) -> object:

@@ -17,25 +17,28 @@ import pandas as pd
 from ..errors import TraceFormatError
 from .common import guarded
 from .nccl_tests import BANDWIDTH_COLUMNS
+from .readers import FunctionReader, ReadContext
 from .sources import Source
 
 HEADER = ["size(B)", "count", "type", "time(ns)", "busbw(GB/s)", "time(ns)", "busbw(GB/s)"]
 GPUS_IN_NAME = re.compile(r"GPU(\d+)", re.IGNORECASE)
 
 
-def looks_like(src: Source) -> bool:
-    return src.data[:64].decode("utf-8-sig", "replace").startswith("size(B),count,type,time(ns)")
+def looks_like(source: Source) -> bool:
+    """A CSV starting with vTrain's header ``size(B),count,type,time(ns)...``."""
+    return source.data[:64].decode("utf-8-sig", "replace").startswith("size(B),count,type,time(ns)")
+
+
+def read(source: Source, context: ReadContext) -> pd.DataFrame:
+    """The reader protocol's entry point (the context holds nothing this format needs)."""
+    return parse(source)
 
 
 @guarded("vTrain LUT")
 def parse(src: Source, ranks: int | None = None) -> pd.DataFrame:
     """One LUT file -> bandwidth table (columns as :data:`BANDWIDTH_COLUMNS`)."""
     origin = src.name
-    try:
-        text = src.data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise TraceFormatError(f"{origin}: not UTF-8 text: {e}") from None
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    lines = [line.strip() for line in src.text().splitlines() if line.strip()]
     if not lines:
         raise TraceFormatError(f"{origin}: empty file")
     if [h.strip() for h in lines[0].split(",")] != HEADER:
@@ -64,3 +67,6 @@ def parse(src: Source, ranks: int | None = None) -> pd.DataFrame:
                         "nodes": 1, "placement": placement, "time_us": t_ns / 1e3, "time_s": t_ns / 1e9,
                         "algbw": size / t_ns, "busbw": busbw, "device": device, "source": "/".join(parts[-2:])})
     return pd.DataFrame(out, columns=list(BANDWIDTH_COLUMNS))
+
+
+READER = FunctionReader("vtrain_lut", "bandwidth", looks_like, read)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+import pandas as pd
+
 from ..specs import ParallelConfig, load_cluster, load_model
+from ..trace import Trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,7 +32,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from . import predict_traffic
-    from .summary import summary_text
 
     model = load_model(args.model)
     parallel = ParallelConfig(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, cp=args.cp, vpp=args.vpp,
@@ -53,3 +55,26 @@ def run(args: argparse.Namespace) -> int:
         fig.savefig(args.matrix, dpi=150, bbox_inches="tight")
         print(f"matrix: {args.matrix}")
     return 0
+
+
+def summary_text(trace: Trace, gpus_per_node: int = 8) -> str:
+    """The summary ``predict`` prints: bytes per parallelism, per phase, per pair class, and the TP share."""
+    from ..analysis import bytes_by, pair_classes, tp_share
+    from ..units import format_bytes
+
+    def table(df: pd.DataFrame, keys: list[str]) -> list[str]:
+        lines = []
+        for _, row in df.iterrows():
+            name = " / ".join(str(row[k]) for k in keys)
+            lines.append(f"  {name:<28} {format_bytes(row['bytes']):>12}  {100 * row['share']:6.2f}%")
+        return lines
+
+    out = [f"{trace.meta.get('model', {}).get('name', '?')}: {trace.world_size} ranks, "
+           f"{int(trace.events['count'].sum()):,} calls ({len(trace):,} rows)",
+           "message bytes per parallelism:", *table(bytes_by(trace, ["parallelism"]), ["parallelism"]),
+           "message bytes per phase:", *table(bytes_by(trace, ["phase"]), ["phase"]),
+           f"wire bytes (ring) per pair class ({gpus_per_node} GPUs per node):",
+           *table(pair_classes(trace, gpus_per_node).sort_values("bytes", ascending=False),
+                  ["parallelism", "pair_class"]),
+           f"TP share of message bytes: {100 * tp_share(trace):.2f}%"]
+    return "\n".join(out)

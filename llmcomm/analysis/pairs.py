@@ -1,0 +1,63 @@
+"""Which GPU pairs talk: bytes per pair class, and bytes outside every group (finding F1).
+
+A pair ``(src, dst)`` is intra-node when ``src // gpus_per_node == dst // gpus_per_node``, else inter-node.
+A flow of parallelism ``p`` is *supported* when its two ranks share a group of ``p`` in the trace's
+:class:`~llmcomm.layout.Layout` (``tp`` for tp and sp; ``dp``, ``edp`` or ``dpcp`` (DP with CP folded in) for
+dp; ``cp``, ``pp``, ``ep`` for themselves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from ..errors import AnalysisError
+from .events import TraceOrEvents, trace_of
+from .volumes import with_share
+
+GROUP_KINDS_OF = {"tp": ("tp",), "sp": ("tp",), "cp": ("cp",), "pp": ("pp",), "dp": ("dp", "edp", "dpcp"),
+                  "ep": ("ep",)}
+VIOLATION_COLUMNS = ["parallelism", "src", "dst", "bytes"]
+
+
+def pair_classes(data: TraceOrEvents, gpus_per_node: int = 8, algorithm: str = "ring") -> pd.DataFrame:
+    """Wire bytes per parallelism and pair class (``intra-node``/``inter-node``), with ``share``."""
+    flows = trace_of(data).flows(algorithm)
+    same_node = flows["src"].to_numpy() // gpus_per_node == flows["dst"].to_numpy() // gpus_per_node
+    pair_class = np.where(same_node, "intra-node", "inter-node")
+    table = (pd.DataFrame({"parallelism": flows["parallelism"].to_numpy(), "pair_class": pair_class,
+                           "bytes": flows["bytes"]})
+             .groupby(["parallelism", "pair_class"], observed=True)["bytes"].sum().reset_index())
+    return with_share(table)
+
+
+def pair_class_table(traces: Mapping[str, TraceOrEvents], gpus_per_node: int = 8, algorithm: str = "ring") -> pd.DataFrame:
+    """Tidy ``config, parallelism, pair_class, bytes, share`` over several traces."""
+    return pd.concat([pair_classes(trace, gpus_per_node, algorithm).assign(config=label)
+                      for label, trace in traces.items()], ignore_index=True)
+
+
+def support_violations(data: TraceOrEvents, algorithm: str = "direct") -> pd.DataFrame:
+    """Nonzero matrix entries ``(parallelism, src, dst, bytes)`` whose two ranks share no group of that
+    parallelism in the trace's layout (see the module docstring). Empty when every byte flows inside a
+    group — finding F1's "determined by the parallel config and the rank mapping"."""
+    from ..layout import Layout
+    from ..specs import ParallelConfig
+
+    trace = trace_of(data)
+    if "parallel" not in trace.meta:
+        raise AnalysisError("trace meta has no field 'parallel': the layout that defines the groups is unknown")
+    layout = Layout(ParallelConfig.from_dict(trace.meta["parallel"]), int(trace.meta.get("gpus_per_node", 8)))
+    flows = trace.flows(algorithm)
+    flows = flows[flows["bytes"] > 0]
+    violations = []
+    for parallelism, part in flows.groupby("parallelism", observed=True):
+        supported = np.zeros(len(part), dtype=bool)
+        src, dst = part["src"].to_numpy(), part["dst"].to_numpy()
+        for kind in GROUP_KINDS_OF.get(str(parallelism), ()):
+            group_of_rank = layout.group_index(kind)
+            supported |= group_of_rank[src] == group_of_rank[dst]
+        violations.append(part.loc[~supported, VIOLATION_COLUMNS])
+    return pd.concat(violations, ignore_index=True) if violations else pd.DataFrame(columns=VIOLATION_COLUMNS)

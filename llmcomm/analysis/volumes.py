@@ -1,0 +1,60 @@
+"""How many bytes each kind of communication carries (finding F2).
+
+Two byte measures:
+
+* message bytes (``algorithm=None``): the events' nccl-tests sizes × count (what :meth:`Trace.volumes` sums),
+  a point-to-point transfer counted once, at its sender (``recv`` rows are left out);
+* wire bytes (``algorithm="ring"`` or ``"direct"``): the flows each rank puts on links, from
+  :meth:`Trace.flows` (all-reduce ``2(n-1)/n·S`` per rank under ring, send ``S``...).
+
+``share`` is always a group's bytes over the total, ``bytes_g / Σ_g bytes_g``; the TP share is the share of
+``tp`` and ``sp`` together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import pandas as pd
+
+from .events import TraceOrEvents, trace_of
+
+TP_PARALLELISMS = ("tp", "sp")
+
+
+def with_share(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with a ``share`` column: each row's ``bytes`` over their sum (0 when the sum is 0)."""
+    total = float(table["bytes"].sum())
+    return table.assign(share=table["bytes"] / total if total else 0.0)
+
+
+def bytes_by(data: TraceOrEvents, by: Iterable[str] = ("parallelism",), algorithm: str | None = None
+             ) -> pd.DataFrame:
+    """Bytes grouped by ``by`` with each group's ``share`` of the total (message or wire bytes), largest
+    first."""
+    trace = trace_of(data)
+    by = list(by)
+    if algorithm is None:
+        grouped = trace.volumes(by, sent_only=True)[[*by, "bytes"]]
+    else:
+        grouped = trace.flows(algorithm).groupby(by, observed=True)["bytes"].sum().reset_index()
+    return with_share(grouped).sort_values("bytes", ascending=False, ignore_index=True)
+
+
+def tp_share(data: TraceOrEvents, algorithm: str | None = None) -> float:
+    """Fraction of all bytes that TP (and SP) calls carry."""
+    shares = bytes_by(data, ("parallelism",), algorithm)
+    return float(shares.loc[shares["parallelism"].isin(TP_PARALLELISMS), "share"].sum())
+
+
+def first_crossing(sweep: pd.DataFrame, threshold: float = 0.99) -> int | None:
+    """Smallest number of micro-batches whose ``tp_share`` reaches ``threshold`` in a sweep table (columns
+    ``microbatches``, ``tp_share``); None if none does."""
+    hit = sweep.loc[sweep["tp_share"] >= threshold, "microbatches"]
+    return int(hit.min()) if len(hit) else None
+
+
+def volume_table(traces: Mapping[str, TraceOrEvents], algorithm: str | None = None) -> pd.DataFrame:
+    """Tidy ``config, parallelism, bytes, share`` over several traces (``{config label: trace}``)."""
+    return pd.concat([bytes_by(trace, ["parallelism"], algorithm).assign(config=label)
+                      for label, trace in traces.items()], ignore_index=True)
