@@ -13,7 +13,7 @@ import pytest
 
 from llmcomm import ModelSpec, ParallelConfig, read_trace
 from llmcomm.analysis import dataset as ds
-from llmcomm.analysis.temporal import repeatability
+from llmcomm.analysis.repeatability import repeatability
 from llmcomm.cli import main
 from llmcomm.errors import ConfigError, TraceFormatError
 from llmcomm.ingest import ingest_to_dataset

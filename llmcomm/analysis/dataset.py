@@ -11,7 +11,7 @@ writes), out of core: one rank file at a time per worker, serially or on Dask
   order, equal up to floating-point rounding;
 * :func:`dataset_rank_summary` — :func:`rank_summary` per rank (calls, bytes, iterations, time span, busy
   time);
-* :func:`dataset_repeatability` — :func:`llmcomm.analysis.temporal.repeatability` (per rank by definition).
+* :func:`dataset_repeatability` — :func:`llmcomm.analysis.repeatability.repeatability` (per rank by definition).
 
 Memory in this process: the answer plus one file's partial result per task; each worker holds one file.
 """
@@ -146,7 +146,7 @@ def dataset_rank_summary(dataset: PathLike, *, workers: int | None = None,
 
 
 def _file_repeatability(path: str, reference_iteration: int, columns: tuple[str, ...] | None) -> pd.DataFrame:
-    from .temporal import repeatability
+    from .repeatability import repeatability
 
     ev = read_trace(path).events
     return repeatability(ev, reference_iteration) if columns is None else \
@@ -155,7 +155,7 @@ def _file_repeatability(path: str, reference_iteration: int, columns: tuple[str,
 
 def dataset_repeatability(dataset: PathLike, reference_iteration: int = 1, columns: Sequence[str] | None = None,
                           *, workers: int | None = None, scheduler: str | None = None) -> pd.DataFrame:
-    """:func:`llmcomm.analysis.temporal.repeatability` of the whole dataset, one rank file at a time."""
+    """:func:`llmcomm.analysis.repeatability.repeatability` of the whole dataset, one rank file at a time."""
     fn = partial(_file_repeatability, reference_iteration=reference_iteration,
                  columns=tuple(columns) if columns is not None else None)
     parts = [p for p in map_tasks(fn, [str(f) for f in rank_files(dataset)], workers=workers, scheduler=scheduler)

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..atomic import atomic_dir
 from ..errors import ConfigError, TraceFormatError
 from ..specs import ParallelConfig
 
@@ -68,7 +67,7 @@ def map_tasks(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None =
         with Client(scheduler, set_as_default=False) as client:
             return _run(client, fn, items)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)}
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                       env=env) as cluster, Client(cluster, set_as_default=False) as client:
         return _run(client, fn, items)
 
@@ -113,7 +112,7 @@ def _ingest_file(task: tuple[int, str], tmp: str, parallel: dict[str, Any] | Non
     was written: ``rank, file, name, rows`` per table."""
     import pyarrow.parquet as pq
 
-    from ..trace import META_KEY, SCHEMA_VERSION, _json_default, validate_events
+    from ..trace import META_KEY, SCHEMA_VERSION, json_default, validate_events
     from . import iter_rank_tables
 
     index, path = task
@@ -125,7 +124,7 @@ def _ingest_file(task: tuple[int, str], tmp: str, parallel: dict[str, Any] | Non
                "world_size": meta.get("world_size")}
         if pc is not None:
             doc["parallel"] = pc.to_dict()
-        md = {META_KEY: json.dumps(doc, default=_json_default, sort_keys=True).encode(),
+        md = {META_KEY: json.dumps(doc, default=json_default, sort_keys=True).encode(),
               b"llmcomm.schema_version": str(SCHEMA_VERSION).encode()}
         r = meta.get("rank")
         name = f"rank-{r:05d}.parquet" if r is not None else (f"part-{index:05d}.parquet" if k == 0
@@ -147,38 +146,22 @@ def ingest_to_dataset_parallel(paths: str | os.PathLike[str] | Sequence[str | os
     files = input_files(paths)
     if not files:
         raise TraceFormatError(f"{paths}: no input files")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with atomic_dir(out, overwrite=overwrite) as tmp:
         fn = partial(_ingest_file, tmp=str(tmp), parallel=parallel.to_dict() if parallel is not None else None,
                      rank=rank, gpus_per_node=gpus_per_node)
         results = map_tasks(fn, [(i, str(f)) for i, f in enumerate(files)], workers=workers, scheduler=scheduler)
-        seen: dict[int, str] = {}
-        n = 0
+        file_of_rank: dict[int, str] = {}
+        tables = 0
         for written in results:
             for w in written:
-                n += 1
+                tables += 1
                 if w["rank"] is None:
                     continue
-                if w["rank"] in seen:
+                if w["rank"] in file_of_rank:
                     raise TraceFormatError(f"{w['file']}: field 'rank': rank {w['rank']} is already claimed "
-                                           f"by {seen[w['rank']]}")
-                seen[w["rank"]] = w["file"]
-        if n == 0:
+                                           f"by {file_of_rank[w['rank']]}")
+                file_of_rank[w["rank"]] = w["file"]
+        if tables == 0:
             raise TraceFormatError(f"{paths}: no input files")
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished folder ``tmp`` to ``out``, replacing an existing ``out`` (moved aside first)."""
-    if out.exists():
-        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-        os.replace(out, trash / "old")
-        os.replace(tmp, out)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
