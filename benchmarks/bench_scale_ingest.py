@@ -99,7 +99,7 @@ def main() -> int:
         print(f"ingest serial (no Dask)  : {ts:7.1f} s  {total / ts / mb:6.1f} MB/s")
         times = {}
         for w in args.workers:
-            with LocalCluster(n_workers=w, threads_per_worker=1, processes=True, dashboard_address=None) as cl, \
+            with LocalCluster(n_workers=w, threads_per_worker=1, processes=True, dashboard_address=":0") as cl, \
                     Client(cl) as client:
                 t = time.perf_counter()
                 out = ingest_to_dataset_parallel(tmp / "ranks", tmp / f"w{w}", scheduler=cl.scheduler_address)

@@ -109,7 +109,9 @@ def matrix_from_table(table: pa.Table, world_size: int, algorithm: str = "direct
         if len(dst) and (dst.max() >= world_size or dst.min() < 0):
             raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
         rows = (hi - lo + unit - 1) // unit
-        blk = sp.coo_matrix((byt, (src // unit - lo // unit, dst // unit)), shape=(rows, k)).tocsr()
+        if unit > 1:
+            src, dst = src // unit, dst // unit
+        blk = sp.coo_matrix((byt, (src - lo // unit, dst)), shape=(rows, k)).tocsr()
         del src, dst, byt
         indptr_parts.append(blk.indptr[1:].astype(np.int64) + nnz)
         index_parts.append(blk.indices)
