@@ -99,12 +99,42 @@ def dataset_matrix(dataset: PathLike, algorithm: str = "direct", world_size: int
     k = -(-n // unit)
     fn = partial(_file_matrix, algorithm=algorithm, world_size=n, level=level, gpus_per_node=gpus_per_node,
                  nodes_per_rack=nodes_per_rack, filters=filters)
-    parts = map_tasks(fn, [str(f) for f in rank_files(dataset)], workers=workers, scheduler=scheduler)
-    rows = np.concatenate([p[0] for p in parts])
-    cols = np.concatenate([p[1] for p in parts])
-    data = np.concatenate([p[2] for p in parts])
-    del parts
-    return sp.coo_matrix((data, (rows, cols)), shape=(k, k)).tocsr()
+    acc = _MatrixSum(k)
+    map_tasks(fn, [str(f) for f in rank_files(dataset)], workers=workers, scheduler=scheduler, on_result=acc.add)
+    return acc.result()
+
+
+class _MatrixSum:
+    """Sums per-file COO parts into a ``k × k`` CSR as they arrive: parts wait in a pile until it holds
+    as many nonzeros as the running sum, then the pile is added in. Memory stays a small multiple of the
+    answer plus one file's part. At GPU level the files' rows are disjoint, so no two values are ever
+    added and the result is exact."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.total = sp.csr_matrix((k, k))
+        self.pile: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.pile_nnz = 0
+
+    def add(self, part: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        idx = np.int32 if self.k < 2**31 else np.int64
+        self.pile.append((part[0].astype(idx), part[1].astype(idx), part[2]))
+        self.pile_nnz += len(part[2])
+        if self.pile_nnz >= max(self.total.nnz, 1_000_000):
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pile:
+            return
+        rows, cols, data = (np.concatenate(x) for x in zip(*self.pile, strict=True))
+        self.pile, self.pile_nnz = [], 0
+        block = sp.coo_matrix((data, (rows, cols)), shape=(self.k, self.k)).tocsr()
+        del rows, cols, data
+        self.total = block if self.total.nnz == 0 else self.total + block
+
+    def result(self) -> sp.csr_matrix:
+        self._flush()
+        return self.total.tocsr()
 
 
 def rank_summary(events: pd.DataFrame) -> pd.DataFrame:

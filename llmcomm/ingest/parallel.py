@@ -45,41 +45,61 @@ def dask_available() -> bool:
 
 
 def map_tasks(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = None,
-              scheduler: str | None = None) -> list[R]:
+              scheduler: str | None = None, on_result: Callable[[R], None] | None = None) -> list[R]:
     """``[fn(x) for x in items]``, serially or on Dask (see the module doc). The first task that raises
-    re-raises its exception here (a :class:`TraceFormatError` stays one)."""
+    re-raises its exception here (a :class:`TraceFormatError` stays one).
+
+    ``on_result``: each result is handed to it in item order as soon as it is ready and then dropped, so
+    this process holds one result at a time (on Dask, finished ones wait on the workers); returns ``[]``."""
     items = list(items)
+    if on_result is not None:
+        serial = partial(_serial_stream, on_result=on_result)
+    else:
+        serial = None
     if workers is not None and workers < 1:
         raise ConfigError(f"workers={workers} must be >= 1")
     if scheduler is None and workers is None:
-        return [fn(x) for x in items]
+        return serial(fn, items) if serial else [fn(x) for x in items]
     if not dask_available():
         if scheduler is not None:
             raise ConfigError(f"scheduler={scheduler!r} needs dask.distributed (pip install llmcomm[scale])")
         warnings.warn("dask.distributed is not installed (pip install llmcomm[scale]); running serially",
                       stacklevel=2)
-        return [fn(x) for x in items]
+        return serial(fn, items) if serial else [fn(x) for x in items]
     if not items:
         return []
     from dask.distributed import Client, LocalCluster
 
     if scheduler is not None:
         with Client(scheduler, set_as_default=False) as client:
-            return _run(client, fn, items)
+            return _run(client, fn, items, on_result)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)}
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                       env=env) as cluster, Client(cluster, set_as_default=False) as client:
-        return _run(client, fn, items)
+        return _run(client, fn, items, on_result)
 
 
 def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def _run(client: Any, fn: Callable[[T], R], items: list[T]) -> list[R]:
+def _serial_stream(fn: Callable[[T], R], items: list[T], on_result: Callable[[R], None]) -> list[R]:
+    for x in items:
+        on_result(fn(x))
+    return []
+
+
+def _run(client: Any, fn: Callable[[T], R], items: list[T], on_result: Callable[[R], None] | None) -> list[R]:
     futures = client.map(fn, items, pure=False)
     try:
-        return client.gather(futures, errors="raise")
+        if on_result is None:
+            return client.gather(futures, errors="raise")
+        for fut in futures:  # item order; finished results wait on the workers, not here
+            result = fut.result()
+            fut.release()
+            on_result(result)
+            del result
+        return []
     finally:
         client.cancel(futures)
 
