@@ -47,7 +47,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check llmcomm tests benchmarks
 
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m pip install --quiet -e '.[bench,scale]'
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 traces: $(STAMP)
