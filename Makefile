@@ -13,7 +13,7 @@ endif
 export MPLBACKEND := Agg
 export PYTHONHASHSEED := 0
 
-.PHONY: figures figures-quick test test-fast lint bench traces clean setup
+.PHONY: figures figures-quick test test-fast lint bench traces calibration clean setup
 
 setup: $(STAMP)
 
@@ -52,6 +52,10 @@ bench: $(STAMP)
 
 traces: $(STAMP)
 	$(PY) -m llmcomm.collect.curated
+
+# refit the shipped calibration (data/calibration/) on the real measurements in ../shared/external
+calibration: $(BASE)
+	$(PY) -c 'import sys; from llmcomm.overhead.bandwidth import main; sys.exit(main(["--calibrate"]))'
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

@@ -9,6 +9,16 @@ Expert parallelism does not add a dimension to the world: the expert layers see 
 the combined cp/dp index. Other orders (``tp-pp-dp``, ``tp-dp-pp``...) are accepted: any permutation of
 ``tp``, ``cp``, ``dp`` and ``pp``; ``ep`` may be written (immediately before ``dp``) but is implied anyway.
 
+With an expert tensor-parallel size ``etp`` different from ``tp``, the expert layers have a grid of their own
+(Megatron-LM ``parallel_state.initialize_model_parallel``, ``expert_decoder_rank_generator``): the same order
+string with ``cp`` dropped, ``tp`` read as ``etp`` and ``dp`` as ``ep`` (fastest) × ``edp``, so with the default
+order ``rank = etp_i + etp · (ep_i + ep · (edp_i + edp · pp_i))``.
+
+Groups beyond the parallelisms: ``dpcp`` (data parallel with CP folded in), ``mp`` (model parallel: the
+``tp × pp`` ranks sharing cp and dp, Megatron's ``get_model_parallel_group``), ``tpcp`` (``tp × cp``, the
+router's aux-loss group), ``etp`` (expert tensor parallel), ``tpep`` (``etp × ep``, Megatron's
+``get_expert_tensor_and_model_parallel_group``) and ``world``.
+
 A node holds ``gpus_per_node`` consecutive global ranks: ``node = rank // gpus_per_node``.
 """
 
@@ -64,6 +74,8 @@ class Layout:
         data parallel, ``cp·dp/ep``) or ``dpcp`` (data parallel with CP folded in, ``cp·dp``)."""
         if dim == "dpcp":
             return self.parallel.cp * self.parallel.dp
+        if dim == "etp":
+            return self.parallel.expert_tp
         return int(self.parallel.expert_dp if dim == "edp" else getattr(self.parallel, dim))
 
     @cached_property
@@ -84,11 +96,52 @@ class Layout:
         for d in self.order:
             out[d] = (ranks // stride) % self.size(d)
             stride *= self.size(d)
-        data_idx = self._data_index(out)
-        out["ep"] = data_idx % self.parallel.ep
-        out["edp"] = data_idx // self.parallel.ep
+        if self._expert_grid_differs:
+            out["ep"], out["edp"] = self._expert_coord("ep"), self._expert_coord("edp")
+        else:
+            data_idx = self._data_index(out)
+            out["ep"] = data_idx % self.parallel.ep
+            out["edp"] = data_idx // self.parallel.ep
         out["node"] = ranks // self.gpus_per_node
         return pd.DataFrame(out)[["rank", "tp", "cp", "dp", "pp", "ep", "edp", "node"]]
+
+    @property
+    def _expert_grid_differs(self) -> bool:
+        return self.parallel.expert_tp != self.parallel.tp
+
+    @cached_property
+    def _expert_dims(self) -> tuple[tuple[str, int], ...]:
+        """Expert grid dimensions with sizes, fastest first (``cp`` dropped, ``tp`` -> ``etp``,
+        ``dp`` -> ``ep``, ``edp``)."""
+        p = self.parallel
+        out: list[tuple[str, int]] = []
+        for d in self.order:
+            if d == "tp":
+                out.append(("etp", p.expert_tp))
+            elif d == "dp":
+                out += [("ep", p.ep), ("edp", p.expert_dp)]
+            elif d == "pp":
+                out.append(("pp", p.pp))
+        return tuple(out)
+
+    def _expert_coord(self, dim: str) -> np.ndarray:
+        ranks = np.arange(self.world_size, dtype=np.int64)
+        stride = 1
+        for d, n in self._expert_dims:
+            if d == dim:
+                return (ranks // stride) % n
+            stride *= n
+        raise ConfigError(f"{dim!r} is not an expert grid dimension")
+
+    def _expert_groups(self, dims: tuple[str, ...]) -> np.ndarray:
+        """Groups spanning expert-grid dimensions ``dims`` (members in rank order)."""
+        names = [d for d, _ in self._expert_dims]
+        grid = np.arange(self.world_size, dtype=np.int64).reshape([n for _, n in reversed(self._expert_dims)])
+        axes = [len(names) - 1 - names.index(d) for d in dims]
+        rest = [a for a in range(grid.ndim) if a not in axes]
+        inner = sorted(axes)
+        arr = np.transpose(grid, rest + inner)
+        return arr.reshape(-1, int(np.prod([grid.shape[a] for a in inner])))
 
     def _data_index(self, c: dict[str, np.ndarray]) -> np.ndarray:
         """Combined cp/dp index, in the order's own nesting of the two."""
@@ -104,6 +157,8 @@ class Layout:
         """
         if parallelism in DIMS:
             g = np.moveaxis(self._grid, self._axis(parallelism), -1).reshape(-1, self.size(parallelism))
+        elif parallelism in ("ep", "edp") and self._expert_grid_differs:
+            g = self._expert_groups((parallelism,))
         elif parallelism in ("ep", "edp"):
             ax_c, ax_d = self._axis("cp"), self._axis("dp")
             # put the data axes last, in their nesting order (slow first), flatten them, split ep fastest
@@ -118,8 +173,19 @@ class Layout:
             g = arr.reshape(-1, arr.shape[-1])
         elif parallelism == "dpcp":  # data parallel with CP folded in: ranks sharing tp and pp, by rank
             g = np.sort(self._grid_group(("cp", "dp")), axis=1)
+        elif parallelism == "mp":  # Megatron's model-parallel group: tp x pp
+            g = self._grid_group(("tp", "pp"))
+        elif parallelism == "tpcp":
+            g = self._grid_group(("tp", "cp"))
+        elif parallelism == "etp":
+            g = self._expert_groups(("etp",)) if self._expert_grid_differs else self.groups("tp")
+        elif parallelism == "tpep":
+            g = self._expert_groups(("etp", "ep"))
+        elif parallelism == "world":
+            g = np.arange(self.world_size, dtype=np.int64)[None, :]
         else:
-            raise ConfigError(f"parallelism={parallelism!r} is not one of {PARALLELISMS + ('edp', 'dpcp')}")
+            raise ConfigError(f"parallelism={parallelism!r} is not one of "
+                              f"{PARALLELISMS + ('edp', 'dpcp', 'mp', 'tpcp', 'etp', 'tpep', 'world')}")
         return g[np.argsort(g.min(axis=1), kind="stable")]
 
     def _grid_group(self, dims: tuple[str, ...]) -> np.ndarray:

@@ -234,6 +234,52 @@ def call_duration_spread(seq: pd.DataFrame, ax: Axes | None = None, top: int = 1
     return ax
 
 
+def busbw_fit(res: pd.DataFrame, ax: Axes | None = None, hue: str = "group_size", title: str | None = None) -> Axes:
+    """Measured bus bandwidth (dots; rows set aside as spikes: crosses) and the fitted model (lines) against
+    message size, one colour per ``hue`` value. ``res``: :attr:`llmcomm.overhead.Bandwidth.residuals`
+    (``bytes, x, time_s, pred_s, used`` and ``hue``); busbw = bus bytes / time."""
+    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
+    levels = sorted(res[hue].unique())
+    pal = sns.color_palette("viridis", len(levels))
+    for color, level in zip(pal, levels, strict=True):
+        d = res[res[hue] == level].sort_values("bytes")
+        used = d["used"].to_numpy(bool)
+        ax.plot(d["bytes"][used], d["x"][used] / d["time_s"][used] / 1e9, "o", ms=2.5, color=color, alpha=0.6)
+        ax.plot(d["bytes"][~used], d["x"][~used] / d["time_s"][~used] / 1e9, "x", ms=4, color=color)
+        ax.plot(d["bytes"], d["x"] / d["pred_s"] / 1e9, "-", lw=1.2, color=color, label=str(level))
+    ax.set(xscale="log", xlabel="message size [bytes]", ylabel="bus bandwidth [GB/s]", title=title or "")
+    ax.legend(title=hue.replace("_", " "), fontsize=7, ncol=2)
+    return ax
+
+
+def relative_residuals(res: pd.DataFrame, ax: Axes | None = None, hue: str = "group_size",
+                       title: str | None = None) -> Axes:
+    """(predicted − measured) / measured against message size for the fitted rows of ``res``
+    (:attr:`llmcomm.overhead.Bandwidth.residuals`), one colour per ``hue`` value."""
+    ax = ax or plt.subplots(figsize=(6.5, 3))[1]
+    d = res[res["used"]].copy()
+    levels = sorted(d[hue].unique())
+    d[hue] = d[hue].astype(str)
+    sns.scatterplot(data=d, x="bytes", y="rel_err", hue=hue, hue_order=[str(v) for v in levels], s=8,
+                    palette=sns.color_palette("viridis", len(levels)), linewidth=0, ax=ax, legend=False)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(xscale="log", xlabel="message size [bytes]", ylabel="relative residual", title=title or "")
+    return ax
+
+
+def effective_bandwidth_lines(df: pd.DataFrame, ax: Axes | None = None, hue: str = "label",
+                              title: str | None = None) -> Axes:
+    """Modelled bus bandwidth against message size, one line per ``hue`` value, in the frame's order
+    (:func:`llmcomm.overhead.effective_bandwidth`)."""
+    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
+    order = list(pd.unique(df[hue]))
+    sns.lineplot(data=df, x="bytes", y="busbw", hue=hue, hue_order=order, ax=ax, lw=1.4,
+                 palette=sns.color_palette("tab10", len(order)))
+    ax.set(xscale="log", xlabel="message size [bytes]", ylabel="bus bandwidth [GB/s]", title=title or "")
+    ax.legend(fontsize=7)
+    return ax
+
+
 def a2a_matrix_heatmap(mat: np.ndarray, ax: Axes | None = None, unit: float = 2**10, title: str | None = None,
                        label: str = "KiB") -> Axes:
     """A small all-to-all matrix (sender rows, receiver columns) with its values written in ``unit``s."""

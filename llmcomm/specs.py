@@ -32,6 +32,9 @@ from .errors import ConfigError
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 RECOMPUTE_MODES = ("none", "selective", "full")
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved")
+# Megatron-LM's --moe-token-dispatcher-type values (core/transformer/transformer_config.py); "flex" (DeepEP /
+# HybridEP kernels) is named so that it can be refused with a reason rather than as an unknown word
+MOE_TOKEN_DISPATCHERS = ("allgather", "alltoall", "flex")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
@@ -155,23 +158,28 @@ class ModelSpec:
     def _mlp_matrices(self) -> int:
         return 3 if self.gated_mlp else 2
 
-    def layer_parameter_split(self, layer: int, tp: int = 1, ep: int = 1, *, active: bool = False) -> LayerParams:
+    def layer_parameter_split(self, layer: int, tp: int = 1, ep: int = 1, *, active: bool = False,
+                              etp: int | None = None) -> LayerParams:
         """The parameters of transformer layer ``layer`` (0-based) that one TP rank of one EP rank holds,
         split by how data parallelism reduces them (Megatron-LM's layout; ``k`` = 3 gated, else 2)::
 
             sharded    = (h·a·d + 2·h·g·d + a·d·h)/tp  [+ (a·d + 2·g·d)/tp Q/K/V biases]
                          + k·h·f/tp [+ (k-1)·f/tp biases]          (dense MLP layer)
                          + k·h·(S·f_e)/tp                           (MoE layer: shared experts)
-            expert     = (E/ep)·k·h·f_e/tp   (routed experts; with ``active``: top-k experts, no ep split)
+            expert     = (E/ep)·k·h·f_e/etp  (routed experts; with ``active``: top-k experts, no ep split)
             replicated = 2 norms [+ h attention-output bias + h MLP-output bias] [+ h·E router]
 
         ``sharded`` is reduced over the DP group, ``expert`` over the expert-data-parallel group, and
         ``replicated`` (identical on every TP rank) also by sequence parallelism's TP all-reduce. Each term is
         floor-divided separately, as the predictor's byte counts require. With ``tp = ep = 1`` the three add up
-        to :meth:`layer_parameters`.
+        to :meth:`layer_parameters`. ``etp`` is the expert tensor-parallel size (Megatron-LM's
+        ``--expert-tensor-parallel-size``; ``None``: ``tp``, Megatron's default): routed experts are split over
+        ``etp`` ranks, not ``tp`` (``megatron/core/transformer/moe/experts.py``, ``TEGroupedMLP`` built on
+        the expert tensor-parallel group); shared experts stay on the TP group.
         """
         h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
         k = self._mlp_matrices()
+        etp = tp if etp is None else etp
         replicated = 2 * self.norm_parameters()
         sharded = (h * a * d + 2 * h * g * d + a * d * h) // tp
         if self.add_bias_linear or self.add_qkv_bias:
@@ -183,7 +191,7 @@ class ModelSpec:
             fe = self.expert_ffn_hidden_size
             replicated += h * self.num_experts
             routed = self.moe_router_topk if active else self.num_experts // ep
-            expert = routed * k * h * fe // tp
+            expert = routed * k * h * fe // etp
             sharded += k * h * self.num_shared_experts * fe // tp
         else:
             sharded += k * h * self.ffn_hidden_size // tp
@@ -390,6 +398,20 @@ class ParallelConfig:
     ``world = tp · cp · dp · pp``; expert parallelism ``ep`` subdivides the ``cp · dp`` ranks of the expert
     layers (Megatron's expert layout), so it does not multiply the world size.
     ``num_microbatches = global_batch / (micro_batch · dp)``.
+
+    Expert layers have their own grid (Megatron-LM ``parallel_state.initialize_model_parallel``'s
+    ``expert_decoder_rank_generator``): ``world = etp · ep · edp · pp`` with ``etp``
+    (``--expert-tensor-parallel-size``, default ``tp``), so the rule is ``world % (etp·ep·pp) == 0``
+    (``megatron/core/parallel_state.py``: "world_size must be divisible by expert_tensor_parallel_size *
+    expert_model_parallel_size * pipeline_model_parallel_size").
+
+    ``moe_token_dispatcher_type``: Megatron-LM's CLI default is ``allgather``; the field defaults to
+    ``alltoall``, the dispatcher of the published MoE recipes (Mixtral, DeepSeek) and of the predictions made
+    before the field existed. ``overlap_grad_reduce`` splits the DP gradient sync into buckets of
+    ``bucket_size`` elements (``None``: ``max(40M, 1M·dp)``, ``DistributedDataParallel.__init__``).
+    ``microbatch_group_size_per_vp_stage`` (``None``: ``pp``) groups micro-batches of the interleaved schedule.
+    ``create_attention_mask_in_dataloader`` (Megatron's default ``True``) adds the ``(b, 1, s, s)`` boolean
+    mask to the batch broadcast over TP.
     """
 
     tp: int = 1
@@ -410,6 +432,13 @@ class ParallelConfig:
     recompute: str = "none"
     schedule: str = "1f1b"
     order: str = DEFAULT_ORDER
+    moe_token_dispatcher_type: str = "alltoall"
+    etp: int | None = None  # expert tensor-parallel size; None -> tp (Megatron's default)
+    overlap_grad_reduce: bool = False
+    bucket_size: int | None = None  # DDP bucket, elements; None -> max(40M, 1M·dp) with overlap_grad_reduce
+    microbatch_group_size_per_vp_stage: int | None = None  # None -> pp
+    create_attention_mask_in_dataloader: bool = True
+    moe_aux_loss_coeff: float = 0.0  # Megatron's default; > 0 adds the router's token-count all-reduce
 
     def __post_init__(self) -> None:
         if self.global_batch is None:
@@ -427,9 +456,19 @@ class ParallelConfig:
         return self.global_batch // (self.micro_batch * self.dp)
 
     @property
+    def expert_tp(self) -> int:
+        """Expert tensor-parallel size: ``etp``, or ``tp`` when unset (Megatron's default)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
     def expert_dp(self) -> int:
-        """Data-parallel size of the expert weights: ``cp·dp / ep``."""
-        return self.cp * self.dp // self.ep
+        """Data-parallel size of the expert weights: ``world / (etp·ep·pp)`` (``cp·dp/ep`` when ``etp = tp``)."""
+        return self.world_size // (self.expert_tp * self.ep * self.pp)
+
+    @property
+    def vp_group_size(self) -> int:
+        """``microbatch_group_size_per_vp_stage``, or ``pp`` when unset (Megatron's default)."""
+        return self.pp if self.microbatch_group_size_per_vp_stage is None else self.microbatch_group_size_per_vp_stage
 
     def sequence_length(self, model: ModelSpec | None = None) -> int:
         if self.seq_len is not None:
@@ -443,6 +482,15 @@ class ParallelConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{f}={v!r} must be a positive integer")
+        for f in ("etp", "bucket_size", "microbatch_group_size_per_vp_stage"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ConfigError(f"{f}={v!r} must be a positive integer or None")
+        if not isinstance(self.moe_aux_loss_coeff, (int, float)) or self.moe_aux_loss_coeff < 0:
+            raise ConfigError(f"moe_aux_loss_coeff={self.moe_aux_loss_coeff!r} must be a number >= 0")
+        if self.moe_token_dispatcher_type not in MOE_TOKEN_DISPATCHERS:
+            raise ConfigError(f"moe_token_dispatcher_type={self.moe_token_dispatcher_type!r} is not one of "
+                              f"{MOE_TOKEN_DISPATCHERS} (Megatron-LM's --moe-token-dispatcher-type)")
         if self.seq_len is not None and (not isinstance(self.seq_len, int) or self.seq_len < 1):
             raise ConfigError(f"seq_len={self.seq_len!r} must be a positive integer")
         for f in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
@@ -457,16 +505,16 @@ class ParallelConfig:
             )
         if self.sp and self.tp == 1:
             raise ConfigError("sp=True needs tp > 1 (sequence parallelism splits over the TP group)")
-        if (self.cp * self.dp) % self.ep:
-            raise ConfigError(f"ep={self.ep} does not divide cp*dp={self.cp * self.dp}")
+        expert_grid = self.expert_tp * self.ep * self.pp
+        if self.world_size % expert_grid:
+            raise ConfigError(
+                f"world size {self.world_size} is not divisible by etp*ep*pp={expert_grid} (Megatron-LM "
+                "parallel_state.initialize_model_parallel: world_size must be divisible by "
+                "expert_tensor_parallel_size * expert_model_parallel_size * pipeline_model_parallel_size)")
         if self.vpp > 1:
             if self.pp < 2:
                 raise ConfigError(f"vpp={self.vpp} (interleaved schedule) needs pp >= 2, got pp={self.pp}")
-            if self.num_microbatches % self.pp:
-                raise ConfigError(
-                    f"pp={self.pp} does not divide num_microbatches={self.num_microbatches} "
-                    "(required by the interleaved schedule)"
-                )
+            self._check_vp_groups()
         if self.schedule == "interleaved" and self.vpp == 1:
             raise ConfigError("schedule='interleaved' needs vpp > 1")
         if self.fsdp and self.distributed_optimizer:
@@ -474,6 +522,20 @@ class ParallelConfig:
         from .layout import parse_order  # local import: layout imports this module
 
         parse_order(self.order)
+
+    def _check_vp_groups(self) -> None:
+        """Megatron-LM ``forward_backward_pipelining_with_interleaving`` (core/pipeline_parallel/schedules.py):
+        the micro-batch group ``n`` must satisfy ``pp <= n <= m``, and the last group ``m % n`` must be 0 or
+        at least ``pp``; ``m % pp != 0`` is allowed otherwise."""
+        m, n, p = self.num_microbatches, self.vp_group_size, self.pp
+        if not p <= n <= m:
+            raise ConfigError(
+                f"microbatch_group_size_per_vp_stage={n} must lie in [pp={p}, num_microbatches={m}] "
+                "(Megatron-LM's interleaved schedule)")
+        if 0 < m % n < p:
+            raise ConfigError(
+                f"num_microbatches={m} % microbatch_group_size_per_vp_stage={n} = {m % n} must be 0 or >= "
+                f"pp={p} (Megatron-LM's interleaved schedule: the last micro-batch group)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -524,6 +586,20 @@ class Cluster:
     def for_world(self, world_size: int) -> Cluster:
         """This cluster sized to hold ``world_size`` GPUs (whole nodes)."""
         return self.with_nodes(max(1, math.ceil(world_size / self.gpus_per_node)))
+
+    def _check_vp_groups(self) -> None:
+        """Megatron-LM ``forward_backward_pipelining_with_interleaving`` (core/pipeline_parallel/schedules.py):
+        the micro-batch group ``n`` must satisfy ``pp <= n <= m``, and the last group ``m % n`` must be 0 or
+        at least ``pp``; ``m % pp != 0`` is allowed otherwise."""
+        m, n, p = self.num_microbatches, self.vp_group_size, self.pp
+        if not p <= n <= m:
+            raise ConfigError(
+                f"microbatch_group_size_per_vp_stage={n} must lie in [pp={p}, num_microbatches={m}] "
+                "(Megatron-LM's interleaved schedule)")
+        if 0 < m % n < p:
+            raise ConfigError(
+                f"num_microbatches={m} % microbatch_group_size_per_vp_stage={n} = {m % n} must be 0 or >= "
+                f"pp={p} (Megatron-LM's interleaved schedule: the last micro-batch group)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -64,6 +64,19 @@ def test_tp_calls_match_aicb(aicb, predicted):
     #    issues that all-reduce only with SP, where it carries the norm gradients.
     assert theirs.pop(("all_reduce", 0)) == 1
     ours = _ours(predicted, ["tp"])
+    other = _ours(predicted, ["other"])
+    # The predictor's batch broadcast (on the TP group, tagged "other": data loading) follows current
+    # Megatron-LM (core/utils.py get_batch_on_this_tp_rank, pp = 1): one broadcast per tensor — tokens,
+    # labels, position ids (int64, 8·s), loss mask (fp32, 4·s) and the (1, 1, s, s) bool attention mask
+    # (4 MiB at s = 2,048); AICB models the older broadcast_data.
+    assert {k: other.pop(k) for k in list(other) if k[0] == "broadcast"} == \
+        {("broadcast", 16384): 3, ("broadcast", 8192): 1, ("broadcast", 4194304): 1}
+    # The found-NaN flag has no counterpart in bf16 Megatron (no grad scaler); the predictor's train_step
+    # scalars (update_successful, grad-norm max; 4 B each) go over the model-parallel group, which at pp = 1
+    # is the TP group, tagged "other"; the gradient norm itself goes over the world (distributed optimizer).
+    assert other == {("all_reduce", 4): 3}
+    mp = predicted.select(parallelism="other", op="all_reduce").events["group"].map(len).tolist()
+    assert mp == [128, 2, 2]
     # What remains must match exactly: 130 all-reduces of b·s·h·2 = 16 MiB (embedding forward, 2 per layer
     # forward, 2 per layer backward, output-layer input gradient, which AICB files under
     # "backward.MegatronEmbedding") and the cross-entropy's 3 fp32 all-reduces of b·s·4 = 8,192 B.
@@ -73,9 +86,11 @@ def test_tp_calls_match_aicb(aicb, predicted):
 
 def test_dp_calls_match_aicb_in_count_and_dtype_ratio(aicb, predicted):
     theirs = _aicb_counter(aicb, "dp_group")
-    # 4. forward_step.average_losses_across_data_parallel_group: the 4-byte loss averaged for logging.
+    # 4. forward_step.average_losses_across_data_parallel_group: the 4-byte loss averaged for logging; the
+    #    predictor follows current Megatron-LM (training.py train_step: [loss sum, token count], 2 fp32).
     assert theirs.pop(("all_reduce", 4)) == 1
     ours = _ours(predicted, ["dp"])
+    assert ours.pop(("all_reduce", 8)) == 1
     assert sorted(op for op, _ in theirs.elements()) == sorted(op for op, _ in ours.elements()) == \
         ["all_gather", "reduce_scatter"]
     size = {op: b for op, b in theirs}

@@ -24,18 +24,27 @@ def pc(**kw) -> ParallelConfig:
 
 def test_four_all_to_alls_per_moe_layer_uniform():
     t = predict_traffic(MOE, pc(dp=4, ep=2, global_batch=8))  # m = 2, MoE layers 0 and 2
-    a = t.select(rank=0, op="all_to_all").events
+    every = t.select(rank=0, op="all_to_all").events
+    a = every[every["bytes"] == S * K * H * 2]  # the token all-to-alls
     assert len(a) == 2 * 2 * 4
     assert list(a["phase"][:2]) == ["forward", "forward"] and list(a["phase"][2:4]) == ["forward", "forward"]
     per_peer = S * K * H * 2 // 2  # T·k·h·act / ep
     assert all(list(s) == [per_peer, per_peer] for s in a["split_bytes"])
-    assert (a["bytes"] == S * K * H * 2).all()
     assert list(a["group"].iat[0]) == [0, 1]
+    # token_dispatcher.py MoEAlltoAllTokenDispatcher.token_dispatch: the probabilities' all-to-all beside the
+    # tokens (T·k bf16), and its backward; nothing else is an all-to-all
+    probs = every[every["bytes"] != S * K * H * 2]
+    assert len(probs) == 2 * 2 * 2 and (probs["bytes"] == S * K * 2).all()
+    assert list(every["bytes"][:3]) == [S * K * H * 2, S * K * 2, S * K * H * 2]  # dispatch, probs, combine
+    # preprocess: all-gather of the E int64 token counts over the tp_ep group (etp·ep = 2 ranks)
+    counts = t.select(rank=0, op="all_gather").events
+    assert len(counts) == 2 * 2 and (counts["bytes"] == 2 * E * 8).all() and (counts["dtype"] == "int64").all()
 
 
 def test_expert_params_reduce_over_expert_data_parallel_group():
     t = predict_traffic(MOE, pc(dp=4, ep=2, global_batch=4))
     dp = t.select(rank=0, parallelism="dp").events
+    dp = dp[dp["bytes"] > 8]  # without the 8-byte loss report
     groups = [list(g) for g in dp["group"]]
     assert groups == [[0, 1, 2, 3], [0, 2]]
     expert = dp["bytes"].iat[1] // 4
@@ -67,13 +76,16 @@ def test_routing_counts_give_exact_splits_and_transposes():
     for routing in (arr, df):
         t = predict_traffic(MOE, p, routing=routing)
         a0 = t.select(rank=0, op="all_to_all", layer=0).events
-        hb = H * 2
-        assert [list(s) for s in a0["split_bytes"]] == [[30 * hb, 34 * hb], [30 * hb, 3 * hb],
-                                                        [30 * hb, 34 * hb], [30 * hb, 3 * hb]]
-        assert list(a0["phase"]) == ["forward", "forward", "backward", "backward"]
+        hb, pb = H * 2, 2
+        # forward: tokens dispatch, probabilities dispatch, tokens combine; backward: the combine's
+        # (dispatch-shaped), the probabilities' (combine-shaped), the dispatch's (combine-shaped)
+        assert [list(s) for s in a0["split_bytes"]] == [
+            [30 * hb, 34 * hb], [30 * pb, 34 * pb], [30 * hb, 3 * hb],
+            [30 * hb, 34 * hb], [30 * pb, 3 * pb], [30 * hb, 3 * hb]]
+        assert list(a0["phase"]) == ["forward"] * 3 + ["backward"] * 3
         m_disp = t.matrix("direct", op="all_to_all", layer=0, phase="forward").toarray()
-        assert m_disp[0, 1] == (34 + 3) * hb and m_disp[1, 0] == (3 + 34) * hb
-        assert len(t.select(op="all_to_all", layer=2)) == 8 and vol_zero(t.select(op="all_to_all", layer=2))
+        assert m_disp[0, 1] == (34 + 3) * hb + 34 * pb and m_disp[1, 0] == (3 + 34) * hb + 3 * pb
+        assert len(t.select(op="all_to_all", layer=2)) == 12 and vol_zero(t.select(op="all_to_all", layer=2))
 
 
 def vol_zero(t) -> bool:
@@ -97,7 +109,16 @@ def test_moe_with_tp_needs_sp_and_adds_expert_tp_calls():
         predict_traffic(MOE, pc(tp=2, dp=2, ep=2, global_batch=2))
     t = predict_traffic(MOE, pc(tp=2, dp=2, ep=2, sp=True, global_batch=2))
     a = t.select(rank=0, op="all_to_all").events
-    assert (a["bytes"] == (S // 2) * K * H * 2).all()  # SP: each TP rank dispatches its s/tp tokens
+    # SP: each TP rank dispatches its s/tp tokens (and their probabilities)
+    assert set(a["bytes"]) == {(S // 2) * K * H * 2, (S // 2) * K * 2}
+    # dispatch_postprocess / combine_preprocess over the expert-TP group (etp = tp = 2), per MoE layer:
+    # forward AG tokens, AG probabilities, RS output; backward AG, RS probabilities, RS tokens
+    x = t.select(rank=0, layer=0, microbatch=0, parallelism="sp").events
+    tok, prb = 2 * (S // 2) * K * H * 2, 2 * (S // 2) * K * 2
+    moe = x[x["bytes"].isin([tok, prb])]
+    assert list(zip(moe["phase"], moe["op"], moe["bytes"], strict=True)) == [
+        ("forward", "all_gather", tok), ("forward", "all_gather", prb), ("forward", "reduce_scatter", tok),
+        ("backward", "all_gather", tok), ("backward", "reduce_scatter", prb), ("backward", "reduce_scatter", tok)]
 
 
 @given(ep=st.sampled_from([2, 4]), edp=st.sampled_from([1, 2]), m=st.sampled_from([1, 2]),

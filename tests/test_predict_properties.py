@@ -46,7 +46,8 @@ def test_flows_conserve_bytes(p):
     b = ev["bytes"].to_numpy() * ev["count"].to_numpy()
     op = ev["op"].to_numpy()
     wire = np.where(op == "all_reduce", 2 * (n - 1) / np.maximum(n, 1) * b,
-                    np.where(np.isin(op, ["all_gather", "reduce_scatter"]), (n - 1) / np.maximum(n, 1) * b,
+                    np.where(np.isin(op, ["all_gather", "reduce_scatter", "broadcast"]),
+                             (n - 1) / np.maximum(n, 1) * b,
                              np.where(op == "send", b, 0.0)))
     for alg in ("ring", "direct"):
         assert np.isclose(t.matrix(alg).sum(), wire.sum(), rtol=1e-12)

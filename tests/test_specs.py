@@ -100,7 +100,7 @@ def test_job_validation_names_the_rule(par, cluster_nodes, rule) -> None:
 @pytest.mark.parametrize("kwargs, rule", [
     (dict(dp=2, micro_batch=3, global_batch=8), "micro_batch\\*dp=6 does not divide global_batch=8"),
     (dict(sp=True), "sp=True needs tp > 1"),
-    (dict(dp=3, ep=2), "ep=2 does not divide cp\\*dp=3"),
+    (dict(dp=3, ep=2), r"world size 3 is not divisible by etp\*ep\*pp=2"),
     (dict(recompute="some"), "recompute='some' is not one of"),
     (dict(act_dtype="int4"), "dtype='int4' is not one of"),
     (dict(pp=1, vpp=2), "needs pp >= 2"),

@@ -14,8 +14,11 @@ The file is one rank's view (every rank runs the same list). Rows:
 * micro-batch: counted within an iteration, a new one starting at each forward row that follows a backward
   row (exact for pp = 1; -1 for pp > 1, where 1F1B interleaves them).
 * groups: AICB names the group type but not its ranks; ranks come from a :class:`ParallelConfig` (given, or
-  built from the group sizes found in the file: tp, dp, pp; ep when a row states it, else ep = dp — recorded
-  in ``meta['assumptions']``) through :class:`~llmcomm.layout.Layout`, for ``rank`` (default 0).
+  inferred from the calls by :func:`infer_configuration`: group sizes, SP, the distributed optimizer and the
+  micro-batches per iteration, each recorded with how in ``meta['inferred']``; an EP size the file does not
+  state is reported as not inferable) through :class:`~llmcomm.layout.Layout`, for ``rank`` (default 0).
+* parallelism: from the group name; with SP, the TP group's all-gathers and reduce-scatters are tagged ``sp``
+  as the predictor tags them.
 * times: only durations are measured (replayed back to back, compute mocked), so ``t_start_ns`` is the
   running sum of the durations before the row and ``t_end_ns - t_start_ns`` the measured duration.
 * all_to_all: AICB replays an even split, so ``split_bytes`` is ``msg_size / n`` per peer.
@@ -153,7 +156,64 @@ def _group_kind(v: str | None) -> str | None:
 
 
 def infer_parallel(rows: list[dict[str, str]], origin: str) -> tuple[ParallelConfig, list[str]]:
-    """A ParallelConfig from the group sizes the file states; the assumptions made are returned too."""
+    """A ParallelConfig from the file's calls; the assumptions made are returned too (see
+    :func:`infer_configuration`)."""
+    par, info = infer_configuration(rows, origin)
+    return par, info["assumptions"]
+
+
+def _iteration_shape(rows: list[dict[str, str]]) -> tuple[set[int], bool, bool, int]:
+    """Per training iteration (rows between ``epoch_end`` markers after the setup): the set of micro-batch
+    counts (a micro-batch starts at a forward row after a backward row or the iteration's start), whether a
+    forward TP all-gather / reduce-scatter occurs, and whether the optimizer step reduce-scatters and
+    all-gathers over DP; plus the number of such forward TP rows."""
+    counts: set[int] = set()
+    sp_rows = 0
+    rs = ag = False
+    seen_end, m, last = False, 0, ""
+    for r in rows:
+        ctype = (r.get("comm_type") or "").strip()
+        if ctype == "CommType.epoch_end":
+            if seen_end and m:
+                counts.add(m)
+            seen_end, m, last = True, 0, ""
+            continue
+        if not seen_end:
+            continue
+        stage = (r.get("stage") or "").strip()
+        op, kind = op_name(ctype), _group_kind(r.get("comm_group"))
+        if stage.startswith("forward"):
+            if last in ("", "backward"):
+                m += 1
+            last = "forward"
+            if kind == "tp" and op in ("all_gather", "reduce_scatter") and "MoE" not in stage:
+                sp_rows += 1
+        elif stage.startswith("backward"):
+            last = "backward"
+        elif stage.startswith("step") and kind == "dp":
+            rs |= op == "reduce_scatter"
+            ag |= op == "all_gather"
+    if seen_end and m:
+        counts.add(m)
+    return counts, sp_rows > 0, rs and ag, sp_rows
+
+
+def infer_configuration(rows: list[dict[str, str]], origin: str) -> tuple[ParallelConfig, dict[str, Any]]:
+    """A ParallelConfig from the calls the file holds, and how each field was inferred.
+
+    * ``tp``, ``dp``, ``pp``, ``cp``: the ``comm_group_size`` the file states for that group;
+    * ``sp``: forward all-gathers / reduce-scatters on the TP group outside the MoE block (Megatron's
+      sequence-parallel regions; without SP the dense layers all-reduce);
+    * ``distributed_optimizer``: a reduce-scatter and an all-gather on the DP group in the ``step`` stage
+      (the distributed optimizer's gradient reduce-scatter and parameter all-gather; plain DDP all-reduces);
+    * ``num_microbatches``: forward runs per iteration (a forward row after a backward row starts one),
+      exact for ``pp = 1``; ``global_batch = micro_batch · dp · num_microbatches`` with ``micro_batch = 1``,
+      which the file cannot state (its sizes are products ``b·s·h``);
+    * ``ep``: taken from a stated ``ep_group`` size; when the file has EP rows without a size it is not
+      inferable, ``meta['inferred']['ep']`` says so, ``ep = 1`` is used for the layout, and the EP rows carry
+      only this rank as their group (pass ``parallel=`` to resolve them).
+
+    Returns ``(parallel, info)`` with ``info = {"inferred": {field: how}, "assumptions": [...]}``."""
     sizes: dict[str, int] = {}
     kinds = set()
     for i, r in enumerate(rows):
@@ -166,16 +226,38 @@ def infer_parallel(rows: list[dict[str, str]], origin: str) -> tuple[ParallelCon
             if sizes.setdefault(k, s) != s:
                 raise TraceFormatError(f"{origin} line {i + 2}: field 'comm_group_size': {k} group size {s} "
                                        f"contradicts {sizes[k]} stated earlier")
-    assumptions = []
+    inferred: dict[str, Any] = {k: f"comm_group_size of the {k} group rows" for k in sizes}
+    assumptions: list[str] = []
     if "ep" in kinds and "ep" not in sizes:
-        sizes["ep"] = sizes.get("dp", 1)
-        assumptions.append(f"the ep group size is not in the file; taken as dp={sizes['ep']}")
+        inferred["ep"] = None
+        assumptions.append("the ep group size is not inferable: the file names ep_group rows but states no "
+                           "size; ep = 1 is used for the layout and ep rows carry only this rank as their group")
+    counts, sp, dist_opt, sp_rows = _iteration_shape(rows)
+    tp = sizes.get("tp", 1)
+    sp = sp and tp > 1
+    inferred["sp"] = (f"{sp_rows} forward all-gather/reduce-scatter rows on the tp group outside MoE"
+                      if sp else "no forward all-gather/reduce-scatter on the tp group outside MoE")
+    inferred["distributed_optimizer"] = ("reduce_scatter and all_gather on the dp group in the step stage"
+                                         if dist_opt else "no reduce_scatter + all_gather pair on the dp "
+                                         "group in the step stage")
+    dp, pp = sizes.get("dp", 1), sizes.get("pp", 1)
+    m = 1
+    if len(counts) == 1 and pp == 1:
+        m = counts.pop()
+        inferred["num_microbatches"] = f"{m} forward runs in each iteration"
+        inferred["global_batch"] = f"micro_batch x dp x num_microbatches = 1 x {dp} x {m}"
+        assumptions.append("micro_batch is not in the file (sizes are products b·s·h); taken as 1")
+    else:
+        why = "pp > 1 (1F1B interleaves forwards and backwards)" if pp > 1 else \
+            f"forward runs per iteration differ ({sorted(counts)})" if counts else "no training iteration"
+        inferred["num_microbatches"] = None
+        assumptions.append(f"num_microbatches not inferred: {why}; global_batch taken as dp")
     try:
-        par = ParallelConfig(tp=sizes.get("tp", 1), dp=sizes.get("dp", 1), pp=sizes.get("pp", 1),
-                             ep=sizes.get("ep", 1), cp=sizes.get("cp", 1))
+        par = ParallelConfig(tp=tp, dp=dp, pp=pp, ep=sizes.get("ep", 1), cp=sizes.get("cp", 1), sp=sp,
+                             distributed_optimizer=dist_opt, global_batch=dp * m)
     except ConfigError as e:
         raise TraceFormatError(f"{origin}: group sizes do not form a parallel configuration: {e}") from None
-    return par, assumptions
+    return par, {"inferred": inferred, "assumptions": assumptions}
 
 
 @guarded("AICB")
@@ -185,8 +267,10 @@ def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
     origin = src.name
     rows = _rows(src)
     assumptions: list[str] = []
+    inferred: dict[str, Any] = {}
     if parallel is None:
-        parallel, assumptions = infer_parallel(rows, origin)
+        parallel, info = infer_configuration(rows, origin)
+        assumptions, inferred = info["assumptions"], info["inferred"]
     if not 0 <= rank < parallel.world_size:
         raise TraceFormatError(f"{origin}: rank {rank} is outside the world of {parallel.world_size}")
     layout = Layout(parallel, gpus_per_node)
@@ -226,13 +310,16 @@ def parse(src: Source, parallel: ParallelConfig | None = None, rank: int = 0,
             timed += 1
         peer = _peer(row, op, group, origin, line)
         split = [nbytes // len(group)] * len(group) if op == "all_to_all" and nbytes % len(group) == 0 else None
-        builder.add(rank=rank, op=op, group=group, nbytes=nbytes,
-                    parallelism=tagger.tag(row.get("comm_group"), group, op),
+        parallelism = tagger.tag(row.get("comm_group"), group, op)
+        if parallelism == "tp" and parallel.sp and op in ("all_gather", "reduce_scatter"):
+            parallelism = "sp"  # the predictor's tag for sequence-parallel gathers and scatters on the TP group
+        builder.add(rank=rank, op=op, group=group, nbytes=nbytes, parallelism=parallelism,
                     iteration=iteration,
                     microbatch=micro if phase in ("forward", "backward") and parallel.pp == 1 else -1,
                     phase=phase, peer=peer, split_bytes=split, t_start_ns=t0, t_end_ns=t1)
     meta = {"rank": rank, "parallel": parallel.to_dict(), "world_size": parallel.world_size,
-            "assumptions": assumptions, "epoch_ends": iteration, "timed_rows": timed, "skipped": skipped,
+            "assumptions": assumptions, "inferred": inferred, "epoch_ends": iteration, "timed_rows": timed,
+            "skipped": skipped,
             "time_base": "back-to-back: start = running sum of measured durations" if timed else None}
     return TraceTable(builder.table(origin), meta)
 

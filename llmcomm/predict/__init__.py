@@ -21,12 +21,13 @@ from ..layout import Layout
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace, table_to_events, validate_events
 from . import expand, program, torch_rules
+from .audit import audit_table
 from .calls import Context
 from .ep import peer_tokens, routing_counts, uniform_split_bytes
 
 AUTO_AGGREGATE_ROWS = 500_000
 
-__all__ = ["predict_traffic", "Context"]
+__all__ = ["predict_traffic", "audit_table", "Context"]
 
 
 def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: Cluster | None = None,
@@ -73,7 +74,7 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
             continue
         parts.append(expand.stage_table(lay, groups, r, calls, counts_, iteration, d_tokens,
                                         uniform_split_bytes(ctx) if model.is_moe else 0,
-                                        model.hidden_size * ctx.act))
+                                        model.hidden_size * ctx.act, ctx.act))
     table = expand.to_table(parts)
     if parts:
         rk = table.column("rank").to_numpy()

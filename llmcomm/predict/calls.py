@@ -20,7 +20,10 @@ from ..specs import ModelSpec, ParallelConfig, dtype_bytes
 FRAMEWORKS = ("megatron", "torch")
 # group kinds a Call can name; "p2p" / "cp_p2p" mean [rank, peer] with the peer in the PP / CP group;
 # "dpcp" is the data-parallel group with context parallelism folded in (Megatron's gradient group)
-GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp")
+# "mp": Megatron's model-parallel group (tp x pp); "tpcp": tp x cp (the router's aux-loss group); "etp": expert
+# tensor parallel; "tpep": expert tensor x expert parallel (Megatron's tp_ep group); "world": every rank;
+# "pp": the whole pipeline group (collectives over it, not send/recv)
+GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world", "pp")
 
 
 @dataclass(frozen=True)

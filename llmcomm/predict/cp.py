@@ -7,10 +7,13 @@ rank's keys and values, passed around the CP ring: per transformer layer per mic
 * forward: ``cp - 1`` steps, each a send of this rank's current K and V block to the next CP rank and a recv
   from the previous one: ``KV = 2 · b · (s/cp) · (g·d/tp) · act`` bytes (``g`` KV heads of ``d`` channels,
   split over TP);
-* backward: ``cp - 1`` steps, each a send (and recv) of K, V and their gradients: ``2·KV`` bytes.
+* backward (TransformerEngine ``AttnFuncWithCPAndKVP2P.backward``, transformer_engine/pytorch/attention/
+  dot_product_attention/context_parallel.py): ``cp`` steps in the opposite direction (``send_dst =
+  cp_global_ranks[(rank - 1) % cp]``, ``recv_src = (rank + 1) % cp``); step 0 sends K, V only (``KV``), steps
+  ``1 .. cp-2`` K, V and dK, dV (``2·KV``), the last step dK, dV only (``KV``): the same ``2·(cp-1)·KV``
+  bytes as ``cp - 1`` steps of ``2·KV``, in ``cp`` calls.
 
-Peers are CP-group offsets ``+1``/``-1`` (wrapping). An approximation of TE's schedule (which also folds the
-last gradient exchange into the ring); calls are tagged ``cp``.
+Peers are CP-group offsets ``+1``/``-1`` (wrapping); calls are tagged ``cp``.
 """
 
 from __future__ import annotations
@@ -24,17 +27,29 @@ def kv_bytes(ctx: Context) -> int:
     return 2 * ctx.tokens * (m.query_groups * m.head_dim // ctx.tp) * ctx.act
 
 
-def _ring(ctx: Context, phase: str, nbytes: int, layer: int, mb: int) -> list[Call]:
-    out: list[Call] = []
-    for _ in range(ctx.parallel.cp - 1):
-        out.append(Call(phase, "cp", "send", "cp_p2p", nbytes, ctx.act_dtype, layer, mb, peer=+1))
-        out.append(Call(phase, "cp", "recv", "cp_p2p", nbytes, ctx.act_dtype, layer, mb, peer=-1))
-    return out
+def _step(ctx: Context, phase: str, nbytes: int, layer: int, mb: int, to: int) -> list[Call]:
+    """One ring step: send to CP offset ``to``, receive from ``-to``."""
+    return [Call(phase, "cp", "send", "cp_p2p", nbytes, ctx.act_dtype, layer, mb, peer=to),
+            Call(phase, "cp", "recv", "cp_p2p", nbytes, ctx.act_dtype, layer, mb, peer=-to)]
 
 
 def ring_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    return _ring(ctx, "forward", kv_bytes(ctx), layer, mb) if ctx.parallel.cp > 1 else []
+    """``cp - 1`` steps of ``KV`` to the next CP rank (TE ``AttnFuncWithCPAndKVP2P.forward``)."""
+    out: list[Call] = []
+    for _ in range(ctx.parallel.cp - 1):
+        out += _step(ctx, "forward", kv_bytes(ctx), layer, mb, +1)
+    return out
 
 
 def ring_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    return _ring(ctx, "backward", 2 * kv_bytes(ctx), layer, mb) if ctx.parallel.cp > 1 else []
+    """``cp`` steps to the previous CP rank: ``KV``, then ``cp - 2`` of ``2·KV``, then ``KV``
+    (TE ``AttnFuncWithCPAndKVP2P.backward``: ``send_tensor[0]`` at ``i == 0``, ``send_tensor[1]`` at
+    ``i == cp_size - 1``)."""
+    cp = ctx.parallel.cp
+    if cp == 1:
+        return []
+    kv = kv_bytes(ctx)
+    out: list[Call] = []
+    for i in range(cp):
+        out += _step(ctx, "backward", kv if i in (0, cp - 1) else 2 * kv, layer, mb, -1)
+    return out

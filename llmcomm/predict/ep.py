@@ -1,22 +1,45 @@
-"""Expert-parallel calls of an MoE layer (Megatron-LM's ``MoEAlltoAllTokenDispatcher``) and routing input.
+"""Expert-parallel calls of an MoE layer (Megatron-LM's token dispatchers,
+``megatron/core/transformer/moe/token_dispatcher.py``) and routing input.
 
 Per MoE layer per micro-batch, with ``T = local_tokens`` (``b·s/cp``, divided by ``tp`` under SP), ``k`` the
-router's top-k, ``E`` experts, ``h`` hidden, ``act`` bytes per element, the EP group of ``ep`` ranks, expert
-``e`` living on EP position ``e // (E/ep)``:
+router's top-k, ``E`` experts, ``h`` hidden, ``act`` bytes per element (the routing probabilities are in the
+activation dtype: ``topk_routing_with_score_function`` returns ``probs.type_as(logits)``), ``etp`` the expert
+tensor-parallel size, the EP group of ``ep`` ranks, expert ``e`` living on EP position ``e // (E/ep)``.
 
-* forward: all-to-all *dispatch* (each rank sends each token's hidden state to the ranks of its k experts),
-  experts, all-to-all *combine* (the outputs go back);
-* backward: the combine's backward (same splits as the dispatch), then the dispatch's backward (same splits
-  as the combine).
+``moe_token_dispatcher_type="alltoall"`` (``MoEAlltoAllTokenDispatcher``), forward:
 
-Split sizes: ``D[r, j] = Σ_{e on j} tokens(r → e)`` tokens; rank ``r`` sends ``D[r, j]·h·act`` bytes to peer
-``j`` in a dispatch and ``D[j, r]·h·act`` in a combine. Under uniform routing ``tokens(r → e) = T·k/E`` so
-every split is ``T·k·h·act/ep`` (rounded to whole bytes); ``bytes`` of an all-to-all is the sum of its splits
-(what the rank sends, itself included).
+1. ``preprocess``: all-gather of the per-expert token counts (``E`` int64) over the ``etp × ep`` group
+   (``gather_from_sequence_parallel_region(num_local_tokens_per_expert, group=self.tp_ep_group)``):
+   ``etp·ep·E·8`` bytes gathered; no gradient, so nothing in the backward (only when ``etp·ep > 1``);
+2. ``token_dispatch``: all-to-all *dispatch* of the tokens over EP, then the all-to-all of the routing
+   probabilities with the same splits (``global_probs = all_to_all(self.ep_group, permuted_probs, ...)``);
+3. ``dispatch_postprocess`` (``etp > 1``): all-gather over the expert-TP group of the received tokens
+   (``etp·T·k·h·act`` gathered, expected size) and of their probabilities (``etp·T·k·act``);
+4. experts; ``combine_preprocess`` (``etp > 1``): reduce-scatter of the expert output over expert-TP;
+5. ``token_combine``: all-to-all *combine* over EP.
 
-With ``tp > 1`` (Megatron requires sequence parallelism then), the expert block gathers the dispatched tokens
-over the TP group and scatters them back: all-gather and reduce-scatter of ``b·s/cp·k·h·act`` (expected
-size), swapped in the backward. Shared experts add the TP calls of a dense MLP block.
+Backward, in reverse: the combine's backward (dispatch-shaped all-to-all), the reduce-scatter's (all-gather),
+the two expert-TP all-gathers' (reduce-scatters: probabilities, then tokens), the probabilities' all-to-all
+(combine-shaped), then the tokens' (combine-shaped).
+
+``moe_token_dispatcher_type="allgather"`` (``MoEAllGatherTokenDispatcher.token_dispatch``/``token_combine``),
+with ``n = etp·ep`` (the ``tp_ep`` group), when ``n > 1``: forward all-gathers over that group of the routing map
+(``T·E`` booleans, no gradient: ``n·T·E`` bytes), of the probabilities (``n·T·E·act``) and of the hidden states
+(``n·T·h·act``), then after the experts a reduce-scatter of ``n·T·h·act``; backward: all-gather
+``n·T·h·act`` (the reduce-scatter's), reduce-scatter ``n·T·h·act`` (the hidden-state gather's) and
+reduce-scatter ``n·T·E·act`` (the probabilities'). It moves ``n/k`` times the alltoall dispatcher's bytes.
+
+``flex`` (DeepEP / HybridEP fused kernels) is refused: its traffic is not made of NCCL collectives.
+
+Split sizes of the routed all-to-alls: ``D[r, j] = Σ_{e on j} tokens(r → e)`` tokens; rank ``r`` sends
+``D[r, j]·h·act`` bytes (``D[r, j]·act`` for the probabilities) to peer ``j`` in a dispatch and ``D[j, r]·…``
+in a combine. Under uniform routing ``tokens(r → e) = T·k/E`` so every split is ``T·k·h·act/ep`` (rounded to
+whole bytes); ``bytes`` of an all-to-all is the sum of its splits (what the rank sends, itself included).
+
+With ``aux_loss`` load balancing (``moe_aux_loss_coeff > 0``) the router all-reduces the per-expert token
+counts (``E`` int64) over the ``tp × cp`` group in the forward (``TopKRouter._apply_aux_loss`` ->
+``get_tokens_per_expert_and_token_count``, moe_utils.py). Shared experts add the TP calls of a dense MLP
+block.
 """
 
 from __future__ import annotations
@@ -37,39 +60,120 @@ def uniform_split_bytes(ctx: Context) -> int:
     return round(ctx.local_tokens * m.moe_router_topk * m.hidden_size * ctx.act / ctx.parallel.ep)
 
 
+def uniform_probs_split_bytes(ctx: Context) -> int:
+    """Expected bytes of routing probabilities one rank sends to each EP peer: ``T·k·act/ep``."""
+    return round(ctx.local_tokens * ctx.model.moe_router_topk * ctx.act / ctx.parallel.ep)
+
+
 def _a2a(ctx: Context, phase: str, route: str, layer: int, mb: int) -> Call:
     return Call(phase, "ep", "all_to_all", "ep", uniform_split_bytes(ctx) * ctx.parallel.ep, ctx.act_dtype,
                 layer, mb, route=route)
 
 
+def _probs_a2a(ctx: Context, phase: str, route: str, layer: int, mb: int) -> Call:
+    return Call(phase, "ep", "all_to_all", "ep", uniform_probs_split_bytes(ctx) * ctx.parallel.ep,
+                ctx.act_dtype, layer, mb, route="probs_" + route)
+
+
 def _expert_tp(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
-    if ctx.tp == 1:
+    """Expert-TP all-gathers of the received tokens and probabilities, and the reduce-scatter of the output
+    (``dispatch_postprocess``/``combine_preprocess``), in issue order for ``phase``."""
+    etp = ctx.parallel.expert_tp
+    if etp == 1:
         return []
     m = ctx.model
-    n = ctx.tokens * m.moe_router_topk * m.hidden_size * ctx.act
-    # forward: gather then scatter; backward: the scatter's transpose (gather) then the gather's (scatter)
-    return [Call(phase, "sp", op, "tp", n, ctx.act_dtype, layer, mb) for op in ("all_gather", "reduce_scatter")]
+    rows = ctx.local_tokens * etp * m.moe_router_topk  # tokens gathered over expert TP (expected size)
+    tok, prb = rows * m.hidden_size * ctx.act, rows * ctx.act
+    dt = ctx.act_dtype
+    if phase == "forward":
+        return [Call(phase, "sp", "all_gather", "etp", tok, dt, layer, mb),
+                Call(phase, "sp", "all_gather", "etp", prb, dt, layer, mb)]
+    return [Call(phase, "sp", "reduce_scatter", "etp", prb, dt, layer, mb),
+            Call(phase, "sp", "reduce_scatter", "etp", tok, dt, layer, mb)]
+
+
+def _expert_tp_out(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
+    etp = ctx.parallel.expert_tp
+    if etp == 1:
+        return []
+    m = ctx.model
+    n = ctx.local_tokens * etp * m.moe_router_topk * m.hidden_size * ctx.act
+    op = "reduce_scatter" if phase == "forward" else "all_gather"
+    return [Call(phase, "sp", op, "etp", n, ctx.act_dtype, layer, mb)]
+
+
+def aux_loss_allreduce(ctx: Context, layer: int, mb: int) -> list[Call]:
+    """``aux_loss`` balancing: all-reduce of ``E`` int64 token counts over ``tp × cp`` (forward only)."""
+    p = ctx.parallel
+    if p.moe_aux_loss_coeff <= 0 or ctx.tp * p.cp == 1:
+        return []
+    return [Call("forward", "ep", "all_reduce", "tpcp", 8 * ctx.model.num_experts, "int64", layer, mb)]
+
+
+def _allgather_dispatcher(ctx: Context, phase: str, layer: int, mb: int, before: bool) -> list[Call]:
+    """``MoEAllGatherTokenDispatcher`` calls before (``before``) or after the experts, over ``etp × ep``."""
+    n = ctx.parallel.expert_tp * ctx.parallel.ep
+    if n == 1:
+        return []
+    m, T, dt = ctx.model, ctx.local_tokens, ctx.act_dtype
+    hid, prb, rmap = n * T * m.hidden_size * ctx.act, n * T * m.num_experts * ctx.act, n * T * m.num_experts
+    if phase == "forward":
+        if before:
+            return [Call(phase, "ep", "all_gather", "tpep", rmap, "bool", layer, mb),
+                    Call(phase, "ep", "all_gather", "tpep", prb, dt, layer, mb),
+                    Call(phase, "ep", "all_gather", "tpep", hid, dt, layer, mb)]
+        return [Call(phase, "ep", "reduce_scatter", "tpep", hid, dt, layer, mb)]
+    if before:
+        return [Call(phase, "ep", "all_gather", "tpep", hid, dt, layer, mb)]
+    return [Call(phase, "ep", "reduce_scatter", "tpep", hid, dt, layer, mb),
+            Call(phase, "ep", "reduce_scatter", "tpep", prb, dt, layer, mb)]
+
+
+def _check_dispatcher(ctx: Context) -> str:
+    kind = ctx.parallel.moe_token_dispatcher_type
+    if kind == "flex":
+        raise ConfigError("moe_token_dispatcher_type='flex' (DeepEP/HybridEP fused kernels) is not predicted: "
+                          "its traffic is not NCCL collectives; use 'alltoall' or 'allgather'")
+    return kind
 
 
 def moe_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """Dispatch, expert TP gather/scatter, combine; then the shared experts' TP calls."""
-    ep = ctx.parallel.ep > 1
-    out = [_a2a(ctx, "forward", "dispatch", layer, mb)] if ep else []
-    out += _expert_tp(ctx, "forward", layer, mb)
-    out += [_a2a(ctx, "forward", "combine", layer, mb)] if ep else []
+    """Router aux-loss all-reduce, the dispatcher's forward calls around the experts, then the shared
+    experts' TP calls."""
+    kind = _check_dispatcher(ctx)
+    out = aux_loss_allreduce(ctx, layer, mb)
+    if kind == "allgather":
+        out += _allgather_dispatcher(ctx, "forward", layer, mb, True)
+        out += _allgather_dispatcher(ctx, "forward", layer, mb, False)
+    else:
+        p = ctx.parallel
+        if p.ep * p.expert_tp > 1:
+            n = p.ep * p.expert_tp * ctx.model.num_experts * 8
+            out.append(Call("forward", "ep", "all_gather", "tpep", n, "int64", layer, mb))
+        if p.ep > 1:
+            out += [_a2a(ctx, "forward", "dispatch", layer, mb), _probs_a2a(ctx, "forward", "dispatch", layer, mb)]
+        out += _expert_tp(ctx, "forward", layer, mb)
+        out += _expert_tp_out(ctx, "forward", layer, mb)
+        out += [_a2a(ctx, "forward", "combine", layer, mb)] if p.ep > 1 else []
     if ctx.model.num_shared_experts:
         out += tpmod.block_forward(ctx, layer, mb)
     return out
 
 
 def moe_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """Shared experts' TP backward, then the combine's backward (dispatch-shaped), expert TP, and the
-    dispatch's backward (combine-shaped)."""
-    ep = ctx.parallel.ep > 1
+    """Shared experts' TP backward, then the dispatcher's backward calls (see the module docstring)."""
+    kind = _check_dispatcher(ctx)
     out = tpmod.block_backward(ctx, layer, mb) if ctx.model.num_shared_experts else []
+    if kind == "allgather":
+        out += _allgather_dispatcher(ctx, "backward", layer, mb, True)
+        out += _allgather_dispatcher(ctx, "backward", layer, mb, False)
+        return out
+    ep = ctx.parallel.ep > 1
     out += [_a2a(ctx, "backward", "dispatch", layer, mb)] if ep else []
+    out += _expert_tp_out(ctx, "backward", layer, mb)
     out += _expert_tp(ctx, "backward", layer, mb)
-    out += [_a2a(ctx, "backward", "combine", layer, mb)] if ep else []
+    if ep:
+        out += [_probs_a2a(ctx, "backward", "combine", layer, mb), _a2a(ctx, "backward", "combine", layer, mb)]
     return out
 
 

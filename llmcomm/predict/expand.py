@@ -24,8 +24,8 @@ from ..trace import PARALLELISM_TAGS as _PARS
 from ..trace import PHASES as _PHASES
 from .calls import Call
 
-_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp")
-_ROUTES = ("", "dispatch", "combine", "counts")
+_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world", "pp")
+_ROUTES = ("", "dispatch", "combine", "counts", "probs_dispatch", "probs_combine")
 
 
 def aggregate_calls(calls: Sequence[Call]) -> tuple[list[Call], list[int]]:
@@ -71,9 +71,10 @@ class _Groups:
 
 
 def stage_table(lay: Layout, groups: _Groups, stage: int, calls: Sequence[Call], counts: Sequence[int],
-                iteration: int, peer_tokens: np.ndarray | None, uniform_split: int, hidden_bytes: int
-                ) -> dict[str, np.ndarray | pa.Array]:
-    """Columns (numpy / pyarrow) for every rank of ``stage`` × every call template."""
+                iteration: int, peer_tokens: np.ndarray | None, uniform_split: int, hidden_bytes: int,
+                probs_bytes: int = 0) -> dict[str, np.ndarray | pa.Array]:
+    """Columns (numpy / pyarrow) for every rank of ``stage`` × every call template. Routed all-to-alls send
+    ``hidden_bytes`` per token (``probs_bytes`` for the routing probabilities' all-to-alls)."""
     ppg = groups.matrix("pp") if lay.parallel.pp > 1 else None
     coords = lay.coords
     ranks = coords["rank"].to_numpy()[coords["pp"].to_numpy() == stage]
@@ -133,16 +134,18 @@ def stage_table(lay: Layout, groups: _Groups, stage: int, calls: Sequence[Call],
     if len(a2a):
         ep = groups.matrix("ep").shape[1]
         sv = np.repeat((col["bytes"][a2a] // ep)[:, None], ep, axis=1)  # even split (uniform routing, counts)
-        routed = np.isin(col["route"][a2a], [_ROUTES.index("dispatch"), _ROUTES.index("combine")])
+        routes = [_ROUTES.index(x) for x in ("dispatch", "combine", "probs_dispatch", "probs_combine")]
+        routed = np.isin(col["route"][a2a], routes)
         if peer_tokens is not None and routed.any():
             rows = a2a[routed]
             r, la, mb = rank[rows], col["layer"][rows], col["mb"][rows]
-            disp = col["route"][rows] == _ROUTES.index("dispatch")
+            disp = np.isin(col["route"][rows], [routes[0], routes[2]])
+            per_token = np.where(col["route"][rows] >= routes[2], probs_bytes, hidden_bytes)
             members = groups.rows("ep", r)
             pos = lay.coords["ep"].to_numpy()[r]
             d_send = peer_tokens[la, mb, r, :]  # dispatch: what r sends to each position
             d_back = peer_tokens[la[:, None], mb[:, None], members, pos[:, None]]  # combine: what each sent r
-            sv[routed] = np.where(disp[:, None], d_send, d_back) * hidden_bytes
+            sv[routed] = np.where(disp[:, None], d_send, d_back) * per_token[:, None]
         nbytes[a2a] = sv.sum(axis=1)
         soff = np.zeros(n * t + 1, dtype=np.int64)
         slen = np.zeros(n * t, dtype=np.int64)

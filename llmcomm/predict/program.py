@@ -2,14 +2,18 @@
 
 For each scheduled step (:mod:`.schedule`) of model chunk ``c`` (virtual stage ``vs = c·pp + r``):
 
-forward:  [recv_forward if vs > 0] [embedding if vs == 0] per layer (FSDP gather, attention TP,
+forward:  [recv_forward if vs > 0] [batch broadcast over TP if vs is first or last] [embedding if vs == 0]
+          per layer (FSDP gather, attention TP,
           MLP TP or MoE EP/TP) [output + cross-entropy if vs is last] [send_forward if vs is last-not]
 backward: [recv_backward if not last] [output backward if last] per layer in reverse (full recompute: the
           layer's forward calls again first; FSDP gather; MLP/MoE then attention backward; FSDP
           reduce-scatter) [embedding backward if vs == 0] [send_backward if vs > 0]
 
-then, once per iteration: DP gradient reduction, SP norm-gradient all-reduce, tied-embedding all-reduce,
-and the distributed optimizer's parameter all-gather (Megatron's ``finalize_model_grads`` then the step).
+then, once per iteration (Megatron's ``finalize_model_grads``, the optimizer step, then ``train_step``): the DP
+gradient reduction of each model chunk in turn (``for model_chunk in model: model_chunk.finish_grad_sync()``,
+core/distributed/finalize_model_grads.py: every chunk has its own DDP buffers), the SP norm-gradient
+all-reduce, the tied-embedding all-reduce, the gradient-norm all-reduce, the distributed optimizer's parameter
+all-gather of each chunk, and the ``train_step`` scalars (:mod:`.scalars`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..specs import dtype_bytes
-from . import cp, dp, ep, pp, tp
+from . import cp, dp, ep, pp, scalars, tp
+from .batch import batch_broadcast
 from .calls import Call, Context
 from .schedule import schedule
 
@@ -63,6 +68,7 @@ def _forward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     out: list[Call] = []
     if vs > 0:
         out.append(pp.recv_forward(ctx, mb, layers[0]))
+    out += batch_broadcast(ctx, vs, mb)
     edge_fsdp = dp.edge_parameters(ctx, stage)[0] if ctx.parallel.fsdp else 0
     if edge_fsdp and (vs == 0 or (vs == ctx.last_virtual and stage != 0)):
         out += dp.fsdp_unit_forward(ctx, edge_fsdp, 0, -1, mb)
@@ -82,11 +88,14 @@ def _forward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
 def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     vs = ctx.virtual_stage(stage, chunk)
     layers = ctx.chunk_layers(stage, chunk)
+    overlap = ctx.parallel.overlap_grad_reduce and mb == ctx.m - 1 and not ctx.parallel.fsdp
+    bl = dp.buckets(ctx, stage, chunk) if overlap else []
     out: list[Call] = []
     if vs < ctx.last_virtual:
         out.append(pp.recv_backward(ctx, mb, layers[-1]))
     else:
         out += tp.output_backward(ctx, mb)
+        out += dp.overlapped_grad_sync(ctx, bl, ctx.model.num_layers, mb)
     full = ctx.parallel.recompute == "full"
     for la in reversed(layers):
         d, e = _fsdp_unit(ctx, la)
@@ -94,8 +103,10 @@ def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
             out += [dataclasses.replace(c, phase="backward") for c in layer_forward(ctx, la, mb)]
         out += dp.fsdp_unit_backward(ctx, d, e, la, mb)
         out += layer_backward(ctx, la, mb)
+        out += dp.overlapped_grad_sync(ctx, bl, la, mb)
     if vs == 0:
         out += tp.embedding_backward(ctx, mb)
+        out += dp.overlapped_grad_sync(ctx, bl, -1, mb)
     edge_fsdp = dp.edge_parameters(ctx, stage)[0] if ctx.parallel.fsdp else 0
     if edge_fsdp and (vs == 0 or (vs == ctx.last_virtual and stage != 0)):
         out += dp.fsdp_unit_backward(ctx, edge_fsdp, 0, -1, mb)
@@ -105,14 +116,24 @@ def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
 
 
 def iteration_end(ctx: Context, stage: int) -> list[Call]:
-    """Once-per-iteration calls of a stage: gradient sync, SP norm all-reduce, tied embedding, param gather."""
+    """Once-per-iteration calls of a stage: gradient sync per chunk, SP norm all-reduce, tied embedding,
+    gradient norm, parameter gather per chunk, ``train_step`` scalars."""
     params = dp.stage_parameters(ctx, stage)
+    chunks = [dp.chunk_parameters(ctx, stage, c) for c in range(ctx.vpp)]
     gdt = ctx.parallel.grad_reduce_dtype
 
-    out = dp.grad_sync(ctx, params)
+    overlap = ctx.parallel.overlap_grad_reduce and not ctx.parallel.fsdp
+    # with overlap_grad_reduce the buckets were reduced in the last micro-batch's backward
+    out = [] if overlap else [c for ch in chunks for c in dp.grad_sync(ctx, ch)]
     out += tp.norm_grad_allreduce(ctx, params.replicated_norms, dtype_bytes(gdt), gdt)
     out += pp.tied_embedding_allreduce(ctx, stage)
-    out += dp.param_gather(ctx, params)
+    out += scalars.grad_norm(ctx)
+    if overlap:
+        out += [c for ch in range(ctx.vpp) for c in dp.bucketed_param_gather(ctx, dp.buckets(ctx, stage, ch))]
+    else:
+        out += [c for ch in chunks for c in dp.param_gather(ctx, ch)]
+    out += scalars.train_step_scalars(ctx, stage)
+    out += scalars.moe_metrics(ctx)
     return out
 
 
@@ -123,7 +144,7 @@ def stage_program(ctx: Context, stage: int) -> list[Call]:
     if ctx.pp > 1 and ctx.vpp == 1 and sched == "interleaved":
         sched = "1f1b"
     out: list[Call] = []
-    for step in schedule(sched, ctx.m, ctx.pp, stage, ctx.vpp):
+    for step in schedule(sched, ctx.m, ctx.pp, stage, ctx.vpp, ctx.parallel.vp_group_size):
         if step.kind == "F":
             out += _forward(ctx, stage, step.chunk, step.microbatch)
         else:

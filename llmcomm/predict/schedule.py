@@ -8,9 +8,12 @@ in the order it runs them.
   ``w = min(p - r - 1, m)`` warm-up forwards, then ``m - w`` pairs (forward, backward), then ``w``
   cool-down backwards.
 * Interleaved 1F1B (Megatron's ``forward_backward_pipelining_with_interleaving``): ``m·v`` virtual steps each
-  way; virtual forward step ``k`` runs chunk ``(k // p) % v`` on micro-batch ``(k // (p·v))·p + k % p``,
-  backward step ``k`` runs chunk ``v - 1 - (k // p) % v`` on the same micro-batch formula; warm-up
-  ``w = min((p - r - 1)·2 + (v - 1)·p, m·v)`` forwards, then 1F1B pairs, then cool-down backwards.
+  way, looked up in Megatron's schedule table (``get_schedule_table``, core/pipeline_parallel/schedules.py):
+  micro-batches in groups of ``n`` (``microbatch_group_size_per_vp_stage``, default ``p``; the last group
+  takes the remainder), each group run chunk by chunk; forward step ``k`` runs ``table[k]``, backward step
+  ``k`` the same micro-batch on chunk ``v - 1 - chunk``; warm-up ``w = min((p - r - 1)·2 + (v - 1)·n, m·v)``
+  forwards (``get_pp_rank_microbatches``), then 1F1B pairs, then cool-down backwards. With ``n = p`` and
+  ``m % p == 0`` step ``k`` is chunk ``(k // p) % v``, micro-batch ``(k // (p·v))·p + k % p``.
 """
 
 from __future__ import annotations
@@ -44,32 +47,48 @@ def one_f_one_b(m: int, p: int, r: int) -> list[Step]:
     return steps
 
 
-def _virtual(k: int, p: int, v: int, forward: bool) -> Step:
-    chunk = (k // p) % v
-    mb = (k // (p * v)) * p + k % p
-    return Step("F", mb, chunk) if forward else Step("B", mb, v - 1 - chunk)
+def schedule_table(m: int, v: int, n: int) -> list[tuple[int, int]]:
+    """``(micro-batch, chunk)`` of each virtual step: groups of ``n`` micro-batches, each run chunk by chunk
+    (Megatron-LM ``get_schedule_table``; the last group holds what is left)."""
+    out: list[tuple[int, int]] = []
+    for lo in range(0, m, n):
+        hi = m if lo + n >= m else lo + n
+        out += [(mb, c) for c in range(v) for mb in range(lo, hi)]
+    return out
 
 
-def interleaved(m: int, p: int, r: int, v: int) -> list[Step]:
-    """Interleaved 1F1B order on stage ``r`` (needs ``m % p == 0``, as Megatron does)."""
-    if m % p:
-        raise ConfigError(f"pp={p} does not divide num_microbatches={m} (required by the interleaved schedule)")
+def interleaved(m: int, p: int, r: int, v: int, n: int | None = None) -> list[Step]:
+    """Interleaved 1F1B order on stage ``r``; ``n`` micro-batches per group (default ``p``) with Megatron's
+    rule ``p <= n <= m`` and ``m % n`` either 0 or ``>= p``."""
+    n = p if n is None else n
+    if not p <= n <= m or 0 < m % n < p:
+        raise ConfigError(f"interleaved schedule: micro-batch group {n} needs pp={p} <= {n} <= "
+                          f"num_microbatches={m} and {m} % {n} in {{0}} or >= {p}")
+    table = schedule_table(m, v, n)
     total = m * v
-    w = min((p - r - 1) * 2 + (v - 1) * p, total)
-    steps = [_virtual(k, p, v, True) for k in range(w)]
+
+    def fwd(k: int) -> Step:
+        return Step("F", table[k][0], table[k][1])
+
+    def bwd(k: int) -> Step:
+        return Step("B", table[k][0], v - 1 - table[k][1])
+
+    w = min((p - r - 1) * 2 + (v - 1) * n, total)
+    steps = [fwd(k) for k in range(w)]
     for i in range(total - w):
-        steps.append(_virtual(w + i, p, v, True))
-        steps.append(_virtual(i, p, v, False))
-    steps += [_virtual(total - w + i, p, v, False) for i in range(w)]
+        steps.append(fwd(w + i))
+        steps.append(bwd(i))
+    steps += [bwd(total - w + i) for i in range(w)]
     return steps
 
 
-def schedule(name: str, m: int, p: int, r: int, v: int = 1) -> list[Step]:
-    """The step order of stage ``r`` for schedule ``name`` (``gpipe``, ``1f1b``, ``interleaved``)."""
+def schedule(name: str, m: int, p: int, r: int, v: int = 1, n: int | None = None) -> list[Step]:
+    """The step order of stage ``r`` for schedule ``name`` (``gpipe``, ``1f1b``, ``interleaved``; ``n`` is
+    the interleaved schedule's micro-batch group, default ``p``)."""
     if name == "gpipe":
         return gpipe(m)
     if name == "1f1b":
         return one_f_one_b(m, p, r)
     if name == "interleaved":
-        return interleaved(m, p, r, v)
+        return interleaved(m, p, r, v, n)
     raise ConfigError(f"schedule={name!r} is not one of gpipe, 1f1b, interleaved")

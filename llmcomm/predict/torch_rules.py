@@ -41,7 +41,10 @@ from .schedule import schedule
 def _check(ctx: Context) -> None:
     p = ctx.parallel
     for flag, bad in (("vpp", p.vpp > 1), ("distributed_optimizer", p.distributed_optimizer), ("fsdp", p.fsdp),
-                      ("recompute", p.recompute != "none"), ("cp", p.cp > 1)):
+                      ("recompute", p.recompute != "none"), ("cp", p.cp > 1),
+                      ("overlap_grad_reduce", p.overlap_grad_reduce), ("etp", p.expert_tp != p.tp),
+                      ("moe_token_dispatcher_type", p.moe_token_dispatcher_type != "alltoall"),
+                      ("moe_aux_loss_coeff", p.moe_aux_loss_coeff > 0)):
         if bad:
             raise ConfigError(f"framework='torch': {flag} is not used by the collector's torch workloads")
 

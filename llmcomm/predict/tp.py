@@ -10,9 +10,11 @@ Per transformer layer per micro-batch, with ``A = act_bytes = b·s·h·act/cp`` 
   all-gather ``A`` (the column-parallel layer re-gathers its saved s/tp input for the weight gradient,
   ``LinearWithGradAccumulationAndAsyncCommunication.backward``), reduce-scatter ``A`` (input gradient).
 * vocabulary-parallel embedding (``VocabParallelEmbedding.forward``, layers.py): forward all-reduce of ``A``
-  (SP: reduce-scatter of ``A``); backward nothing without SP (all-gather of ``A`` with SP).
+  (SP: reduce-scatter of ``A``, except with learned absolute positions, see :func:`embedding_forward`);
+  backward nothing without SP (all-gather of ``A`` with SP).
 * output layer (``ColumnParallelLinear``, its input copied to the TP region): forward nothing
-  (SP: all-gather ``A``); backward all-reduce ``A`` of the input gradient (SP: all-gather + reduce-scatter).
+  (SP: all-gather ``A``); backward all-reduce ``A`` of the input gradient (SP: all-gather + reduce-scatter,
+  see :func:`output_backward`).
 * vocabulary-parallel cross-entropy (``_VocabParallelCrossEntropy.forward``, cross_entropy.py): three fp32
   all-reduces of ``b·s/cp`` values each, in this order: logits max (``ReduceOp.MAX``), predicted logits,
   sum of exp-logits; nothing in backward.
@@ -55,9 +57,19 @@ def block_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
 
 
 def embedding_forward(ctx: Context, mb: int) -> list[Call]:
+    """One call of ``A``: reduce-scatter with SP and rotary (or no) positions, else all-reduce.
+
+    Megatron-LM ``LanguageModelEmbedding.__init__`` (core/models/common/embeddings/
+    language_model_embedding.py) sets ``reduce_scatter_embeddings = not add_position_embedding and
+    num_tokentypes <= 0 and sequence_parallel``; with ``position_embedding_type == "learned_absolute"`` it is
+    False, so ``VocabParallelEmbedding.forward`` (core/tensor_parallel/layers.py) all-reduces
+    (``reduce_from_tensor_model_parallel_region``) and ``LanguageModelEmbedding.forward`` then splits locally
+    (``scatter_to_sequence_parallel_region``, no communication; its backward is the all-gather of
+    :func:`embedding_backward`)."""
     if ctx.tp == 1:
         return []
-    return [_c(ctx, "forward", "reduce_scatter" if ctx.sp else "all_reduce", ctx.act_bytes, -1, mb)]
+    rs = ctx.sp and ctx.model.position_embedding_type != "learned_absolute"
+    return [_c(ctx, "forward", "reduce_scatter" if rs else "all_reduce", ctx.act_bytes, -1, mb)]
 
 
 def embedding_backward(ctx: Context, mb: int) -> list[Call]:
@@ -78,9 +90,17 @@ def output_forward(ctx: Context, mb: int) -> list[Call]:
 
 
 def output_backward(ctx: Context, mb: int) -> list[Call]:
+    """Output layer backward: all-reduce ``A`` without SP; with SP two calls, all-gather ``A`` (the saved
+    ``s/tp`` input re-gathered for the weight gradient) then reduce-scatter ``A`` (the input gradient) —
+    Megatron-LM ``LinearWithGradAccumulationAndAsyncCommunication.backward`` (core/tensor_parallel/layers.py;
+    ``dist_all_gather_func`` then ``dist_reduce_scatter_func``). Unlike a transformer block there is no
+    preceding row-parallel reduce-scatter whose backward would add a third call."""
     if ctx.tp == 1:
         return []
-    return block_backward(ctx, ctx.model.num_layers, mb)
+    layer, a = ctx.model.num_layers, ctx.act_bytes
+    if ctx.sp:
+        return [_c(ctx, "backward", "all_gather", a, layer, mb), _c(ctx, "backward", "reduce_scatter", a, layer, mb)]
+    return [_c(ctx, "backward", "all_reduce", a, layer, mb)]
 
 
 def norm_grad_allreduce(ctx: Context, norm_params: int, grad_bytes: int, grad_dtype: str) -> list[Call]:

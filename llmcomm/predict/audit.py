@@ -1,0 +1,172 @@
+"""An audit table of the predictor for one configuration: every call Megatron-LM issues per micro-batch and
+per iteration, grouped by where in Megatron-LM's (or TransformerEngine's) code it comes from.
+
+The table is built from the same generator functions the predictor strings together (:mod:`.program`), one
+origin at a time, so that a reader can check each line against the cited source; its totals per stage equal
+the calls :func:`llmcomm.predict.predict_traffic` issues on one rank of that stage (checked by the tests).
+
+Columns: ``stage``, ``scope`` (``micro-batch``: issued for every micro-batch; ``iteration``: once per
+iteration), ``origin`` (Megatron-LM / TransformerEngine function), ``generator`` (the llmcomm function),
+``phase``, ``parallelism``, ``op``, ``group`` (group kind, see :data:`.calls.GROUP_KINDS`), ``bytes``,
+``dtype``, ``calls_per_microbatch`` (0 for iteration scope), ``calls_per_iteration`` and
+``bytes_per_iteration`` (``bytes · calls_per_iteration``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pandas as pd
+
+from ..specs import ModelSpec, ParallelConfig, dtype_bytes, load_model, validate
+from . import cp, dp, ep, pp, scalars, tp
+from .batch import batch_broadcast
+from .calls import Call, Context
+
+COLUMNS = ("stage", "scope", "origin", "generator", "phase", "parallelism", "op", "group", "bytes", "dtype",
+           "calls_per_microbatch", "calls_per_iteration", "bytes_per_iteration")
+
+_MC = "megatron/core/"
+ORIGINS = {
+    "batch": "pretrain_gpt.py get_batch -> core/utils.py get_batch_on_this_tp_rank (broadcast per tensor)",
+    "p2p": _MC + "pipeline_parallel/schedules.py + p2p_communication.py (send/recv of activations and grads)",
+    "embedding": _MC + "models/common/embeddings/language_model_embedding.py + tensor_parallel/layers.py "
+                       "VocabParallelEmbedding.forward",
+    "attention_tp": _MC + "tensor_parallel/layers.py ColumnParallelLinear (linear_qkv) + RowParallelLinear "
+                          "(linear_proj); mappings.py",
+    "cp_ring": "TransformerEngine pytorch/attention/dot_product_attention/context_parallel.py "
+               "AttnFuncWithCPAndKVP2P",
+    "mlp_tp": _MC + "tensor_parallel/layers.py ColumnParallelLinear (linear_fc1) + RowParallelLinear "
+                    "(linear_fc2); mappings.py",
+    "moe": _MC + "transformer/moe/token_dispatcher.py (dispatcher) + router.py (aux loss) + "
+                 "shared_experts.py",
+    "output": _MC + "tensor_parallel/layers.py ColumnParallelLinear (output_layer) "
+                    "LinearWithGradAccumulationAndAsyncCommunication",
+    "cross_entropy": _MC + "tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy.forward",
+    "fsdp": _MC + "distributed (FSDP: parameter all-gather, gradient reduce-scatter per unit)",
+    "buckets": _MC + "distributed/param_and_grad_buffer.py bucket groups (overlap_grad_reduce, last "
+                     "micro-batch's backward)",
+    "grad_sync": _MC + "distributed/finalize_model_grads.py finish_grad_sync per model chunk -> "
+                       "param_and_grad_buffer.py start_grad_sync",
+    "norm_grads": _MC + "distributed/finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads",
+    "tied_embedding": _MC + "distributed/finalize_model_grads.py _allreduce_word_embedding_grads",
+    "grad_norm": _MC + "optimizer/clip_grads.py get_grad_norm_fp32 (+ fp16 found_inf, optimizer.py)",
+    "param_gather": _MC + "optimizer/distrib_optimizer.py step -> start_param_sync per model chunk",
+    "moe_metrics": _MC + "transformer/moe/moe_logging.py MoEMetricsTracker._sync_metrics (training_log)",
+    "train_step": "megatron/training/training.py train_step (logical_and / reduce_max over mp, loss over dp_cp)",
+}
+
+
+def _rows(stage: int, scope: str, origin: str, gen: Callable, calls: list[Call], m: int) -> list[dict]:
+    out = []
+    for c in calls:
+        per_mb = 1 if scope == "micro-batch" else 0
+        out.append({"stage": stage, "scope": scope, "origin": ORIGINS[origin],
+                    "generator": f"{gen.__module__.removeprefix('llmcomm.')}.{gen.__name__}",
+                    "phase": c.phase, "parallelism": c.parallelism, "op": c.op, "group": c.group,
+                    "bytes": c.bytes, "dtype": c.dtype, "calls_per_microbatch": per_mb,
+                    "calls_per_iteration": m if per_mb else 1})
+    return out
+
+
+def _stage_rows(ctx: Context, stage: int) -> list[dict]:
+    m, p = ctx.m, ctx.parallel
+    rows: list[dict] = []
+    mb = 0
+
+    def add(origin: str, gen: Callable, calls: list[Call], scope: str = "micro-batch") -> None:
+        rows.extend(_rows(stage, scope, origin, gen, calls, m))
+
+    for chunk in range(ctx.vpp):
+        vs = ctx.virtual_stage(stage, chunk)
+        layers = list(ctx.chunk_layers(stage, chunk))
+        if vs > 0:
+            add("p2p", pp.recv_forward, [pp.recv_forward(ctx, mb, layers[0])])
+        add("batch", batch_broadcast, batch_broadcast(ctx, vs, mb))
+        if vs == 0:
+            add("embedding", tp.embedding_forward, tp.embedding_forward(ctx, mb))
+        for phase_fwd in (True, False) if p.recompute == "full" else (True,):
+            for la in layers:
+                att = tp.block_forward(ctx, la, mb)
+                ring = cp.ring_forward(ctx, la, mb)
+                mlp = ep.moe_forward(ctx, la, mb) if ctx.moe_pattern[la] else tp.block_forward(ctx, la, mb)
+                if not phase_fwd:  # full recomputation repeats the forward calls in the backward
+                    att, ring, mlp = ([dataclasses.replace(c, phase="backward") for c in x] for x in (att, ring, mlp))
+                add("attention_tp", tp.block_forward, att)
+                add("cp_ring", cp.ring_forward, ring)
+                add("moe" if ctx.moe_pattern[la] else "mlp_tp",
+                    ep.moe_forward if ctx.moe_pattern[la] else tp.block_forward, mlp)
+                if p.fsdp and phase_fwd:
+                    d, e = dp.layer_parameters(ctx, la).dense, dp.layer_parameters(ctx, la).expert
+                    add("fsdp", dp.fsdp_unit_forward, dp.fsdp_unit_forward(ctx, d, e, la, mb))
+                    add("fsdp", dp.fsdp_unit_backward, dp.fsdp_unit_backward(ctx, d, e, la, mb))
+        if vs == ctx.last_virtual:
+            out_f = tp.output_forward(ctx, mb)
+            add("output", tp.output_forward, [c for c in out_f if c.dtype != "fp32" or c.op != "all_reduce"])
+            add("cross_entropy", tp.output_forward, [c for c in out_f if c.dtype == "fp32" and c.op == "all_reduce"])
+            add("output", tp.output_backward, tp.output_backward(ctx, mb))
+        else:
+            add("p2p", pp.send_forward, [pp.send_forward(ctx, mb, layers[-1])])
+            add("p2p", pp.recv_backward, [pp.recv_backward(ctx, mb, layers[-1])])
+        for la in layers:
+            if ctx.moe_pattern[la]:
+                add("moe", ep.moe_backward, ep.moe_backward(ctx, la, mb))
+            else:
+                add("mlp_tp", tp.block_backward, tp.block_backward(ctx, la, mb))
+            add("attention_tp", tp.block_backward, tp.block_backward(ctx, la, mb))
+            add("cp_ring", cp.ring_backward, cp.ring_backward(ctx, la, mb))
+        if vs == 0:
+            add("embedding", tp.embedding_backward, tp.embedding_backward(ctx, mb))
+        if vs > 0:
+            add("p2p", pp.send_backward, [pp.send_backward(ctx, mb, layers[0])])
+        if p.fsdp and vs in (0, ctx.last_virtual) and (vs == 0 or stage != 0):
+            edge = dp.edge_parameters(ctx, stage)[0]
+            add("fsdp", dp.fsdp_unit_forward, dp.fsdp_unit_forward(ctx, edge, 0, -1, mb))
+            add("fsdp", dp.fsdp_unit_backward, dp.fsdp_unit_backward(ctx, edge, 0, -1, mb))
+    # once per iteration
+    it = "iteration"
+    overlap = p.overlap_grad_reduce and not p.fsdp
+    chunks = [dp.chunk_parameters(ctx, stage, c) for c in range(ctx.vpp)]
+    if overlap:
+        for c in range(ctx.vpp):
+            bl = dp.buckets(ctx, stage, c)
+            calls = [x for la in sorted({b.layer for b in bl}, reverse=True)
+                     for x in dp.overlapped_grad_sync(ctx, bl, la, m - 1)]
+            add("buckets", dp.overlapped_grad_sync, calls, it)
+    else:
+        for ch in chunks:
+            add("grad_sync", dp.grad_sync, dp.grad_sync(ctx, ch), it)
+    gdt = p.grad_reduce_dtype
+    add("norm_grads", tp.norm_grad_allreduce,
+        tp.norm_grad_allreduce(ctx, dp.stage_parameters(ctx, stage).replicated_norms, dtype_bytes(gdt), gdt), it)
+    add("tied_embedding", pp.tied_embedding_allreduce, pp.tied_embedding_allreduce(ctx, stage), it)
+    add("grad_norm", scalars.grad_norm, scalars.grad_norm(ctx), it)
+    if overlap:
+        for c in range(ctx.vpp):
+            add("param_gather", dp.bucketed_param_gather, dp.bucketed_param_gather(ctx, dp.buckets(ctx, stage, c)), it)
+    else:
+        for ch in chunks:
+            add("param_gather", dp.param_gather, dp.param_gather(ctx, ch), it)
+    add("train_step", scalars.train_step_scalars, scalars.train_step_scalars(ctx, stage), it)
+    add("moe_metrics", scalars.moe_metrics, scalars.moe_metrics(ctx), it)
+    return rows
+
+
+def audit_table(model: ModelSpec | str, parallel: ParallelConfig, stages: list[int] | None = None) -> pd.DataFrame:
+    """The calls one rank of each pipeline stage issues under Megatron-LM, per micro-batch and per iteration,
+    grouped by code origin (see the module docstring). Identical calls of one origin are merged and counted
+    (for example the two attention all-reduces of every layer)."""
+    if isinstance(model, str):
+        model = load_model(model)
+    validate(model, parallel)
+    ctx = Context(model, parallel, "megatron")
+    rows = [r for s in (range(parallel.pp) if stages is None else stages) for r in _stage_rows(ctx, s)]
+    if not rows:
+        return pd.DataFrame(columns=list(COLUMNS))
+    df = pd.DataFrame(rows)
+    keys = ["stage", "scope", "origin", "generator", "phase", "parallelism", "op", "group", "bytes", "dtype"]
+    df = df.groupby(keys, sort=False, observed=True)[["calls_per_microbatch", "calls_per_iteration"]].sum()
+    df = df.reset_index()
+    df["bytes_per_iteration"] = df["bytes"] * df["calls_per_iteration"]
+    return df[list(COLUMNS)]

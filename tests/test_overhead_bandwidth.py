@@ -1,0 +1,335 @@
+"""llmcomm.overhead.bandwidth: hand-computed times, recovery of known α–β from constructed sweeps, held-out
+reproduction of the real sweeps (Echo, vTrain), carrying rules and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from llmcomm import data
+from llmcomm.errors import ConfigError, DataError
+from llmcomm.ingest import ingest_bandwidth
+from llmcomm.overhead import Bandwidth, fit_sweeps, held_out, load_calibration
+from llmcomm.overhead.bandwidth import (
+    CALIBRATION_SYSTEMS,
+    PARAM_COLUMNS,
+    bus_factor,
+    screen_spikes,
+    screened_rows,
+    usable_rows,
+)
+from llmcomm.specs import load_cluster
+
+
+def _params(rows: list[dict]) -> pd.DataFrame:
+    base = {"op": "all_reduce", "piece": 0, "x_lo": 0.0}
+    return pd.DataFrame([{**base, **r} for r in rows], columns=list(PARAM_COLUMNS))
+
+
+HAND = Bandwidth(params=_params([
+    {"scope": "intra", "group_size": 4, "ranks_per_node": 4, "nodes": 1, "alpha_s": 10e-6, "beta_s_per_byte": 1e-11},
+    {"scope": "inter", "group_size": 16, "ranks_per_node": 8, "nodes": 2, "alpha_s": 20e-6,
+     "beta_s_per_byte": 1e-11},
+]), node_latency_s=5e-6)
+
+
+def _nccl_log(n: int, sizes: np.ndarray, times_us: np.ndarray, hosts: int = 1) -> str:
+    """A minimal nccl-tests all_reduce_perf log of ``n`` ranks on ``hosts`` nodes."""
+    lines = ["# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20",
+             "#", "# Using devices"]
+    per = n // hosts
+    for r in range(n):
+        lines.append(f"#  Rank {r:2d} Group  0 Pid {1000 + r} on node{r // per:03d} device  {r % per} "
+                     "[0x07] NVIDIA A100-SXM4-40GB")
+    lines += ["#", "#                                                       out-of-place                       "
+              "in-place          ",
+              "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
+              "algbw   busbw #wrong",
+              "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  "
+              "(GB/s)  (GB/s)       "]
+    f = 2 * (n - 1) / n
+    for s, t in zip(sizes, times_us, strict=True):
+        alg = s / t / 1e3
+        lines.append(f"{s:12d} {s // 4:13d}     float     sum      -1 {t:8.2f} {alg:7.2f} {alg * f:7.2f}      0 "
+                     f"{t:8.2f} {alg:7.2f} {alg * f:7.2f}      0")
+    lines.append("# Avg bus bandwidth    : 1.0")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------- hand-computed values
+def test_bus_factors_follow_nccl_tests():
+    assert bus_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert bus_factor("reduce_scatter", 8) == pytest.approx(0.875)
+    assert bus_factor("all_to_all", 2) == pytest.approx(0.5)
+    assert bus_factor("send", 2) == bus_factor("broadcast", 8) == 1.0
+    with pytest.raises(ConfigError, match="not one of"):
+        bus_factor("gather", 4)
+
+
+def test_time_hand_computed():
+    # all_reduce of 1 MB in 4 ranks of one node: 10 us + 1e-11 s/B * 2*3/4 * 1e6 B = 25 us
+    assert HAND.time("all_reduce", 1e6, 4, 4) == pytest.approx(25e-6)
+    # all_gather: bus factor 3/4 -> 10 + 7.5 = 17.5 us; busbw = 0.75 MB / 17.5 us
+    assert HAND.time("all_gather", 1e6, 4, 4) == pytest.approx(17.5e-6)
+    assert HAND.busbw("all_gather", 1e6, 4, 4) == pytest.approx(0.75e6 / 17.5e-6 / 1e9)
+    # an unmeasured intra-node size takes the nearest measured one (4): n=3, 1 MB -> 10 + 1e-5*4/3 us
+    assert HAND.time("all_reduce", 1e6, 3, 3) == pytest.approx(10e-6 + 1e-11 * 4 / 3 * 1e6)
+    # send across two nodes, one rank per node: beta x 8/1 (one NIC instead of 8) -> 20 + 80 = 100 us
+    assert HAND.time("send", 1e6, 2, 1) == pytest.approx(100e-6)
+    # 64 ranks, 8 per node = 8 nodes: alpha + delta*log2(8/2) = 30 us; x = 2*63/64 MB
+    assert HAND.time("all_reduce", 1e6, 64, 8) == pytest.approx(30e-6 + 1e-11 * 2 * 63 / 64 * 1e6)
+    # one rank: nothing to send
+    assert HAND.time("all_reduce", 1e9, 1, 1) == 0.0
+
+
+def test_time_broadcasts_and_validates():
+    t = HAND.time("all_reduce", np.array([[1e6], [2e6]]), np.array([4, 16]), np.array([4, 8]))
+    assert t.shape == (2, 2)
+    assert t[1, 0] == pytest.approx(10e-6 + 1e-11 * 1.5 * 2e6)
+    assert t[0, 1] == pytest.approx(20e-6 + 1e-11 * 2 * 15 / 16 * 1e6)
+    with pytest.raises(ConfigError, match="ranks_per_node"):
+        HAND.time("all_reduce", 1e6, 4, 8)
+    with pytest.raises(ConfigError, match="not one of"):
+        HAND.time("gather", 1e6, 4, 4)
+    with pytest.raises(ConfigError, match="nbytes"):
+        HAND.time("all_reduce", -1.0, 4, 4)
+
+
+def test_vendor_model_hand_computed():
+    c = load_cluster("a100-40g-hdr200")
+    bw = Bandwidth.from_cluster(c)
+    # 8 GPUs in a node: alpha = 8.4 + 2*7*0.6 us; beta = 1/300 GB/s; x = 1.75 GB
+    assert bw.time("all_reduce", 1e9, 8, 8) == pytest.approx(8.4e-6 + 8.4e-6 + 1.75e9 / 300e9)
+    # 64 ranks one per node (64 nodes): one 25 GB/s NIC; alpha = 8.4 + 2*log2(64)*5 us
+    assert bw.time("all_reduce", 1e9, 64, 1) == pytest.approx(8.4e-6 + 60e-6 + 2 * 63 / 64 * 1e9 / 25e9)
+    # 16 ranks 8 per node: min(300, 8*25) = 200 GB/s
+    assert bw.busbw("all_reduce", 1e12, 16, 8) == pytest.approx(200.0, rel=1e-3)
+
+
+def test_missing_regime_without_cluster_is_a_config_error():
+    intra_only = Bandwidth(params=HAND.params[HAND.params["scope"] == "intra"])
+    with pytest.raises(ConfigError, match="inter-node"):
+        intra_only.time("all_reduce", 1e6, 16, 8)
+
+
+# ------------------------------------------------------------------------------------- constructed sweeps
+def test_fit_recovers_known_alpha_beta(tmp_path):
+    """A sweep made by t = 12 us + x / 150 GB/s (printed to 0.01 us, as nccl-tests does) gives back α and β."""
+    n, alpha, beta = 4, 12e-6, 1 / 150e9
+    sizes = 2 ** np.arange(10, 31)
+    t_us = (alpha + beta * 2 * (n - 1) / n * sizes) * 1e6
+    p = tmp_path / "all_reduce_perf_4.log"
+    p.write_text(_nccl_log(n, sizes, t_us))
+    bw = fit_sweeps(ingest_bandwidth([p]), origin=str(p), max_pieces=1)
+    row = bw.params.iloc[0]
+    assert row["alpha_s"] == pytest.approx(alpha, rel=1e-3)
+    assert row["beta_s_per_byte"] == pytest.approx(beta, rel=1e-4)
+    rep = bw.fit.set_index("parameter")
+    assert rep.loc["busbw_GBps", "estimate"] == pytest.approx(150.0, rel=1e-4)
+    assert rep.loc["alpha_us", "ci_low"] <= 12.0 <= rep.loc["alpha_us", "ci_high"]
+    assert rep.loc["alpha_us", "r2"] > 0.999999
+    # and through the public constructor, on the file itself
+    bw2 = Bandwidth.from_nccl_tests(p)
+    assert bw2.time("all_reduce", 1e8, 4, 4) == pytest.approx(alpha + beta * 1.5e8, rel=1e-3)
+
+
+def test_fit_finds_two_protocol_pieces(tmp_path):
+    """t = min(5 us + x/20 GB/s, 40 us + x/200 GB/s) with 1 % noise: two pieces, each line recovered."""
+    n = 8
+    sizes = 2 ** np.arange(8, 31)
+    x = 2 * (n - 1) / n * sizes
+    t = np.minimum(5e-6 + x / 20e9, 40e-6 + x / 200e9)
+    noise = 1 + 0.01 * np.random.default_rng(0).standard_normal(len(t))
+    p = tmp_path / "nccl_8.log"
+    p.write_text(_nccl_log(n, sizes, t * noise * 1e6))
+    bw = fit_sweeps(ingest_bandwidth([p]), origin=str(p))
+    pr = bw.params.sort_values("piece")
+    assert len(pr) == 2
+    assert pr["alpha_s"].iloc[0] == pytest.approx(5e-6, rel=0.15)
+    assert 1 / pr["beta_s_per_byte"].iloc[0] == pytest.approx(20e9, rel=0.05)
+    assert pr["alpha_s"].iloc[1] == pytest.approx(40e-6, rel=0.15)
+    assert 1 / pr["beta_s_per_byte"].iloc[1] == pytest.approx(200e9, rel=0.03)
+    # the cut lies between the crossing point's neighbours: x* = 35 us / (1/20 - 1/200) GB/s = 777.8 kB
+    assert 0.5 * 777.8e3 < pr["x_lo"].iloc[1] < 2 * 777.8e3
+
+
+def test_spike_screening():
+    t = np.array([300.0, 10.0, 11.0, 30.0, 12.0, 20.0, 40.0])
+    # 300 > 1.5 x 10 and 30 > 1.5 x 12: set aside; everything else is kept
+    assert screen_spikes(t).tolist() == [False, True, True, False, True, True, True]
+
+
+# ------------------------------------------------------------------------------------------- bad input
+def test_no_usable_rows_is_a_data_error_naming_the_file(tmp_path):
+    # one GPU: nccl-tests times a local copy; there is no communication to fit
+    with pytest.raises(DataError, match="nccl_1.log.*no usable bandwidth rows"):
+        Bandwidth.from_nccl_tests(data.path("echo/nccl-test-log/nccl_1.log"))
+    junk = tmp_path / "notes.log"
+    junk.write_text("# nThread 1\n#  size count type redop root time algbw busbw\n")
+    with pytest.raises(DataError, match="notes.log"):
+        Bandwidth.from_nccl_tests(junk)
+    with pytest.raises(DataError, match="missing"):
+        usable_rows(pd.DataFrame({"op": ["all_reduce"]}), "t.csv")
+
+
+def test_devices_are_not_mixed():
+    files = [data.path("vtrain/allreduce_lut/a100/AR_GPU2_1M_1024M_LUT"),
+             data.path("vtrain/allreduce_lut/v100/AR_GPU2_1M_1024M_LUT")]
+    with pytest.raises(DataError, match="several devices"):
+        Bandwidth.from_nccl_tests(files)
+
+
+# --------------------------------------------------------------------------- held-out rows of the real sweeps
+def _table(name: str) -> pd.DataFrame:
+    return ingest_bandwidth([data.path(f) for f in CALIBRATION_SYSTEMS[name]["files"]], op="all_reduce")
+
+
+@pytest.mark.parametrize(("name", "within_max"), [("echo-a100", 0.8), ("vtrain-a100", 0.95), ("vtrain-v100", 0.95)])
+def test_every_other_size_held_out(name, within_max):
+    """Fit on the even-numbered sizes of each sweep (spikes set aside first), predict the odd ones: each
+    sweep's held-out median error is within the fit's reported 95th percentile, and most held-out rows are
+    within the reported worst case."""
+    h = held_out(_table(name), name)
+    assert len(h) > 0 and h["fit_p95_abs"].notna().all()
+    h["abs_err"] = h["rel_err"].abs()
+    per = h.groupby(["group_size", "nodes"]).agg(med=("abs_err", "median"), p95=("fit_p95_abs", "first"))
+    assert (per["med"] <= per["p95"]).all(), per
+    assert (h["abs_err"] <= h["fit_max_abs"]).mean() >= within_max
+    # the held-out rows are not the fitted ones: sizes alternate within each sweep
+    u = screened_rows(_table(name), name)
+    assert len(h) == (u["i"] % 2 == 1).sum()
+
+
+def test_vtrain_a100_leave_one_gpu_count_out():
+    """An A100 NVSwitch node: a group size left out of the fit is timed from its nearest neighbour within
+    5 % (median), because its bus factor carries the size dependence."""
+    table = _table("vtrain-a100")
+    for n in (3, 5, 6, 7):
+        h = held_out(table, "vtrain-a100", "group_size", n)
+        assert set(h["group_size"]) == {n}
+        assert h["rel_err"].abs().median() < 0.05, n
+
+
+def test_echo_leave_one_node_count_out():
+    """64 GPUs on 8 nodes left out: timed from 16 nodes with the fitted latency per node doubling, within 10 %
+    (median) for messages of 1 MiB and more."""
+    h = held_out(_table("echo-a100"), "echo-a100", "group_size", 64)
+    assert h[h["bytes"] >= 2**20]["rel_err"].abs().median() < 0.10
+    with pytest.raises(ConfigError, match="group_size=3"):
+        held_out(_table("echo-a100"), "echo-a100", "group_size", 3)
+
+
+# ------------------------------------------------------------------------------------- shipped calibration
+def test_shipped_calibration_matches_a_refit():
+    """data/calibration/bandwidth.yaml is what `make calibration` writes from the real sweeps."""
+    from llmcomm.overhead.bandwidth import fit_system
+
+    cal = load_calibration()
+    assert set(cal) == set(CALIBRATION_SYSTEMS)
+    refit = fit_system("vtrain-a100").params
+    shipped = cal["vtrain-a100"].bandwidth.params
+    np.testing.assert_allclose(shipped["alpha_s"].to_numpy(float), refit["alpha_s"].to_numpy(float), rtol=1e-9)
+    np.testing.assert_allclose(shipped["beta_s_per_byte"].to_numpy(float), refit["beta_s_per_byte"].to_numpy(float),
+                               rtol=1e-9)
+    assert {"alpha_us", "busbw_GBps", "beta_us_per_MB"} <= set(cal["echo-a100"].fit["parameter"])
+
+
+def test_default_carries_calibration_by_link_ratio():
+    a100 = load_cluster("a100-40g-hdr200")
+    h100 = load_cluster("h100-80g-ndr400")
+    ba, bh = Bandwidth.default(a100), Bandwidth.default(h100)
+    # the Echo system is a100-40g-hdr200: its own measurements, unscaled (Echo 8 GPUs, 1 GiB: 8139 us)
+    assert ba.time("all_reduce", 2**30, 8, 8) == pytest.approx(8139.2e-6, rel=0.03)
+    assert ba.busbw("all_reduce", 2**32, 128, 8) == pytest.approx(122.0, rel=0.05)
+    # H100: NVLink 450 vs 300 GB/s, NIC 50 vs 25 GB/s -> large messages 1.5x / 2x faster
+    big = 2.0**34
+    assert ba.time("all_reduce", big, 8, 8) / bh.time("all_reduce", big, 8, 8) == pytest.approx(1.5, rel=0.01)
+    assert ba.time("all_reduce", big, 64, 8) / bh.time("all_reduce", big, 64, 8) == pytest.approx(2.0, rel=0.01)
+    # across nodes with one rank per node a group drives one NIC, not eight
+    # (16 nodes either way: 16 ranks one per node vs 128 ranks eight per node)
+    assert ba.busbw("all_reduce", big, 16, 1) == pytest.approx(ba.busbw("all_reduce", big, 128, 8) / 8, rel=5e-3)
+    # more bytes never take less time, in every regime the iteration model asks for
+    sizes = np.geomspace(1e3, 1e10, 400)
+    for n, k in ((2, 2), (4, 4), (8, 8), (16, 8), (64, 1), (512, 8)):
+        t = ba.time("all_reduce", sizes, n, k)
+        assert (np.diff(t) >= -0.05 * t[1:]).all(), (n, k)
+
+
+def test_scalar_and_array_paths_agree():
+    bw = Bandwidth.default(load_cluster("a100-40g-hdr200"))
+    sizes = np.geomspace(1.0, 1e10, 150)
+    for op, n, k in (("all_reduce", 8, 8), ("all_reduce", 16, 8), ("all_reduce", 64, 1), ("all_gather", 3, 3),
+                     ("reduce_scatter", 256, 8), ("send", 2, 1), ("recv", 2, 2), ("all_to_all", 8, 8)):
+        vec = bw.time(op, sizes, n, k)
+        one = np.array([float(bw.time(op, s, n, k)) for s in sizes])
+        np.testing.assert_allclose(vec, one, rtol=1e-12, atol=0)
+    assert float(bw.time("recv", 1e6, 2, 1)) == float(bw.time("send", 1e6, 2, 1))
+
+
+def test_measured_op_is_used_for_itself_and_its_twin(tmp_path):
+    """A sendrecv_perf log fits a `send` regime that times send and recv; all_reduce still needs its own."""
+    sizes = 2 ** np.arange(10, 28)
+    p = tmp_path / "sendrecv_perf.log"
+    p.write_text(_nccl_log(2, sizes, (7e-6 + sizes / 40e9) * 1e6).replace("all_reduce", "sendrecv"))
+    bw = Bandwidth.from_nccl_tests(p, op="send")
+    assert set(bw.params["op"]) == {"send"}
+    assert float(bw.time("recv", 1e8, 2, 2)) == pytest.approx(7e-6 + 1e8 / 40e9, rel=0.02)
+    with pytest.raises(ConfigError, match="no intra-node measurements for all_reduce"):
+        bw.time("all_reduce", 1e6, 2, 2)
+
+
+def test_default_for_vtrains_cluster_uses_its_own_node_measurements():
+    """A cluster with vTrain's stated links (150 GB/s in a node, 800 Gb/s per node across) gets vTrain's own
+    in-node A100 fit unscaled, and Echo's inter-node fit with β doubled (12.5 vs 25 GB/s per GPU)."""
+    import dataclasses
+
+    vt = dataclasses.replace(load_cluster("a100-40g-hdr200"), name="vtrain-like", intra_node_bandwidth=150e9,
+                             inter_node_bandwidth=12.5e9)
+    bw = Bandwidth.default(vt)
+    assert "intra-node from vtrain-a100" in bw.source and "inter-node from echo-a100" in bw.source
+    # vTrain's LUT: 8 A100s, 1 GiB all-reduce, out-of-place 8193.0 us
+    assert float(bw.time("all_reduce", 2**30, 8, 8)) == pytest.approx(8193.0e-6, rel=0.02)
+    echo = Bandwidth.default(load_cluster("a100-40g-hdr200"))
+    big = 2.0**34
+    assert float(bw.time("all_reduce", big, 128, 8)) / float(echo.time("all_reduce", big, 128, 8)) == \
+        pytest.approx(2.0, rel=0.01)
+
+
+def test_default_carries_its_fit_report():
+    rep = Bandwidth.default(load_cluster("h100-80g-ndr400")).fit
+    assert set(rep["system"]) == {"echo-a100"}
+    assert {"intra", "inter"} == set(rep["scope"])
+    row = rep[(rep["parameter"] == "busbw_GBps") & (rep["group_size"] == 8) & (rep["piece"] == rep["piece"].max())]
+    assert ((row["ci_low"] <= row["estimate"]) & (row["estimate"] <= row["ci_high"])).all()
+
+
+def test_public_regime_evaluates_like_time():
+    from llmcomm.overhead.bandwidth import eval_pieces
+
+    bw = Bandwidth.default(load_cluster("a100-40g-hdr200"))
+    sizes = np.geomspace(1e3, 1e10, 50)
+    for n, k in ((8, 8), (16, 8), (32, 1)):
+        x_lo, a, b = bw.regime("reduce_scatter", n, k)
+        np.testing.assert_allclose(eval_pieces(bus_factor("reduce_scatter", n) * sizes, x_lo, a, b)[0],
+                                   bw.time("reduce_scatter", sizes, n, k), rtol=1e-12)
+    with pytest.raises(ConfigError, match="group_size >= 2"):
+        bw.regime("all_reduce", 1, 1)
+
+
+def test_derived_ops_against_aicb_timed_calls():
+    """All-gather and reduce-scatter were never measured by nccl-tests here; AICB timed them on 8xA100. At GiB
+    scale the all-reduce-derived model is within 10 % (7 % today); smaller calls carry AICB's per-call
+    PyTorch overhead, which the model does not (it is faster there: bounds from today's numbers)."""
+    from llmcomm.overhead import against_measured
+
+    vs = against_measured(Bandwidth.default(load_cluster("a100-40g-hdr200")),
+                          ingest_bandwidth([data.path("aicb/A100_example.csv")]))
+    large = vs[vs["bytes"] >= 2**30]
+    assert set(large["op"]) == {"all_gather", "reduce_scatter"}
+    assert (large["rel_err"].abs() < 0.10).all()
+    mid = vs[(vs["bytes"] >= 2**23) & (vs["bytes"] < 2**30)]
+    assert ((mid["rel_err"] < 0) & (mid["rel_err"] > -0.35)).all()
+    with pytest.raises(DataError, match="no timed collective"):
+        against_measured(HAND, ingest_bandwidth([data.path("aicb/A100_example.csv")]).iloc[:0])
