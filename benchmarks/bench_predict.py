@@ -1,8 +1,8 @@
 """Speed and memory of the analytical predictor at the largest scales.
 
 GPT-3 175B with tp 8, pp 16 (Narayanan et al. 2021's configuration) and dp 128 / 512 / 1024, i.e. 16,384 /
-65,536 / 131,072 GPUs (12 micro-batches per DP rank, sequence 2048), and Mixtral 8x7B with tp 2, pp 8, ep 8
-on 131,072 GPUs. Each case runs in its own subprocess (so cases do not share memory) and reports wall time
+65,536 / 131,072 GPUs (12 micro-batches per DP rank, sequence 2048), and Mixtral 8x7B on the same grid with ep 8 (sequence
+4096) on 131,072 GPUs. Each case runs in its own subprocess (so cases do not share memory) and reports wall time
 of ``predict_traffic`` + ``Trace.matrix`` (the blocked builder, :mod:`llmcomm.matrix`), the process's peak
 RSS (imports included) and the matrix's nonzeros. Targets at 131,072 GPUs: events + ring matrix < 3 s and
 < 2 GiB; events + direct matrix < 20 s and < 6 GiB.
@@ -40,10 +40,10 @@ def config(model: str, gpus: int):  # noqa: ANN201
         dp = gpus // 128
         return load_model("gpt3-175b"), ParallelConfig(tp=8, pp=16, dp=dp, micro_batch=1, global_batch=12 * dp,
                                                         seq_len=2048)
-    if model == "mixtral":
-        dp = gpus // 16
-        return load_model("mixtral-8x7b"), ParallelConfig(tp=2, pp=8, dp=dp, ep=8, sp=True, micro_batch=1,
-                                                           global_batch=8 * dp, seq_len=4096)
+    if model == "mixtral":  # the same grid as GPT-3's, experts spread over 8 of the DP ranks
+        dp = gpus // 128
+        return load_model("mixtral-8x7b"), ParallelConfig(tp=8, pp=16, dp=dp, ep=8, sp=True, micro_batch=1,
+                                                           global_batch=12 * dp, seq_len=4096)
     raise SystemExit(f"unknown model {model!r} (gpt3, mixtral)")
 
 
