@@ -87,6 +87,15 @@ def test_dask_ingest_and_analyses_equal_serial(dlrm_dir, predicted_ds, tmp_path)
         t.volumes(("parallelism", "op")))
     m = ds.dataset_matrix(predicted_ds, "ring", workers=2)
     assert (m != t.matrix("ring")).nnz == 0
+    # an existing cluster, used as it is, through the command line
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        assert main(["ingest", str(dlrm_dir), "--dataset", "--out", str(tmp_path / "sched"),
+                     "--scheduler", cluster.scheduler_address]) == 0
+        assert ds.dataset_rank_summary(predicted_ds, scheduler=cluster.scheduler_address).equals(
+            ds.rank_summary(t.events))
+    _same_dataset(serial, tmp_path / "sched")
 
 
 def test_volumes_equal_in_memory(dlrm_dir, predicted_ds, tmp_path) -> None:
