@@ -97,7 +97,10 @@ def matrix_from_table(table: pa.Table, world_size: int, algorithm: str = "direct
     sorted_ranks = bool(np.all(rank[1:] >= rank[:-1])) if len(rank) else True
     order = None if sorted_ranks else np.argsort(rank, kind="stable")
     srank = rank if order is None else rank[order]
-    indptr_parts, index_parts, data_parts = [np.zeros(1, np.int64)], [], []
+    indptr_parts = [np.zeros(1, np.int64)]
+    # sum(weight) bounds the flows and so the nonzeros: 32-bit indices when both it and k fit
+    idx_dtype = np.int32 if weight.sum() < 2**31 and k < 2**31 else np.int64
+    indices, data = _Growing(idx_dtype), _Growing(np.float64)
     nnz = 0
     for lo, hi in blocks(rank, weight, world_size, unit, block_flows):
         a, b = np.searchsorted(srank, [lo, hi])
@@ -114,12 +117,29 @@ def matrix_from_table(table: pa.Table, world_size: int, algorithm: str = "direct
         blk = sp.coo_matrix((byt, (src - lo // unit, dst)), shape=(rows, k)).tocsr()
         del src, dst, byt
         indptr_parts.append(blk.indptr[1:].astype(np.int64) + nnz)
-        index_parts.append(blk.indices)
-        data_parts.append(blk.data)
+        indices.extend(blk.indices)
+        data.extend(blk.data)
         nnz += blk.nnz
-    indptr = np.concatenate(indptr_parts)
-    idx_dtype = np.int32 if nnz < 2**31 and k < 2**31 else np.int64
-    indices = np.concatenate(index_parts).astype(idx_dtype, copy=False) if index_parts else np.zeros(0, idx_dtype)
-    data = np.concatenate(data_parts) if data_parts else np.zeros(0)
-    del index_parts, data_parts
-    return sp.csr_matrix((data, indices, indptr.astype(idx_dtype, copy=False)), shape=(k, k))
+        del blk
+    indptr = np.concatenate(indptr_parts).astype(idx_dtype, copy=False)
+    return sp.csr_matrix((data.array(), indices.array(), indptr), shape=(k, k), copy=False)
+
+
+class _Growing:
+    """A 1-d array grown in place (``ndarray.resize``: realloc, which moves large buffers by remapping
+    pages rather than copying), so the blocks never exist twice, as a list + concatenate would."""
+
+    def __init__(self, dtype: type) -> None:
+        self.buf = np.zeros(0, dtype)
+        self.n = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        m = self.n + len(values)
+        if m > len(self.buf):
+            self.buf.resize(max(m, int(len(self.buf) * 1.25)), refcheck=False)
+        self.buf[self.n:m] = values
+        self.n = m
+
+    def array(self) -> np.ndarray:
+        self.buf.resize(self.n, refcheck=False)
+        return self.buf
