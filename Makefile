@@ -56,6 +56,7 @@ traces: $(STAMP)
 # refit the shipped calibration (data/calibration/) on the real measurements in ../shared/external
 calibration: $(BASE)
 	$(PY) -c 'import sys; from llmcomm.overhead.bandwidth import main; sys.exit(main(["--calibrate"]))'
+	$(PY) -m llmcomm.overhead.calibrate    # utilization: fitted with the bandwidth model just written
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

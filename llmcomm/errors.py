@@ -22,3 +22,8 @@ class AnalysisError(LLMCommError, ValueError):
 
 class DataError(LLMCommError, RuntimeError):
     """External data is missing or fails its checksum."""
+
+
+class UsageError(LLMCommError, ValueError):
+    """A command was called in a way it cannot honour (an output path that cannot be written, a name that
+    matches nothing); the ``llmcomm`` command exits with status 2 for it, as for a malformed option."""

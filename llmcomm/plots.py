@@ -3,6 +3,8 @@ none touches global state except :func:`apply_style`, which notebooks call once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import matplotlib
 
 matplotlib.use("Agg") if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline") else None
@@ -352,4 +354,52 @@ def comparison_bars(by_kind: pd.DataFrame, *, x: str = "parallelism", ax: Axes |
     ax.set_yscale("log")
     ax.set(ylabel="MiB per iteration (log)", title=title or "bytes per parallelism")
     ax.legend(title="side", fontsize=8)
+    return ax
+
+
+def breakdown_bars(df: pd.DataFrame, *, x: str = "config", y: str = "seconds", hue: str = "term",
+                   ax: Axes | None = None, title: str | None = None) -> Axes:
+    """Stacked bars of ``y`` per ``hue`` (the named terms of an iteration) for each ``x`` (a configuration),
+    communication terms hatched."""
+    ax = ax or plt.subplots(figsize=(8, 4))[1]
+    wide = df.pivot_table(index=x, columns=hue, values=y, aggfunc="sum", sort=False).fillna(0.0)
+    kinds = df.drop_duplicates(hue).set_index(hue)["kind"] if "kind" in df.columns else pd.Series(dtype=str)
+    bottom = np.zeros(len(wide))
+    colors = sns.color_palette("tab10", n_colors=len(wide.columns))
+    for color, term in zip(colors, wide.columns, strict=True):
+        vals = wide[term].to_numpy()
+        ax.barh(range(len(wide)), vals, left=bottom, color=color, label=term,
+                hatch="//" if kinds.get(term) == "comm" else None, edgecolor="white", linewidth=0.3)
+        bottom += vals
+    ax.set_yticks(range(len(wide)), wide.index, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel=f"{y} per iteration", title=title or "")
+    ax.legend(fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False,
+              title="term (hatched: communication)", title_fontsize=7)
+    return ax
+
+
+def best_config_shift(df: pd.DataFrame, *, x: str = "gpus", y: str = "tflops_per_gpu", hue: str = "cluster",
+                      label: str = "config", ax: Axes | None = None, title: str | None = None) -> Axes:
+    """``y`` of the best configuration against ``x`` (log2), one line per ``hue``, each point annotated with its
+    ``label``."""
+    ax = ax or plt.subplots(figsize=(8, 4.5))[1]
+    sns.lineplot(data=df, x=x, y=y, hue=hue, marker="o", ax=ax)
+    ax.set_xscale("log", base=2)
+    for r in df.itertuples():
+        ax.annotate(getattr(r, label), (getattr(r, x), getattr(r, y)), fontsize=6, rotation=20,
+                    xytext=(3, 3), textcoords="offset points")
+    ax.set(title=title or "", ylabel=y.replace("_", " "))
+    return ax
+
+
+def published_speedups(df: pd.DataFrame, *, x: str = "model", ys: Sequence[str] = (
+        "predicted_speedup_2021", "predicted_speedup"), ax: Axes | None = None, title: str | None = None) -> Axes:
+    """Grouped bars of predicted speed-ups per ``x`` (one bar per column in ``ys``), with the 1× line."""
+    ax = ax or plt.subplots(figsize=(8, 4))[1]
+    long = df.melt(id_vars=x, value_vars=list(ys), var_name="features", value_name="speed-up")
+    sns.barplot(data=long, x=x, y="speed-up", hue="features", ax=ax)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.tick_params(axis="x", rotation=30, labelsize=7)
+    ax.set(title=title or "", ylabel="predicted speed-up (×)")
     return ax

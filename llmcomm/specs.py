@@ -369,6 +369,23 @@ def model_catalogue_dir() -> Path:
     return data_dir() / "models"
 
 
+def read_yaml(path: Path) -> Any:
+    """A YAML file's content; a file that is not valid YAML (or not UTF-8 text) is a :class:`ConfigError`
+    naming the file and the line."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}{where}: not valid YAML: {what}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
 def list_models() -> list[str]:
     """Names of the models in the catalogue, sorted."""
     return sorted(p.stem for p in model_catalogue_dir().glob("*.yaml"))
@@ -383,8 +400,7 @@ def load_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
             raise ConfigError(
                 f"model {str(name_or_path)!r} is neither a file nor in the catalogue; known: {', '.join(list_models())}"
             )
-    with open(p, encoding="utf-8") as fh:
-        d = yaml.safe_load(fh)
+    d = read_yaml(p)
     if not isinstance(d, dict):
         raise ConfigError(f"{p}: a model file must hold a mapping of ModelSpec fields")
     return ModelSpec.from_dict(d, origin=str(p))
@@ -515,6 +531,9 @@ class ParallelConfig:
             if self.pp < 2:
                 raise ConfigError(f"vpp={self.vpp} (interleaved schedule) needs pp >= 2, got pp={self.pp}")
             self._check_vp_groups()
+        if self.vpp > 1 and self.schedule != "interleaved":
+            raise ConfigError(f"vpp={self.vpp} needs schedule='interleaved' (virtual pipeline stages are "
+                              f"interleaved 1F1B), got schedule={self.schedule!r}")
         if self.schedule == "interleaved" and self.vpp == 1:
             raise ConfigError("schedule='interleaved' needs vpp > 1")
         if self.fsdp and self.distributed_optimizer:
@@ -616,8 +635,9 @@ def load_cluster(name_or_path: str | os.PathLike[str], num_nodes: int | None = N
         p = data_dir() / "clusters" / f"{name_or_path}.yaml"
         if not p.is_file():
             raise ConfigError(f"cluster {str(name_or_path)!r} not found; known: {', '.join(list_clusters())}")
-    with open(p, encoding="utf-8") as fh:
-        d = yaml.safe_load(fh)
+    d = read_yaml(p)
+    if not isinstance(d, dict):
+        raise ConfigError(f"{p}: a cluster file must hold a mapping of Cluster fields")
     known = {f.name for f in dataclasses.fields(Cluster)}
     unknown = sorted(set(d) - known)
     if unknown:

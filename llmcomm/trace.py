@@ -46,13 +46,14 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from .atomic import atomic_path
-from .errors import TraceFormatError
+from .errors import ConfigError, TraceFormatError
 
 PHASES = ("forward", "backward", "optimizer", "setup")
 PARALLELISM_TAGS = ("tp", "sp", "cp", "pp", "dp", "ep", "other")
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 ALGORITHMS = ("ring", "direct")
+_VOCABULARIES: dict[str, tuple[str, ...]] = {"phase": PHASES, "parallelism": PARALLELISM_TAGS, "op": OPS}
 META_KEY = b"llmcomm.meta"
 SCHEMA_VERSION = 1
 
@@ -266,8 +267,12 @@ class Trace:
             if val is None:
                 continue
             if col not in df.columns:
-                raise TraceFormatError(f"select: no column {col!r}; columns: {list(df.columns)}")
+                raise ConfigError(f"select: no column {col!r}; columns: {', '.join(df.columns)}")
             vals = [val] if isinstance(val, (str, int, np.integer)) else list(val)
+            vocab = _VOCABULARIES.get(col)
+            bad = [v for v in vals if vocab is not None and v not in vocab]
+            if bad:
+                raise ConfigError(f"select: {col}={bad[0]!r} is not one of {', '.join(vocab)}")
             mask &= df[col].isin(vals).to_numpy()
         return Trace(df[mask].reset_index(drop=True), dict(self.meta), self.routing)
 
@@ -303,7 +308,10 @@ class Trace:
         df = self.events
         if sent_only:
             df = df[df["op"] != "recv"]
-        by = list(by)
+        by = [by] if isinstance(by, str) else list(by)
+        missing = [c for c in (*by, bytes_col) if c not in df.columns]
+        if missing:
+            raise ConfigError(f"volumes: no column {missing[0]!r} to group or sum; columns: {', '.join(df.columns)}")
         tot = pd.DataFrame({**{c: df[c] for c in by},
                             "bytes": df[bytes_col].to_numpy(np.int64) * df["count"].to_numpy(np.int64),
                             "calls": df["count"].to_numpy(np.int64)})

@@ -46,6 +46,8 @@ def _worker(rank: int, port: int, out: str) -> None:
         else:
             dist.recv(torch.empty(7), 0)
         fc.wait_tensor(fc.all_reduce(torch.ones(8), "sum", dist.group.WORLD))  # functional, 32 B
+        # functional, waited through a view of its output (what a reshape after a row-parallel linear does)
+        _ = fc.all_reduce(torch.ones(2, 4), "sum", dist.group.WORLD).view(8) + 1  # 32 B
         rec.step(1)
         dist.all_reduce(torch.ones(4))  # not kept: record_iters=1
     rec.write(out)
@@ -60,10 +62,11 @@ def test_recorder_sees_every_call(tmp_path: Path) -> None:
     mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2)
     e0 = read_trace(tmp_path / "rank0.parquet").events
     e1 = read_trace(tmp_path / "rank1.parquet").events
-    ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "all_reduce"]
+    ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send", "all_reduce",
+           "all_reduce"]
     assert e0["op"].tolist() == ops
     assert e1["op"].tolist()[5] == "recv"
-    assert e0["bytes"].tolist() == [16, 24, 16, 80, 4, 28, 32]
+    assert e0["bytes"].tolist() == [16, 24, 16, 80, 4, 28, 32, 32]
     assert (e0["parallelism"] == "tp").all() and (e0["iteration"] == 0).all()
     assert all(list(g) == [0, 1] for g in e0["group"])
     assert e0.loc[0, ["microbatch", "layer", "phase"]].tolist() == [3, 2, "forward"]
@@ -72,7 +75,8 @@ def test_recorder_sees_every_call(tmp_path: Path) -> None:
     assert list(e1.loc[3, "split_bytes"]) == [40, 40]
     assert e0.loc[4, "peer"] == 1 and e0.loc[4, "dtype"] == "bf16"
     assert e0.loc[5, "peer"] == 1 and e1.loc[5, "peer"] == 0
-    assert e0["t_end_ns"].notna().all() and (e0["t_end_ns"] >= e0["t_start_ns"]).all()
+    for e in (e0, e1):  # every call has an end, the view-waited functional one included
+        assert e["t_end_ns"].notna().all() and (e["t_end_ns"] >= e["t_start_ns"]).all()
 
 
 def test_module_level_context_api() -> None:

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from llmcomm import ModelSpec, ParallelConfig, layout, read_trace
+from llmcomm.collect.curated import RUNS
 from llmcomm.specs import data_dir
 
 TRACES = data_dir() / "traces"
@@ -215,3 +216,14 @@ def test_same_global_batch_gives_same_loss_whatever_the_parallelism() -> None:
 def test_curated_files_are_small() -> None:
     for p in Path(TRACES).glob("*.parquet"):
         assert p.stat().st_size < 5_000_000, p
+
+
+@pytest.mark.parametrize("name", [r.name for r in RUNS])
+def test_every_recorded_call_has_a_start_and_an_end(name: str) -> None:
+    """Functional collectives end at their ``wait_tensor``, which torch often calls on a view of the output
+    (the recorder matches by storage): none may be left without ``t_end_ns`` (issue 13, item 10)."""
+    e = load(name)[0].events
+    assert e["t_start_ns"].notna().all()
+    missing = e[e["t_end_ns"].isna()]
+    assert missing.empty, missing.groupby(["phase", "parallelism", "op"]).size().to_dict()
+    assert (e["t_end_ns"] >= e["t_start_ns"]).all()

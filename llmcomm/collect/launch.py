@@ -38,19 +38,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _spawn(cfg: RunConfig, world: int, timeout: float) -> None:
+def _spawn(cfg: RunConfig, world: int, timeout: float, progress: bool = False) -> None:
     import torch.multiprocessing as mp
+    from tqdm import tqdm
 
     ctx = multiprocessing.get_context("spawn")
     heartbeat = ctx.Array("d", [time.time()] * world, lock=False)
-    progress = ctx.Array("i", [-2] * world, lock=False)
-    pc = mp.start_processes(run_rank, args=(cfg, heartbeat, progress), nprocs=world, join=False,
+    progress_of = ctx.Array("i", [-2] * world, lock=False)
+    pc = mp.start_processes(run_rank, args=(cfg, heartbeat, progress_of), nprocs=world, join=False,
                             start_method="spawn")
+    bar = tqdm(total=cfg.iters, desc=f"collect ({world} ranks)", unit=" iter", disable=not progress, leave=False)
     try:
         while True:
             try:
                 if pc.join(timeout=0.5):
                     return
+                bar.update(max(0, min(progress_of[r] for r in range(world))) - bar.n)  # iterations done
             except mp.ProcessRaisedException as e:
                 raise CollectError(f"rank {e.error_index} failed:\n{e}") from None
             except mp.ProcessExitedException as e:
@@ -58,12 +61,13 @@ def _spawn(cfg: RunConfig, world: int, timeout: float) -> None:
             now = time.time()
             stale = [r for r in range(world) if now - heartbeat[r] > timeout]
             if stale:
-                lo = min(progress[r] for r in range(world))
-                behind = [r for r in range(world) if progress[r] == lo]
+                lo = min(progress_of[r] for r in range(world))
+                behind = [r for r in range(world) if progress_of[r] == lo]
                 raise CollectError(
                     f"no progress for {timeout:.0f} s on rank(s) {stale}; rank(s) {behind} are furthest "
                     f"behind (iteration {lo}); run stopped")
     finally:
+        bar.close()
         for p in pc.processes:
             if p.is_alive():
                 p.terminate()
@@ -77,14 +81,17 @@ def _spawn(cfg: RunConfig, world: int, timeout: float) -> None:
 def collect(model: str | ModelSpec, parallel: ParallelConfig, out: str | os.PathLike[str], *, iters: int,
             record_iters: int | None = None, seed: int = 0, lr: float = 3e-3, timeout: float = 120.0,
             command: str | None = None, fault: str | None = None, recorder_mode: str = "kernel",
-            aux_loss_coef: float = 0.01) -> Trace:
+            aux_loss_coef: float = 0.01, progress: bool = False) -> Trace:
     """Run a recorded training job and write ``out`` (events), ``<stem>.manifest.json`` and, for MoE,
     ``<stem>.routing.parquet``. Returns the trace as read back. ``recorder_mode``: see
     :class:`llmcomm.collect.record.Recorder` (both modes record the same events). ``aux_loss_coef``: weight of
-    the MoE load-balancing loss (0: off)."""
+    the MoE load-balancing loss (0: off). The model and configuration are checked before any worker starts
+    (:mod:`llmcomm.collect.checks`); ``progress`` shows a progress bar of iterations on stderr."""
     from .. import specs
+    from .checks import check_collectable
 
     spec = model if isinstance(model, ModelSpec) else specs.load_model(model)
+    check_collectable(spec, parallel, iters, record_iters)
     out = Path(out)
     if out.suffix != ".parquet":
         raise CollectError(f"--out {out}: the trace name must end in .parquet")
@@ -97,7 +104,7 @@ def collect(model: str | ModelSpec, parallel: ParallelConfig, out: str | os.Path
                         record_iters=record_iters, seed=seed, lr=lr, timeout=timeout, port=free_port(),
                         fault=fault, recorder_mode=recorder_mode,
                         aux_loss_coef=aux_loss_coef)
-        _spawn(cfg, world, timeout)
+        _spawn(cfg, world, timeout, progress)
         wall = time.time() - t0
         trace = _merge(tmp, world)
         results = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]

@@ -44,8 +44,9 @@ send / recv_ (and isend / irecv)     send/recv  S(tensor); ``peer`` = the partne
 
 Timing: ``t_start_ns`` is ``time.time_ns()`` when the call is issued (one clock for all ranks of a host).
 ``t_end_ns`` is when the collective completed (the Work's future for ``c10d`` collectives; ``wait_tensor``
-for functional ones). gloo's send/recv Work has no future, so for send/recv ``t_end_ns`` is when the call
-returned to the caller (the transfer itself is asynchronous).
+for functional ones, matched to its collective by the output's storage, since it is often called on a
+view). gloo's send/recv Work has no future, so for send/recv ``t_end_ns`` is when the call returned to the
+caller (the transfer itself is asynchronous).
 
 Context: ``iteration``, ``microbatch``, ``layer`` and ``phase`` come from the recorder's current context,
 set by the training loop (``rec.step(i)``, ``rec.microbatch(k)``, ``rec.phase("forward")``,
@@ -363,8 +364,7 @@ class Recorder(TorchDispatchMode):
         name = func._opname
         if ns == "_c10d_functional" and name == "wait_tensor":
             out = call(*args, **kwargs)
-            t = args[0]
-            row = self._pending.pop(id(t), None) or self._pending.pop(id(getattr(t, "elem", None)), None)
+            row = self._pending.pop(_storage_key(args[0]), None)
             if row is not None:
                 row["t_end_ns"] = time.time_ns()
             return out
@@ -379,7 +379,7 @@ class Recorder(TorchDispatchMode):
         if ns == "c10d":
             self._attach_end(row, out)
         elif isinstance(out, torch.Tensor):
-            self._pending[id(out)] = row
+            self._pending[_storage_key(out)] = row
         else:
             row["t_end_ns"] = time.time_ns()
         self.rows.append(row)
@@ -488,6 +488,15 @@ class Recorder(TorchDispatchMode):
         out = Path(out_dir) / f"rank{self.rank}.parquet"
         meta = {"rank": self.rank, "skipped_ops": dict(self.skipped)}
         return Trace.from_events(self.events(), meta, self.routing_table()).write(out)
+
+
+def _storage_key(t: Any) -> int:
+    """Key of a functional collective's pending output: its storage (as torch's own work registry keys it).
+    ``wait_tensor`` is often called on a view of the output, not the output itself (an
+    ``AsyncCollectiveTensor`` re-wraps the result of a view op, e.g. Megatron-style reshapes after a
+    row-parallel linear), so the tensor's ``id`` would miss it; the storage is shared by every view."""
+    t = getattr(t, "elem", t)  # an AsyncCollectiveTensor handed over unwrapped
+    return int(t.untyped_storage()._cdata)
 
 
 def _split_bytes(inp: torch.Tensor, input_split_sizes: list[int], n: int) -> list[int]:

@@ -49,10 +49,23 @@ def _maybe_fault(cfg: RunConfig, rank: int, iteration: int) -> None:
         time.sleep(10 * cfg.timeout + 3600)
 
 
+def _silence_torch_notices() -> None:
+    """Hide torch's notices a ``collect`` user cannot act on (they are about torch's own internals), once per
+    rank process: the deprecation notice of slicing the flattened ``dp`` mesh dimension (torch 2.9+), and
+    FSDP2's caution that ``replicate``'s root module returned a view (this workload applies no in-place op
+    to the logits)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Slicing a flattened dim", category=UserWarning)
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(\w+\) returned a view tensor",
+                            category=UserWarning)
+
+
 def run_rank(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
     """Entry point of a spawned rank (``torch.multiprocessing`` passes ``rank`` first)."""
     import torch
 
+    _silence_torch_notices()
     torch.set_num_threads(1)
     world = ParallelConfig.from_dict(cfg.parallel).world_size
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg.port))

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
-from ..errors import ConfigError
 
 REPORT_SUFFIXES = (".md", ".html")
 
@@ -31,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="what issued the calls: Megatron-LM or torch's own parallel APIs (default: megatron)")
     p.add_argument("--iteration", type=int, default=None, help="iteration to compare (default: the last)")
     p.add_argument("--top", type=int, default=10, help="one-sided call groups to print (default: 10)")
-    p.add_argument("--out", default=None, help="write the report to this .md or .html file")
+    p.add_argument("--out", default=None, help="write the report to this .md or .html file (default: none)")
     p.set_defaults(func=run)
 
 
@@ -43,12 +40,12 @@ def _parallel_overrides(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..output_paths import check_file
     from ..specs import ParallelConfig
     from . import compare, load_measured
 
-    out = Path(args.out) if args.out else None
-    if out is not None and out.suffix not in REPORT_SUFFIXES:
-        raise ConfigError(f"--out {out}: the report is written as Markdown (.md) or HTML (.html)")
+    out = check_file(args.out, option="--out", suffixes=REPORT_SUFFIXES, writes="a Markdown or HTML report") \
+        if args.out else None
     trace = load_measured(args.trace)
     overrides = _parallel_overrides(args)
     parallel = None

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..atomic import atomic_dir
-from ..errors import TraceFormatError
+from ..errors import ConfigError, TraceFormatError
 from ..specs import ParallelConfig
 from ..trace import (
     EVENTS_SCHEMA,
@@ -57,6 +58,7 @@ for _reader in (vtrain_lut.READER, *aicb.READERS, nccl_tests.READER, kineto.READ
     register_reader(_reader)
 del _reader
 PathsLike = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+ParallelLike = ParallelConfig | Mapping[str, int] | None
 
 __all__ = ["FunctionReader", "ReadContext", "Reader", "Source", "TraceTable", "detect_format", "ingest_bandwidth",
            "ingest_to_dataset", "ingest_trace", "iter_rank_tables", "register_reader", "registered_readers",
@@ -69,23 +71,66 @@ def _paths(paths: PathsLike) -> list[str | os.PathLike[str]]:
     return list(paths)
 
 
-def iter_rank_tables(paths: PathsLike, parallel: ParallelConfig | None = None, rank: int | None = None,
-                     gpus_per_node: int = 8) -> Iterator[tuple[Source, str, pa.Table, dict[str, Any]]]:
+def _names(paths: PathsLike) -> str:
+    """The inputs as a message names them: ``a.json, b.json`` (not a Python list)."""
+    names = [str(p) for p in _paths(paths)]
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "") or "(no paths)"
+
+
+def iter_rank_tables(paths: PathsLike, parallel: ParallelLike = None, rank: int | None = None,
+                     gpus_per_node: int = 8, *, progress: bool = False,
+                     ) -> Iterator[tuple[Source, str, pa.Table, dict[str, Any]]]:
     """Each input file parsed into its events table by the reader of its format, one at a time:
     ``(source, format, table, meta)``.
 
-    Two files claiming the same rank raise :class:`TraceFormatError` naming both."""
-    context = ReadContext(parallel, rank, gpus_per_node)  # without a config: groups tagged from names only
+    ``parallel``: a ParallelConfig, a mapping of some dimensions (completed per file from what the file
+    states) or None; see :mod:`llmcomm.ingest.dims`. Two files claiming the same rank raise
+    :class:`TraceFormatError` naming both; a file without communication calls gives a warning with the
+    count of what it holds. ``progress``: a progress bar (files read) on stderr."""
+    from . import dims
+
+    given = dims.normalize(parallel)
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+        raise ConfigError(f"rank={rank!r} must be a non-negative integer")
+    sources: Iterable[Source] = iter_sources(_paths(paths))
+    if progress:
+        from tqdm import tqdm
+
+        sources = tqdm(sources, desc="ingest", unit=" file", leave=False)
+    try:
+        yield from _read_sources(sources, given, rank, gpus_per_node)
+    finally:
+        if progress:
+            sources.close()  # type: ignore[attr-defined]
+
+
+def _read_sources(sources: Iterable[Source], given: ParallelConfig | dict[str, int] | None, rank: int | None,
+                  gpus_per_node: int) -> Iterator[tuple[Source, str, pa.Table, dict[str, Any]]]:
+    from . import dims
+
+    contexts: dict[Any, ReadContext] = {}  # one per configuration (its group tagger is built once)
     file_of_rank: dict[int, str] = {}
-    for src in iter_sources(_paths(paths)):
+    for src in sources:
         reader = reader_for(src, "trace")
-        table, meta = _checked_trace_table(reader, src, reader.read(src, context))
+        cfg = dims.resolve(given, src, reader.name)
+        key = None if cfg is None else tuple(sorted(cfg.to_dict().items()))
+        if key not in contexts:  # without a config: groups tagged from names only
+            contexts[key] = ReadContext(cfg, rank, gpus_per_node)
+        table, meta = _checked_trace_table(reader, src, reader.read(src, contexts[key]))
+        if cfg is not None:
+            meta["parallel"] = cfg.to_dict()
         claimed = meta.get("rank")
         if claimed is not None:
             if claimed in file_of_rank:
                 raise TraceFormatError(f"{src.name}: field 'rank': rank {claimed} is already claimed by "
                                        f"{file_of_rank[claimed]}")
             file_of_rank[claimed] = src.name
+        if table.num_rows == 0:
+            skipped = meta.get("skipped") or {}
+            also = (f"; skipped as not communication: {sum(skipped.values()):,} records "
+                    f"({', '.join(sorted(skipped)[:5])})") if isinstance(skipped, dict) and skipped else ""
+            warnings.warn(f"{src.name}: 0 communication calls (collectives or send/recv) in this {reader.name} "
+                          f"file{also}", stacklevel=3)
         meta["format"] = reader.name
         meta["file"] = src.name
         meta["bytes_read"] = src.size
@@ -119,7 +164,7 @@ def _checked_bandwidth_table(reader: Reader, src: Source, frame: Any) -> pd.Data
     return frame
 
 
-def _summary_meta(metas: list[dict[str, Any]], parallel: ParallelConfig | None) -> dict[str, Any]:
+def _summary_meta(metas: list[dict[str, Any]]) -> dict[str, Any]:
     worlds = [m["world_size"] for m in metas if m.get("world_size")]
     meta: dict[str, Any] = {
         "source": "ingest",
@@ -129,9 +174,7 @@ def _summary_meta(metas: list[dict[str, Any]], parallel: ParallelConfig | None) 
     }
     if worlds:
         meta["world_size"] = max(worlds)
-    if parallel is not None:
-        meta["parallel"] = parallel.to_dict()
-    elif any("parallel" in m for m in metas):
+    if any("parallel" in m for m in metas):  # as resolved per file (llmcomm.ingest.dims)
         meta["parallel"] = next(m["parallel"] for m in metas if "parallel" in m)
     notes = sorted({a for m in metas for a in m.get("assumptions", [])})
     if notes:
@@ -141,26 +184,28 @@ def _summary_meta(metas: list[dict[str, Any]], parallel: ParallelConfig | None) 
     return meta
 
 
-def ingest_trace(paths: PathsLike, parallel: ParallelConfig | None = None, *, rank: int | None = None,
-                 gpus_per_node: int = 8) -> Trace:
+def ingest_trace(paths: PathsLike, parallel: ParallelLike = None, *, rank: int | None = None,
+                 gpus_per_node: int = 8, progress: bool = False) -> Trace:
     """Read trace files (Kineto, execution trace, AICB; plain, gzip, folders or tar archives) into one Trace.
 
-    ``parallel`` lets unnamed process groups be tagged with their parallelism by their ranks (see
-    :mod:`llmcomm.ingest.common`); ``rank`` names the rank of a single file that does not say it."""
+    ``parallel`` (a ParallelConfig or a mapping of some dimensions, see :mod:`llmcomm.ingest.dims`) lets
+    unnamed process groups be tagged with their parallelism by their ranks (see :mod:`llmcomm.ingest.common`);
+    ``rank`` names the rank of a single file that does not say it; ``progress`` shows a progress bar."""
     tables, metas = [], []
-    for _src, _fmt, table, meta in iter_rank_tables(paths, parallel, rank, gpus_per_node):
+    for _src, _fmt, table, meta in iter_rank_tables(paths, parallel, rank, gpus_per_node, progress=progress):
         tables.append(table)
         metas.append(meta)
     if not tables:
-        raise TraceFormatError(f"{_paths(paths)}: no input files")
+        raise TraceFormatError(f"{_names(paths)}: no input files")
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     origin = ", ".join(str(p) for p in _paths(paths))[:200]
     validate_events(table, origin)
-    return Trace(table_to_events(table), _summary_meta(metas, parallel))
+    return Trace(table_to_events(table), _summary_meta(metas))
 
 
-def ingest_to_dataset(paths: PathsLike, out: str | os.PathLike[str], parallel: ParallelConfig | None = None,
-                      *, rank: int | None = None, gpus_per_node: int = 8, overwrite: bool = False) -> Path:
+def ingest_to_dataset(paths: PathsLike, out: str | os.PathLike[str], parallel: ParallelLike = None,
+                      *, rank: int | None = None, gpus_per_node: int = 8, overwrite: bool = False,
+                      progress: bool = False) -> Path:
     """Stream many rank files into a partitioned parquet dataset at ``out`` (one ``rank-NNNNN.parquet`` per
     input file), holding about one file in memory. Files go to a temporary folder beside ``out`` that is
     renamed into place only when every input was read, so a failure leaves nothing under ``out``."""
@@ -171,12 +216,12 @@ def ingest_to_dataset(paths: PathsLike, out: str | os.PathLike[str], parallel: P
         raise TraceFormatError(f"{out}: already exists (pass overwrite=True to replace it)")
     with atomic_dir(out, overwrite=overwrite) as tmp:
         files = 0
-        for _src, fmt, table, meta in iter_rank_tables(paths, parallel, rank, gpus_per_node):
+        for _src, fmt, table, meta in iter_rank_tables(paths, parallel, rank, gpus_per_node, progress=progress):
             validate_events(table, meta["file"])
             doc = {"source": "ingest", "format": fmt, "file": meta["file"], "rank": meta.get("rank"),
                    "world_size": meta.get("world_size")}
-            if parallel is not None:
-                doc["parallel"] = parallel.to_dict()
+            if "parallel" in meta:
+                doc["parallel"] = meta["parallel"]
             schema_metadata = {META_KEY: json.dumps(doc, default=json_default, sort_keys=True).encode(),
                                b"llmcomm.schema_version": str(SCHEMA_VERSION).encode()}
             file_rank = meta.get("rank")
@@ -184,7 +229,7 @@ def ingest_to_dataset(paths: PathsLike, out: str | os.PathLike[str], parallel: P
             pq.write_table(table.replace_schema_metadata(schema_metadata), tmp / name, compression="zstd")
             files += 1
         if files == 0:
-            raise TraceFormatError(f"{_paths(paths)}: no input files")
+            raise TraceFormatError(f"{_names(paths)}: no input files")
     return out
 
 
@@ -201,7 +246,7 @@ def ingest_bandwidth(paths: PathsLike, op: str | None = None) -> pd.DataFrame:
         frame["format"] = reader.name
         frames.append(frame)
     if not frames:
-        raise TraceFormatError(f"{_paths(paths)}: no input files")
+        raise TraceFormatError(f"{_names(paths)}: no input files")
     out = pd.concat(frames, ignore_index=True)
     for c in ("ranks", "nodes", "count"):
         out[c] = pd.array(out[c], dtype="Int64")

@@ -1,30 +1,45 @@
 """``llmcomm ingest PATH... --out OUT``: real traces into the events table.
 
-``OUT`` ending in ``.parquet`` is one trace file; any other name (or ``--dataset``) a partitioned dataset
-folder with one file per rank, streamed with memory bounded by about one input file; ``--workers N`` reads
-the rank files in parallel on Dask (``--scheduler ADDRESS``: an existing cluster), see
-:mod:`llmcomm.ingest.parallel`. ``--bandwidth`` reads
-nccl-tests / vTrain / AICB timings into a bandwidth table instead (``.csv`` or ``.parquet``). Output is
-written to a temporary name and renamed, so a failure leaves nothing under ``OUT``.
+``OUT`` ending in ``.parquet`` is one trace file; a name without an extension (or ``--dataset``) a
+partitioned dataset folder with one file per rank, streamed with memory bounded by about one input file;
+``--workers N`` reads the rank files in parallel on Dask (``--scheduler ADDRESS``: an existing cluster), see
+:mod:`llmcomm.ingest.parallel`.
+``--bandwidth`` reads nccl-tests / vTrain / AICB timings into a bandwidth table instead (``.csv`` or
+``.parquet``). Output is written to a temporary name and renamed, so a failure leaves nothing under ``OUT``.
+
+Parallel dimensions not given are taken from the files where they say (``dp = world / (tp·pp·cp)`` from a
+Kineto trace's world size; an AICB workload's group sizes); a configuration that contradicts a file's
+world size is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..atomic import atomic_path
 
+BANDWIDTH_SUFFIXES = (".csv", ".parquet")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..cli import add_quiet
+
     p = subparsers.add_parser("ingest", help="import Kineto / execution-trace / AICB files (or bandwidth logs)",
-                              description=__doc__.splitlines()[0])
+                              description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[2])
     p.add_argument("paths", nargs="+", help="files, folders or tar archives")
-    p.add_argument("--out", required=True, help="trace.parquet, a dataset folder, or (with --bandwidth) .csv")
-    for dim in ("tp", "pp", "dp", "ep", "cp"):
-        p.add_argument(f"--{dim}", type=int, default=None, help=f"{dim} degree (tags unnamed groups by ranks)")
-    p.add_argument("--rank", type=int, default=None, help="rank of a single file that does not say it")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--out", required=True,
+                   help="NAME.parquet (one trace), a folder name without extension (a dataset), or with "
+                        "--bandwidth NAME.csv / NAME.parquet")
+    names = {"tp": "tensor", "pp": "pipeline", "dp": "data", "ep": "expert", "cp": "context"}
+    for dim, what in names.items():
+        p.add_argument(f"--{dim}", type=int, default=None,
+                       help=f"{what}-parallel degree, used to tag unnamed groups by their ranks (default: "
+                            + ("world size / (tp x pp x cp), else 1)" if dim == "dp" else "from the file, else 1)"))
+    p.add_argument("--rank", type=int, default=None,
+                   help="rank of a single file that does not say it (default: the file's own)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, for node placement")
     p.add_argument("--dataset", action="store_true", help="write a partitioned dataset even for a .parquet name")
     p.add_argument("--force", action="store_true", help="replace an existing dataset folder")
     p.add_argument("--workers", type=int, default=None,
@@ -32,24 +47,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--scheduler", default=None,
                    help="address of an existing dask.distributed scheduler to read rank files on")
     p.add_argument("--bandwidth", action="store_true", help="read bandwidth measurements instead of traces")
-    p.add_argument("--op", default=None, help="collective of nccl-tests logs whose op cannot be inferred")
+    p.add_argument("--op", default=None,
+                   help="collective of nccl-tests logs whose op cannot be inferred (default: from the log)")
+    add_quiet(p)
     p.set_defaults(func=run)
 
 
-def _parallel(args: argparse.Namespace):  # noqa: ANN202
-    from ..specs import ParallelConfig
+def _dims(args: argparse.Namespace) -> dict[str, int] | None:
+    """The parallel dimensions given on the command line (the rest come from the files)."""
+    from ..errors import UsageError
 
     dims = {d: getattr(args, d) for d in ("tp", "pp", "dp", "ep", "cp") if getattr(args, d) is not None}
-    if not dims:
-        return None
-    return ParallelConfig(**dims)
+    for d, v in dims.items():
+        if v < 1:
+            raise UsageError(f"--{d} {v}: a parallel degree is a positive integer")
+    return dims or None
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..output_paths import check_file, check_folder
     from . import ingest_bandwidth, ingest_to_dataset, ingest_trace
+    from .sources import is_tar
 
-    out = Path(args.out)
+    if args.rank is not None and args.rank < 0:
+        raise UsageError(f"--rank {args.rank}: a rank is a non-negative integer")
+    if args.gpus_per_node < 1:
+        raise UsageError(f"--gpus-per-node {args.gpus_per_node}: must be a positive integer")
+    many = len(args.paths) > 1 or any(Path(p).is_dir() or is_tar(Path(p)) for p in args.paths)
+    progress = many and not args.quiet and sys.stderr.isatty()  # a bar of files read, for multi-file ingest
     if args.bandwidth:
+        out = check_file(args.out, option="--out", suffixes=BANDWIDTH_SUFFIXES, writes="a bandwidth table")
         df = ingest_bandwidth(args.paths, op=args.op)
         with atomic_path(out) as tmp:
             if out.suffix == ".parquet":
@@ -58,26 +86,30 @@ def run(args: argparse.Namespace) -> int:
                 df.to_csv(tmp, index=False)
         print(f"{out}: {len(df)} bandwidth rows from {df['source'].nunique()} file(s)")
         return 0
-    parallel = _parallel(args)
-    dataset = args.dataset or out.suffix != ".parquet"
-    if (args.workers is not None or args.scheduler is not None) and not dataset:
-        from ..errors import ConfigError
-
-        raise ConfigError(f"{out}: --workers/--scheduler read rank files into a dataset; add --dataset or "
-                          "name a folder")
-    if args.workers is not None or args.scheduler is not None:
-        from .parallel import ingest_to_dataset_parallel
-
-        ingest_to_dataset_parallel(args.paths, out, parallel, rank=args.rank, gpus_per_node=args.gpus_per_node,
-                                   overwrite=args.force, workers=args.workers, scheduler=args.scheduler)
-        print(f"{out}: dataset written")
-        return 0
+    dims = _dims(args)
+    raw = str(args.out)
+    dataset = args.dataset or not raw.endswith(".parquet")
+    engine = args.workers is not None or args.scheduler is not None
+    if engine and not dataset:
+        raise UsageError(f"--out {raw}: --workers/--scheduler read rank files into a dataset; add --dataset or "
+                         "name a folder")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: must be a positive integer")
     if dataset:
-        ingest_to_dataset(args.paths, out, parallel, rank=args.rank, gpus_per_node=args.gpus_per_node,
-                          overwrite=args.force)
+        out = check_folder(args.out, option="--out", force=args.force, writes="a dataset")
+        if engine:
+            from .parallel import ingest_to_dataset_parallel
+
+            ingest_to_dataset_parallel(args.paths, out, dims, rank=args.rank, gpus_per_node=args.gpus_per_node,
+                                       overwrite=args.force, workers=args.workers, scheduler=args.scheduler)
+        else:
+            ingest_to_dataset(args.paths, out, dims, rank=args.rank, gpus_per_node=args.gpus_per_node,
+                              overwrite=args.force, progress=progress)
         print(f"{out}: dataset written")
         return 0
-    trace = ingest_trace(args.paths, parallel, rank=args.rank, gpus_per_node=args.gpus_per_node)
+    out = check_file(args.out, option="--out", suffixes=(".parquet",), writes="a parquet trace")
+    trace = ingest_trace(args.paths, dims, rank=args.rank, gpus_per_node=args.gpus_per_node, progress=progress)
     trace.write(out)
-    print(f"{out}: {len(trace)} events from {len(trace.meta['ranks'])} rank(s), formats {trace.meta['formats']}")
+    formats = ", ".join(trace.meta["formats"])
+    print(f"{out}: {len(trace)} events from {len(trace.meta['ranks'])} rank(s), format {formats}")
     return 0

@@ -26,11 +26,13 @@ import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..atomic import atomic_dir
 from ..errors import ConfigError, TraceFormatError
-from ..specs import ParallelConfig
+
+if TYPE_CHECKING:
+    from . import ParallelLike
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -108,7 +110,7 @@ def _run(client: Any, fn: Callable[[T], R], items: list[T], on_result: Callable[
 def input_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """The input files under ``paths`` in the order :func:`llmcomm.ingest.sources.iter_sources` reads
     them (folders walked in name order, documentation files skipped); a tar archive is one input."""
-    from .sources import DOC_FILE
+    from .sources import DOC_FILE, skipped_note
 
     out: list[Path] = []
     for p in paths:
@@ -116,17 +118,17 @@ def input_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
         if not p.exists():
             raise TraceFormatError(f"{p}: no such file or folder")
         if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith(".")
-                           and not DOC_FILE.match(f.name))
-            if not files:
-                raise TraceFormatError(f"{p}: folder holds no files")
+            every = sorted(f for f in p.rglob("*") if f.is_file())
+            files = [f for f in every if not f.name.startswith(".") and not DOC_FILE.match(f.name)]
+            if not files:  # then every file was skipped
+                raise TraceFormatError(f"{p}: folder holds no trace files{skipped_note(every, p)}")
             out += files
         else:
             out.append(p)
     return out
 
 
-def _ingest_file(task: tuple[int, str], tmp: str, parallel: dict[str, Any] | None, rank: int | None,
+def _ingest_file(task: tuple[int, str], tmp: str, parallel: Any, rank: int | None,
                  gpus_per_node: int) -> list[dict[str, Any]]:
     """Parse one input file (a tar archive: each member) and write each table into ``tmp``; returns what
     was written: ``rank, file, name, rows`` per table."""
@@ -136,14 +138,13 @@ def _ingest_file(task: tuple[int, str], tmp: str, parallel: dict[str, Any] | Non
     from . import iter_rank_tables
 
     index, path = task
-    pc = ParallelConfig(**parallel) if parallel is not None else None
     written = []
-    for k, (_src, fmt, table, meta) in enumerate(iter_rank_tables([path], pc, rank, gpus_per_node)):
+    for k, (_src, fmt, table, meta) in enumerate(iter_rank_tables([path], parallel, rank, gpus_per_node)):
         validate_events(table, meta["file"])
         doc = {"source": "ingest", "format": fmt, "file": meta["file"], "rank": meta.get("rank"),
                "world_size": meta.get("world_size")}
-        if pc is not None:
-            doc["parallel"] = pc.to_dict()
+        if "parallel" in meta:
+            doc["parallel"] = meta["parallel"]
         md = {META_KEY: json.dumps(doc, default=json_default, sort_keys=True).encode(),
               b"llmcomm.schema_version": str(SCHEMA_VERSION).encode()}
         r = meta.get("rank")
@@ -155,7 +156,7 @@ def _ingest_file(task: tuple[int, str], tmp: str, parallel: dict[str, Any] | Non
 
 
 def ingest_to_dataset_parallel(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-                               out: str | os.PathLike[str], parallel: ParallelConfig | None = None, *,
+                               out: str | os.PathLike[str], parallel: ParallelLike = None, *,
                                rank: int | None = None, gpus_per_node: int = 8, overwrite: bool = False,
                                workers: int | None = None, scheduler: str | None = None) -> Path:
     """:func:`llmcomm.ingest.ingest_to_dataset` with one task per input file on :func:`map_tasks`."""
@@ -167,8 +168,7 @@ def ingest_to_dataset_parallel(paths: str | os.PathLike[str] | Sequence[str | os
     if not files:
         raise TraceFormatError(f"{paths}: no input files")
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        fn = partial(_ingest_file, tmp=str(tmp), parallel=parallel.to_dict() if parallel is not None else None,
-                     rank=rank, gpus_per_node=gpus_per_node)
+        fn = partial(_ingest_file, tmp=str(tmp), parallel=parallel, rank=rank, gpus_per_node=gpus_per_node)
         results = map_tasks(fn, [(i, str(f)) for i, f in enumerate(files)], workers=workers, scheduler=scheduler)
         file_of_rank: dict[int, str] = {}
         tables = 0

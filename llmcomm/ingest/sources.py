@@ -152,10 +152,10 @@ def iter_sources(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Source]:
         if not path.exists():
             raise TraceFormatError(f"{path}: no such file or folder")
         if path.is_dir():
-            files = sorted(f for f in path.rglob("*") if f.is_file() and not f.name.startswith(".")
-                           and not DOC_FILE.match(f.name))
-            if not files:
-                raise TraceFormatError(f"{path}: folder holds no files")
+            every = sorted(f for f in path.rglob("*") if f.is_file())
+            files = [f for f in every if not f.name.startswith(".") and not DOC_FILE.match(f.name)]
+            if not files:  # then every file was skipped
+                raise TraceFormatError(f"{path}: folder holds no trace files{skipped_note(every, path)}")
             for file in files:
                 yield from (iter_tar(file) if is_tar(file) else [read_file(file)])
         elif is_tar(path):
@@ -175,6 +175,16 @@ def json_list(source: Source, key: str, is_document: Callable[[object], bool], w
     if not isinstance(items, list):
         raise TraceFormatError(f"{source.name}: field {key!r}: expected a list, got {type(items).__name__}")
     return doc, items
+
+
+def skipped_note(skipped: list[Path], root: Path, limit: int = 10) -> str:
+    """``"; skipped: README.md (documentation), .x (hidden)"`` for the files a folder walk left out."""
+    if not skipped:
+        return " (it is empty)"
+    parts = [f"{f.relative_to(root)} ({'hidden' if f.name.startswith('.') else 'documentation or notes'})"
+             for f in skipped[:limit]]
+    more = f" and {len(skipped) - limit} more" if len(skipped) > limit else ""
+    return "; skipped: " + ", ".join(parts) + more + " (name a file explicitly to read it anyway)"
 
 
 def loads_json(src: Source) -> object:

@@ -1,60 +1,132 @@
-"""``llmcomm predict MODEL --tp .. --pp ..``: predict one iteration's traffic and print a summary."""
+"""``llmcomm predict MODEL --tp .. --pp ..``: predict one iteration's traffic and print a summary.
+
+Outputs (``--out`` trace, ``--matrix`` figure) are checked before any work and published together: both
+appear, or neither.
+"""
 
 from __future__ import annotations
 
 import argparse
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+from ..errors import ConfigError
+from ..output_paths import FIGURE_SUFFIXES, check_distinct, check_file
+from ..specs import Cluster, ParallelConfig, load_cluster, load_model
 
-from ..specs import ParallelConfig, load_cluster, load_model
-from ..trace import Trace
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..trace import Trace
+
+DEFAULT_GPUS_PER_NODE = 8  # without --cluster
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("predict", help="predict one training iteration's communication")
-    p.add_argument("model", help="catalogue name or YAML path")
-    for dim in ("tp", "pp", "dp", "ep", "cp", "vpp"):
-        p.add_argument(f"--{dim}", type=int, default=1)
-    p.add_argument("--sp", action="store_true", help="sequence parallelism")
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--global-batch", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--recompute", nargs="?", const="full", default="none", choices=("none", "selective", "full"))
-    p.add_argument("--distributed-optimizer", action="store_true")
-    p.add_argument("--fsdp", action="store_true")
-    p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved"))
-    p.add_argument("--cluster", default=None, help="cluster name (sets GPUs per node)")
-    p.add_argument("--framework", default="megatron", choices=("megatron", "torch"))
-    p.add_argument("--out", default=None, help="write the trace to this parquet file")
-    p.add_argument("--matrix", default=None, help="write the communication matrix figure (png)")
+    p = subparsers.add_parser("predict", help="predict one training iteration's communication",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("model", help="catalogue name (see llmcomm models) or YAML path")
+    names = {"tp": "tensor", "pp": "pipeline", "dp": "data", "ep": "expert", "cp": "context"}
+    for dim, what in names.items():
+        p.add_argument(f"--{dim}", type=int, default=1, help=f"{what}-parallel degree")
+    p.add_argument("--vpp", type=int, default=1,
+                   help="virtual pipeline stages per rank; > 1 selects the interleaved schedule")
+    p.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp > 1)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="sequences per iteration (default: micro-batch x dp, one micro-batch per rank)")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--recompute", nargs="?", const="full", default="none", choices=("none", "selective", "full"),
+                   help="activation recomputation; --recompute alone means full")
+    p.add_argument("--distributed-optimizer", action="store_true",
+                   help="Megatron's distributed optimizer (gradient reduce-scatter + parameter all-gather)")
+    p.add_argument("--fsdp", action="store_true", help="fully sharded data parallelism")
+    p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved"),
+                   help="pipeline schedule (--vpp > 1 implies interleaved)")
+    p.add_argument("--cluster", default=None,
+                   help=f"cluster name or YAML path, sets GPUs per node (see llmcomm clusters; default: "
+                        f"{DEFAULT_GPUS_PER_NODE} GPUs per node)")
+    p.add_argument("--framework", default="megatron", choices=("megatron", "torch"),
+                   help="whose calls to predict: Megatron-LM's or torch-native (torchtitan-style) training")
+    p.add_argument("--out", default=None, help="write the trace to this .parquet file (default: none)")
+    p.add_argument("--matrix", default=None,
+                   help=f"write the communication-matrix figure ({', '.join(FIGURE_SUFFIXES)}; default: none)")
     p.set_defaults(func=run)
+
+
+def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
+    """The ParallelConfig the options describe; ``--schedule`` other than interleaved with ``--vpp > 1`` is
+    refused (interleaving is what virtual stages are for) instead of being changed silently."""
+    if args.vpp > 1 and args.schedule not in ("1f1b", "interleaved"):
+        raise ConfigError(f"--schedule {args.schedule} --vpp {args.vpp}: virtual pipeline stages need the "
+                          "interleaved 1F1B schedule; drop --vpp or use --schedule interleaved")
+    return ParallelConfig(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, cp=args.cp, vpp=args.vpp,
+                          sp=args.sp, micro_batch=args.micro_batch, global_batch=args.global_batch,
+                          seq_len=args.seq_len, recompute=args.recompute,
+                          distributed_optimizer=args.distributed_optimizer, fsdp=args.fsdp,
+                          schedule="interleaved" if args.vpp > 1 else args.schedule)
+
+
+def warn_surprises(parallel: ParallelConfig, gpus_per_node: int, cluster: Cluster | None) -> None:
+    """Warn about a legal but surprising configuration: a TP (or CP) group wider than a node, whose
+    per-layer collectives then cross the inter-node network."""
+    where = cluster.name if cluster else f"{gpus_per_node} GPUs per node (no --cluster)"
+    for dim, size in (("tp", parallel.tp), ("tp*cp", parallel.tp * parallel.cp)):
+        if size > gpus_per_node:
+            warnings.warn(f"{dim}={size} spans {-(-size // gpus_per_node)} nodes of {where}: its per-layer "
+                          "collectives cross the inter-node network (Megatron-LM keeps TP within a node)",
+                          stacklevel=2)
+            return
 
 
 def run(args: argparse.Namespace) -> int:
     from . import predict_traffic
 
+    out = check_file(args.out, option="--out", suffixes=(".parquet",), writes="a parquet trace") \
+        if args.out else None
+    matrix = check_file(args.matrix, option="--matrix", suffixes=FIGURE_SUFFIXES, writes="a figure") \
+        if args.matrix else None
+    check_distinct(out, matrix)
     model = load_model(args.model)
-    parallel = ParallelConfig(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, cp=args.cp, vpp=args.vpp,
-                              sp=args.sp, micro_batch=args.micro_batch, global_batch=args.global_batch,
-                              seq_len=args.seq_len, recompute=args.recompute,
-                              distributed_optimizer=args.distributed_optimizer, fsdp=args.fsdp,
-                              schedule="interleaved" if args.vpp > 1 else args.schedule)
+    parallel = parallel_from_args(args)
     cluster = load_cluster(args.cluster) if args.cluster else None
+    gpn = cluster.gpus_per_node if cluster else DEFAULT_GPUS_PER_NODE
+    warn_surprises(parallel, gpn, cluster)
     trace = predict_traffic(model, parallel, cluster=cluster, framework=args.framework)
-    gpn = cluster.gpus_per_node if cluster else 8
     print(summary_text(trace, gpn))
-    if args.out:
-        print(f"trace: {trace.write(args.out)}")
-    if args.matrix:
-        import matplotlib.pyplot as plt
+    targets = [p for p in (out, matrix) if p is not None]
+    if not targets:
+        return 0
+    from ..atomic import atomic_paths
 
-        from ..plots import comm_matrix
-
-        fig, ax = plt.subplots(figsize=(6, 5))
-        comm_matrix(trace.matrix("direct"), gpus_per_node=gpn, ax=ax, title=f"{model.name}: bytes (direct)")
-        fig.savefig(args.matrix, dpi=150, bbox_inches="tight")
-        print(f"matrix: {args.matrix}")
+    with atomic_paths(*targets) as tmps:
+        staged = dict(zip(targets, tmps, strict=True))
+        if out is not None:
+            trace.write(staged[out])
+        if matrix is not None:
+            _write_matrix(trace, model.name, gpn, staged[matrix], matrix.suffix[1:])
+    if out is not None:
+        print(f"trace: {out}")
+    if matrix is not None:
+        print(f"matrix: {matrix}")
     return 0
+
+
+def _write_matrix(trace: Trace, model_name: str, gpn: int, path: Path, fmt: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..plots import comm_matrix
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    try:
+        comm_matrix(trace.matrix("direct"), gpus_per_node=gpn, ax=ax, title=f"{model_name}: bytes (direct)")
+        fig.savefig(path, dpi=150, bbox_inches="tight", format=fmt)
+    finally:
+        plt.close(fig)
 
 
 def summary_text(trace: Trace, gpus_per_node: int = 8) -> str:

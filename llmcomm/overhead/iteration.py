@@ -1,0 +1,830 @@
+"""Iteration time of one training configuration, as named terms (the analytical formulation, finding F6).
+
+One iteration of a pipeline stage ``r`` runs ``m`` micro-batches; per micro-batch it spends ``c_r``::
+
+    c_r = compute_r + tp_r + ep_r + pp_r
+    compute_r = Σ_layers (1 + 2 + ρ)·t_pass(layer)       forward 1 pass, backward 2, recompute ρ (full: 1;
+              + [r = 0]·3·t_pass(embedding)             selective: the attention core only; none: 0)
+              + [r = p-1]·3·t_pass(output + loss)        (not recomputed)
+    tp_r, ep_r = Σ over the TP/SP and EP calls the stage issues per micro-batch of ``bw.time(call)``
+    pp_r       = (number of sends per micro-batch)·bw.time(send, p2p bytes)
+
+Each call is timed for its group as placed by Megatron's rank order (TP fastest, then EP/DP, then PP) on nodes
+of ``gpus_per_node`` consecutive ranks (:func:`ranks_per_node`): a TP group larger than a node (TP 16 on
+8-GPU nodes) is timed as an inter-node collective, a pipeline send as inter-node once ``tp·dp·pp`` spans nodes.
+
+The pipeline (1F1B, GPipe and interleaved 1F1B with ``v`` chunks; Narayanan et al. 2021)::
+
+    T_pipe = m·c_crit + bubble,   c_crit = max_r c_r,   bubble = (Σ_r c_r − c_crit) / v
+
+which for equal stages is Megatron-LM's ``(m + (p − 1)/v)·c``; unequal stages (the first holds the embedding,
+the last the output layer and the loss) make the slowest stage set the pace. Then, once per iteration::
+
+    T = T_pipe + dp_exposed + optimizer
+    dp_exposed = max over stages of the gradient reduction (all-reduce, or reduce-scatter + parameter
+                 all-gather with the distributed optimizer) + SP norm all-reduce + tied-embedding all-reduce,
+                 minus, for the last stage, the (p − 1) backward steps it finishes ahead of stage 0; with
+                 ``overlap_grad_reduce`` all but the last micro-batch's backward hides it (Megatron-LM's
+                 bucketed overlap): exposed = max(0, dp − backward of one micro-batch)
+    optimizer  = bytes_per_param · params_on_gpu / HBM bandwidth      (Adam, :data:`ADAM_BYTES_PER_PARAM`)
+
+``exposed_comm_s = tp + ep + pp (each m·on the critical stage) + dp_exposed``; ``comm_overhead =
+exposed_comm_s / total_s``. The pipeline bubble is reported on its own (idle, not communication).
+
+What is sent is the predictor's (:mod:`llmcomm.predict`): :func:`comm_items` writes its per-stage calls in
+closed form for speed, and ``tests/test_overhead_bytes.py`` checks them equal, byte for byte and call for
+call, to the predictor's stage programs over many configurations. Times come from a
+:class:`~llmcomm.overhead.bandwidth.Bandwidth` (``time(op, bytes, group_size, ranks_per_node)``) and a
+:class:`~llmcomm.overhead.utilization.Utilization`; both default to the kit's shipped calibration.
+
+Not modelled (rejected with :class:`ConfigError`): context parallelism and FSDP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+from ..specs import DTYPE_BYTES, Cluster, ModelSpec, ParallelConfig, validate
+from . import utilization as U
+
+ADAM_BYTES_PER_PARAM = 40  # read fp32 grad, master, m, v (16) + write master, m, v, half copy (14)
+#                           + fp16->fp32 gradient copy (6) + gradient-norm read (4)
+TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "ep_comm_s", "pp_comm_s", "bubble_s",
+         "dp_comm_s", "optimizer_s")
+COMM_TERMS = ("tp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s")
+CANDIDATE_DEFAULTS: dict[str, Any] = {
+    "ep": 1, "vpp": 1, "micro_batch": 1, "sp": False, "recompute": "none", "schedule": "1f1b",
+    "distributed_optimizer": False, "act_dtype": "bf16", "grad_reduce_dtype": "fp32", "param_dtype": "bf16",
+    "create_attention_mask_in_dataloader": True, "moe_aux_loss_coeff": 0.0,
+}
+RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
+CLASSES = ("first", "mid", "last")
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Seconds per iteration by named term (:data:`TERMS`); see the module docstring for each formula."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    tp_comm_s: float
+    ep_comm_s: float
+    pp_comm_s: float
+    bubble_s: float
+    dp_comm_s: float
+    optimizer_s: float
+    dp_comm_total_s: float = 0.0  # the gradient reduction before overlap
+    critical_stage: str = ""
+
+    @property
+    def total_s(self) -> float:
+        return float(sum(getattr(self, t) for t in TERMS))
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.recompute_s
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return float(sum(getattr(self, t) for t in COMM_TERMS))
+
+    @property
+    def comm_overhead(self) -> float:
+        return self.exposed_comm_s / self.total_s
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per term: ``term``, ``seconds``, ``share`` of the total, ``kind`` (compute, comm, idle)."""
+        kind = {t: "comm" for t in COMM_TERMS} | {"bubble_s": "idle", "optimizer_s": "compute"}
+        rows = [(t.removesuffix("_s"), getattr(self, t), kind.get(t, "compute")) for t in TERMS]
+        df = pd.DataFrame(rows, columns=["term", "seconds", "kind"])
+        df["share"] = df["seconds"] / self.total_s
+        return df
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(total_s=self.total_s, exposed_comm_s=self.exposed_comm_s, comm_overhead=self.comm_overhead)
+        return d
+
+
+# --------------------------------------------------------------------------------------------- input
+def _candidates(model: ModelSpec, df: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Columns of ``df`` as arrays, defaults filled (:data:`CANDIDATE_DEFAULTS`), rules checked."""
+    for c in ("tp", "pp", "dp"):
+        if c not in df.columns:
+            raise ConfigError(f"candidates: missing column {c!r} (need tp, pp, dp; optional "
+                              f"{sorted(CANDIDATE_DEFAULTS) + ['global_batch', 'seq_len']})")
+    n = len(df)
+    cols: dict[str, np.ndarray] = {}
+
+    def col(name: str, default: Any) -> pd.Series:
+        if name not in df.columns:
+            return pd.Series(np.full(n, default, dtype=object if isinstance(default, str) else None))
+        v = df[name].reset_index(drop=True)
+        return v.fillna(default) if default is not None else v
+
+    for c in ("tp", "pp", "dp", "ep", "vpp", "micro_batch"):
+        s = col(c, CANDIDATE_DEFAULTS.get(c))
+        if s.isna().any():
+            raise ConfigError(f"candidates: column {c!r} has missing values")
+        cols[c] = s.to_numpy(np.int64)
+    gb = col("global_batch", None)
+    cols["global_batch"] = (np.where(gb.isna(), cols["micro_batch"] * cols["dp"], gb.fillna(0)).astype(np.int64)
+                            if "global_batch" in df.columns else cols["micro_batch"] * cols["dp"])
+    cols["seq_len"] = col("seq_len", model.seq_length).to_numpy(np.int64)
+    cols["sp"] = col("sp", False).to_numpy(bool)
+    cols["distributed_optimizer"] = col("distributed_optimizer", False).to_numpy(bool)
+    cols["attention_mask"] = col("create_attention_mask_in_dataloader", True).to_numpy(bool).astype(np.int64)
+    cols["moe_aux_loss_coeff"] = col("moe_aux_loss_coeff", 0.0).to_numpy(np.float64)
+    cols["act_is_fp16"] = (col("act_dtype", "bf16").astype(str).to_numpy() == "fp16").astype(np.int64)
+    rec = _map(col("recompute", "none"), RECOMPUTE_CODE)
+    if rec.isna().any():
+        raise ConfigError(f"candidates: column 'recompute' holds values outside {list(RECOMPUTE_CODE)}")
+    cols["recompute"] = rec.to_numpy(np.int64)
+    scat = pd.Categorical(col("schedule", "1f1b"))
+    su = np.asarray(scat.categories, dtype=str)
+    sched = np.append(su, "").astype(object)[scat.codes]
+    if (scat.codes < 0).any() or not np.isin(su, ("1f1b", "gpipe", "interleaved")).all():
+        raise ConfigError("candidates: column 'schedule' holds values outside ['1f1b', 'gpipe', 'interleaved']")
+    if ((sched == "gpipe") & (cols["vpp"] > 1)).any():
+        raise ConfigError("candidates: schedule 'gpipe' with vpp > 1 is not a Megatron-LM schedule")
+    for c in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
+        mapped = _map(col(c, CANDIDATE_DEFAULTS[c]), DTYPE_BYTES)
+        if mapped.isna().any():
+            raise ConfigError(f"candidates: column {c!r} holds a dtype outside {sorted(DTYPE_BYTES)}")
+        cols[c] = mapped.to_numpy(np.int64)
+    _check(model, cols)
+    return cols
+
+
+def _map(values: pd.Series, table: dict[str, Any]) -> pd.Series:
+    """``values.map(table)`` through the distinct values (fast for long columns of few strings)."""
+    cat = pd.Categorical(values)
+    codes = np.array([table.get(str(u), np.nan) for u in cat.categories] + [np.nan], dtype=np.float64)
+    return pd.Series(codes[cat.codes])
+
+
+def _check(model: ModelSpec, c: dict[str, np.ndarray]) -> None:
+    """The rules of :func:`llmcomm.specs.validate` the formulation needs, vectorized; the first broken rule
+    is raised with its row."""
+    tp, pp, dp, ep, v, b, gb = (c[k] for k in ("tp", "pp", "dp", "ep", "vpp", "micro_batch", "global_batch"))
+    rules = [
+        ((tp < 1) | (pp < 1) | (dp < 1) | (ep < 1) | (v < 1) | (b < 1) | (gb < 1) | (c["seq_len"] < 1),
+         "tp, pp, dp, ep, vpp, micro_batch, global_batch and seq_len must be positive integers"),
+        (model.num_attention_heads % tp != 0, f"tp must divide num_attention_heads={model.num_attention_heads}"),
+        (model.query_groups % tp != 0, f"tp must divide num_query_groups={model.query_groups}"),
+        (model.ffn_hidden_size % tp != 0, f"tp must divide ffn_hidden_size={model.ffn_hidden_size}"),
+        (model.num_layers % (pp * v) != 0, f"pp*vpp must divide num_layers={model.num_layers}"),
+        (gb % (b * dp) != 0, "micro_batch*dp must divide global_batch"),
+        (dp % ep != 0, "ep must divide dp"),
+        ((ep > 1) & (not model.is_moe), f"ep > 1 needs an MoE model; {model.name} is dense"),
+        ((model.num_experts % ep != 0) if model.is_moe else np.zeros(len(tp), bool),
+         f"ep must divide num_experts={model.num_experts}"),
+        (c["sp"] & (tp == 1), "sp needs tp > 1"),
+        (c["sp"] & (c["seq_len"] % tp != 0), "sp needs tp to divide seq_len"),
+        ((v > 1) & ((pp < 2) | ((gb // np.maximum(b * dp, 1)) % pp != 0)),
+         "vpp > 1 (interleaved) needs pp >= 2 and pp dividing the number of micro-batches"),
+        ((ep > 1) & (tp > 1) & ~c["sp"], "tp > 1 with ep > 1 needs sp (Megatron-LM)"),
+    ]
+    for bad, rule in rules:
+        bad = np.asarray(bad, dtype=bool)
+        if bad.any():
+            i = int(np.argmax(bad))
+            row = {k: (c[k][i].item() if hasattr(c[k][i], "item") else c[k][i]) for k in
+                   ("tp", "pp", "dp", "ep", "vpp", "micro_batch", "global_batch", "seq_len")}
+            raise ConfigError(f"{model.name}: candidate row {i} {row} breaks the rule: {rule}")
+
+
+# ------------------------------------------------------------------------------ group placement
+def ranks_per_node(size: np.ndarray, stride: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Members of a group of ``size`` ranks ``stride`` apart that share one node (Megatron order tp-ep-dp-pp,
+    nodes of ``gpus_per_node`` consecutive ranks): ``min(size, max(1, gpus_per_node // stride))``."""
+    return np.minimum(size, np.maximum(1, gpus_per_node // np.maximum(stride, 1)))
+
+
+# ------------------------------------------------------------------------- per-stage composition
+def _stage_layers(model: ModelSpec, pp: np.ndarray, v: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{class: (dense layers, MoE layers)}`` held by the first stage, the slowest middle stage (most MoE
+    layers) and the last stage."""
+    n = len(pp)
+    pat = np.asarray(model.moe_layer_pattern(), dtype=np.int64)
+    out = {c: (np.zeros(n, np.int64), np.zeros(n, np.int64)) for c in CLASSES}
+    for p_, v_ in set(zip(pp.tolist(), v.tolist(), strict=True)):
+        sel = (pp == p_) & (v == v_)
+        per = model.num_layers // (p_ * v_)
+        chunks = pat.reshape(p_ * v_, per).sum(axis=1)  # MoE layers per virtual stage
+        stage_moe = chunks.reshape(v_, p_).sum(axis=0)  # stage r holds virtual stages c·p + r
+        ls = per * v_
+        picks = {"first": stage_moe[0], "last": stage_moe[-1],
+                 "mid": stage_moe[1:-1].max() if p_ > 2 else 0}
+        for c, moe in picks.items():
+            out[c][0][sel] = ls - moe
+            out[c][1][sel] = moe
+    return out
+
+
+def _layer_split(model: ModelSpec, tp: np.ndarray, ep: np.ndarray, moe: bool) -> tuple[np.ndarray, ...]:
+    """:meth:`ModelSpec.layer_parameter_split` vectorized over ``tp``, ``ep``: (sharded, expert, replicated)."""
+    h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
+    k = 3 if model.gated_mlp else 2
+    rep = np.full(len(tp), 2 * model.norm_parameters(), np.int64)
+    sh = (h * a * d + 2 * h * g * d + a * d * h) // tp
+    if model.add_bias_linear or model.add_qkv_bias:
+        sh = sh + (a * d + 2 * g * d) // tp
+    if model.add_bias_linear:
+        rep = rep + h
+    ex = np.zeros(len(tp), np.int64)
+    if moe:
+        fe = model.expert_ffn_hidden_size
+        rep = rep + h * model.num_experts
+        ex = (model.num_experts // ep) * k * h * fe // tp
+        sh = sh + k * h * model.num_shared_experts * fe // tp
+    else:
+        sh = sh + k * h * model.ffn_hidden_size // tp
+        if model.add_bias_linear:
+            sh = sh + (k - 1) * model.ffn_hidden_size // tp
+            rep = rep + h
+    return sh, ex, rep
+
+
+def padded_vocab(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
+    """Megatron's padded vocabulary: a multiple of ``128·tp``."""
+    m = 128 * tp
+    return -(-model.vocab_size // m) * m
+
+
+@dataclass
+class CommItem:
+    """Calls of one kind a stage class issues: ``count`` calls (per micro-batch or per iteration) of
+    ``nbytes`` each, on a group of ``size`` ranks with ``rpn`` of them per node."""
+
+    term: str  # tp, ep, pp, dp
+    parallelism: str
+    op: str
+    phase: str
+    nbytes: np.ndarray
+    count: np.ndarray
+    size: np.ndarray
+    rpn: np.ndarray
+    per: str  # "microbatch" or "iteration"
+
+
+def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
+               gpus_per_node: int,
+               layers: tuple[np.ndarray, np.ndarray],
+               params: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> list[CommItem]:
+    """Every communication call of stage class ``cls`` (``first``, ``mid``, ``last``) in closed form, equal to
+    the predictor's stage program (:mod:`llmcomm.predict.program`) aggregated by ``count``::
+
+        per dense layer and micro-batch (A = b·s·h·act):  no SP: fwd 2 AR(A), bwd 2 AR(A)
+                                                          SP:    fwd 2 AG(A) + 2 RS(A), bwd 4 AG(A) + 2 RS(A)
+        per MoE layer: attention half of the above; ep > 1: 2 all-to-alls fwd and 2 bwd of
+                       T_local·topk·h·act; tp > 1: AG + RS of b·s·topk·h·act fwd and bwd; shared experts
+                       a dense block's calls
+        full recomputation: each layer's forward calls again in the backward phase
+        first stage: embedding fwd AR(A) (SP: RS(A)); SP: bwd AG(A)
+        last stage:  output fwd (SP: AG(A)) + 3 fp32 AR(4·b·s); bwd AR(A) (SP: 2 AG(A) + RS(A))
+        pipeline: sends fwd = v − [last], bwd = v − [first] (and as many receives), p2p bytes A (/tp with SP)
+        per iteration: DP gradient AR (dist. optimizer: RS + param AG) of the stage's dense and expert
+                       parameters, SP norm-gradient AR over TP, tied-embedding AR (pp > 1) on first/last
+    """
+    h = model.hidden_size
+    tp, pp, dp, ep, v = c["tp"], c["pp"], c["dp"], c["ep"], c["vpp"]
+    n = len(tp)
+    sp, full = c["sp"], c["recompute"] == 2
+    act, gby, pby = c["act_dtype"], c["grad_reduce_dtype"], c["param_dtype"]
+    T = c["micro_batch"] * c["seq_len"]
+    A = T * h * act
+    one = np.ones(n, np.int64)
+    holds_first, holds_last = holds_edges(cls, pp) if isinstance(cls, str) else cls
+    nd, nm = layers
+    tpon = (tp > 1).astype(np.int64)
+    rpn_tp = ranks_per_node(tp, one, gpus_per_node)
+    items: list[CommItem] = []
+
+    def tpc(op: str, phase: str, nbytes: np.ndarray, count: np.ndarray, par: str | None = None) -> None:
+        par = par or ("sp" if op in ("all_gather", "reduce_scatter") else "tp")
+        items.append(CommItem("tp", par, op, phase, nbytes, count * tpon, tp, rpn_tp, "microbatch"))
+
+    nsp, ysp = (~sp).astype(np.int64), sp.astype(np.int64)
+    fr = full.astype(np.int64)
+    # transformer blocks: dense layers have 2 blocks (attention, MLP), MoE layers 1 (+1 with shared experts)
+    blocks = 2 * nd + nm * (2 if model.num_shared_experts else 1)
+    tpc("all_reduce", "forward", A, blocks * nsp)
+    tpc("all_reduce", "backward", A, blocks * nsp * (1 + fr))
+    tpc("all_gather", "forward", A, blocks * ysp)
+    tpc("reduce_scatter", "forward", A, blocks * ysp)
+    tpc("all_gather", "backward", A, blocks * ysp * (2 + fr))
+    tpc("reduce_scatter", "backward", A, blocks * ysp * (1 + fr))
+    if model.is_moe:  # Megatron-LM's alltoall token dispatcher, expert TP = TP (llmcomm.predict.ep)
+        k, E = model.moe_router_topk, model.num_experts
+        local = np.where(sp, T // tp, T)
+        rec = 1 + fr  # forward calls, and again in the backward phase under full recomputation
+        tpep = tp * ep
+        cnt_on = (tpep > 1).astype(np.int64)
+        rpn_tpep = ranks_per_node(tpep, one, gpus_per_node)
+        items.append(CommItem("ep", "ep", "all_gather", "forward", tpep * E * 8, nm * cnt_on, tpep, rpn_tpep,
+                              "microbatch"))
+        items.append(CommItem("ep", "ep", "all_gather", "backward", tpep * E * 8, nm * cnt_on * fr, tpep,
+                              rpn_tpep, "microbatch"))
+        aux_on = (c["moe_aux_loss_coeff"] > 0).astype(np.int64) * tpon  # router token-count all-reduce
+        items.append(CommItem("ep", "ep", "all_reduce", "forward", 8 * E * one, nm * aux_on, tp, rpn_tp,
+                              "microbatch"))
+        items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, nm * aux_on * fr, tp, rpn_tp,
+                              "microbatch"))
+        # expert TP (= TP): forward AG tokens, AG probabilities, RS output; backward AG output, RS probs, RS tokens
+        rows = local * tp * k
+        tok, prb = rows * h * act, rows * act
+        tpc("all_gather", "forward", tok, nm)
+        tpc("all_gather", "forward", prb, nm)
+        tpc("reduce_scatter", "forward", tok, nm)
+        tpc("all_gather", "backward", tok, nm * rec)
+        tpc("all_gather", "backward", prb, nm * fr)
+        tpc("reduce_scatter", "backward", tok, nm * rec)
+        tpc("reduce_scatter", "backward", prb, nm)
+        split = np.rint(local * k * h * act / ep).astype(np.int64)
+        psplit = np.rint(local * k * act / ep).astype(np.int64)
+        epon = (ep > 1).astype(np.int64)
+        rpn_ep = ranks_per_node(ep, tp, gpus_per_node)
+        for nb, cnt in ((split * ep, 2), (psplit * ep, 1)):
+            items.append(CommItem("ep", "ep", "all_to_all", "forward", nb, cnt * nm * epon, ep, rpn_ep,
+                                  "microbatch"))
+            items.append(CommItem("ep", "ep", "all_to_all", "backward", nb, cnt * nm * epon * rec, ep, rpn_ep,
+                                  "microbatch"))
+    f, la = holds_first.astype(np.int64), holds_last.astype(np.int64)
+    # embedding: SP reduce-scatters only without learned positions (LanguageModelEmbedding), else all-reduce
+    rs_emb = ysp * int(model.position_embedding_type != "learned_absolute")
+    tpc("all_reduce", "forward", A, f * (1 - rs_emb))
+    tpc("reduce_scatter", "forward", A, f * rs_emb)
+    tpc("all_gather", "backward", A, f * ysp)
+    tpc("all_gather", "forward", A, la * ysp)
+    tpc("all_reduce", "forward", T * 4, 3 * la)
+    tpc("all_reduce", "backward", A, la * nsp)
+    tpc("all_gather", "backward", A, la * ysp)
+    tpc("reduce_scatter", "backward", A, la * ysp)
+    # batch broadcast over TP (get_batch_on_this_tp_rank) on the first and last virtual stage: int64 tokens,
+    # labels, positions (8·b·s each), fp32 loss mask (4·b·s), the bool attention mask (b·s·s) by default
+    both = holds_first & holds_last
+    n8 = 3 * both + 2 * (holds_first & ~holds_last) + 1 * (holds_last & ~holds_first)
+    tpc("broadcast", "forward", 8 * T, n8.astype(np.int64), "other")
+    tpc("broadcast", "forward", 4 * T, la, "other")
+    tpc("broadcast", "forward", T * c["seq_len"], (f | la) * c["attention_mask"], "other")
+    # pipeline
+    p2p = np.where(sp, T // tp, T) * h * act
+    rpn_pp = np.where(pp * tp * dp <= gpus_per_node, 2, 1)
+    ppon = (pp > 1).astype(np.int64)
+    for op, phase, cnt in (("send", "forward", v - la), ("recv", "forward", v - f),
+                           ("send", "backward", v - f), ("recv", "backward", v - la)):
+        items.append(CommItem("pp", "pp", op, phase, p2p, cnt * ppon, 2 * one, rpn_pp, "microbatch"))
+    # once per iteration
+    dense, expert, repl = params or _stage_params(model, c, nd, nm, holds_first, holds_last)
+    rpn_dp = ranks_per_node(dp, tp, gpus_per_node)
+    dpon = (dp > 1).astype(np.int64)
+    edp = dp // ep
+    edpon = ((edp > 1) & (expert > 0)).astype(np.int64)
+    rpn_edp = ranks_per_node(edp, tp * ep, gpus_per_node)
+    dist = c["distributed_optimizer"].astype(np.int64)
+    # one gradient buffer per model chunk (finish_grad_sync per chunk): v - 1 chunks of layers only, one with
+    # the stage's embedding / output layer when it holds them
+    vh = padded_vocab(model, tp) * h // tp
+    pos = ((model.max_position_embeddings or model.seq_length) * h
+           if model.position_embedding_type == "learned_absolute" else 0)
+    edge = (holds_first * (vh + pos)
+            + holds_last * (model.norm_parameters() + np.where((not model.tied_embeddings) | (pp > 1), vh, 0)))
+    has_edge = (holds_first | holds_last).astype(np.int64)
+    chunk_layers = (dense - edge) // v
+    chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge, has_edge))
+    for op, cnt in (("all_reduce", 1 - dist), ("reduce_scatter", dist)):
+        for nb, k_ in chunk_sizes:
+            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration"))
+        items.append(CommItem("dp", "dp", op, "optimizer", expert // v * gby, v * cnt * edpon, edp, rpn_edp,
+                              "iteration"))
+    items.append(CommItem("dp", "tp", "all_reduce", "optimizer", repl * gby, tpon * ysp * (repl > 0), tp, rpn_tp,
+                          "iteration"))
+    tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
+    emb = padded_vocab(model, tp) * h // tp
+    items.append(CommItem("dp", "pp", "all_reduce", "optimizer", emb * gby, tied.astype(np.int64), 2 * one,
+                          np.where(pp * tp * dp <= gpus_per_node, 2, 1), "iteration"))
+    for nb, k_ in chunk_sizes:
+        items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpon, dp, rpn_dp,
+                              "iteration"))
+    items.append(CommItem("dp", "dp", "all_gather", "optimizer", expert // v * pby, v * dist * edpon, edp, rpn_edp,
+                          "iteration"))
+    # per-iteration scalars (llmcomm.predict.scalars): fp16 found_inf + gradient norm over the gradient-statistics
+    # group (world with the distributed optimizer, else tp·pp), train_step's two over tp·pp, the loss report over
+    # DP on the last stage, MoE load-balancing metrics over pp, [tp], dp
+    world, mp = tp * pp * dp, tp * pp
+    gs = np.where(dist > 0, world, mp)
+    rpn_gs = np.where(gs <= gpus_per_node, gs, np.minimum(tp, gpus_per_node))
+    rpn_mp = np.where(mp <= gpus_per_node, mp, np.minimum(tp, gpus_per_node))
+    fp16 = (act == 2) & (c["act_is_fp16"] > 0)
+    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, (gs > 1) * (1 + fp16), gs, rpn_gs,
+                          "iteration"))
+    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, 2 * (mp > 1), mp, rpn_mp, "iteration"))
+    items.append(CommItem("dp", "dp", "all_reduce", "optimizer", 8 * one, la * dpon, dp, rpn_dp, "iteration"))
+    if model.is_moe:
+        nl = 4 * model.num_layers * one
+        rpn_pg = ranks_per_node(pp, tp * dp, gpus_per_node)
+        items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, ppon, pp, rpn_pg, "iteration"))
+        items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl,
+                              (c["moe_aux_loss_coeff"] > 0) * tpon, tp, rpn_tp, "iteration"))
+        items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, dpon, dp, rpn_dp, "iteration"))
+    return items
+
+
+def holds_edges(cls: str, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Whether stage class ``cls`` holds the first virtual stage (embedding) and the last (output layer)."""
+    n = len(pp)
+    if cls == "first":
+        return np.ones(n, bool), pp == 1
+    if cls == "mid":
+        return np.zeros(n, bool), np.zeros(n, bool)
+    return pp == 1, np.ones(n, bool)
+
+
+def _stage_params(model: ModelSpec, c: dict[str, np.ndarray], nd: np.ndarray, nm: np.ndarray,
+                  holds_first: np.ndarray, holds_last: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(dense, expert, replicated)`` parameters of one TP rank of a stage (:func:`llmcomm.predict.dp.
+    stage_parameters`): layers, plus the embedding on the first stage and the final norm and output layer
+    (untied, or tied with pp > 1) on the last."""
+    tp, ep, pp = c["tp"], c["ep"], c["pp"]
+    sh_d, _, rep_d = _layer_split(model, tp, ep, moe=False)
+    dense = nd * (sh_d + rep_d)
+    repl = nd * rep_d
+    expert = np.zeros(len(tp), np.int64)
+    if model.is_moe:
+        sh_m, ex_m, rep_m = _layer_split(model, tp, ep, moe=True)
+        dense = dense + nm * (sh_m + rep_m)
+        expert = nm * ex_m
+        repl = repl + nm * rep_m
+    vh = padded_vocab(model, tp) * model.hidden_size // tp
+    first = vh + ((model.max_position_embeddings or model.seq_length) * model.hidden_size
+                  if model.position_embedding_type == "learned_absolute" else 0)
+    dense = dense + holds_first * first
+    norm = model.norm_parameters()
+    out = norm + np.where((not model.tied_embeddings) | (pp > 1), vh, 0)
+    dense = dense + holds_last * out
+    repl = repl + holds_last * norm
+    return dense, expert, repl
+
+
+# ----------------------------------------------------------------------------------------- compute
+def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarray, np.ndarray],
+             holds_first: np.ndarray, holds_last: np.ndarray, peak: float, hbm: float) -> dict[str, np.ndarray]:
+    """Utilization features of one stage class per micro-batch: one pass of a dense layer (``Ld``) and of an
+    MoE layer (``Lm``), their attention cores (``Cd``, ``Cm``; selective recomputation), the embedding and
+    output layer's forward pass (``E``), the layer counts ``nd``, ``nm`` and the recompute flags."""
+    b, s, tp = c["micro_batch"], c["seq_len"], c["tp"]
+    h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
+    k = 3 if model.gated_mlp else 2
+    nd, nm = layers
+    fw = np.where(c["sp"], tp, 1)
+    Ld, Cd = U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak, hbm, fw)
+    Lm, Cm = np.zeros_like(Ld), np.zeros_like(Cd)
+    if model.is_moe:
+        fe = (model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size
+        Lm, Cm = U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw)
+        Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP)
+    E = (holds_first[:, None] * U.embedding_features(b, s, h, hbm)
+         + holds_last[:, None] * U.output_features(b, s, tp, h, padded_vocab(model, tp), peak, hbm))
+    return {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
+            "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
+            "sel": (c["recompute"] == 1).astype(np.float64)}
+
+
+def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(forward, backward, recompute)`` seconds per micro-batch of one stage class::
+
+        forward   = nd·t_pass(dense) + nm·t_pass(MoE) + work(embedding, output)
+        backward  = 2·forward                                  (twice the FLOPs, bytes and kernels)
+        recompute = full·(nd·t_pass(dense) + nm·t_pass(MoE)) + selective·work(attention cores)
+    """
+    layers = q["nd"] * util.layer_pass(q["Ld"]) + q["nm"] * util.layer_pass(q["Lm"])
+    fwd = layers + util.work(q["E"])
+    rec = q["full"] * layers + q["sel"] * (q["nd"] * util.work(q["Cd"]) + q["nm"] * util.work(q["Cm"]))
+    return fwd, 2.0 * fwd, rec
+
+
+def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
+    """The linear design (``(n, K)``) of forward + backward + recompute of one stage class per micro-batch,
+    each layer on the side of ``max`` that ``util`` puts it (for the fit)."""
+    Dd = U.Utilization.design(q["Ld"], util.launch_bound(q["Ld"]))
+    Dm = U.Utilization.design(q["Lm"], util.launch_bound(q["Lm"]))
+    layers = q["nd"][:, None] * Dd + q["nm"][:, None] * Dm
+    w = np.zeros(U.K)
+    w[[U.I["gemm"], U.I["mem"]]] = 1.0
+    core = q["sel"][:, None] * (q["nd"][:, None] * q["Cd"] + q["nm"][:, None] * q["Cm"]) * w
+    return (3.0 + q["full"][:, None]) * layers + 3.0 * q["E"] * w + core
+
+
+# ----------------------------------------------------------------------------------------- evaluate
+@dataclass
+class Stages:
+    """What does not depend on the utilization model: per stage class (``first``, ``mid``, ``last``) the
+    utilization features of one micro-batch (``q``, see :func:`_compute`) and
+    the communication seconds per micro-batch (``tp``, ``ep``, ``pp``) and per iteration (``dp``); plus the
+    optimizer's bytes, the micro-batch count ``m``, ``pp`` and ``vpp``."""
+
+    cls: dict[str, dict[str, np.ndarray]]
+    m: np.ndarray
+    pp: np.ndarray
+    vpp: np.ndarray
+    optimizer_bytes: np.ndarray
+    hbm: float
+
+
+def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwidth: Any) -> Stages:
+    """Features and communication times of every stage class (see :class:`Stages`)."""
+    n = len(c["tp"])
+    gpn = cluster.gpus_per_node
+    peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
+    pp = c["pp"]
+    layers = _stage_layers(model, pp, c["vpp"])
+    if isinstance(bandwidth, _Timer):
+        bandwidth.reset()
+    # the three stage classes stacked as 3n rows: one pass over the formulas instead of three
+    c3 = {k: np.concatenate([v, v, v]) for k, v in c.items()}
+    edges = [holds_edges(cls, pp) for cls in CLASSES]
+    hf3 = np.concatenate([e[0] for e in edges])
+    hl3 = np.concatenate([e[1] for e in edges])
+    layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
+               np.concatenate([layers[cls][1] for cls in CLASSES]))
+    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm)
+    params3 = _stage_params(model, c3, *layers3, hf3, hl3)
+    n3 = 3 * n
+    tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus")}
+    for it in comm_items(model, c3, (hf3, hl3), gpn, layers3, params3):
+        if it.op == "recv":  # a receive is the peer's send: timed once, on the sender
+            continue
+        live = it.count > 0
+        if not live.any():
+            continue
+        if live.all():
+            tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
+        else:
+            tt = np.zeros(n3)
+            tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
+        tot[it.term] += it.count * tt
+        tot[it.term + "_bus"] += it.count * bus_bytes(it.op, it.nbytes, it.size)
+    per_class: dict[str, dict[str, np.ndarray]] = {}
+    params = np.zeros(n)
+    dn3 = params3[0] + params3[1]
+    for i, cls in enumerate(CLASSES):
+        sl = slice(i * n, (i + 1) * n)
+        r: dict[str, Any] = {"q": {k: v[sl] for k, v in q3.items()}}
+        r.update({k: v[sl] for k, v in tot.items()})
+        per_class[cls] = r
+        exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
+        params = np.maximum(params, np.where(exists, dn3[sl], 0))
+    shard = np.where(c["distributed_optimizer"], c["dp"], 1)
+    m = c["global_batch"] // (c["micro_batch"] * c["dp"])
+    return Stages(per_class, m, pp, c["vpp"], ADAM_BYTES_PER_PARAM * params / shard, hbm)
+
+
+def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
+    """The terms of :data:`TERMS` from :class:`Stages` and a utilization model (module docstring)."""
+    pp, v, m = st.pp, st.vpp, st.m
+    n = len(pp)
+    per: dict[str, dict[str, np.ndarray]] = {}
+    for cls, r in st.cls.items():
+        fwd, bwd, rec = class_times(r["q"], util)
+        q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": r["tp"], "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
+             "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"]}
+        q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
+        per[cls] = q
+    first, mid, last = (per[k] for k in CLASSES)
+    has_mid, has_last = pp >= 3, pp >= 2
+    stage = np.stack([first["stage"], np.where(has_mid, mid["stage"], -np.inf),
+                      np.where(has_last, last["stage"], -np.inf)])
+    crit = np.argmax(stage, axis=0)
+    total_stage = (first["stage"] + np.where(has_mid, (pp - 2) * mid["stage"], 0)
+                   + np.where(has_last, last["stage"], 0))
+    ccrit = stage[crit, np.arange(n)]
+
+    def pick(key: str) -> np.ndarray:
+        return np.choose(crit, [first[key], mid[key], last[key]])
+
+    out = {"forward_s": m * pick("fwd"), "backward_s": m * pick("bwd"), "recompute_s": m * pick("rec"),
+           "tp_comm_s": m * pick("tp"), "ep_comm_s": m * pick("ep"), "pp_comm_s": m * pick("pp"),
+           "bubble_s": (total_stage - ccrit) / v}
+    # DP: stage 0 finishes its last backward last; stage r finishes r backward steps earlier
+    step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"]
+    dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
+    dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
+    if overlap_grad_reduce:
+        dp_exposed = np.maximum(0.0, dp_exposed - pick("bwd"))
+    out["dp_comm_s"] = dp_exposed
+    out["dp_comm_total_s"] = np.maximum(first["dp"], np.maximum(np.where(has_last, last["dp"], 0.0),
+                                                                np.where(has_mid, mid["dp"], 0.0)))
+    out["optimizer_s"] = st.optimizer_bytes / st.hbm / util.scale
+    out["comm_bus_bytes"] = m * pick("bus") + st.cls["first"]["dp_bus"]  # + stage 0's gradient reduction
+    out["critical"] = np.asarray(CLASSES)[crit]
+    out["critical_index"] = crit
+    out["num_microbatches"] = m
+    return out
+
+
+def bus_bytes(op: str, nbytes: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """nccl-tests bus bytes of one call: ``f_op(n)·bytes`` (all-reduce ``2(n−1)/n``, gather/scatter/all-to-all
+    ``(n−1)/n``, send 1)."""
+    n = np.maximum(np.asarray(size, dtype=np.float64), 1.0)
+    f = 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n if op in (
+        "all_gather", "reduce_scatter", "all_to_all") else np.ones_like(n)
+    return f * nbytes
+
+
+def _evaluate(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwidth: Any,
+              util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
+    return combine(stages(model, c, cluster, bandwidth), util, overlap_grad_reduce)
+
+
+class _Timer:
+    """Times calls through a bandwidth model, caching its per-regime parameters.
+
+    With a :class:`~llmcomm.overhead.bandwidth.Bandwidth` the regime ``(x_lo, α, β)`` of each (op, group
+    size, ranks per node) is looked up once and every call is evaluated by the same piecewise expression as
+    ``Bandwidth.time`` (``bandwidth.eval_pieces``; checked equal in ``tests/test_overhead_iteration.py``); any
+    other object with a ``time(op, nbytes, group_size, ranks_per_node)`` method is called as it is."""
+
+    def __init__(self, bandwidth: Any) -> None:
+        self.bw = bandwidth
+        self.fast = hasattr(bandwidth, "regime")
+        self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
+
+    def reset(self) -> None:
+        """Forget the grouping of rows by (group size, ranks per node) cached for the current arrays."""
+        self.groups.clear()
+
+    def time(self, op: str, nbytes: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+        if not self.fast:
+            return np.asarray(self.bw.time(op, nbytes, n, k), dtype=np.float64)
+        from .bandwidth import bus_factor, eval_pieces
+
+        if len(n) == 1:
+            nn, kk = int(n[0]), int(k[0])
+            if nn == 1:
+                return np.zeros(1)
+            reg = self.cache.get((op, nn, kk))
+            if reg is None:
+                reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+            return eval_pieces(bus_factor(op, n) * np.asarray(nbytes, dtype=np.float64), *reg)[0]
+        nbytes = np.asarray(nbytes, dtype=np.float64)
+        n = np.asarray(n, dtype=np.int64)
+        k = np.asarray(k, dtype=np.int64)
+        x = bus_factor(op, n) * nbytes
+        out = np.zeros(len(x))
+        hit = self.groups.get((id(n), id(k)))
+        if hit is not None and hit[0] is n and hit[1] is k:
+            uniq, inv = hit[2], hit[3]
+        else:
+            key = n * (1 << 20) + k
+            if len(key) and (key == key[0]).all():
+                uniq, inv = key[:1], np.zeros(len(key), np.int64)
+            else:
+                uniq, inv = np.unique(key, return_inverse=True)
+            self.groups[(id(n), id(k))] = (n, k, uniq, inv)
+        for i, u in enumerate(uniq.tolist()):
+            nn, kk = u >> 20, u & ((1 << 20) - 1)
+            if nn == 1:
+                continue
+            reg = self.cache.get((op, nn, kk))
+            if reg is None:
+                reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+            x_lo, alpha, beta = reg
+            sel = slice(None) if len(uniq) == 1 else inv == i
+            out[sel] = eval_pieces(x[sel], x_lo, alpha, beta)[0]
+        return out
+
+
+_TIMERS: dict[int, tuple[Any, _Timer]] = {}
+_DEFAULT_BW: dict[Cluster, Any] = {}
+
+
+def _timer(bandwidth: Any) -> _Timer:
+    hit = _TIMERS.get(id(bandwidth))
+    if hit is None or hit[0] is not bandwidth:
+        if len(_TIMERS) > 64:
+            _TIMERS.clear()
+        hit = _TIMERS[id(bandwidth)] = (bandwidth, _Timer(bandwidth))
+    return hit[1]
+
+
+def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None) -> tuple[Any, U.Utilization]:
+    """The bandwidth model (``None``: the shipped calibration carried to ``cluster``) wrapped in a caching
+    :class:`_Timer`, and the utilization model (``None``: the shipped one)."""
+    if bandwidth is None:
+        bandwidth = _DEFAULT_BW.get(cluster)
+        if bandwidth is None:
+            from .bandwidth import Bandwidth
+
+            bandwidth = _DEFAULT_BW[cluster] = Bandwidth.default(cluster)
+    return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
+
+
+def _unsupported(df: pd.DataFrame) -> None:
+    for col in ("cp", "fsdp"):
+        if col in df.columns and (df[col].astype(int) > (1 if col == "cp" else 0)).any():
+            raise ConfigError(f"candidates: {col} is not modelled by the iteration-time formulation")
+    if "moe_token_dispatcher_type" in df.columns and (df["moe_token_dispatcher_type"] != "alltoall").any():
+        raise ConfigError("candidates: only the alltoall MoE token dispatcher is modelled")
+    if "etp" in df.columns and (df["etp"].notna() & (df["etp"] != df["tp"])).any():
+        raise ConfigError("candidates: an expert tensor-parallel size other than tp is not modelled")
+
+
+def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
+                    utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False
+                    ) -> pd.DataFrame:
+    """Evaluate a table of configurations with numpy: ``candidates`` holds ``tp, pp, dp`` and optionally
+    :data:`CANDIDATE_DEFAULTS`' columns, ``global_batch``, ``seq_len``; returns the candidates with every
+    term of :data:`TERMS`, ``total_s``, ``exposed_comm_s``, ``comm_overhead``, ``critical`` (stage class) and
+    ``num_microbatches``. Raises :class:`ConfigError` naming the first row that breaks a rule."""
+    _unsupported(candidates)
+    c = _candidates(model, candidates)
+    bw, ut = _resolve(cluster, bandwidth, utilization)
+    r = _evaluate(model, c, cluster, bw, ut, overlap_grad_reduce)
+    out = candidates.reset_index(drop=True).copy()
+    for t in (*TERMS, "dp_comm_total_s", "critical", "num_microbatches", "comm_bus_bytes"):
+        out[t] = r[t]
+    out["total_s"] = sum(r[t] for t in TERMS)
+    out["exposed_comm_s"] = sum(r[t] for t in COMM_TERMS)
+    out["comm_overhead"] = out["exposed_comm_s"] / out["total_s"]
+    return out
+
+
+def parallel_row(parallel: ParallelConfig) -> dict[str, Any]:
+    """A :class:`ParallelConfig` as one candidate row."""
+    return {"tp": parallel.tp, "pp": parallel.pp, "dp": parallel.dp, "ep": parallel.ep, "vpp": parallel.vpp,
+            "micro_batch": parallel.micro_batch, "global_batch": parallel.global_batch,
+            "seq_len": parallel.seq_len, "sp": parallel.sp, "recompute": parallel.recompute,
+            "schedule": parallel.schedule, "distributed_optimizer": parallel.distributed_optimizer,
+            "act_dtype": parallel.act_dtype, "grad_reduce_dtype": parallel.grad_reduce_dtype,
+            "param_dtype": parallel.param_dtype,
+            "create_attention_mask_in_dataloader": parallel.create_attention_mask_in_dataloader,
+            "moe_aux_loss_coeff": parallel.moe_aux_loss_coeff}
+
+
+def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandwidth: Any = None,
+                   utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False) -> Breakdown:
+    """The :class:`Breakdown` of one configuration (the formulation of the module docstring). Raises
+    :class:`ConfigError` when the model and configuration break a rule, when the cluster has fewer GPUs than
+    the configuration needs, or when the parameter state alone (2 + 2 + 12 bytes per parameter, the 12
+    divided by ``dp`` with the distributed optimizer) exceeds the GPU memory."""
+    if parallel.cp > 1 or parallel.fsdp:
+        raise ConfigError("cp > 1 and fsdp are not modelled by the iteration-time formulation")
+    if parallel.moe_token_dispatcher_type != "alltoall" and model.is_moe:
+        raise ConfigError("only the alltoall MoE token dispatcher is modelled by the iteration-time formulation")
+    if parallel.expert_tp != parallel.tp and model.is_moe:
+        raise ConfigError("an expert tensor-parallel size (etp) other than tp is not modelled")
+    overlap_grad_reduce = overlap_grad_reduce or parallel.overlap_grad_reduce
+    validate(model, parallel)
+    if cluster.num_gpus is not None and parallel.world_size > cluster.num_gpus:
+        raise ConfigError(f"tp*pp*dp={parallel.world_size} GPUs but cluster {cluster.name} holds "
+                          f"{cluster.num_gpus}")
+    c = _single(model, parallel)
+    bw, ut = _resolve(cluster, bandwidth, utilization)
+    state = _state_bytes(model, c)
+    if state[0] > cluster.gpu_memory_bytes:
+        raise ConfigError(f"{model.name} under tp={parallel.tp} pp={parallel.pp} needs {state[0] / 1e9:.1f} GB "
+                          f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "
+                          f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
+    r = _evaluate(model, c, cluster, bw, ut, overlap_grad_reduce)
+    return Breakdown(**{t: float(r[t][0]) for t in (*TERMS, "dp_comm_total_s")}, critical_stage=str(r["critical"][0]))
+
+
+def _single(model: ModelSpec, p: ParallelConfig) -> dict[str, np.ndarray]:
+    """One validated :class:`ParallelConfig` as the arrays :func:`_candidates` builds (without pandas)."""
+    if p.schedule == "gpipe" and p.vpp > 1:
+        raise ConfigError("schedule 'gpipe' with vpp > 1 is not a Megatron-LM schedule")
+    if p.ep > 1 and p.tp > 1 and not p.sp:
+        raise ConfigError("tp > 1 with ep > 1 needs sp (Megatron-LM)")
+    i64 = {k: np.array([v], np.int64) for k, v in (
+        ("tp", p.tp), ("pp", p.pp), ("dp", p.dp), ("ep", p.ep), ("vpp", p.vpp), ("micro_batch", p.micro_batch),
+        ("global_batch", p.global_batch), ("seq_len", p.sequence_length(model)),
+        ("recompute", RECOMPUTE_CODE[p.recompute]), ("act_dtype", DTYPE_BYTES[p.act_dtype]),
+        ("grad_reduce_dtype", DTYPE_BYTES[p.grad_reduce_dtype]), ("param_dtype", DTYPE_BYTES[p.param_dtype]))}
+    i64["sp"] = np.array([p.sp])
+    i64["distributed_optimizer"] = np.array([p.distributed_optimizer])
+    i64["attention_mask"] = np.array([int(p.create_attention_mask_in_dataloader)])
+    i64["moe_aux_loss_coeff"] = np.array([float(p.moe_aux_loss_coeff)])
+    i64["act_is_fp16"] = np.array([int(p.act_dtype == "fp16")])
+    return i64
+
+
+def _state_bytes(model: ModelSpec, c: dict[str, np.ndarray]) -> np.ndarray:
+    """Lower bound of memory per GPU: parameters of the largest stage × (2 weights + 2 gradients + 12 Adam
+    state; the 12 sharded over dp with the distributed optimizer), the ZeRO paper's 2 + 2 + 12."""
+    n = len(c["tp"])
+    pp = c["pp"]
+    layers = _stage_layers(model, pp, c["vpp"])
+    best = np.zeros(n)
+    for cls, hf, hl in (("first", np.ones(n, bool), pp == 1), ("last", pp == 1, np.ones(n, bool))):
+        dn, ex, _ = _stage_params(model, c, *layers[cls], hf, hl)
+        best = np.maximum(best, (dn + ex).astype(np.float64))
+    opt = np.where(c["distributed_optimizer"], 12.0 / c["dp"], 12.0)
+    return best * (4.0 + opt)

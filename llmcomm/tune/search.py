@@ -1,0 +1,221 @@
+"""ConfigTuner (finding F7): rank every valid configuration of a model on a cluster by the iteration-time
+formulation, after dropping those that do not fit in GPU memory, and prune the ones that cannot win.
+
+``tune(model, gpus, cluster, global_batch)`` enumerates the space (:mod:`.space`), computes each candidate's
+memory (:func:`llmcomm.overhead.memory.memory_table`) and evaluates the formulation
+(:func:`llmcomm.overhead.iteration.iteration_times`) on what remains. With ``prune=True`` it first removes
+candidates by rules that can never remove the optimum, each applied before any time is evaluated:
+
+``memory``
+    total bytes > ``memory_fraction`` · GPU memory. Not a heuristic: such a configuration cannot run. Applied
+    in both searches.
+``recompute-dominated``
+    among candidates equal in everything but ``recompute``, only the least recomputation that fits is kept.
+    Safe because the formulation's time is non-decreasing in recomputation (none ≤ selective ≤ full: each adds
+    forward work to the backward pass and full recomputation re-issues the forward TP calls) while nothing else
+    changes; ``tests/test_tune.py`` checks that monotonicity over many configurations.
+``same-as-without``
+    the distributed optimizer with ``dp = 1`` shards nothing and issues the same calls as without it: an exact
+    tie, so only one copy is evaluated.
+
+The pruned search returns the same optimum as the exhaustive one (property test over random catalogue models,
+GPU counts and batches); ``TuneResult.stats`` counts what each search enumerated, pruned and evaluated.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
+from .space import SearchSpace, divisors, enumerate_candidates
+
+RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
+CONFIG_COLUMNS = ["tp", "pp", "dp", "ep", "micro_batch", "vpp", "sp", "recompute", "distributed_optimizer"]
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """``table``: every evaluated candidate that fits, fastest first, with its predicted terms, memory and
+    throughput; ``pruned``: the rest, each with the ``rule`` that removed it; ``stats``: counts and wall time."""
+
+    table: pd.DataFrame
+    pruned: pd.DataFrame
+    stats: dict[str, Any]
+    model: ModelSpec
+    cluster: Cluster
+    gpus: int
+    global_batch: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def best(self) -> pd.Series:
+        return self.table.iloc[0]
+
+    def best_parallel(self) -> ParallelConfig:
+        return to_parallel(self.best)
+
+    def top(self, n: int = 10) -> pd.DataFrame:
+        cols = [*CONFIG_COLUMNS, "total_s", "comm_overhead", "tflops_per_gpu", "total_bytes"]
+        return self.table.head(n)[cols]
+
+
+def to_parallel(row: pd.Series | dict) -> ParallelConfig:
+    """A candidate row as a :class:`ParallelConfig`."""
+    r = dict(row)
+    return ParallelConfig(
+        tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), ep=int(r.get("ep", 1)), vpp=int(r.get("vpp", 1)),
+        sp=bool(r.get("sp", False)), micro_batch=int(r["micro_batch"]), global_batch=int(r["global_batch"]),
+        seq_len=int(r["seq_len"]) if r.get("seq_len") is not None else None,
+        recompute=str(r.get("recompute", "none")), distributed_optimizer=bool(r.get("distributed_optimizer", False)),
+        schedule="interleaved" if int(r.get("vpp", 1)) > 1 else "1f1b")
+
+
+# ------------------------------------------------------------------------------------------- rules
+def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
+    """Rows whose recomputation is above the least one that fits among rows equal in everything else."""
+    level = cands["recompute"].map(RECOMPUTE_LEVEL).to_numpy()
+    key = [c for c in CONFIG_COLUMNS if c != "recompute"]
+    least = pd.Series(level, index=cands.index).groupby([cands[c] for c in key], sort=False).transform("min")
+    return level > least.to_numpy()
+
+
+def same_as_without(cands: pd.DataFrame) -> np.ndarray:
+    """The distributed optimizer where it shards nothing (dp = 1): an exact copy of the row without it."""
+    return (cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() == 1))
+
+
+# ----------------------------------------------------------------------------------- explanations
+def has_split(model: ModelSpec, gpus: int, global_batch: int) -> bool:
+    """Whether some tp·pp·dp = ``gpus`` satisfies the divisibility rules of :mod:`.space` (a quick check)."""
+    for tp in divisors(gpus):
+        if model.num_attention_heads % tp or model.query_groups % tp or model.ffn_hidden_size % tp:
+            continue
+        if any(model.num_layers % pp == 0 and global_batch % (gpus // (tp * pp)) == 0
+               for pp in divisors(gpus // tp)):
+            return True
+    return False
+
+
+def _no_split_error(model: ModelSpec, gpus: int, global_batch: int) -> ConfigError:
+    near = [n for n in range(max(1, gpus // 2), gpus * 2 + 1) if has_split(model, n, global_batch)]
+    closest = sorted(near, key=lambda n: (abs(n - gpus), n))[:4]
+    dps = sorted({gpus // (t * p) for t in divisors(gpus) for p in divisors(gpus // t)})
+    return ConfigError(
+        f"{model.name} on {gpus} GPUs with global batch {global_batch}: no tp·pp·dp split is valid (tp must "
+        f"divide {model.num_attention_heads} heads, pp the {model.num_layers} layers, dp the global batch; "
+        f"possible dp sizes {dps[:12]}); GPU counts that work with this batch: {closest}")
+
+
+def _does_not_fit_error(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: int, seq_len: int,
+                        space: SearchSpace, memory_fraction: float, least: float) -> ConfigError:
+    from ..overhead.memory import memory_table
+
+    budget = memory_fraction * cluster.gpu_memory_bytes
+    fits_at = None
+    for factor in (2, 4, 8, 16, 32, 64, 128, 256):
+        cands = enumerate_candidates(model, gpus * factor, global_batch, seq_len, space)
+        if len(cands) and (memory_table(model, cands)["total_bytes"] <= budget).any():
+            fits_at = gpus * factor
+            break
+    hint = (f"; with global batch {global_batch} the smallest power-of-two multiple of {gpus} GPUs on which a "
+            f"configuration fits is {fits_at}" if fits_at else f"; it does not fit on {gpus * 256} GPUs either")
+    return ConfigError(
+        f"{model.name} does not fit on {gpus} {cluster.gpu} GPUs: the least memory any configuration needs is "
+        f"{least / 1e9:.1f} GB per GPU, above {memory_fraction:.0%} of {cluster.gpu_memory_bytes / 1e9:.0f} GB"
+        + hint)
+
+
+# ------------------------------------------------------------------------------------------ search
+def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch: int, seq_len: int | None = None,
+         *, space: SearchSpace | dict | None = None, prune: bool = True, bandwidth: Any = None,
+         utilization: Any = None, memory_fraction: float = 0.9) -> TuneResult:
+    """Rank every valid configuration of ``model`` on ``gpus`` GPUs of ``cluster`` by predicted iteration time.
+
+    ``memory_fraction``: the share of GPU memory a configuration may use (the rest is left to the CUDA context,
+    NCCL buffers and fragmentation). Raises :class:`ConfigError` saying what would work when no configuration
+    is valid or none fits."""
+    from ..overhead.iteration import iteration_times
+    from ..overhead.memory import memory_table
+
+    t0 = time.perf_counter()
+    model = load_model(model) if isinstance(model, str) else model
+    cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    if not isinstance(gpus, (int, np.integer)) or gpus < 1:
+        raise ConfigError(f"gpus={gpus!r} must be a positive integer")
+    if not isinstance(global_batch, (int, np.integer)) or global_batch < 1:
+        raise ConfigError(f"global_batch={global_batch!r} must be a positive integer")
+    if cluster.num_gpus is not None and cluster.num_gpus < gpus:
+        raise ConfigError(f"cluster {cluster.name} holds {cluster.num_gpus} GPUs, fewer than gpus={gpus}")
+    space = space if isinstance(space, SearchSpace) else SearchSpace.from_dict(space)
+    s = seq_len or model.seq_length
+    cands = enumerate_candidates(model, gpus, global_batch, s, space)
+    enumerated = len(cands)
+    if enumerated == 0:
+        raise _no_split_error(model, gpus, global_batch)
+    mem = memory_table(model, cands)
+    cands = pd.concat([cands, mem], axis=1)
+    budget = memory_fraction * cluster.gpu_memory_bytes
+    fits = cands["total_bytes"].to_numpy() <= budget
+    if not fits.any():
+        raise _does_not_fit_error(model, gpus, cluster, global_batch, s, space, memory_fraction,
+                                  float(cands["total_bytes"].min()))
+    removed = [cands[~fits].assign(rule="memory")]
+    kept = cands[fits]
+    if prune:
+        for rule, fn in (("recompute-dominated", recompute_dominated), ("same-as-without", same_as_without)):
+            drop = fn(kept)
+            removed.append(kept[drop].assign(rule=rule))
+            kept = kept[~drop]
+    t_eval = time.perf_counter()
+    cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
+    table = iteration_times(model, kept.reset_index(drop=True), cluster_n, bandwidth, utilization)
+    eval_s = time.perf_counter() - t_eval
+    flops = _iteration_flops(model, table)
+    table["tokens_per_s"] = table["global_batch"] * table["seq_len"] / table["total_s"]
+    table["tflops_per_gpu"] = flops / table["total_s"] / gpus / 1e12
+    table = table.sort_values(["total_s", "tp", "pp", "micro_batch"], kind="stable").reset_index(drop=True)
+    pruned = pd.concat(removed, ignore_index=True)
+    stats = {"enumerated": enumerated, "evaluated": len(table), "pruned": len(pruned),
+             "pruned_by_rule": pruned["rule"].value_counts().to_dict(), "prune": prune,
+             "wall_s": time.perf_counter() - t0, "evaluate_s": eval_s}
+    return TuneResult(table, pruned, stats, model, cluster_n, gpus, global_batch,
+                      {"seq_len": s, "memory_fraction": memory_fraction})
+
+
+def _iteration_flops(model: ModelSpec, table: pd.DataFrame) -> np.ndarray:
+    """Model FLOPs of one iteration, without recomputation (the useful work; Megatron-LM's MFU convention):
+    ``3 · B · s · (linear + attention + logits)`` per token."""
+    out = np.empty(len(table))
+    for seq, rows in table.groupby("seq_len").indices.items():
+        f = model.forward_flops(int(seq), model.padded_vocab_size(1))
+        out[rows] = 3.0 * table["global_batch"].to_numpy()[rows] * seq * f.total
+    return out
+
+
+def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: int, seq_len: int | None = None,
+                  memory_fraction: float = 0.9) -> dict[str, Any]:
+    """The configuration a Megatron-LM user would start from: TP = GPUs per node, the smallest PP that fits in
+    memory, micro-batch 1, no recomputation unless needed (then selective, then full), no distributed optimizer
+    unless needed."""
+    from ..overhead.memory import memory_table
+
+    tp = max(t for t in divisors(cluster.gpus_per_node) if model.num_attention_heads % t == 0
+             and model.ffn_hidden_size % t == 0 and gpus % t == 0)
+    space = SearchSpace(tp=(tp,), micro_batch=(1,), vpp=(1,), sp=(False,))
+    cands = enumerate_candidates(model, gpus, global_batch, seq_len, space)
+    if cands.empty:
+        raise _no_split_error(model, gpus, global_batch)
+    mem = memory_table(model, cands)["total_bytes"]
+    order = cands.assign(total_bytes=mem, level=cands["recompute"].map(RECOMPUTE_LEVEL)).sort_values(
+        ["pp", "level", "distributed_optimizer"], kind="stable")
+    ok = order[order["total_bytes"] <= memory_fraction * cluster.gpu_memory_bytes]
+    if ok.empty:
+        raise ConfigError(f"the rule of thumb (tp={tp}, micro-batch 1) fits {model.name} on no pipeline depth "
+                          f"of {gpus} GPUs")
+    return ok.iloc[0].drop(labels=["level"]).to_dict()

@@ -1,0 +1,143 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · GPU utilization: what a layer's work costs on one GPU (F5, first half)
+#
+# **Question.** Communication overhead depends on how fast the GPU finishes the work that communication could
+# hide behind. How much of its peak FLOP/s does a transformer layer's work reach, which factors of the
+# configuration set that (tokens per micro-batch, hidden size per TP rank, FFN and heads per TP rank), and how
+# does it extrapolate from the small models it can be measured on to GPT-3's hidden size of 12,288?
+#
+# **Data.** vTrain's 1,440 measured iteration times of GPT models trained with Megatron-DeepSpeed on one node
+# of 2–8 A100 GPUs (`vtrain/ground_truth_single.csv`: hidden 1,024 and 2,048, 12–24 layers, sequence 1,024,
+# every TP/DP/PP split, micro-batch 1–8, full recomputation, 1F1B). The multi-node file is not read here.
+
+# %% tags=["parameters"]
+out_dir = None  # None: the project's figures/
+cluster = "vtrain-a100"  # the cluster of the calibration data (data/clusters/vtrain-a100.yaml)
+refit_cv = True  # refit every leave-one-shape-out fold here (False: report the folds stored with the calibration)
+extrapolate_clusters = ["vtrain-a100", "h100-80g-ndr400"]
+hidden_sizes = [512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384]
+tps = [1, 2, 4, 8]
+tokens = 4096  # b·s of the extrapolated layer (micro-batch 2 at sequence 2,048)
+
+# %%
+import numpy as np
+import pandas as pd
+from IPython.display import display
+
+import llmcomm as lc
+from llmcomm import plots
+from llmcomm.overhead import Utilization, calibrate
+from llmcomm.overhead import figures as F
+from llmcomm.reproduce import Outputs
+
+plots.apply_style()
+out = Outputs("06_gpu_utilization", out_dir)
+
+# %% [markdown]
+# ## Method
+# The time of one *layer pass* (a forward pass is one pass, a backward pass two, a recomputed forward one more)
+# on one GPU is modelled as
+#
+# $$t_\text{pass} = \max\left(\theta_{Lg},\; \theta_\text{gemm}\,\frac{F_\text{gemm}+F_\text{attn}}{P}\right)
+# + \max\left(\theta_{Lm},\; \theta_\text{mem}\,\frac{B}{H}\right) + \theta_{tp}\log_2 tp$$
+#
+# with $F_\text{gemm} = 2bs\,(4h^2 + 2hf)/tp$ the layer's weight matmuls on one TP rank, $F_\text{attn} =
+# 4bs^2h/tp$ the attention core, $B = 2\,(16\,bsh + 2\,bsf/tp + 5\,b\,(a/tp)\,s^2)$ the bytes the elementwise
+# kernels move (LayerNorms, dropouts and residual adds on the full activation; bias-GeLU on the FFN activation;
+# softmax, mask and dropout on the scores), $P$ the GPU's peak FLOP/s and $H$ its memory bandwidth. Kernels run
+# asynchronously: a side of the pass whose GPU work is shorter than the host's time to launch it ($\theta_{Lg}$,
+# $\theta_{Lm}$) costs the launch time. The output layer and cross-entropy (vocabulary $V' = 50{,}304$) are
+# added on the last pipeline stage; the iteration is assembled by the formulation of notebook 07, with the
+# TP/PP/DP communication timed by the calibrated bandwidth model of notebook 05. With the critical pipeline stage
+# and the side of each `max` fixed, the measured time is linear in θ: weighted least squares (statsmodels WLS,
+# weights 1/T²), alternating with the reassignment until it repeats. No matmul can beat peak: $\theta_\text{gemm}
+# \ge 1$; fixed costs are $\ge 0$ — a coefficient below its bound is fixed at it.
+
+# %%
+util, prep = calibrate.calibrate(cv=refit_cv)
+shipped = Utilization.default()
+display(util.table().round(6))
+print(f"fitted on: {util.fitted_on}")
+same = np.allclose(util.coef, shipped.coef, rtol=1e-6, atol=1e-12)
+out.check("refit_equals_shipped_calibration", same, value=list(util.coef), expect=f"= {list(shipped.coef)}")
+for f, c in zip(util.table()["feature"], util.coef, strict=True):
+    out.value(f"theta_{f}", c)
+
+# %% [markdown]
+# ## How well it fits, and on rows it was not fitted on
+# Cross-validation holds out whole model shapes (each of the 8 (hidden, layers) shapes in turn), so a fold never
+# sees a row of the shape it predicts. A harder check fits on hidden 1,024 alone and predicts hidden 2,048.
+
+# %%
+metrics = util.metrics if refit_cv else shipped.metrics
+cv = metrics["cv_leave_one_shape_out"]
+display(pd.DataFrame(cv["folds"]).round(4))
+ins, ext = metrics["in_sample"], metrics["extrapolation_h1024_to_h2048"]
+print(f"in-sample MAPE {ins['mape']:.1%} (median {ins['median_ape']:.1%}, worst {ins['worst_ape']:.1%}); "
+      f"leave-one-shape-out MAPE {cv['mape']:.1%} (worst fold {cv['worst_fold_mape']:.1%}, worst row "
+      f"{cv['worst_ape']:.1%}); fit on hidden 1,024 -> hidden 2,048: MAPE {ext['mape']:.1%}")
+out.value("in_sample_mape", ins["mape"])
+out.value("cv_mape", cv["mape"])
+out.value("extrapolation_h1024_to_h2048_mape", ext["mape"])
+out.check("cv_mape_bound", cv["mape"] <= 0.08, value=cv["mape"], expect="<= 0.08 (today's 6.1%)")
+
+pred = prep.rows.assign(predicted_s=calibrate.predict(prep, util))
+fig = F.predicted_vs_measured(pred.assign(TP=pred["tp"]), hue="TP",
+                              title="single node, 1,440 runs (in sample)")
+out.figure(fig, "single_node_fit")
+
+# %% [markdown]
+# ## Which factors matter
+# Where one layer pass's time goes at the shapes of the calibration data and beyond it: at small per-GPU work
+# (small hidden size, high TP, micro-batch 1) both sides are launch-bound and the pass costs a fixed floor
+# whatever its FLOPs; as the work per GPU grows the matmuls take over.
+
+# %%
+shapes = [{"hidden": h, "heads": a, "tp": tp, "micro_batch": b}
+          for h, a in ((1024, 16), (2048, 16), (12288, 96)) for tp in (1, 8) for b in (1, 8)]
+comp = F.layer_components(util, lc.load_cluster(cluster), shapes=shapes, seq=1024)
+display(comp.round(3))
+floor_ms = (util.coef[2] + util.coef[3]) * 1e3
+print(f"launch floor per layer pass: {floor_ms:.2f} ms, i.e. {4 * floor_ms:.1f} ms per layer per micro-batch "
+      "with full recomputation (4 passes)")
+out.value("launch_floor_ms_per_pass", floor_ms)
+
+# %% [markdown]
+# ## How it extrapolates
+# The achieved FLOP/s of a GPT layer pass ($b\cdot s$ = `tokens`) as the hidden size grows, on the calibration
+# cluster and carried to H100 (FLOP terms scale with peak FLOP/s, byte terms with HBM bandwidth, launch costs
+# stay as measured). The curves rise out of the launch floor and saturate at $1/\theta_\text{gemm}$; they never
+# pass it, whatever the size.
+
+# %%
+import matplotlib.pyplot as plt
+
+fig, axes = plt.subplots(1, len(extrapolate_clusters), figsize=(5.2 * len(extrapolate_clusters), 3.9),
+                         sharey=True, squeeze=False)
+curves = {}
+for ax, name in zip(axes[0], extrapolate_clusters, strict=True):
+    c = lc.load_cluster(name)
+    curves[name] = F.layer_utilization(util, c, hidden=hidden_sizes, tps=tps, tokens=tokens)
+    F.utilization_curves(curves[name], limit=util.gemm_efficiency(), calibrated=(1024, 2048), ax=ax)
+    ax.set_title(f"{name} ({c.gpu})", fontsize=9)
+out.figure(fig, "utilization_extrapolation")
+a100 = curves[extrapolate_clusters[0]]
+at_12k = a100[a100["hidden"] == 12288].set_index("tp")["utilization"]
+print("achieved fraction of peak at hidden 12,288: " + ", ".join(f"TP {k}: {v:.0%}" for k, v in at_12k.items()))
+mono = all((np.diff(g.sort_values("hidden")["utilization"].to_numpy()) >= -1e-12).all()
+           for _, g in a100.groupby("tp"))
+out.check("saturates_below_limit", bool((a100["utilization"] <= util.gemm_efficiency() + 1e-12).all() and mono),
+          value=float(a100["utilization"].max()), expect=f"non-decreasing in h and <= {util.gemm_efficiency():.3f}")
+
+# %%
+out.save()

@@ -1,0 +1,193 @@
+"""The iteration-time formulation, term by term, against values computed by hand on a small configuration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from llmcomm.errors import ConfigError
+from llmcomm.overhead import Breakdown, Utilization, iteration_time, iteration_times
+from llmcomm.overhead.iteration import TERMS, ranks_per_node
+from llmcomm.specs import Cluster, ModelSpec, ParallelConfig
+
+CLUSTER = Cluster(name="test", gpus_per_node=8, gpu="NVIDIA H100 test", peak_bf16_flops=1e12,
+                  gpu_memory_bytes=80e9, intra_node_bandwidth=1e9, inter_node_bandwidth=1e9)
+MODEL = ModelSpec(name="small", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+                  vocab_size=128, add_bias_linear=True, position_embedding_type="learned_absolute",
+                  max_position_embeddings=32, seq_length=32)
+PAR = ParallelConfig(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4, recompute="full")
+GEMM_ONLY = Utilization(coef=(1.0, 0.0, 0.0, 0.0, 0.0))
+
+
+class StubBandwidth:
+    """1 µs per call plus 1 ns per byte, whatever the op and group (easy to add up by hand)."""
+
+    def time(self, op, nbytes, group_size, ranks_per_node):
+        return 1e-6 + np.asarray(nbytes, dtype=float) * 1e-9
+
+
+def call(nbytes: float) -> float:
+    return 1e-6 + nbytes * 1e-9
+
+
+def test_every_term_by_hand():
+    b = iteration_time(MODEL, PAR, CLUSTER, StubBandwidth(), GEMM_ONLY)
+    T, h = 32, 64
+    # one layer's forward FLOPs on one TP rank: weight matmuls + attention core
+    f_layer = 2 * T * (4 * h * h + 2 * h * 256) / 2 + 4 * T * T * 4 * 16 / 2
+    f_out = 2 * T * h * 256 / 2  # output layer, vocabulary padded to 128*tp = 256
+    fwd_first, fwd_last = 2 * f_layer / 1e12, (2 * f_layer + f_out) / 1e12
+    rec = 2 * f_layer / 1e12
+    A = T * h * 2  # activation bytes (bf16)
+    mask = T * T  # the bool attention mask of the batch broadcast
+    # 2 layers x (2 fwd + 2 recompute + 2 bwd) + embedding fwd; batch broadcast of tokens, positions, mask
+    tp_first = 13 * call(A) + 2 * call(8 * T) + call(mask)
+    # ... + output bwd AR + 3 fp32 cross-entropy ARs; broadcast of labels, loss mask, mask
+    tp_last = 13 * call(A) + 3 * call(T * 4) + call(8 * T) + call(4 * T) + call(mask)
+    pp_first = pp_last = call(A)  # one send per micro-batch (forward / backward)
+    c_first = fwd_first * 3 + rec + tp_first + pp_first
+    c_last = fwd_last * 3 + rec + tp_last + pp_last
+    assert c_last > c_first
+    m = 2
+    assert b.critical_stage == "last"
+    assert b.forward_s == pytest.approx(m * fwd_last, rel=1e-12)
+    assert b.backward_s == pytest.approx(m * 2 * fwd_last, rel=1e-12)
+    assert b.recompute_s == pytest.approx(m * rec, rel=1e-12)
+    assert b.tp_comm_s == pytest.approx(m * tp_last, rel=1e-12)
+    assert b.pp_comm_s == pytest.approx(m * pp_last, rel=1e-12)
+    assert b.ep_comm_s == 0.0
+    assert b.bubble_s == pytest.approx(c_first, rel=1e-12)
+    # DP (fp32 gradients): layer = 8192 + 96 (QKV bias) + 16384 + 128 (FC1 bias) sharded + 384 replicated
+    layer = 8192 + 96 + 16384 + 128 + 384
+    first = 2 * layer + 256 * 64 // 2 + 32 * 64  # + word embedding shard + learned positions
+    last = 2 * layer + 128 + 256 * 64 // 2  # + final norm + the last stage's copy of the tied embedding
+    emb = call(256 * 64 // 2 * 4)
+    scalars = 3 * call(4)  # gradient norm over tp·pp, train_step's two scalars over tp·pp
+    dp_first = call(first * 4) + emb + scalars
+    dp_last = call(last * 4) + emb + scalars + call(8)  # + the loss report over DP
+    assert b.dp_comm_total_s == pytest.approx(max(dp_first, dp_last), rel=1e-12)
+    assert b.dp_comm_s == pytest.approx(dp_first, rel=1e-12)
+    assert b.optimizer_s == pytest.approx(40 * first / 3.35e12, rel=1e-12)
+    assert b.total_s == pytest.approx(sum(getattr(b, t) for t in TERMS))
+    assert b.exposed_comm_s == pytest.approx(b.tp_comm_s + b.pp_comm_s + b.dp_comm_s)
+    assert b.comm_overhead == pytest.approx(b.exposed_comm_s / b.total_s)
+
+
+def test_launch_floor_and_memory_terms_by_hand():
+    """A layer pass is max(launch_gemm, gemm) + max(launch_mem, mem) + θ_tp·log2(tp)."""
+    u = Utilization(coef=(1.0, 1.0, 1e-3, 2e-3, 5e-4))
+    par = ParallelConfig(tp=2, pp=1, dp=1, micro_batch=1, global_batch=1, recompute="none")
+    b = iteration_time(MODEL, par, CLUSTER, StubBandwidth(), u)
+    # every layer pass is launch-bound at this size: 1e-3 + 2e-3 + 5e-4·log2(2)
+    per_pass = 1e-3 + 2e-3 + 5e-4
+    T, h, hbm = 32, 64, 3.35e12
+    f_out = 2 * T * h * 256 / 2 / 1e12
+    mem_edges = (2 * T * h + 20 * T * 256 / 2) / hbm  # embedding write + fp32 cross-entropy
+    assert b.forward_s == pytest.approx(4 * per_pass + f_out + mem_edges, rel=1e-12)
+    assert b.recompute_s == 0.0 and b.bubble_s == 0.0 and b.pp_comm_s == 0.0
+
+
+def test_recompute_modes_order_and_selective_is_attention_core():
+    rows = pd.DataFrame([{"tp": 2, "pp": 2, "dp": 2, "global_batch": 8, "recompute": r}
+                         for r in ("none", "selective", "full")])
+    out = iteration_times(MODEL, rows, CLUSTER, StubBandwidth(), GEMM_ONLY)
+    none, sel, full = out["recompute_s"]
+    assert none == 0 < sel < full
+    T = 32
+    core = 4 * T * T * 4 * 16 / 2 / 1e12  # attention core FLOPs of one layer
+    m = 4
+    assert sel == pytest.approx(m * 2 * core, rel=1e-12)  # 2 layers on the critical stage
+    assert (out["tp_comm_s"].iloc[2] > out["tp_comm_s"].iloc[0])  # full recompute repeats the forward ARs
+
+
+def test_schedules_bubble():
+    base = dict(tp=1, pp=4, dp=1, global_batch=8)
+    rows = pd.DataFrame([{**base, "schedule": "1f1b"}, {**base, "schedule": "gpipe"},
+                         {**base, "vpp": 2, "schedule": "interleaved", "global_batch": 8}])
+    m = ModelSpec(name="m8", num_layers=8, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+                  vocab_size=128, seq_length=32)
+    out = iteration_times(m, rows, CLUSTER, StubBandwidth(), GEMM_ONLY)
+    assert out["bubble_s"].iloc[0] == pytest.approx(out["bubble_s"].iloc[1])
+    assert out["bubble_s"].iloc[2] < out["bubble_s"].iloc[0]
+
+
+def test_single_equals_vectorized_and_frame():
+    b = iteration_time(MODEL, PAR, CLUSTER, StubBandwidth(), GEMM_ONLY)
+    row = pd.DataFrame([{"tp": 2, "pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 4, "recompute": "full"}])
+    v = iteration_times(MODEL, row, CLUSTER, StubBandwidth(), GEMM_ONLY).iloc[0]
+    for t in TERMS:
+        assert v[t] == pytest.approx(getattr(b, t), rel=1e-12)
+    f = b.to_frame()
+    assert list(f["term"]) == [t.removesuffix("_s") for t in TERMS]
+    assert f["seconds"].sum() == pytest.approx(b.total_s)
+    assert f["share"].sum() == pytest.approx(1.0)
+    assert isinstance(b, Breakdown) and b.to_dict()["comm_overhead"] == pytest.approx(b.comm_overhead)
+
+
+def test_overlap_hides_dp_behind_backward():
+    a = iteration_time(MODEL, PAR, CLUSTER, StubBandwidth(), GEMM_ONLY)
+    b = iteration_time(MODEL, PAR, CLUSTER, StubBandwidth(), GEMM_ONLY, overlap_grad_reduce=True)
+    assert b.dp_comm_s == pytest.approx(max(0.0, a.dp_comm_s - a.backward_s / 2))
+
+
+def test_ranks_per_node():
+    assert list(ranks_per_node(np.array([8, 16, 4, 32]), np.array([1, 1, 8, 2]), 8)) == [8, 8, 1, 4]
+
+
+def test_bad_input():
+    small = CLUSTER.with_nodes(1)
+    with pytest.raises(ConfigError, match="holds 8"):
+        iteration_time(MODEL, ParallelConfig(tp=2, pp=2, dp=4, global_batch=8), small, StubBandwidth(), GEMM_ONLY)
+    tiny = Cluster(name="tiny", gpus_per_node=8, gpu="x", peak_bf16_flops=1e12, gpu_memory_bytes=1e5,
+                   intra_node_bandwidth=1e9, inter_node_bandwidth=1e9)
+    with pytest.raises(ConfigError, match="optimizer state"):
+        iteration_time(MODEL, PAR, tiny, StubBandwidth(), GEMM_ONLY)
+    with pytest.raises(ConfigError, match="not modelled"):
+        iteration_time(MODEL, ParallelConfig(cp=2, global_batch=1), CLUSTER, StubBandwidth(), GEMM_ONLY)
+    with pytest.raises(ConfigError, match="row 1"):
+        iteration_times(MODEL, pd.DataFrame({"tp": [2, 3], "pp": [1, 1], "dp": [1, 1]}), CLUSTER,
+                        StubBandwidth(), GEMM_ONLY)
+    with pytest.raises(ConfigError, match="missing column"):
+        iteration_times(MODEL, pd.DataFrame({"tp": [2]}), CLUSTER, StubBandwidth(), GEMM_ONLY)
+    with pytest.raises(ConfigError, match="recompute"):
+        iteration_times(MODEL, pd.DataFrame({"tp": [2], "pp": [1], "dp": [1], "recompute": ["some"]}), CLUSTER,
+                        StubBandwidth(), GEMM_ONLY)
+
+
+def test_defaults_use_shipped_calibration():
+    b = iteration_time(MODEL, PAR, CLUSTER)
+    assert b.total_s > 0 and 0 < b.comm_overhead < 1
+
+
+def test_cached_timer_equals_bandwidth_time():
+    from llmcomm.overhead import Bandwidth
+    from llmcomm.overhead.iteration import _Timer
+    from llmcomm.specs import load_cluster
+
+    bw = Bandwidth.default(load_cluster("vtrain-a100"))
+    t = _Timer(bw)
+    rng = np.random.default_rng(0)
+    n = rng.choice([1, 2, 4, 8, 16, 64, 256], 500)
+    k = np.minimum(n, rng.choice([1, 2, 4, 8], 500))
+    nbytes = rng.integers(1, 2**31, 500).astype(float)
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send"):
+        np.testing.assert_allclose(t.time(op, nbytes, n, k), bw.time(op, nbytes, n, k), rtol=1e-12)
+
+
+def test_expert_all_to_all_by_hand():
+    """EP (alltoall dispatcher): per MoE layer and micro-batch, the token-count all-gather, dispatch, routing-
+    probability and combine all-to-alls forward and the three all-to-alls backward (uniform routing), the
+    forward ones repeated in the backward phase under full recomputation."""
+    moe = ModelSpec(name="small-moe", num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
+                    vocab_size=128, num_experts=4, moe_router_topk=2, seq_length=32, tied_embeddings=False)
+    tok = round(32 * 2 * 64 * 2 / 2) * 2  # per-peer split (T·topk·h·act/ep) times ep peers
+    prb = round(32 * 2 * 2 / 2) * 2  # routing probabilities (T·topk·act/ep per peer)
+    cnt = 1 * 2 * 4 * 8  # token counts: E int64 gathered over tp·ep
+    for rec, (n_tok, n_prb, n_cnt) in (("none", (4, 2, 1)), ("full", (6, 3, 2))):
+        par = ParallelConfig(tp=1, pp=1, dp=2, ep=2, micro_batch=1, global_batch=4, recompute=rec)
+        b = iteration_time(moe, par, CLUSTER, StubBandwidth(), GEMM_ONLY)
+        m = 2
+        per_layer = n_tok * call(tok) + n_prb * call(prb) + n_cnt * call(cnt)
+        assert b.ep_comm_s == pytest.approx(m * 2 * per_layer, rel=1e-12)
+        assert b.tp_comm_s == 0.0
