@@ -43,9 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", action="store_true", help="write a partitioned dataset even for a .parquet name")
     p.add_argument("--force", action="store_true", help="replace an existing dataset folder")
     p.add_argument("--workers", type=int, default=None,
-                   help="read rank files in parallel on N local Dask worker processes (needs llmcomm[scale])")
+                   help="read rank files in parallel on N local Dask worker processes (needs llmcomm[scale]; "
+                        "default: serially in this process)")
     p.add_argument("--scheduler", default=None,
-                   help="address of an existing dask.distributed scheduler to read rank files on")
+                   help="address of an existing dask.distributed scheduler to read rank files on (default: none)")
     p.add_argument("--bandwidth", action="store_true", help="read bandwidth measurements instead of traces")
     p.add_argument("--op", default=None,
                    help="collective of nccl-tests logs whose op cannot be inferred (default: from the log)")

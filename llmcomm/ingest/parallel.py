@@ -54,20 +54,16 @@ def map_tasks(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None =
     ``on_result``: each result is handed to it in item order as soon as it is ready and then dropped, so
     this process holds one result at a time (on Dask, finished ones wait on the workers); returns ``[]``."""
     items = list(items)
-    if on_result is not None:
-        serial = partial(_serial_stream, on_result=on_result)
-    else:
-        serial = None
     if workers is not None and workers < 1:
         raise ConfigError(f"workers={workers} must be >= 1")
     if scheduler is None and workers is None:
-        return serial(fn, items) if serial else [fn(x) for x in items]
+        return _serial(fn, items, on_result)
     if not dask_available():
         if scheduler is not None:
             raise ConfigError(f"scheduler={scheduler!r} needs dask.distributed (pip install llmcomm[scale])")
         warnings.warn("dask.distributed is not installed (pip install llmcomm[scale]); running serially",
                       stacklevel=2)
-        return serial(fn, items) if serial else [fn(x) for x in items]
+        return _serial(fn, items, on_result)
     if not items:
         return []
     from dask.distributed import Client, LocalCluster
@@ -85,7 +81,9 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def _serial_stream(fn: Callable[[T], R], items: list[T], on_result: Callable[[R], None]) -> list[R]:
+def _serial(fn: Callable[[T], R], items: list[T], on_result: Callable[[R], None] | None) -> list[R]:
+    if on_result is None:
+        return [fn(x) for x in items]
     for x in items:
         on_result(fn(x))
     return []
