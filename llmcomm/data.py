@@ -23,8 +23,9 @@ from pathlib import Path
 import yaml
 
 from .errors import DataError
+from .paths import data_dir
 
-MANIFEST = Path(__file__).resolve().parent.parent / "data" / "external.yaml"
+MANIFEST = data_dir() / "external.yaml"
 ENV_MIRROR = "LLMCOMM_EXTERNAL"
 ENV_CACHE = "LLMCOMM_CACHE"
 

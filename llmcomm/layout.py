@@ -32,9 +32,10 @@ import pandas as pd
 
 from .errors import ConfigError
 from .specs import ParallelConfig
+from .vocab import GROUP_PARALLELISMS, LAYOUT_GROUP_KINDS, RANK_DIMS
 
-DIMS = ("tp", "cp", "dp", "pp")
-PARALLELISMS = ("tp", "cp", "dp", "pp", "ep")
+DIMS = RANK_DIMS
+PARALLELISMS = GROUP_PARALLELISMS
 
 
 def parse_order(order: str) -> tuple[str, ...]:
@@ -71,7 +72,8 @@ class Layout:
 
     def size(self, dim: str) -> int:
         """Group size of a dimension or parallelism: ``tp``, ``cp``, ``dp``, ``pp``, ``ep``, ``edp`` (expert
-        data parallel, ``cp·dp/ep``) or ``dpcp`` (data parallel with CP folded in, ``cp·dp``)."""
+        data parallel, ``cp·dp/ep``) or ``dpcp`` (data parallel with CP folded in, ``cp·dp``); the group
+        kinds are :class:`llmcomm.vocab.GroupKind`."""
         if dim == "dpcp":
             return self.parallel.cp * self.parallel.dp
         if dim == "etp":
@@ -153,7 +155,9 @@ class Layout:
         """The process groups of one parallelism as an ``(n_groups, group_size)`` array of global ranks.
 
         Row order follows the lowest rank of each group; within a row, ranks follow the coordinate
-        (so for PP, the stage order; for TP, the shard order).
+        (so for PP, the stage order; for TP, the shard order). Besides the parallelisms, ``edp``, ``dpcp``
+        (see :meth:`size`) and ``emb`` (first and last stage of each PP group; the PP group itself when
+        ``pp == 1``).
         """
         if parallelism in DIMS:
             g = np.moveaxis(self._grid, self._axis(parallelism), -1).reshape(-1, self.size(parallelism))
@@ -173,6 +177,9 @@ class Layout:
             g = arr.reshape(-1, arr.shape[-1])
         elif parallelism == "dpcp":  # data parallel with CP folded in: ranks sharing tp and pp, by rank
             g = np.sort(self._grid_group(("cp", "dp")), axis=1)
+        elif parallelism == "emb":  # Megatron's embedding group: the first and last stage of each PP group
+            pp_groups = self.groups("pp")
+            g = pp_groups[:, [0, -1]] if pp_groups.shape[1] > 1 else pp_groups
         elif parallelism == "mp":  # Megatron's model-parallel group: tp x pp
             g = self._grid_group(("tp", "pp"))
         elif parallelism == "tpcp":
@@ -184,8 +191,7 @@ class Layout:
         elif parallelism == "world":
             g = np.arange(self.world_size, dtype=np.int64)[None, :]
         else:
-            raise ConfigError(f"parallelism={parallelism!r} is not one of "
-                              f"{PARALLELISMS + ('edp', 'dpcp', 'mp', 'tpcp', 'etp', 'tpep', 'world')}")
+            raise ConfigError(f"parallelism={parallelism!r} is not one of {LAYOUT_GROUP_KINDS}")
         return g[np.argsort(g.min(axis=1), kind="stable")]
 
     def _grid_group(self, dims: tuple[str, ...]) -> np.ndarray:
@@ -203,6 +209,22 @@ class Layout:
         if len(row) != 1:
             raise ConfigError(f"rank={rank} is outside the world of {self.world_size} ranks")
         return [int(x) for x in g[row[0]]]
+
+    @cached_property
+    def _group_lookup(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per group kind, built on first use: (:meth:`groups`, the row of each rank)."""
+        return {}
+
+    def group_rows(self, kind: str, ranks: np.ndarray) -> np.ndarray:
+        """The group of ``kind`` (any of :meth:`groups`' kinds) holding each rank of ``ranks``, as an array of
+        shape ``(len(ranks), group size)``; a rank in no group of that kind (a middle stage for ``emb``) gets
+        the first group. The groups and the rank -> row index are built once per layout and kind."""
+        hit = self._group_lookup.get(kind)
+        if hit is None:
+            g = self.groups(kind)
+            hit = self._group_lookup[kind] = (g, row_index(g, self.world_size))
+        g, row_of_rank = hit
+        return g[row_of_rank[np.asarray(ranks)]]
 
     def group_index(self, parallelism: str) -> np.ndarray:
         """For every rank, the row of :meth:`groups` that holds it (length ``world_size``)."""

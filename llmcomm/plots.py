@@ -65,7 +65,7 @@ def parameter_check(df: pd.DataFrame, ax: Axes | None = None, tolerance: float =
 
 
 # ================================================================================================
-# Communication matrices and traffic volumes (issue 3, llmcomm.predict). Appended block.
+# Communication matrices and traffic volumes
 # ================================================================================================
 def comm_matrix(matrix, gpus_per_node: int = 8, ax: Axes | None = None, title: str | None = None,  # noqa: ANN001
                 max_cells: int = 512, log: bool = True, cmap: str = "viridis") -> Axes:
@@ -168,7 +168,7 @@ def comm_matrix_grid(panels: list[tuple[str, object]], gpus_per_node: int = 8, n
 
 
 # ================================================================================================
-# Temporal pattern of recorded traces (issue 4, llmcomm.collect / llmcomm.analysis). Appended block.
+# Temporal pattern of recorded traces
 # ================================================================================================
 def comm_timeline(events: pd.DataFrame, ranks: list[int] | None = None, ax: Axes | None = None,
                   t0_ns: int | None = None, title: str | None = None, min_width_s: float = 2e-4) -> Axes:

@@ -22,8 +22,9 @@ import yaml
 
 from .atomic import write_bytes
 from .errors import LLMCommError
+from .paths import PROJECT_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = PROJECT_ROOT
 NOTEBOOKS = ROOT / "notebooks"
 PROFILES = ("full", "quick")
 

@@ -28,28 +28,34 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .paths import data_dir
+from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
+from .vocab import (
+    MOE_TOKEN_DISPATCHERS,
+    NORMALIZATIONS,
+    PIPELINE_SCHEDULES,
+    POSITION_EMBEDDINGS,
+    RECOMPUTE_MODES,
+    dtype_bytes,
+)
 
-DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-RECOMPUTE_MODES = ("none", "selective", "full")
-PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved")
-# Megatron-LM's --moe-token-dispatcher-type values (core/transformer/transformer_config.py); "flex" (DeepEP /
-# HybridEP kernels) is named so that it can be refused with a reason rather than as an unknown word
-MOE_TOKEN_DISPATCHERS = ("allgather", "alltoall", "flex")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
 
-def data_dir() -> Path:
-    """The project's ``data/`` folder (override with ``$LLMCOMM_DATA``)."""
-    env = os.environ.get("LLMCOMM_DATA")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "data"
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of a dtype name (``bf16`` -> 2)."""
+def _from_fields(cls: type, d: Mapping[str, Any], origin: str, what: str) -> Any:
+    """``cls(**d)`` for a frozen spec dataclass; unknown or missing fields and failed validation become a
+    :class:`ConfigError` that names ``origin`` and the field."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"{origin}: unknown {what} field(s) {unknown}; known fields: {sorted(known)}")
+    missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in d]
+    if missing:
+        raise ConfigError(f"{origin}: missing required {what} field(s) {missing}")
     try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise ConfigError(f"dtype={dtype!r} is not one of {sorted(DTYPE_BYTES)}") from None
+        return cls(**dict(d))
+    except (ConfigError, TypeError) as e:  # TypeError: e.g. a list where a number belongs
+        raise ConfigError(f"{origin}: {e}") from None
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -315,9 +321,9 @@ class ModelSpec:
                 f"model {self.name}: num_attention_heads={self.num_attention_heads} does not divide "
                 f"hidden_size={self.hidden_size} (set kv_channels)"
             )
-        if self.normalization not in ("LayerNorm", "RMSNorm"):
+        if self.normalization not in NORMALIZATIONS:
             raise ConfigError(f"model {self.name}: normalization={self.normalization!r} is not LayerNorm or RMSNorm")
-        if self.position_embedding_type not in ("rope", "learned_absolute", "none"):
+        if self.position_embedding_type not in POSITION_EMBEDDINGS:
             raise ConfigError(
                 f"model {self.name}: position_embedding_type={self.position_embedding_type!r} is not "
                 "rope, learned_absolute or none"
@@ -349,20 +355,7 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], origin: str = "<dict>") -> ModelSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"{origin}: unknown model field(s) {unknown}; known fields: {sorted(known)}")
-        missing = [f.name for f in dataclasses.fields(cls)
-                   if f.default is dataclasses.MISSING and f.name not in d]
-        if missing:
-            raise ConfigError(f"{origin}: missing required model field(s) {missing}")
-        try:
-            return cls(**dict(d))
-        except ConfigError as e:
-            raise ConfigError(f"{origin}: {e}") from None
-        except TypeError as e:  # e.g. a list where a number belongs
-            raise ConfigError(f"{origin}: {e}") from None
+        return _from_fields(cls, d, origin, "model")
 
 
 def model_catalogue_dir() -> Path:
@@ -561,14 +554,7 @@ class ParallelConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], origin: str = "<dict>") -> ParallelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"{origin}: unknown parallel field(s) {unknown}")
-        try:
-            return cls(**dict(d))
-        except ConfigError as e:
-            raise ConfigError(f"{origin}: {e}") from None
+        return _from_fields(cls, d, origin, "parallel")
 
 
 # ------------------------------------------------------------------------------------------- cluster
@@ -605,20 +591,6 @@ class Cluster:
     def for_world(self, world_size: int) -> Cluster:
         """This cluster sized to hold ``world_size`` GPUs (whole nodes)."""
         return self.with_nodes(max(1, math.ceil(world_size / self.gpus_per_node)))
-
-    def _check_vp_groups(self) -> None:
-        """Megatron-LM ``forward_backward_pipelining_with_interleaving`` (core/pipeline_parallel/schedules.py):
-        the micro-batch group ``n`` must satisfy ``pp <= n <= m``, and the last group ``m % n`` must be 0 or
-        at least ``pp``; ``m % pp != 0`` is allowed otherwise."""
-        m, n, p = self.num_microbatches, self.vp_group_size, self.pp
-        if not p <= n <= m:
-            raise ConfigError(
-                f"microbatch_group_size_per_vp_stage={n} must lie in [pp={p}, num_microbatches={m}] "
-                "(Megatron-LM's interleaved schedule)")
-        if 0 < m % n < p:
-            raise ConfigError(
-                f"num_microbatches={m} % microbatch_group_size_per_vp_stage={n} = {m % n} must be 0 or >= "
-                f"pp={p} (Megatron-LM's interleaved schedule: the last micro-batch group)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

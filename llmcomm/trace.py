@@ -8,7 +8,7 @@ functions compares them.
 reduce_scatter: the input before scattering; all_to_all: what this rank sends in total (per-peer sizes in
 ``split_bytes``, aligned with ``group``); send/recv: the tensor.
 
-``count`` (an extension of DESIGN.md's table) says how many identical calls a row stands for: 1 in an
+``count`` (see ARCHITECTURE.md's events table) says how many identical calls a row stands for: 1 in an
 expanded trace (recorded, imported, small predictions); more in the aggregated form a large prediction
 uses. Every derived quantity multiplies by it, so both forms give the same matrix and volumes.
 
@@ -47,39 +47,26 @@ import scipy.sparse as sp
 
 from .atomic import atomic_path
 from .errors import ConfigError, TraceFormatError
+from .vocab import (
+    ALGORITHMS,
+    COLLECTIVES,
+    EVENT_COLUMNS,
+    EVENT_DEFAULTS,
+    EVENTS_SCHEMA,
+    OPS,
+    PARALLELISM_TAGS,
+    PHASES,
+    POINT_TO_POINT,
+    ROUTING_SCHEMA,
+    TIME_COLUMNS,
+)
+from .vocab import ROUTING_KEY as _ROUTING_KEY
 
-PHASES = ("forward", "backward", "optimizer", "setup")
-PARALLELISM_TAGS = ("tp", "sp", "cp", "pp", "dp", "ep", "other")
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-ALGORITHMS = ("ring", "direct")
 _VOCABULARIES: dict[str, tuple[str, ...]] = {"phase": PHASES, "parallelism": PARALLELISM_TAGS, "op": OPS}
 META_KEY = b"llmcomm.meta"
+SCHEMA_VERSION_KEY = b"llmcomm.schema_version"
 SCHEMA_VERSION = 1
-
-EVENTS_SCHEMA = pa.schema([
-    pa.field("rank", pa.int32(), nullable=False),
-    pa.field("iteration", pa.int32(), nullable=False),
-    pa.field("microbatch", pa.int32(), nullable=False),
-    pa.field("layer", pa.int32(), nullable=False),
-    pa.field("phase", pa.string(), nullable=False),
-    pa.field("parallelism", pa.string(), nullable=False),
-    pa.field("op", pa.string(), nullable=False),
-    pa.field("group", pa.list_(pa.int32()), nullable=False),
-    pa.field("peer", pa.int32(), nullable=False),
-    pa.field("bytes", pa.int64(), nullable=False),
-    pa.field("dtype", pa.string(), nullable=False),
-    pa.field("split_bytes", pa.list_(pa.int64()), nullable=True),
-    pa.field("t_start_ns", pa.int64(), nullable=True),
-    pa.field("t_end_ns", pa.int64(), nullable=True),
-    pa.field("source", pa.string(), nullable=False),
-    pa.field("count", pa.int64(), nullable=False),
-])
-EVENT_COLUMNS: tuple[str, ...] = tuple(EVENTS_SCHEMA.names)
-DEFAULTS: dict[str, Any] = {
-    "iteration": 0, "microbatch": -1, "layer": -1, "peer": -1, "dtype": "", "split_bytes": None,
-    "t_start_ns": None, "t_end_ns": None, "count": 1,
-}
+DEFAULTS = EVENT_DEFAULTS  # the public name this module has always had
 
 VALIDATE_ROWS = 50_000  # rows validated at once
 FLOW_TAGS = ("iteration", "microbatch", "layer", "phase", "parallelism", "op")
@@ -143,7 +130,7 @@ def events_to_table(events: pd.DataFrame, origin: str = "<events>") -> pa.Table:
 def table_to_events(table: pa.Table) -> pd.DataFrame:
     """Arrow table -> events DataFrame (list columns as ``pd.ArrowDtype``, nullable times as ``Int64``)."""
     df = table.to_pandas(types_mapper=_list_types_mapper)
-    for c in ("t_start_ns", "t_end_ns"):
+    for c in TIME_COLUMNS:
         df[c] = df[c].astype("Int64")
     return df
 
@@ -169,21 +156,21 @@ def validate_events(table: pa.Table, origin: str = "<events>", _row0: int = 0) -
     b = table.column("bytes").to_numpy()
     if (b < 0).any():
         bad("bytes", "must be >= 0", b < 0)
-    cnt = table.column("count").to_numpy()
-    if (cnt < 1).any():
-        bad("count", "must be >= 1", cnt < 1)
+    count = table.column("count").to_numpy()
+    if (count < 1).any():
+        bad("count", "must be >= 1", count < 1)
     op = table.column("op").to_numpy(zero_copy_only=False)
     peer = table.column("peer").to_numpy()
-    p2p = np.isin(op, ("send", "recv"))
+    p2p = np.isin(op, POINT_TO_POINT)
     if (p2p & (peer < 0)).any():
         bad("peer", "send/recv need a peer >= 0", p2p & (peer < 0))
     rank = table.column("rank").to_numpy()
-    grp = table.column("group").combine_chunks()
-    lens = grp.value_lengths().to_numpy(zero_copy_only=False)
+    groups = table.column("group").combine_chunks()
+    lens = groups.value_lengths().to_numpy(zero_copy_only=False)
     coll = np.isin(op, COLLECTIVES)
     if (coll & (lens == 0)).any():
         bad("group", "a collective needs its group's ranks", coll & (lens == 0))
-    flat = grp.values.to_numpy(zero_copy_only=False)
+    flat = groups.values.to_numpy(zero_copy_only=False)
     ev_of_flat = np.repeat(np.arange(len(rank)), lens)
     hit = flat == rank[ev_of_flat]
     has_self = np.bincount(ev_of_flat[hit], minlength=len(rank))
@@ -192,10 +179,10 @@ def validate_events(table: pa.Table, origin: str = "<events>", _row0: int = 0) -
         bad("group", "the issuing rank must appear exactly once in its group", has_self != 1)
     a2a = op == "all_to_all"
     if a2a.any():
-        sb = table.column("split_bytes").combine_chunks()
-        sl = pc.fill_null(sb.value_lengths(), 0).to_numpy(zero_copy_only=False)
-        valid = sb.is_valid().to_numpy(zero_copy_only=False)
-        m = a2a & valid & (sl != lens)
+        splits = table.column("split_bytes").combine_chunks()
+        split_lens = pc.fill_null(splits.value_lengths(), 0).to_numpy(zero_copy_only=False)
+        valid = splits.is_valid().to_numpy(zero_copy_only=False)
+        m = a2a & valid & (split_lens != lens)
         if m.any():
             bad("split_bytes", "an all_to_all's split sizes must have one entry per group member", m)
 
@@ -248,10 +235,7 @@ class Trace:
         ``<stem>.routing.parquet`` beside it. Each file goes to a temporary name first, then is renamed."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        table = self.to_table()
-        meta = json.dumps(self.meta, default=_json_default, sort_keys=True).encode()
-        table = table.replace_schema_metadata({META_KEY: meta, b"llmcomm.schema_version": str(SCHEMA_VERSION)})
-        _atomic_write_parquet(table, path)
+        write_events_table(self.to_table(), path, self.meta)
         rpath = routing_path(path)
         if self.routing is not None:
             _atomic_write_parquet(pa.Table.from_pandas(self.routing, schema=ROUTING_SCHEMA,
@@ -312,12 +296,12 @@ class Trace:
         missing = [c for c in (*by, bytes_col) if c not in df.columns]
         if missing:
             raise ConfigError(f"volumes: no column {missing[0]!r} to group or sum; columns: {', '.join(df.columns)}")
-        tot = pd.DataFrame({**{c: df[c] for c in by},
-                            "bytes": df[bytes_col].to_numpy(np.int64) * df["count"].to_numpy(np.int64),
-                            "calls": df["count"].to_numpy(np.int64)})
+        totals = pd.DataFrame({**{c: df[c] for c in by},
+                               "bytes": df[bytes_col].to_numpy(np.int64) * df["count"].to_numpy(np.int64),
+                               "calls": df["count"].to_numpy(np.int64)})
         if not by:
-            return pd.DataFrame({"bytes": [int(tot["bytes"].sum())], "calls": [int(tot["calls"].sum())]})
-        return tot.groupby(by, sort=True, observed=True)[["bytes", "calls"]].sum().reset_index()
+            return pd.DataFrame({"bytes": [int(totals["bytes"].sum())], "calls": [int(totals["calls"].sum())]})
+        return totals.groupby(by, sort=True, observed=True)[["bytes", "calls"]].sum().reset_index()
 
     def expand(self) -> Trace:
         """The expanded form: every row with ``count = k`` repeated k times with ``count = 1``."""
@@ -335,16 +319,6 @@ class Trace:
         return f"Trace({len(self.events)} events, source={self.meta.get('source', '?')!r}, world={self.world_size})"
 
 
-ROUTING_SCHEMA = pa.schema([
-    pa.field("iteration", pa.int32()),
-    pa.field("microbatch", pa.int32()),
-    pa.field("layer", pa.int32()),
-    pa.field("src_rank", pa.int32()),
-    pa.field("expert", pa.int32()),
-    pa.field("tokens", pa.int64()),
-])
-
-
 def routing_path(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".parquet") + ".routing.parquet")
 
@@ -353,7 +327,9 @@ def manifest_path(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".parquet") + ".manifest.json")
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
+    """JSON form of what trace metadata may hold beyond JSON's own types: specs (``to_dict``), numpy
+    scalars, sets and tuples (as lists)."""
     if hasattr(o, "to_dict"):
         return o.to_dict()
     if isinstance(o, (np.integer,)):
@@ -365,7 +341,29 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"cannot store {type(o).__name__} in trace metadata")
 
 
-json_default = _json_default  # the public name of the trace-metadata JSON encoder's fallback (json.dumps default=)
+def encode_meta(meta: Mapping[str, Any]) -> bytes:
+    """Trace metadata as the JSON bytes stored under ``META_KEY`` (keys sorted, so equal metadata gives
+    equal bytes)."""
+    return json.dumps(dict(meta), default=json_default, sort_keys=True).encode()
+
+
+def decode_meta(schema_metadata: Mapping[bytes, bytes] | None) -> dict[str, Any]:
+    """The metadata dict of a parquet schema's key/value metadata (empty when there is none)."""
+    raw = (schema_metadata or {}).get(META_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def trace_metadata(meta: Mapping[str, Any]) -> dict[bytes, bytes]:
+    """The parquet schema metadata of a trace file: ``meta`` (:func:`encode_meta`) and the schema version."""
+    return {META_KEY: encode_meta(meta), SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()}
+
+
+def write_events_table(table: pa.Table, path: str | os.PathLike[str], meta: Mapping[str, Any]) -> Path:
+    """Write an events table with its metadata as one zstd parquet trace file, atomically (temporary name,
+    then rename). The one writer of trace files: :meth:`Trace.write` and the streaming ingest use it."""
+    path = Path(path)
+    _atomic_write_parquet(table.replace_schema_metadata(trace_metadata(meta)), path)
+    return path
 
 
 def _atomic_write_parquet(table: pa.Table, path: Path) -> None:
@@ -393,23 +391,20 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
             if not _schemas_equal(dataset.schema, EVENTS_SCHEMA):
                 raise TraceFormatError(f"{path}: schema differs from the events schema:\n{dataset.schema}")
             table = dataset.to_table()
-            meta_raw = None
             first = sorted(path.rglob("*.parquet"))
-            if first:
-                meta_raw = (pq.read_schema(first[0]).metadata or {}).get(META_KEY)
+            meta = decode_meta(pq.read_schema(first[0]).metadata) if first else {}
         else:
             schema = pq.read_schema(path)
             if not _schemas_equal(schema, EVENTS_SCHEMA):
                 diff = _schema_diff(schema, EVENTS_SCHEMA)
                 raise TraceFormatError(f"{path}: schema differs from the events schema: {diff}")
             table = pq.read_table(path)
-            meta_raw = (schema.metadata or {}).get(META_KEY)
+            meta = decode_meta(schema.metadata)
     except TraceFormatError:
         raise
     except (pa.ArrowInvalid, OSError) as e:
         raise TraceFormatError(f"{path}: not a readable parquet trace: {e}") from None
     validate_events(table, str(path))
-    meta: dict[str, Any] = json.loads(meta_raw) if meta_raw else {}
     mpath = manifest_path(path)
     if mpath.is_file():
         with open(mpath, encoding="utf-8") as fh:
@@ -420,10 +415,11 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     routing = None
     rpath = routing_path(path)
     if rpath.is_file():
-        rt = pq.read_table(rpath)
-        if not _schemas_equal(rt.schema, ROUTING_SCHEMA):
-            raise TraceFormatError(f"{rpath}: routing schema differs: {_schema_diff(rt.schema, ROUTING_SCHEMA)}")
-        routing = rt.to_pandas()
+        routing_table = pq.read_table(rpath)
+        if not _schemas_equal(routing_table.schema, ROUTING_SCHEMA):
+            diff = _schema_diff(routing_table.schema, ROUTING_SCHEMA)
+            raise TraceFormatError(f"{rpath}: routing schema differs: {diff}")
+        routing = routing_table.to_pandas()
     return Trace(table_to_events(table), meta, routing)
 
 
@@ -449,93 +445,162 @@ def flows_from_table(table: pa.Table, algorithm: str = "ring", tags: bool = True
     ``tags=False`` leaves out the event's tag columns (``src, dst, bytes`` only)."""
     if algorithm not in ALGORITHMS:
         raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
-    n_ev = table.num_rows
-    op = table.column("op").to_numpy(zero_copy_only=False)
-    rank = table.column("rank").to_numpy().astype(np.int64)
-    peer = table.column("peer").to_numpy().astype(np.int64)
-    size = table.column("bytes").to_numpy().astype(np.float64) * table.column("count").to_numpy()
-    grp = table.column("group").combine_chunks() if n_ev else pa.array([], pa.list_(pa.int32()))
-    lens = grp.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64) if n_ev else np.zeros(0, np.int64)
-    offsets = grp.offsets.to_numpy().astype(np.int64)[:-1] if n_ev else np.zeros(0, np.int64)
-    flat = grp.values.to_numpy(zero_copy_only=False).astype(np.int64) if n_ev else np.zeros(0, np.int64)
-    ev_of_flat = np.repeat(np.arange(n_ev), lens)
-    pos_in_group = np.arange(len(flat)) - np.repeat(offsets, lens)
-    is_self = flat == rank[ev_of_flat]
-    my_pos = np.full(n_ev, -1, dtype=np.int64)
-    my_pos[ev_of_flat[is_self]] = pos_in_group[is_self]
-    nf = np.maximum(lens, 1).astype(np.float64)
-
-    src_parts, dst_parts, byte_parts, ev_parts = [], [], [], []
-
-    def emit(ev: np.ndarray, dst: np.ndarray, b: np.ndarray) -> None:
-        src_parts.append(rank[ev])
-        dst_parts.append(dst)
-        byte_parts.append(b)
-        ev_parts.append(ev)
-
-    # point to point: the sender's event carries the flow
-    ev = np.nonzero(op == "send")[0]
-    emit(ev, peer[ev], size[ev])
-
-    # all_to_all: per-peer split sizes (both algorithms); without splits, an even split
-    a2a = op == "all_to_all"
-    if a2a.any():
-        sb = table.column("split_bytes").combine_chunks()
-        cnt = table.column("count").to_numpy()
-        has_split = sb.is_valid().to_numpy(zero_copy_only=False)
-        sflat = sb.values.to_numpy(zero_copy_only=False).astype(np.float64) if len(sb.values) else np.zeros(0)
-        sl = pc.fill_null(sb.value_lengths(), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-        soff = sb.offsets.to_numpy().astype(np.int64)[:-1]
-        sel = a2a[ev_of_flat] & ~is_self
-        evs = ev_of_flat[sel]
-        with_split = has_split[evs] & (sl[evs] == lens[evs])
-        split = sflat[np.where(with_split, soff[evs] + pos_in_group[sel], 0)] * cnt[evs] if len(sflat) else 0.0
-        per_peer = np.where(with_split, split, size[evs] / nf[evs])
-        emit(evs, flat[sel], per_peer)
-
+    ev = _EventGroups.of(table)
+    flows = _FlowParts(ev.rank)
+    send = np.nonzero(ev.op == "send")[0]  # point to point: the sender's event carries the flow
+    flows.emit(send, ev.peer[send], ev.size[send])
+    _all_to_all_flows(table, ev, flows)
     if algorithm == "ring":
-        factor = np.zeros(n_ev)
-        factor[op == "all_reduce"] = 2.0
-        factor[(op == "all_gather") | (op == "reduce_scatter")] = 1.0
-        ring = (factor > 0) & (lens > 1)
-        ev = np.nonzero(ring)[0]
-        succ = flat[offsets[ev] + (my_pos[ev] + 1) % lens[ev]]
-        emit(ev, succ, factor[ev] * (lens[ev] - 1) / lens[ev] * size[ev])
-        # broadcast: pipelined ring starting at the root; everyone but the root's predecessor forwards S
-        bc = np.nonzero((op == "broadcast") & (lens > 1))[0]
-        if len(bc):
-            root = np.where(peer[bc] >= 0, peer[bc], flat[offsets[bc]])
-            root_pos = _position_of(flat, offsets, lens, bc, root)
-            keep = (my_pos[bc] + 1) % lens[bc] != root_pos
-            ev = bc[keep]
-            emit(ev, flat[offsets[ev] + (my_pos[ev] + 1) % lens[ev]], size[ev])
+        _ring_flows(ev, flows)
     else:
-        share = np.zeros(n_ev)
-        share[op == "all_reduce"] = 2.0
-        share[(op == "all_gather") | (op == "reduce_scatter")] = 1.0
-        sel = (share[ev_of_flat] > 0) & ~is_self
-        evs = ev_of_flat[sel]
-        emit(evs, flat[sel], share[evs] / nf[evs] * size[evs])
-        bc_mask = op == "broadcast"
-        if bc_mask.any():
-            root_ev = np.where(peer >= 0, peer, -2)
-            first = np.full(n_ev, -2, dtype=np.int64)
-            first[lens > 0] = flat[offsets[lens > 0]]
-            root_ev = np.where(root_ev >= 0, root_ev, first)
-            sel = bc_mask[ev_of_flat] & ~is_self & (rank[ev_of_flat] == root_ev[ev_of_flat])
-            evs = ev_of_flat[sel]
-            emit(evs, flat[sel], size[evs])
+        _direct_flows(ev, flows)
+    return flows.frame(table, tags)
 
-    ev_all = np.concatenate(ev_parts) if ev_parts else np.zeros(0, np.int64)
-    out = {
-        "src": np.concatenate(src_parts).astype(np.int64, copy=False) if src_parts else np.zeros(0, np.int64),
-        "dst": np.concatenate(dst_parts).astype(np.int64, copy=False) if dst_parts else np.zeros(0, np.int64),
-        "bytes": np.concatenate(byte_parts).astype(np.float64, copy=False) if byte_parts else np.zeros(0),
-    }
-    take = pa.array(ev_all, type=pa.int64())
-    for tag in FLOW_TAGS if tags else ():  # Arrow take + to_pandas: same dtypes as a numpy gather, ~100x faster for strings
-        out[tag] = table.column(tag).take(take).to_pandas()
-    return pd.DataFrame(out, copy=False)  # the arrays are fresh: no consolidation copy
+
+@dataclass(frozen=True)
+class _EventGroups:
+    """Every event's group, flattened: ``members`` holds all groups one after the other; member ``i``
+    belongs to event ``event_of_member[i]`` at ``position[i]`` of its group (which starts at
+    ``offsets[event]`` and has ``lens[event]`` members)."""
+
+    op: np.ndarray
+    rank: np.ndarray
+    peer: np.ndarray
+    size: np.ndarray  # bytes × count, float64
+    lens: np.ndarray
+    offsets: np.ndarray
+    members: np.ndarray
+    event_of_member: np.ndarray
+    position: np.ndarray
+    is_self: np.ndarray  # the member is the issuing rank
+    my_position: np.ndarray  # per event: the issuing rank's position in its group (-1: absent)
+
+    @classmethod
+    def of(cls, table: pa.Table) -> _EventGroups:
+        n_events = table.num_rows
+        rank = table.column("rank").to_numpy().astype(np.int64)
+        if n_events:
+            groups = table.column("group").combine_chunks()
+            lens = groups.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
+            offsets = groups.offsets.to_numpy().astype(np.int64)[:-1]
+            members = groups.values.to_numpy(zero_copy_only=False).astype(np.int64)
+        else:
+            lens = offsets = members = np.zeros(0, np.int64)
+        event_of_member = np.repeat(np.arange(n_events), lens)
+        position = np.arange(len(members)) - np.repeat(offsets, lens)
+        is_self = members == rank[event_of_member]
+        my_position = np.full(n_events, -1, dtype=np.int64)
+        my_position[event_of_member[is_self]] = position[is_self]
+        return cls(
+            op=table.column("op").to_numpy(zero_copy_only=False), rank=rank,
+            peer=table.column("peer").to_numpy().astype(np.int64),
+            size=table.column("bytes").to_numpy().astype(np.float64) * table.column("count").to_numpy(),
+            lens=lens, offsets=offsets, members=members, event_of_member=event_of_member, position=position,
+            is_self=is_self, my_position=my_position,
+        )
+
+    @property
+    def group_size(self) -> np.ndarray:
+        """Members per event as float64, at least 1 (a divisor)."""
+        return np.maximum(self.lens, 1).astype(np.float64)
+
+    def successor(self, events: np.ndarray) -> np.ndarray:
+        """The next member after the issuing rank in each event's group (wrapping): its ring successor."""
+        return self.members[self.offsets[events] + (self.my_position[events] + 1) % self.lens[events]]
+
+
+class _FlowParts:
+    """Flows collected piecewise: ``emit(events, dst, bytes)`` adds one flow per event from its rank."""
+
+    def __init__(self, rank: np.ndarray) -> None:
+        self.rank = rank
+        self.src: list[np.ndarray] = []
+        self.dst: list[np.ndarray] = []
+        self.bytes: list[np.ndarray] = []
+        self.events: list[np.ndarray] = []
+
+    def emit(self, events: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> None:
+        self.src.append(self.rank[events])
+        self.dst.append(dst)
+        self.bytes.append(nbytes)
+        self.events.append(events)
+
+    def frame(self, table: pa.Table, tags: bool = True) -> pd.DataFrame:
+        """``src, dst, bytes`` plus (``tags``) each flow's event tags (``FLOW_TAGS``)."""
+        out = {
+            "src": np.concatenate(self.src).astype(np.int64, copy=False) if self.src else np.zeros(0, np.int64),
+            "dst": np.concatenate(self.dst).astype(np.int64, copy=False) if self.dst else np.zeros(0, np.int64),
+            "bytes": np.concatenate(self.bytes).astype(np.float64, copy=False) if self.bytes else np.zeros(0),
+        }
+        if tags:
+            take = pa.array(np.concatenate(self.events) if self.events else np.zeros(0, np.int64), type=pa.int64())
+            for tag in FLOW_TAGS:  # Arrow take + to_pandas: same dtypes as a numpy gather, ~100x faster for strings
+                out[tag] = table.column(tag).take(take).to_pandas()
+        return pd.DataFrame(out, copy=False)  # fresh arrays: no consolidation copy
+
+
+def _all_to_all_flows(table: pa.Table, ev: _EventGroups, flows: _FlowParts) -> None:
+    """all_to_all (both algorithms): ``split_bytes[j] · count`` to ``group[j]``; without splits, an even
+    split of ``bytes``."""
+    a2a = ev.op == "all_to_all"
+    if not a2a.any():
+        return
+    splits = table.column("split_bytes").combine_chunks()
+    count = table.column("count").to_numpy()
+    has_split = splits.is_valid().to_numpy(zero_copy_only=False)
+    split_values = (splits.values.to_numpy(zero_copy_only=False).astype(np.float64) if len(splits.values)
+                    else np.zeros(0))
+    split_lens = pc.fill_null(splits.value_lengths(), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    split_offsets = splits.offsets.to_numpy().astype(np.int64)[:-1]
+    sel = a2a[ev.event_of_member] & ~ev.is_self
+    events = ev.event_of_member[sel]
+    with_split = has_split[events] & (split_lens[events] == ev.lens[events])
+    split = (split_values[np.where(with_split, split_offsets[events] + ev.position[sel], 0)] * count[events]
+             if len(split_values) else 0.0)
+    per_peer = np.where(with_split, split, ev.size[events] / ev.group_size[events])
+    flows.emit(events, ev.members[sel], per_peer)
+
+
+def _reduction_factor(op: np.ndarray) -> np.ndarray:
+    """Multiples of ``(n-1)/n · S`` (ring) or ``S/n`` per peer (direct): all_reduce 2 (reduce-scatter then
+    all-gather), all_gather and reduce_scatter 1, anything else 0."""
+    factor = np.zeros(len(op))
+    factor[op == "all_reduce"] = 2.0
+    factor[(op == "all_gather") | (op == "reduce_scatter")] = 1.0
+    return factor
+
+
+def _ring_flows(ev: _EventGroups, flows: _FlowParts) -> None:
+    """Ring algorithm: reductions send ``factor·(n-1)/n·S`` to the successor; a broadcast is a pipelined
+    ring from the root in which every member but the root's predecessor forwards ``S``."""
+    factor = _reduction_factor(ev.op)
+    events = np.nonzero((factor > 0) & (ev.lens > 1))[0]
+    lens = ev.lens[events]
+    flows.emit(events, ev.successor(events), factor[events] * (lens - 1) / lens * ev.size[events])
+    bcast = np.nonzero((ev.op == "broadcast") & (ev.lens > 1))[0]
+    if len(bcast):
+        root = np.where(ev.peer[bcast] >= 0, ev.peer[bcast], ev.members[ev.offsets[bcast]])
+        root_pos = _position_of(ev.members, ev.offsets, ev.lens, bcast, root)
+        events = bcast[(ev.my_position[bcast] + 1) % ev.lens[bcast] != root_pos]
+        flows.emit(events, ev.successor(events), ev.size[events])
+
+
+def _direct_flows(ev: _EventGroups, flows: _FlowParts) -> None:
+    """Direct algorithm: reductions send ``factor·S/n`` to every other member; a broadcast's root (``peer``,
+    else ``group[0]``) sends ``S`` to every other member."""
+    factor = _reduction_factor(ev.op)
+    sel = (factor[ev.event_of_member] > 0) & ~ev.is_self
+    events = ev.event_of_member[sel]
+    flows.emit(events, ev.members[sel], factor[events] / ev.group_size[events] * ev.size[events])
+    bcast = ev.op == "broadcast"
+    if not bcast.any():
+        return
+    first = np.full(len(ev.op), -2, dtype=np.int64)
+    first[ev.lens > 0] = ev.members[ev.offsets[ev.lens > 0]]
+    root = np.where(ev.peer >= 0, ev.peer, first)
+    sel = bcast[ev.event_of_member] & ~ev.is_self & (ev.rank[ev.event_of_member] == root[ev.event_of_member])
+    events = ev.event_of_member[sel]
+    flows.emit(events, ev.members[sel], ev.size[events])
 
 
 def _position_of(flat: np.ndarray, offsets: np.ndarray, lens: np.ndarray, evs: np.ndarray,
@@ -560,15 +625,16 @@ def flows_to_matrix(flows: pd.DataFrame, world_size: int) -> sp.csr_matrix:
     return m.tocsr()
 
 
-ROUTING_KEY = ["iteration", "microbatch", "layer", "src_rank", "expert"]
+ROUTING_KEY = list(_ROUTING_KEY)
 
 
 def concat(traces: Sequence[Trace], meta: Mapping[str, Any] | None = None) -> Trace:
     """One trace of the events of several (e.g. one per rank), with their routing counts merged and sorted
     by ``iteration, microbatch, layer, src_rank, expert``. ``meta`` defaults to the first trace's."""
     df = pd.concat([t.events for t in traces], ignore_index=True) if traces else pd.DataFrame()
-    routing = [t.routing for t in traces if t.routing is not None]
-    rt = pd.concat(routing, ignore_index=True).sort_values(ROUTING_KEY, ignore_index=True) if routing else None
+    routings = [t.routing for t in traces if t.routing is not None]
+    routing = (pd.concat(routings, ignore_index=True).sort_values(ROUTING_KEY, ignore_index=True) if routings
+               else None)
     if meta is None:
         meta = dict(traces[0].meta) if traces else {}
-    return Trace.from_events(df, meta, rt)
+    return Trace.from_events(df, meta, routing)

@@ -1,4 +1,4 @@
-"""Validation target (issue 4 item 5): the predictor reproduces every curated recorded trace.
+"""Validation target: the predictor reproduces every curated recorded trace.
 
 For each ``data/traces/*.parquet`` (recorded by ``llmcomm.collect`` with torch's own parallel APIs), the
 prediction for the trace's own model and parallel config with ``framework="torch"`` gives exactly the

@@ -51,10 +51,10 @@ import pandas as pd
 from ..errors import AnalysisError, DataError
 from ..layout import Layout
 from ..specs import ParallelConfig
+from ..vocab import ROUTING_COLUMNS
 from .repeatability import in_issue_order, repeatability
 from .temporal import autocorrelation
 
-ROUTING_COLUMNS = ("iteration", "microbatch", "layer", "src_rank", "expert", "tokens")
 METRICS = ("cv", "gini", "max_over_mean", "norm_entropy")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
 

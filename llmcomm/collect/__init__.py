@@ -6,14 +6,14 @@ Importing this package does not import torch; ``record`` and ``Recorder`` load i
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __all__ = ["Recorder", "record"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("record", "Recorder"):
-        from . import record as _record_module
-
-        return getattr(_record_module, name)
+    if name in ("record", "Recorder"):  # the function and class of the submodule of the same name
+        record_module = importlib.import_module(f"{__name__}.record")
+        return getattr(record_module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import DataError
+
 VOCAB_SIZE = 256
 
 
@@ -36,7 +38,7 @@ def load_corpus(max_bytes: int = 1 << 22) -> np.ndarray:
             break
     arr = np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8).copy()
     if len(arr) < 1024:
-        raise RuntimeError(f"standard library sources under {root} give only {len(arr)} bytes")
+        raise DataError(f"standard library sources under {root} give only {len(arr)} bytes")
     return arr
 
 

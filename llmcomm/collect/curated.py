@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..specs import ParallelConfig, data_dir
+from ..paths import data_dir
+from ..specs import ParallelConfig
 
 
 @dataclass(frozen=True)

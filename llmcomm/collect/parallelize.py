@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..errors import ConfigError
 from ..specs import ParallelConfig
 from .model import GPT, TransformerBlock
 from .moe import MoE
@@ -47,7 +48,7 @@ def apply_pp(model: GPT, stage: int, num_stages: int) -> GPT:
     ``[stage·L/pp, (stage+1)·L/pp)``, the embedding on stage 0, norm and output on the last stage."""
     n = model.args.n_layers
     if n % num_stages:
-        raise ValueError(f"pp={num_stages} does not divide num_layers={n}")
+        raise ConfigError(f"pp={num_stages} does not divide num_layers={n}")
     per = n // num_stages
     keep = {str(i) for i in range(stage * per, (stage + 1) * per)}
     for k in list(model.layers.keys()):
@@ -72,7 +73,7 @@ def pipeline_schedule(model: GPT, mesh: DeviceMesh, num_microbatches: int, sched
                           group=pp_mesh.get_group())
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(schedule)
     if cls is None:
-        raise ValueError(f"schedule={schedule!r}: the collect workload runs gpipe or 1f1b")
+        raise ConfigError(f"schedule={schedule!r}: the collect workload runs gpipe or 1f1b")
     return stage, cls(stage, n_microbatches=num_microbatches, loss_fn=loss_fn)
 
 
@@ -111,7 +112,7 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sp: bool = False) -> None:
             plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()})
         if block.moe:
             if sp:
-                raise ValueError("sequence parallelism with MoE layers is not supported by this workload")
+                raise ConfigError("sequence parallelism with MoE layers is not supported by this workload")
         else:
             plan.update({"feed_forward": PrepareModuleInput(input_layouts=(seq_or_rep,),
                                                             desired_input_layouts=(Replicate(),)),
@@ -129,7 +130,7 @@ def apply_ep(model: GPT, ep_mesh: DeviceMesh) -> None:
     n, j = ep_mesh.size(), ep_mesh.get_local_rank()
     for moe in moe_layers(model):
         if moe.num_experts % n:
-            raise ValueError(f"ep={n} does not divide num_experts={moe.num_experts}")
+            raise ConfigError(f"ep={n} does not divide num_experts={moe.num_experts}")
         local = moe.num_experts // n
         moe.experts.keep(j * local, local)
         moe.ep_group, moe.ep_size, moe.ep_rank = ep_mesh.get_group(), n, j

@@ -26,7 +26,7 @@ Calls torch makes outside the dispatcher (a
 backend talking to itself, e.g. gloo's own rendezvous, the TCPStore) are not communication calls of the job
 and are not seen.
 
-Sizes follow nccl-tests (see DESIGN.md), ``S`` = elements × element size of the tensor named:
+Sizes follow nccl-tests (see ARCHITECTURE.md), ``S`` = elements × element size of the tensor named:
 
 ==================================  =========  ============================================================
 dispatcher op                       ``op``     ``bytes``
@@ -68,12 +68,15 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..errors import ConfigError
+from ..vocab import EVENT_COLUMNS, ROUTING_COLUMNS, TIME_COLUMNS, TORCH_DTYPE_NAMES
 
 _SETUP_FRAMES = frozenset({
     "_send_meta", "_recv_meta", "_shape_inference", "send_object_list", "recv_object_list",
@@ -82,7 +85,7 @@ _SETUP_FRAMES = frozenset({
     "_warmup_forward_vote", "_warmup_backward_result", "_forward_metadata_inference",
     "_backward_metadata_inference",
 })
-_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+_DTYPE_NAMES = {getattr(torch, name): short for name, short in TORCH_DTYPE_NAMES.items()}
 
 _C10D_OPS = {
     "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
@@ -234,7 +237,7 @@ class Recorder(TorchDispatchMode):
                  group_tags: dict[tuple[int, ...], str] | None = None, mode: str = DEFAULT_MODE) -> None:
         super().__init__()
         if mode not in MODES:
-            raise ValueError(f"recorder mode {mode!r}: expected one of {MODES}")
+            raise ConfigError(f"recorder mode {mode!r}: expected one of {MODES}")
         self.mode = mode
         self.rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
         self.record_iters = record_iters
@@ -400,86 +403,39 @@ class Recorder(TorchDispatchMode):
         fut.add_done_callback(done)
 
     def _describe(self, ns: str, name: str, op: str, args: tuple, kwargs: dict) -> dict[str, Any]:
-        peer = -1
-        split: list[int] | None = None
+        """The events-table row of one call (times are filled in by the caller)."""
         if ns == "c10d":
-            pg = next(a for a in args if isinstance(a, torch.ScriptObject))
-            group = self._ranks_of(pg)
-            n = len(group)
-            if name in ("allreduce_", "allreduce_coalesced_", "broadcast_"):
-                ts = _flat_tensors(args[0])
-                size = sum(nbytes(t) for t in ts)
-                if name == "broadcast_":
-                    peer = group[int(args[2])]
-            elif name in ("allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_"):
-                ts = _flat_tensors(args[1])
-                size = n * sum(nbytes(t) for t in ts)
-            elif name == "_allgather_base_":
-                ts = [args[0]]
-                size = nbytes(args[0])
-            elif name == "reduce_scatter_":
-                ts = _flat_tensors(args[0])
-                size = n * sum(nbytes(t) for t in ts)
-            elif name in ("_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_"):
-                ts = _flat_tensors(args[1])
-                size = sum(nbytes(t) for t in ts)
-            elif name == "alltoall_base_":
-                inp = args[1]
-                ts = [inp]
-                size = nbytes(inp)
-                split = _split_bytes(inp, list(args[4]), n)
-            elif name == "alltoall_":
-                ts = _flat_tensors(args[1])
-                split = [nbytes(t) for t in ts]
-                size = sum(split)
-            else:  # send / recv_
-                ts = _flat_tensors(args[0])
-                size = sum(nbytes(t) for t in ts)
-                peer = group[int(args[2])]
+            group = self._ranks_of(next(a for a in args if isinstance(a, torch.ScriptObject)))
+            call = _c10d_call(name, args, group)
         else:
-            gname = args[-1] if name not in ("isend", "irecv") else args[3]
-            if "group_name" in kwargs:
-                gname = kwargs["group_name"]
-            group = self._ranks_of(gname)
-            n = len(group)
-            ts = _flat_tensors(args[0])
-            size = sum(nbytes(t) for t in ts)
-            if op == "all_gather":
-                size *= n
-            elif op == "all_to_all":
-                split = _split_bytes(args[0], list(args[2]), n)
-            elif op == "broadcast":
-                peer = int(args[1])
-            elif op in ("send", "recv"):
-                peer = group[int(args[1])]
+            group_name = kwargs.get("group_name", args[-1] if name not in ("isend", "irecv") else args[3])
+            group = self._ranks_of(group_name)
+            call = _functional_call(op, args, group)
         phase, mb = ("setup" if _in_setup_helper() else self._phase), self._microbatch
-        if op in ("send", "recv") and ts and phase != "setup":
-            mb, phase = self.p2p_context.pop(id(ts[0]), (mb, phase))
+        if op in ("send", "recv") and call.tensors and phase != "setup":
+            mb, phase = self.p2p_context.pop(id(call.tensors[0]), (mb, phase))
         return {
             "rank": self.rank, "iteration": self._iteration, "microbatch": mb,
             "layer": self._layer, "phase": phase, "parallelism": self._tag(op, group), "op": op,
-            "group": list(group), "peer": peer, "bytes": int(size),
-            "dtype": dtype_name(ts[0].dtype) if ts else "", "split_bytes": split,
+            "group": list(group), "peer": call.peer, "bytes": int(call.size),
+            "dtype": dtype_name(call.tensors[0].dtype) if call.tensors else "", "split_bytes": call.split,
             "t_start_ns": None, "t_end_ns": None,
         }
 
     # -- output ----------------------------------------------------------------------------------
     def events(self) -> pd.DataFrame:
         """The recorded calls as an events DataFrame (``source="recorded"``)."""
-        df = pd.DataFrame.from_records(self.rows, columns=[
-            "rank", "iteration", "microbatch", "layer", "phase", "parallelism", "op", "group", "peer",
-            "bytes", "dtype", "split_bytes", "t_start_ns", "t_end_ns"])
+        df = pd.DataFrame.from_records(self.rows, columns=list(EVENT_COLUMNS[:EVENT_COLUMNS.index("source")]))
         df["source"] = "recorded"
         df["count"] = 1
-        for c in ("t_start_ns", "t_end_ns"):
+        for c in TIME_COLUMNS:
             df[c] = df[c].astype("Int64")
         return df
 
     def routing_table(self) -> pd.DataFrame | None:
         if not self.routing_rows:
             return None
-        return pd.DataFrame(self.routing_rows,
-                            columns=["iteration", "microbatch", "layer", "src_rank", "expert", "tokens"])
+        return pd.DataFrame(self.routing_rows, columns=list(ROUTING_COLUMNS))
 
     def write(self, out_dir: str | Path) -> Path:
         """Write ``rank{r}.parquet`` (events) and ``rank{r}.routing.parquet`` (if any) under ``out_dir``."""
@@ -488,6 +444,62 @@ class Recorder(TorchDispatchMode):
         out = Path(out_dir) / f"rank{self.rank}.parquet"
         meta = {"rank": self.rank, "skipped_ops": dict(self.skipped)}
         return Trace.from_events(self.events(), meta, self.routing_table()).write(out)
+
+
+class _CallSize(NamedTuple):
+    """What a call moves: its tensors, ``bytes`` (nccl-tests convention), peer and all-to-all splits."""
+
+    tensors: list[torch.Tensor]
+    size: int
+    peer: int = -1
+    split: list[int] | None = None
+
+
+def _c10d_call(name: str, args: tuple, group: tuple[int, ...]) -> _CallSize:
+    """Size of a ``c10d`` op from its arguments (the module docstring's table)."""
+    n = len(group)
+    if name in ("allreduce_", "allreduce_coalesced_", "broadcast_"):
+        ts = _flat_tensors(args[0])
+        return _CallSize(ts, _total_bytes(ts), group[int(args[2])] if name == "broadcast_" else -1)
+    if name in ("allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_"):
+        ts = _flat_tensors(args[1])
+        return _CallSize(ts, n * _total_bytes(ts))
+    if name == "_allgather_base_":
+        return _CallSize([args[0]], nbytes(args[0]))
+    if name == "reduce_scatter_":
+        ts = _flat_tensors(args[0])
+        return _CallSize(ts, n * _total_bytes(ts))
+    if name in ("_reduce_scatter_base_", "reduce_scatter_tensor_coalesced_"):
+        ts = _flat_tensors(args[1])
+        return _CallSize(ts, _total_bytes(ts))
+    if name == "alltoall_base_":
+        return _CallSize([args[1]], nbytes(args[1]), split=_split_bytes(args[1], list(args[4]), n))
+    if name == "alltoall_":
+        ts = _flat_tensors(args[1])
+        split = [nbytes(t) for t in ts]
+        return _CallSize(ts, sum(split), split=split)
+    ts = _flat_tensors(args[0])  # send / recv_
+    return _CallSize(ts, _total_bytes(ts), group[int(args[2])])
+
+
+def _functional_call(op: str, args: tuple, group: tuple[int, ...]) -> _CallSize:
+    """Size of a ``_c10d_functional`` op: its first argument, gathered for all_gather."""
+    n = len(group)
+    ts = _flat_tensors(args[0])
+    size = _total_bytes(ts)
+    if op == "all_gather":
+        return _CallSize(ts, size * n)
+    if op == "all_to_all":
+        return _CallSize(ts, size, split=_split_bytes(args[0], list(args[2]), n))
+    if op == "broadcast":
+        return _CallSize(ts, size, int(args[1]))
+    if op in ("send", "recv"):
+        return _CallSize(ts, size, group[int(args[1])])
+    return _CallSize(ts, size)
+
+
+def _total_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(nbytes(t) for t in tensors)
 
 
 def _storage_key(t: Any) -> int:

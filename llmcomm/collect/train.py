@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_bytes
 from ..specs import ModelSpec, ParallelConfig
 
 
@@ -81,17 +82,11 @@ def run_rank(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
 def _train(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
     import torch
 
-    from .corpus import batch, load_corpus
-    from .instrument import mark_layers, mark_pipeline_stage, mark_routing
-    from .model import build_model, cross_entropy
-    from .parallelize import apply_dp, apply_ep, apply_pp, apply_tp, build_mesh, pipeline_schedule
+    from .corpus import load_corpus
     from .record import Recorder
 
     spec = ModelSpec.from_dict(cfg.model)
     par = ParallelConfig.from_dict(cfg.parallel)
-    seq = par.sequence_length(spec)
-    n_mb = par.num_microbatches
-    b_local = par.global_batch // par.dp
 
     def beat(it: int) -> None:
         heartbeat[rank] = time.time()
@@ -101,28 +96,9 @@ def _train(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
     rec = Recorder(rank, record_iters=cfg.record_iters, sp=par.sp, mode=cfg.recorder_mode)
     t_setup = time.time()
     with rec:
-        mesh = build_mesh(par)
-        rec.register_mesh(mesh, names=("dp",))
-        model = build_model(spec, cfg.seed, cfg.aux_loss_coef)
-        pp_rank = mesh["pp"].get_local_rank()
-        if par.pp > 1:
-            apply_pp(model, pp_rank, par.pp)
-        if par.tp > 1:
-            apply_tp(model, mesh["tp"], par.sp)
-        if par.ep > 1:
-            apply_ep(model, mesh["ep"])
-        if par.dp > 1:
-            apply_dp(model, mesh["dp"], mesh["edp"], par.ep)
-        mark_layers(model.layers, rec)
-        mark_routing(model, rec)
-        schedule = None
-        if par.pp > 1:
-            stage, schedule = pipeline_schedule(model, mesh, n_mb, par.schedule, cross_entropy)
-            mark_pipeline_stage(stage, rec)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, foreach=False)
+        job = _build(spec, par, rec, cfg)
+        opt = torch.optim.AdamW(job.model.parameters(), lr=cfg.lr, weight_decay=0.0, foreach=False)
         corpus = load_corpus()
-        dp_rank = mesh["dp"].get_local_rank()
-        first, last = pp_rank == 0, pp_rank == par.pp - 1
         losses: list[float] = []
         step_s: list[float] = []
         aux: list[float] = []
@@ -132,33 +108,7 @@ def _train(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
             _maybe_fault(cfg, rank, it)
             t0 = time.perf_counter()
             rec.step(it)
-            x_all, y_all = batch(corpus, it, par.global_batch, seq, cfg.seed)
-            x = torch.from_numpy(x_all[dp_rank * b_local:(dp_rank + 1) * b_local])
-            y = torch.from_numpy(y_all[dp_rank * b_local:(dp_rank + 1) * b_local])
-            rec.phase("forward")
-            if schedule is not None:
-                mb_losses: list[torch.Tensor] = []
-                if first:
-                    schedule.step(x, target=y, losses=mb_losses)
-                elif last:
-                    schedule.step(target=y, losses=mb_losses)
-                else:
-                    schedule.step()
-                loss = float(torch.stack([t.detach() for t in mb_losses]).mean()) if last else float("nan")
-            else:
-                total = 0.0
-                for mb, (xm, ym) in enumerate(zip(x.chunk(n_mb), y.chunk(n_mb), strict=True)):
-                    rec.microbatch(mb)
-                    rec.phase("forward")
-                    rec.layer(-1)
-                    out = cross_entropy(model(xm), ym) / n_mb
-                    rec.phase("backward")
-                    rec.layer(-1)
-                    if par.dp > 1:
-                        model.set_requires_gradient_sync(mb == n_mb - 1)
-                    out.backward()
-                    total += float(out.detach())
-                loss = total
+            loss = _forward_backward(job, par, rec, _local_batch(corpus, it, par, spec, cfg.seed, job.dp_rank))
             rec.microbatch(-1)
             rec.layer(-1)
             rec.phase("optimizer")
@@ -166,16 +116,101 @@ def _train(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
             opt.zero_grad(set_to_none=True)
             step_s.append(time.perf_counter() - t0)
             losses.append(loss)
-            aux.append(_mean_aux(model))
+            aux.append(_mean_aux(job.model))
         beat(cfg.iters)
     out = Path(cfg.out_dir)
     rec.write(out)
-    (out / f"rank{rank}.json").write_text(json.dumps({
+    write_bytes(out / f"rank{rank}.json", json.dumps({
         "rank": rank, "losses": losses, "step_seconds": step_s, "aux_loss": aux, "setup_seconds": t_setup,
         "local_parameters": sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-                                for p in model.parameters()),
-        "pp_stage": pp_rank, "is_last_stage": last, "skipped_ops": rec.skipped,
-    }))
+                                for p in job.model.parameters()),
+        "pp_stage": job.pp_rank, "is_last_stage": job.last, "skipped_ops": rec.skipped,
+    }).encode())
+
+
+@dataclass
+class _Job:
+    """One rank's parallelized model and where it sits: its PP stage (first / last) and DP rank."""
+
+    model: Any
+    schedule: Any  # a torch.distributed.pipelining schedule, or None without pipelining
+    pp_rank: int
+    dp_rank: int
+    first: bool
+    last: bool
+
+
+def _build(spec: ModelSpec, par: ParallelConfig, rec: Any, cfg: RunConfig) -> _Job:
+    """Build the model on the device mesh and apply each parallelism (PP, TP, EP, DP), with the recorder's
+    layer, routing and pipeline marks."""
+    from .instrument import mark_layers, mark_pipeline_stage, mark_routing
+    from .model import build_model, cross_entropy
+    from .parallelize import apply_dp, apply_ep, apply_pp, apply_tp, build_mesh, pipeline_schedule
+
+    mesh = build_mesh(par)
+    rec.register_mesh(mesh, names=("dp",))
+    model = build_model(spec, cfg.seed, cfg.aux_loss_coef)
+    pp_rank = mesh["pp"].get_local_rank()
+    if par.pp > 1:
+        apply_pp(model, pp_rank, par.pp)
+    if par.tp > 1:
+        apply_tp(model, mesh["tp"], par.sp)
+    if par.ep > 1:
+        apply_ep(model, mesh["ep"])
+    if par.dp > 1:
+        apply_dp(model, mesh["dp"], mesh["edp"], par.ep)
+    mark_layers(model.layers, rec)
+    mark_routing(model, rec)
+    schedule = None
+    if par.pp > 1:
+        stage, schedule = pipeline_schedule(model, mesh, par.num_microbatches, par.schedule, cross_entropy)
+        mark_pipeline_stage(stage, rec)
+    return _Job(model, schedule, pp_rank, mesh["dp"].get_local_rank(), pp_rank == 0, pp_rank == par.pp - 1)
+
+
+def _local_batch(corpus: Any, it: int, par: ParallelConfig, spec: ModelSpec, seed: int, dp_rank: int) -> Any:
+    """This DP rank's rows ``[d·B/dp, (d+1)·B/dp)`` of iteration ``it``'s global batch, as tensors."""
+    import torch
+
+    from .corpus import batch
+
+    rows = par.global_batch // par.dp
+    x_all, y_all = batch(corpus, it, par.global_batch, par.sequence_length(spec), seed)
+    return (torch.from_numpy(x_all[dp_rank * rows:(dp_rank + 1) * rows]),
+            torch.from_numpy(y_all[dp_rank * rows:(dp_rank + 1) * rows]))
+
+
+def _forward_backward(job: _Job, par: ParallelConfig, rec: Any, xy: Any) -> float:
+    """One iteration's forward and backward passes; returns the loss (NaN on a pipeline stage but the last)."""
+    import torch
+
+    from .model import cross_entropy
+
+    x, y = xy
+    n_mb = par.num_microbatches
+    rec.phase("forward")
+    if job.schedule is not None:
+        mb_losses: list[torch.Tensor] = []
+        if job.first:
+            job.schedule.step(x, target=y, losses=mb_losses)
+        elif job.last:
+            job.schedule.step(target=y, losses=mb_losses)
+        else:
+            job.schedule.step()
+        return float(torch.stack([t.detach() for t in mb_losses]).mean()) if job.last else float("nan")
+    total = 0.0
+    for mb, (xm, ym) in enumerate(zip(x.chunk(n_mb), y.chunk(n_mb), strict=True)):
+        rec.microbatch(mb)
+        rec.phase("forward")
+        rec.layer(-1)
+        out = cross_entropy(job.model(xm), ym) / n_mb
+        rec.phase("backward")
+        rec.layer(-1)
+        if par.dp > 1:
+            job.model.set_requires_gradient_sync(mb == n_mb - 1)
+        out.backward()
+        total += float(out.detach())
+    return total
 
 
 def _mean_aux(model: Any) -> float:

@@ -404,7 +404,7 @@ def load_measured(source: str) -> Trace:
     (``.parquet`` written by llmcomm, or a format :func:`llmcomm.ingest_trace` detects)."""
     from pathlib import Path
 
-    from ..specs import data_dir
+    from ..paths import data_dir
 
     curated = data_dir() / "traces" / f"{source}.parquet"
     if curated.is_file():

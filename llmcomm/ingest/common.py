@@ -21,7 +21,8 @@ import pyarrow as pa
 
 from ..errors import TraceFormatError
 from ..specs import ParallelConfig
-from ..trace import EVENTS_SCHEMA
+from ..vocab import DTYPES as DTYPES  # alias -> (short name, bytes per element)
+from ..vocab import EVENTS_SCHEMA
 
 # collective names as PyTorch (record_param_comms, nccl:* annotations), AICB and Chakra write them
 OP_NAMES: dict[str, str] = {
@@ -40,17 +41,6 @@ OP_NAMES: dict[str, str] = {
 # names that are bookkeeping, not data movement (or not expressible in the events table)
 NON_COMM = {"wait", "barrier", "init", "coalesced", "gather", "scatter", "reduce", "allgather_object",
             "computation", "epoch_end", "", "none"}
-
-# element sizes: PyTorch's c10 ScalarType names (record_param_comms) and C type names (Input type)
-DTYPES: dict[str, tuple[str, int]] = {
-    "float": ("fp32", 4), "double": ("fp64", 8), "half": ("fp16", 2), "bfloat16": ("bf16", 2),
-    "c10::half": ("fp16", 2), "c10::bfloat16": ("bf16", 2), "long": ("int64", 8), "long int": ("int64", 8),
-    "int64": ("int64", 8), "int": ("int32", 4), "int32": ("int32", 4), "short": ("int16", 2),
-    "short int": ("int16", 2), "byte": ("uint8", 1), "unsigned char": ("uint8", 1), "uint8": ("uint8", 1),
-    "char": ("int8", 1), "signed char": ("int8", 1), "int8": ("int8", 1), "bool": ("bool", 1),
-    "float8_e4m3fn": ("fp8", 1), "float8_e5m2": ("fp8", 1), "complexfloat": ("complex64", 8),
-    "fp32": ("fp32", 4), "fp16": ("fp16", 2), "bf16": ("bf16", 2),
-}
 
 
 def op_name(name: str) -> str | None:

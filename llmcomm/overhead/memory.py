@@ -45,7 +45,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..specs import ModelSpec, ParallelConfig, dtype_bytes, validate
+from ..specs import ModelSpec, ParallelConfig, validate
+from ..vocab import dtype_bytes
 
 COLUMNS = ("weights", "gradients", "optimizer", "activations")
 

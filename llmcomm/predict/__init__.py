@@ -23,7 +23,7 @@ from ..trace import Trace, table_to_events, validate_events
 from . import expand, program, torch_rules
 from .audit import audit_table
 from .calls import Context
-from .ep import peer_tokens, routing_counts, uniform_split_bytes
+from .ep import peer_tokens, routing_counts
 
 AUTO_AGGREGATE_ROWS = 500_000
 
@@ -66,19 +66,16 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
     if aggregate and d_tokens is not None:
         raise ConfigError("aggregate=True cannot merge routed all-to-alls (their splits differ per layer and "
                           "micro-batch); use aggregate=False with routing")
-    groups = expand._Groups(lay)
     parts = []
     for r, prog in enumerate(programs):
-        calls, counts_ = expand.aggregate_calls(prog) if aggregate else (prog, [1] * len(prog))
+        calls, call_counts = expand.aggregate_calls(prog) if aggregate else (prog, [1] * len(prog))
         if not calls:
             continue
-        parts.append(expand.stage_table(lay, groups, r, calls, counts_, iteration, d_tokens,
-                                        uniform_split_bytes(ctx) if model.is_moe else 0,
-                                        model.hidden_size * ctx.act, ctx.act))
+        parts.append(expand.stage_table(lay, r, calls, call_counts, iteration, d_tokens, model.hidden_size * ctx.act,
+                                        ctx.act))
     table = expand.to_table(parts)
     if parts:
-        rk = table.column("rank").to_numpy()
-        order = np.argsort(rk, kind="stable")
+        order = np.argsort(table.column("rank").to_numpy(), kind="stable")
         if not np.array_equal(order, np.arange(len(order))):
             table = table.take(order)
     validate_events(table, "predicted")

@@ -71,7 +71,7 @@ def _rows(stage: int, scope: str, origin: str, gen: Callable, calls: list[Call],
 
 
 def _stage_rows(ctx: Context, stage: int) -> list[dict]:
-    m, p = ctx.m, ctx.parallel
+    m, p = ctx.num_microbatches, ctx.parallel
     rows: list[dict] = []
     mb = 0
 

@@ -15,15 +15,10 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..errors import ConfigError
-from ..specs import ModelSpec, ParallelConfig, dtype_bytes
+from ..specs import ModelSpec, ParallelConfig
+from ..vocab import CALL_GROUP_KINDS, FRAMEWORKS, dtype_bytes
 
-FRAMEWORKS = ("megatron", "torch")
-# group kinds a Call can name; "p2p" / "cp_p2p" mean [rank, peer] with the peer in the PP / CP group;
-# "dpcp" is the data-parallel group with context parallelism folded in (Megatron's gradient group)
-# "mp": Megatron's model-parallel group (tp x pp); "tpcp": tp x cp (the router's aux-loss group); "etp": expert
-# tensor parallel; "tpep": expert tensor x expert parallel (Megatron's tp_ep group); "world": every rank;
-# "pp": the whole pipeline group (collectives over it, not send/recv)
-GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world", "pp")
+GROUP_KINDS = CALL_GROUP_KINDS  # the group kinds a Call can name (llmcomm.vocab.GroupKind explains each)
 
 
 @dataclass(frozen=True)
@@ -44,6 +39,11 @@ class Call:
     route: str = ""
 
 
+def _parallel_field(name: str, doc: str) -> property:
+    """A read-only attribute of :class:`Context` passed through from its ``ParallelConfig``."""
+    return property(lambda ctx: getattr(ctx.parallel, name), doc=doc)
+
+
 @dataclass(frozen=True)
 class Context:
     """Model, parallel config and framework with the derived sizes used by every generator."""
@@ -57,38 +57,27 @@ class Context:
             raise ConfigError(f"framework={self.framework!r} is not one of {FRAMEWORKS}")
 
     # -- sizes ------------------------------------------------------------------------------------
-    @property
-    def tp(self) -> int:
-        return self.parallel.tp
+    tp = _parallel_field("tp", "Tensor-parallel size.")
+    pp = _parallel_field("pp", "Pipeline-parallel size (stages).")
+    vpp = _parallel_field("vpp", "Model chunks per pipeline rank (virtual stages; 1 without interleaving).")
+    sp = _parallel_field("sp", "Whether sequence parallelism turns TP all-reduces into all-gathers and "
+                               "reduce-scatters.")
+    act_dtype = _parallel_field("act_dtype", "Activation dtype name (``bf16``...).")
 
     @property
-    def pp(self) -> int:
-        return self.parallel.pp
-
-    @property
-    def vpp(self) -> int:
-        return self.parallel.vpp
-
-    @property
-    def sp(self) -> bool:
-        return self.parallel.sp
-
-    @property
-    def m(self) -> int:
+    def num_microbatches(self) -> int:
         """Micro-batches per iteration: ``global_batch / (micro_batch · dp)``."""
         return self.parallel.num_microbatches
 
     @property
     def seq(self) -> int:
+        """Sequence length ``s``."""
         return self.parallel.sequence_length(self.model)
 
     @property
     def act(self) -> int:
+        """``act``: bytes per activation element."""
         return dtype_bytes(self.parallel.act_dtype)
-
-    @property
-    def act_dtype(self) -> str:
-        return self.parallel.act_dtype
 
     @property
     def tokens(self) -> int:

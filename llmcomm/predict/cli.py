@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError
 from ..output_paths import FIGURE_SUFFIXES, check_distinct, check_file
 from ..specs import Cluster, ParallelConfig, load_cluster, load_model
+from ..vocab import FRAMEWORKS, PIPELINE_SCHEDULES, RECOMPUTE_MODES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -37,17 +38,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch", type=int, default=None,
                    help="sequences per iteration (default: micro-batch x dp, one micro-batch per rank)")
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
-    p.add_argument("--recompute", nargs="?", const="full", default="none", choices=("none", "selective", "full"),
+    p.add_argument("--recompute", nargs="?", const="full", default="none", choices=RECOMPUTE_MODES,
                    help="activation recomputation; --recompute alone means full")
     p.add_argument("--distributed-optimizer", action="store_true",
                    help="Megatron's distributed optimizer (gradient reduce-scatter + parameter all-gather)")
     p.add_argument("--fsdp", action="store_true", help="fully sharded data parallelism")
-    p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved"),
+    p.add_argument("--schedule", default="1f1b", choices=PIPELINE_SCHEDULES,
                    help="pipeline schedule (--vpp > 1 implies interleaved)")
     p.add_argument("--cluster", default=None,
                    help=f"cluster name or YAML path, sets GPUs per node (see llmcomm clusters; default: "
                         f"{DEFAULT_GPUS_PER_NODE} GPUs per node)")
-    p.add_argument("--framework", default="megatron", choices=("megatron", "torch"),
+    p.add_argument("--framework", default="megatron", choices=FRAMEWORKS,
                    help="whose calls to predict: Megatron-LM's or torch-native (torchtitan-style) training")
     p.add_argument("--out", default=None, help="write the trace to this .parquet file (default: none)")
     p.add_argument("--matrix", default=None,

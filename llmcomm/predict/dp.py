@@ -264,7 +264,7 @@ def overlapped_grad_sync(ctx: Context, bucket_list: list[Bucket], layer: int, mb
     """``overlap_grad_reduce``: the reductions of the buckets that complete at ``layer`` in the last
     micro-batch's backward (``_make_backward_post_hook`` -> ``register_grad_ready`` -> ``start_grad_sync``
     of the bucket group, core/distributed/distributed_data_parallel.py); ``finish_grad_sync`` then only waits."""
-    if not ctx.parallel.overlap_grad_reduce or ctx.parallel.fsdp or mb != ctx.m - 1:
+    if not ctx.parallel.overlap_grad_reduce or ctx.parallel.fsdp or mb != ctx.num_microbatches - 1:
         return []
     op = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
     calls = [_bucket_call(ctx, b, "backward", op, mb) for b in bucket_list if b.layer == layer]

@@ -28,8 +28,9 @@ import pandas as pd
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import ModelSpec, ParallelConfig, load_model
+from ..vocab import ROUTING_COLUMNS
 from .calls import Context
-from .ep import ROUTING_COLUMNS, peer_tokens, routing_counts, uniform_split_bytes
+from .ep import peer_tokens, routing_counts, uniform_split_bytes
 
 ENVELOPE_COLUMNS = ("layer", "microbatch", "src", "dst", "min_bytes", "expected_bytes", "max_bytes",
                     "uniform_bytes", "hard_min_bytes", "hard_max_bytes", "iterations")
@@ -53,7 +54,7 @@ def dispatch_history(model: ModelSpec | str, parallel: ParallelConfig, routing: 
     if missing:
         raise ConfigError(f"routing lacks column(s) {missing}; expected columns {list(ROUTING_COLUMNS)}")
     its = np.sort(pd.unique(routing["iteration"]))
-    out = np.zeros((len(its), ctx.model.num_layers, ctx.m, parallel.world_size, parallel.ep), dtype=np.int64)
+    out = np.zeros((len(its), ctx.model.num_layers, ctx.num_microbatches, parallel.world_size, parallel.ep), dtype=np.int64)
     for i, (_, g) in enumerate(routing.groupby("iteration", sort=True)):
         counts, _ = routing_counts(g, ctx, parallel.world_size)
         out[i] = peer_tokens(counts, parallel.ep)
@@ -108,7 +109,7 @@ def sample_routing(model: ModelSpec | str, parallel: ParallelConfig, expert_prob
         raise ConfigError(f"expert_probs gives fewer than k={k} experts a non-zero probability")
     layers = [la for la, moe in enumerate(m.moe_layer_pattern()) if moe]
     rng = np.random.default_rng(seed)
-    W, M, T = parallel.world_size, ctx.m, ctx.local_tokens
+    W, M, T = parallel.world_size, ctx.num_microbatches, ctx.local_tokens
     with np.errstate(divide="ignore"):
         logp = np.log(p[layers])                                   # (L', E)
     g = rng.gumbel(size=(samples, len(layers), M, W, T, e_n)) + logp[None, :, None, None, None, :]

@@ -48,10 +48,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
+from ..vocab import ROUTING_COLUMNS
 from . import tp as tpmod
 from .calls import Call, Context
-
-ROUTING_COLUMNS = ("iteration", "microbatch", "layer", "src_rank", "expert", "tokens")
 
 
 def uniform_split_bytes(ctx: Context) -> int:
@@ -184,7 +183,7 @@ def routing_counts(routing: pd.DataFrame | np.ndarray, ctx: Context, world: int)
     ``routing`` is either that array (shape ``(num_layers, num_microbatches, world, num_experts)``, layers
     numbered globally, non-MoE layers ignored) or a DataFrame with ``ROUTING_COLUMNS`` (one iteration)."""
     m = ctx.model
-    expect = (m.num_layers, ctx.m, world, m.num_experts)
+    expect = (m.num_layers, ctx.num_microbatches, world, m.num_experts)
     iteration = 0
     if isinstance(routing, pd.DataFrame):
         missing = [c for c in ROUTING_COLUMNS if c not in routing.columns]

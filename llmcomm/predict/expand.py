@@ -2,7 +2,7 @@
 
 Every rank of pipeline stage ``r`` runs the same program (:mod:`.program`); only its groups and peers differ.
 For stage ``r`` with ``n`` ranks and ``T`` call templates the table gets ``n·T`` rows (rank-major, so each
-rank's calls stay in issue order); group members come from :meth:`llmcomm.layout.Layout.groups` by fancy
+rank's calls stay in issue order); group members come from :meth:`llmcomm.layout.Layout.group_rows` by fancy
 indexing, never by a Python loop over ranks.
 
 Aggregated form (``aggregate=True``): templates that differ only in ``layer``/``microbatch`` (and, for
@@ -17,15 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..layout import Layout, row_index
-from ..trace import EVENTS_SCHEMA
-from ..trace import OPS as _OPS
-from ..trace import PARALLELISM_TAGS as _PARS
-from ..trace import PHASES as _PHASES
+from ..layout import Layout
+from ..vocab import CALL_GROUP_KINDS, EVENTS_SCHEMA, OPS, PAIR_GROUP_KINDS, PARALLELISM_TAGS, PHASES, ROUTES
 from .calls import Call
-
-_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world", "pp")
-_ROUTES = ("", "dispatch", "combine", "counts", "probs_dispatch", "probs_combine")
 
 
 def aggregate_calls(calls: Sequence[Call]) -> tuple[list[Call], list[int]]:
@@ -45,129 +39,137 @@ def aggregate_calls(calls: Sequence[Call]) -> tuple[list[Call], list[int]]:
     return out, counts
 
 
-class _Groups:
-    """Group matrices and per-rank group rows of a layout, built once."""
+def stage_table(lay: Layout, stage: int, calls: Sequence[Call], counts: Sequence[int], iteration: int,
+                peer_tokens: np.ndarray | None, hidden_bytes: int, probs_bytes: int = 0
+                ) -> dict[str, np.ndarray | pa.Array]:
+    """Columns (numpy / pyarrow) for every rank of ``stage`` × every call template.
 
-    def __init__(self, lay: Layout) -> None:
-        self.lay = lay
-        self._g: dict[str, np.ndarray] = {}
-        self._i: dict[str, np.ndarray] = {}
-
-    def matrix(self, kind: str) -> np.ndarray:
-        if kind not in self._g:
-            if kind == "emb":
-                ppg = self.lay.groups("pp")
-                g = ppg[:, [0, -1]] if ppg.shape[1] > 1 else ppg
-            else:
-                g = self.lay.groups(kind)
-            # ranks outside every group (middle stages for "emb") point at row 0; they never use it
-            self._g[kind], self._i[kind] = g, row_index(g, self.lay.world_size)
-        return self._g[kind]
-
-    def rows(self, kind: str, ranks: np.ndarray) -> np.ndarray:
-        """The group (as a row of ranks) of each rank in ``ranks``."""
-        g = self.matrix(kind)
-        return g[self._i[kind][ranks]]
-
-
-def stage_table(lay: Layout, groups: _Groups, stage: int, calls: Sequence[Call], counts: Sequence[int],
-                iteration: int, peer_tokens: np.ndarray | None, uniform_split: int, hidden_bytes: int,
-                probs_bytes: int = 0) -> dict[str, np.ndarray | pa.Array]:
-    """Columns (numpy / pyarrow) for every rank of ``stage`` × every call template. Routed all-to-alls send
-    ``hidden_bytes`` per token (``probs_bytes`` for the routing probabilities' all-to-alls)."""
-    ppg = groups.matrix("pp") if lay.parallel.pp > 1 else None
+    ``peer_tokens[layer, microbatch, src_rank, ep_position]`` (routing, optional) sizes the routed
+    all-to-alls: ``tokens · hidden_bytes`` to each peer (``probs_bytes`` per token for the routing
+    probabilities' all-to-alls); without it their ``bytes`` split evenly."""
     coords = lay.coords
     ranks = coords["rank"].to_numpy()[coords["pp"].to_numpy() == stage]
-    n, t = len(ranks), len(calls)
-    p = lay.parallel.pp
-    tmpl = {
-        "phase": np.array([_PHASES.index(c.phase) for c in calls], dtype=np.int8),
-        "par": np.array([_PARS.index(c.parallelism) for c in calls], dtype=np.int8),
-        "op": np.array([_OPS.index(c.op) for c in calls], dtype=np.int8),
-        "kind": np.array([_KINDS.index(c.group) for c in calls], dtype=np.int8),
-        "bytes": np.array([c.bytes for c in calls], dtype=np.int64),
-        "layer": np.array([c.layer for c in calls], dtype=np.int32),
-        "mb": np.array([c.microbatch for c in calls], dtype=np.int32),
-        "peer": np.array([c.peer for c in calls], dtype=np.int64),
-        "route": np.array([_ROUTES.index(c.route) for c in calls], dtype=np.int8),
-        "count": np.asarray(counts, dtype=np.int64),
-    }
-    dtypes = [c.dtype for c in calls]
-    rank = np.repeat(ranks, t)
-    col = {k: np.tile(v, n) for k, v in tmpl.items()}
-    # peers of send/recv: the stage at offset ±1 (wrapping) in the rank's PP group
-    peer = np.full(n * t, -1, dtype=np.int64)
-    is_p2p = col["kind"] == _KINDS.index("p2p")
-    if is_p2p.any() and ppg is not None:
-        rows = groups.rows("pp", rank[is_p2p])
-        peer[is_p2p] = rows[np.arange(len(rows)), (stage + col["peer"][is_p2p]) % p]
-    is_cp = col["kind"] == _KINDS.index("cp_p2p")
-    if is_cp.any():
-        rows = groups.rows("cp", rank[is_cp])
-        pos = lay.coords["cp"].to_numpy()[rank[is_cp]]
-        peer[is_cp] = rows[np.arange(len(rows)), (pos + col["peer"][is_cp]) % lay.parallel.cp]
-    # group lists: every rank has the same templates, so each rank's members fill one row of an (n, L) block
-    sizes = {k: (2 if k in ("p2p", "cp_p2p") else groups.matrix(k).shape[1])
-             for k in _KINDS if (tmpl["kind"] == _KINDS.index(k)).any()}
-    tlens = np.array([sizes[_KINDS[k]] for k in tmpl["kind"]], dtype=np.int64)
-    toff = np.concatenate([[0], np.cumsum(tlens)])
-    width = int(toff[-1])
-    values = np.empty((n, width), dtype=np.int32)
-    peer_nt = peer.reshape(n, t)
-    members = {k: groups.rows(k, ranks) for k in sizes if k not in ("p2p", "cp_p2p")}
-    for j in range(t):
-        k, a = _KINDS[tmpl["kind"][j]], int(toff[j])
-        if k in ("p2p", "cp_p2p"):
-            values[:, a] = ranks
-            values[:, a + 1] = peer_nt[:, j]
-        else:
-            values[:, a:a + sizes[k]] = members[k]
-    offsets = np.append((np.arange(n, dtype=np.int64)[:, None] * width + toff[None, :-1]).ravel(), n * width)
-    if n * width < 2**31:
-        group = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values.ravel()))
-    else:
-        group = pa.LargeListArray.from_arrays(offsets, values.ravel()).cast(pa.list_(pa.int32()))
-    # all-to-all splits
-    nbytes = col["bytes"].copy()
-    a2a = np.nonzero(col["op"] == _OPS.index("all_to_all"))[0]
-    split: pa.Array
-    if len(a2a):
-        ep = groups.matrix("ep").shape[1]
-        sv = np.repeat((col["bytes"][a2a] // ep)[:, None], ep, axis=1)  # even split (uniform routing, counts)
-        routes = [_ROUTES.index(x) for x in ("dispatch", "combine", "probs_dispatch", "probs_combine")]
-        routed = np.isin(col["route"][a2a], routes)
-        if peer_tokens is not None and routed.any():
-            rows = a2a[routed]
-            r, la, mb = rank[rows], col["layer"][rows], col["mb"][rows]
-            disp = np.isin(col["route"][rows], [routes[0], routes[2]])
-            per_token = np.where(col["route"][rows] >= routes[2], probs_bytes, hidden_bytes)
-            members = groups.rows("ep", r)
-            pos = lay.coords["ep"].to_numpy()[r]
-            d_send = peer_tokens[la, mb, r, :]  # dispatch: what r sends to each position
-            d_back = peer_tokens[la[:, None], mb[:, None], members, pos[:, None]]  # combine: what each sent r
-            sv[routed] = np.where(disp[:, None], d_send, d_back) * per_token[:, None]
-        nbytes[a2a] = sv.sum(axis=1)
-        soff = np.zeros(n * t + 1, dtype=np.int64)
-        slen = np.zeros(n * t, dtype=np.int64)
-        slen[a2a] = ep
-        np.cumsum(slen, out=soff[1:])
-        mask = np.ones(n * t, dtype=bool)
-        mask[a2a] = False
-        split = pa.LargeListArray.from_arrays(pa.array(soff), pa.array(sv.ravel()),
-                                              mask=pa.array(mask)).cast(pa.list_(pa.int64()))
-    else:
-        split = pa.nulls(n * t, pa.list_(pa.int64()))
-    dt_codes, dt_idx = np.unique(np.array(dtypes, dtype=object), return_inverse=True)
+    n = len(ranks)
+    template = _encode_calls(calls, counts)
+    rank = np.repeat(ranks, len(calls))
+    col = {k: np.tile(v, n) for k, v in template.items()}
+    peer = _peers(lay, stage, rank, col)
+    group = _group_lists(lay, rank, peer, col, len(calls))
+    nbytes, split = _all_to_all_splits(lay, rank, col, peer_tokens, hidden_bytes, probs_bytes)
+    dt_codes, dt_idx = np.unique(np.array([c.dtype for c in calls], dtype=object), return_inverse=True)
     return {
-        "rank": rank.astype(np.int32), "iteration": np.full(n * t, iteration, dtype=np.int32),
+        "rank": rank.astype(np.int32), "iteration": np.full(len(rank), iteration, dtype=np.int32),
         "microbatch": col["mb"], "layer": col["layer"],
-        "phase": pa.DictionaryArray.from_arrays(col["phase"], pa.array(_PHASES)),
-        "parallelism": pa.DictionaryArray.from_arrays(col["par"], pa.array(_PARS)),
-        "op": pa.DictionaryArray.from_arrays(col["op"], pa.array(_OPS)),
+        "phase": pa.DictionaryArray.from_arrays(col["phase"], pa.array(PHASES)),
+        "parallelism": pa.DictionaryArray.from_arrays(col["par"], pa.array(PARALLELISM_TAGS)),
+        "op": pa.DictionaryArray.from_arrays(col["op"], pa.array(OPS)),
         "group": group, "peer": peer.astype(np.int32), "bytes": nbytes,
         "dtype": pa.DictionaryArray.from_arrays(np.tile(dt_idx.astype(np.int32), n), pa.array(list(dt_codes))),
         "split_bytes": split, "count": col["count"],
     }
+
+
+def _encode_calls(calls: Sequence[Call], counts: Sequence[int]) -> dict[str, np.ndarray]:
+    """The call templates as numpy columns; names are coded as their index in the vocabulary tuples."""
+    return {
+        "phase": np.array([PHASES.index(c.phase) for c in calls], dtype=np.int8),
+        "par": np.array([PARALLELISM_TAGS.index(c.parallelism) for c in calls], dtype=np.int8),
+        "op": np.array([OPS.index(c.op) for c in calls], dtype=np.int8),
+        "kind": np.array([CALL_GROUP_KINDS.index(c.group) for c in calls], dtype=np.int8),
+        "bytes": np.array([c.bytes for c in calls], dtype=np.int64),
+        "layer": np.array([c.layer for c in calls], dtype=np.int32),
+        "mb": np.array([c.microbatch for c in calls], dtype=np.int32),
+        "peer": np.array([c.peer for c in calls], dtype=np.int64),
+        "route": np.array([ROUTES.index(c.route) for c in calls], dtype=np.int8),
+        "count": np.asarray(counts, dtype=np.int64),
+    }
+
+
+def _kind_is(col: dict[str, np.ndarray], kind: str) -> np.ndarray:
+    return col["kind"] == CALL_GROUP_KINDS.index(kind)
+
+
+def _peers(lay: Layout, stage: int, rank: np.ndarray, col: dict[str, np.ndarray]) -> np.ndarray:
+    """Global peer of each send/recv row: the stage (``p2p``) or CP position (``cp_p2p``) at offset
+    ``col["peer"]`` (±1, wrapping) in the rank's PP / CP group; -1 for every other row."""
+    peer = np.full(len(rank), -1, dtype=np.int64)
+    is_p2p = _kind_is(col, "p2p")
+    if is_p2p.any() and lay.parallel.pp > 1:
+        rows = lay.group_rows("pp", rank[is_p2p])
+        peer[is_p2p] = rows[np.arange(len(rows)), (stage + col["peer"][is_p2p]) % lay.parallel.pp]
+    is_cp = _kind_is(col, "cp_p2p")
+    if is_cp.any():
+        rows = lay.group_rows("cp", rank[is_cp])
+        position = lay.coords["cp"].to_numpy()[rank[is_cp]]
+        peer[is_cp] = rows[np.arange(len(rows)), (position + col["peer"][is_cp]) % lay.parallel.cp]
+    return peer
+
+
+def _group_lists(lay: Layout, rank: np.ndarray, peer: np.ndarray, col: dict[str, np.ndarray],
+                 templates: int) -> pa.Array:
+    """The ``group`` column: each row's group members (``[rank, peer]`` for the pair kinds).
+
+    Rows are rank-major with the same ``templates`` calls per rank, so one rank's members of all its calls
+    fill one row of an ``(n ranks, width)`` block, column range by column range: no per-member index."""
+    n = len(rank) // templates if templates else 0
+    ranks = rank[::templates] if templates else rank[:0]
+    kinds = col["kind"][:templates]
+    members_of = {code: lay.group_rows(CALL_GROUP_KINDS[code], ranks) for code in np.unique(kinds)
+                  if CALL_GROUP_KINDS[code] not in PAIR_GROUP_KINDS}
+    sizes = np.array([2 if CALL_GROUP_KINDS[code] in PAIR_GROUP_KINDS else members_of[code].shape[1]
+                      for code in kinds], dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    width = int(start[-1])
+    values = np.empty((n, width), dtype=np.int32)
+    peers = peer.reshape(n, templates) if templates else peer.reshape(0, 0)
+    for j, code in enumerate(kinds):
+        a = int(start[j])
+        if CALL_GROUP_KINDS[code] in PAIR_GROUP_KINDS:
+            values[:, a] = ranks
+            values[:, a + 1] = peers[:, j]
+        else:
+            values[:, a:a + sizes[j]] = members_of[code]
+    offsets = np.append((np.arange(n, dtype=np.int64)[:, None] * width + start[None, :-1]).ravel(), n * width)
+    if n * width < 2**31:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values.ravel()))
+    return pa.LargeListArray.from_arrays(offsets, values.ravel()).cast(pa.list_(pa.int32()))
+
+
+def _all_to_all_splits(lay: Layout, rank: np.ndarray, col: dict[str, np.ndarray], peer_tokens: np.ndarray | None,
+                       hidden_bytes: int, probs_bytes: int) -> tuple[np.ndarray, pa.Array]:
+    """``bytes`` and ``split_bytes`` of every row: an all-to-all's splits are even (uniform routing, token
+    counts) or, for a routed dispatch / combine with ``peer_tokens``, the tokens sent to / received from each
+    EP peer times ``hidden_bytes`` (``probs_bytes`` for the probabilities' all-to-alls); its ``bytes`` is
+    their sum. Other rows keep their bytes and no splits."""
+    nbytes = col["bytes"].copy()
+    a2a = np.nonzero(col["op"] == OPS.index("all_to_all"))[0]
+    if not len(a2a):
+        return nbytes, pa.nulls(len(rank), pa.list_(pa.int64()))
+    ep = lay.size("ep")
+    split_values = np.repeat((col["bytes"][a2a] // ep)[:, None], ep, axis=1)
+    dispatch_like = [ROUTES.index("dispatch"), ROUTES.index("probs_dispatch")]
+    probs = [ROUTES.index("probs_dispatch"), ROUTES.index("probs_combine")]
+    routed = np.isin(col["route"][a2a], [*dispatch_like, ROUTES.index("combine"), ROUTES.index("probs_combine")])
+    if peer_tokens is not None and routed.any():
+        rows = a2a[routed]
+        src, layer, mb = rank[rows], col["layer"][rows], col["mb"][rows]
+        dispatch = np.isin(col["route"][rows], dispatch_like)
+        per_token = np.where(np.isin(col["route"][rows], probs), probs_bytes, hidden_bytes)
+        members = lay.group_rows("ep", src)
+        position = lay.coords["ep"].to_numpy()[src]
+        sent = peer_tokens[layer, mb, src, :]  # dispatch: what src sends to each EP position
+        received = peer_tokens[layer[:, None], mb[:, None], members, position[:, None]]  # combine: what each sent src
+        split_values[routed] = np.where(dispatch[:, None], sent, received) * per_token[:, None]
+    nbytes[a2a] = split_values.sum(axis=1)
+    split_offsets = np.zeros(len(rank) + 1, dtype=np.int64)
+    split_lens = np.zeros(len(rank), dtype=np.int64)
+    split_lens[a2a] = ep
+    np.cumsum(split_lens, out=split_offsets[1:])
+    no_split = np.ones(len(rank), dtype=bool)
+    no_split[a2a] = False
+    split = pa.LargeListArray.from_arrays(pa.array(split_offsets), pa.array(split_values.ravel()),
+                                          mask=pa.array(no_split)).cast(pa.list_(pa.int64()))
+    return nbytes, split
 
 
 def to_table(parts: Sequence[dict[str, np.ndarray | pa.Array]]) -> pa.Table:

@@ -88,7 +88,7 @@ def _forward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
 def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     vs = ctx.virtual_stage(stage, chunk)
     layers = ctx.chunk_layers(stage, chunk)
-    overlap = ctx.parallel.overlap_grad_reduce and mb == ctx.m - 1 and not ctx.parallel.fsdp
+    overlap = ctx.parallel.overlap_grad_reduce and mb == ctx.num_microbatches - 1 and not ctx.parallel.fsdp
     bl = dp.buckets(ctx, stage, chunk) if overlap else []
     out: list[Call] = []
     if vs < ctx.last_virtual:
@@ -144,7 +144,7 @@ def stage_program(ctx: Context, stage: int) -> list[Call]:
     if ctx.pp > 1 and ctx.vpp == 1 and sched == "interleaved":
         sched = "1f1b"
     out: list[Call] = []
-    for step in schedule(sched, ctx.m, ctx.pp, stage, ctx.vpp, ctx.parallel.vp_group_size):
+    for step in schedule(sched, ctx.num_microbatches, ctx.pp, stage, ctx.vpp, ctx.parallel.vp_group_size):
         if step.kind == "F":
             out += _forward(ctx, stage, step.chunk, step.microbatch)
         else:

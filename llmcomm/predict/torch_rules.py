@@ -31,7 +31,7 @@ Differences from Megatron-LM (:mod:`.program`), with ``A = b·s·h·act`` and ``
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..specs import dtype_bytes
+from ..vocab import dtype_bytes
 from . import ep as epmod
 from . import pp
 from .calls import Call, Context
@@ -138,7 +138,7 @@ def _forward(ctx: Context, stage: int, mb: int) -> list[Call]:
 def _backward(ctx: Context, stage: int, mb: int) -> list[Call]:
     layers = ctx.chunk_layers(stage, 0)
     last = stage == ctx.pp - 1
-    sync = mb == ctx.m - 1  # gradient sync runs in the last micro-batch's backward
+    sync = mb == ctx.num_microbatches - 1  # gradient sync runs in the last micro-batch's backward
     out: list[Call] = []
     if not last:
         out.append(pp.recv_backward(ctx, mb, -1))
@@ -175,6 +175,6 @@ def stage_program(ctx: Context, stage: int) -> list[Call]:
     _check(ctx)
     sched = ctx.parallel.schedule if ctx.pp > 1 else "1f1b"  # pp = 1: forward then backward per micro-batch
     out: list[Call] = []
-    for step in schedule(sched, ctx.m, ctx.pp, stage, 1):
+    for step in schedule(sched, ctx.num_microbatches, ctx.pp, stage, 1):
         out += (_forward if step.kind == "F" else _backward)(ctx, stage, step.microbatch)
     return out

@@ -27,7 +27,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from ..specs import data_dir, load_cluster, load_model
+from ..paths import data_dir
+from ..specs import load_cluster, load_model
 from .report import label
 from .search import tune
 from .space import SearchSpace

@@ -28,8 +28,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..specs import ModelSpec
-
-RECOMPUTE = ("none", "selective", "full")
+from ..vocab import RECOMPUTE_MODES as RECOMPUTE
 
 
 def divisors(n: int) -> list[int]:
