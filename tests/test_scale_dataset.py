@@ -77,8 +77,8 @@ def test_parallel_ingest_writes_the_serial_dataset(dlrm_dir, tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not par.dask_available(), reason="dask.distributed not installed")
 def test_dask_ingest_and_analyses_equal_serial(dlrm_dir, predicted_ds, tmp_path) -> None:
+    assert par.dask_available(), "dask.distributed is missing: `make test` installs the [scale] extra"
     serial = ingest_to_dataset(dlrm_dir, tmp_path / "serial")
     dask_ds = par.ingest_to_dataset_parallel(dlrm_dir, tmp_path / "dask", workers=2)
     _same_dataset(serial, dask_ds)
