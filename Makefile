@@ -27,7 +27,7 @@ $(BASE): pyproject.toml
 
 # the tests add the dev tools and torch (CPU build) for the real torch.distributed runs
 $(STAMP): $(BASE)
-	$(PY) -m pip install --quiet -e '.[dev,collect]'
+	$(PY) -m pip install --quiet -e '.[dev,collect,scale]'
 	rm -f $(VENV)/.installed-test-* && touch $@
 
 figures: $(BASE)
@@ -47,7 +47,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check llmcomm tests benchmarks notebooks
 
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m pip install --quiet -e '.[bench,scale]'
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 traces: $(STAMP)

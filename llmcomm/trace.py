@@ -68,6 +68,7 @@ SCHEMA_VERSION_KEY = b"llmcomm.schema_version"
 SCHEMA_VERSION = 1
 DEFAULTS = EVENT_DEFAULTS  # the public name this module has always had
 
+VALIDATE_ROWS = 50_000  # rows validated at once
 FLOW_TAGS = ("iteration", "microbatch", "layer", "phase", "parallelism", "op")
 
 
@@ -134,11 +135,17 @@ def table_to_events(table: pa.Table) -> pd.DataFrame:
     return df
 
 
-def validate_events(table: pa.Table, origin: str = "<events>") -> None:
+def validate_events(table: pa.Table, origin: str = "<events>", _row0: int = 0) -> None:
     """Semantic checks on an events table: known ops/phases/parallelisms, non-negative bytes, the rank in
-    its own group, a peer for send/recv, split sizes matching the group for all_to_all."""
+    its own group, a peer for send/recv, split sizes matching the group for all_to_all. A large table is
+    checked in slices of ``VALIDATE_ROWS`` rows (bounded temporaries); errors name the row in the table."""
+    if table.num_rows > VALIDATE_ROWS:
+        for lo in range(0, table.num_rows, VALIDATE_ROWS):
+            validate_events(table.slice(lo, VALIDATE_ROWS), origin, _row0=_row0 + lo)
+        return
+
     def bad(col: str, rule: str, mask: np.ndarray) -> None:
-        i = int(np.nonzero(mask)[0][0])
+        i = int(np.nonzero(mask)[0][0]) + _row0
         raise TraceFormatError(f"{origin}: field {col!r} row {i}: {rule}")
 
     for col, allowed in (("op", OPS), ("phase", PHASES), ("parallelism", PARALLELISM_TAGS)):
@@ -258,14 +265,23 @@ class Trace:
         t = self.select(**filters) if filters else self
         return flows_from_table(t.to_table(), algorithm)
 
-    def matrix(self, algorithm: str = "direct", world_size: int | None = None, **filters: Any) -> sp.csr_matrix:
+    def matrix(self, algorithm: str = "direct", world_size: int | None = None, *, level: str = "gpu",
+               gpus_per_node: int | None = None, nodes_per_rack: int | None = None,
+               **filters: Any) -> sp.csr_matrix:
         """Sparse ``world × world`` matrix of bytes from ``src`` (row) to ``dst`` (column).
 
         ``algorithm="direct"`` gives the logical (who-talks-to-whom) traffic; ``"ring"`` the ring flows.
-        Filters select events first (``parallelism=``, ``op=``, ``phase=``, ``iteration=``...)."""
+        Filters select events first (``parallelism=``, ``op=``, ``phase=``, ``iteration=``...).
+        ``level="node"`` (``"rack"``, given ``nodes_per_rack``) sums GPUs into nodes (racks); built block by
+        block of source ranks by :func:`llmcomm.matrix.matrix_from_table`. ``gpus_per_node`` defaults to
+        ``meta['gpus_per_node']`` or 8."""
+        from .matrix import matrix_from_table
+
         n = world_size or self.world_size
-        f = self.flows(algorithm, **filters)
-        return flows_to_matrix(f, n)
+        t = self.select(**filters) if filters else self
+        g = gpus_per_node or int(self.meta.get("gpus_per_node") or 8)
+        return matrix_from_table(t.to_table(), n, algorithm, level=level, gpus_per_node=g,
+                                 nodes_per_rack=nodes_per_rack)
 
     def volumes(self, by: Sequence[str] = ("parallelism",), bytes_col: str = "bytes",
                 sent_only: bool = False) -> pd.DataFrame:
@@ -424,8 +440,9 @@ def _schema_diff(got: pa.Schema, want: pa.Schema) -> str:
 
 
 # ------------------------------------------------------------------------------------------ flows
-def flows_from_table(table: pa.Table, algorithm: str = "ring") -> pd.DataFrame:
-    """Vectorized flow decomposition of an events table (see the module docstring for the rules)."""
+def flows_from_table(table: pa.Table, algorithm: str = "ring", tags: bool = True) -> pd.DataFrame:
+    """Vectorized flow decomposition of an events table (see the module docstring for the rules);
+    ``tags=False`` leaves out the event's tag columns (``src, dst, bytes`` only)."""
     if algorithm not in ALGORITHMS:
         raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     ev = _EventGroups.of(table)
@@ -437,7 +454,7 @@ def flows_from_table(table: pa.Table, algorithm: str = "ring") -> pd.DataFrame:
         _ring_flows(ev, flows)
     else:
         _direct_flows(ev, flows)
-    return flows.frame(table)
+    return flows.frame(table, tags)
 
 
 @dataclass(frozen=True)
@@ -508,17 +525,18 @@ class _FlowParts:
         self.bytes.append(nbytes)
         self.events.append(events)
 
-    def frame(self, table: pa.Table) -> pd.DataFrame:
-        """``src, dst, bytes`` plus each flow's event tags (``FLOW_TAGS``)."""
+    def frame(self, table: pa.Table, tags: bool = True) -> pd.DataFrame:
+        """``src, dst, bytes`` plus (``tags``) each flow's event tags (``FLOW_TAGS``)."""
         out = {
-            "src": np.concatenate(self.src).astype(np.int64) if self.src else np.zeros(0, np.int64),
-            "dst": np.concatenate(self.dst).astype(np.int64) if self.dst else np.zeros(0, np.int64),
-            "bytes": np.concatenate(self.bytes).astype(np.float64) if self.bytes else np.zeros(0),
+            "src": np.concatenate(self.src).astype(np.int64, copy=False) if self.src else np.zeros(0, np.int64),
+            "dst": np.concatenate(self.dst).astype(np.int64, copy=False) if self.dst else np.zeros(0, np.int64),
+            "bytes": np.concatenate(self.bytes).astype(np.float64, copy=False) if self.bytes else np.zeros(0),
         }
-        take = pa.array(np.concatenate(self.events) if self.events else np.zeros(0, np.int64), type=pa.int64())
-        for tag in FLOW_TAGS:  # Arrow take + to_pandas: same dtypes as a numpy gather, ~100x faster for strings
-            out[tag] = table.column(tag).take(take).to_pandas()
-        return pd.DataFrame(out)
+        if tags:
+            take = pa.array(np.concatenate(self.events) if self.events else np.zeros(0, np.int64), type=pa.int64())
+            for tag in FLOW_TAGS:  # Arrow take + to_pandas: same dtypes as a numpy gather, ~100x faster for strings
+                out[tag] = table.column(tag).take(take).to_pandas()
+        return pd.DataFrame(out, copy=False)  # fresh arrays: no consolidation copy
 
 
 def _all_to_all_flows(table: pa.Table, ev: _EventGroups, flows: _FlowParts) -> None:

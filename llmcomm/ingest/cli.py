@@ -1,7 +1,9 @@
 """``llmcomm ingest PATH... --out OUT``: real traces into the events table.
 
 ``OUT`` ending in ``.parquet`` is one trace file; a name without an extension (or ``--dataset``) a
-partitioned dataset folder with one file per rank, streamed with memory bounded by about one input file.
+partitioned dataset folder with one file per rank, streamed with memory bounded by about one input file;
+``--workers N`` reads the rank files in parallel on Dask (``--scheduler ADDRESS``: an existing cluster), see
+:mod:`llmcomm.ingest.parallel`.
 ``--bandwidth`` reads nccl-tests / vTrain / AICB timings into a bandwidth table instead (``.csv`` or
 ``.parquet``). Output is written to a temporary name and renamed, so a failure leaves nothing under ``OUT``.
 
@@ -40,6 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, for node placement")
     p.add_argument("--dataset", action="store_true", help="write a partitioned dataset even for a .parquet name")
     p.add_argument("--force", action="store_true", help="replace an existing dataset folder")
+    p.add_argument("--workers", type=int, default=None,
+                   help="read rank files in parallel on N local Dask worker processes (needs llmcomm[scale]; "
+                        "default: serially in this process)")
+    p.add_argument("--scheduler", default=None,
+                   help="address of an existing dask.distributed scheduler to read rank files on (default: none)")
     p.add_argument("--bandwidth", action="store_true", help="read bandwidth measurements instead of traces")
     p.add_argument("--op", default=None,
                    help="collective of nccl-tests logs whose op cannot be inferred (default: from the log)")
@@ -82,10 +89,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     dims = _dims(args)
     raw = str(args.out)
-    if args.dataset or not raw.endswith(".parquet"):
+    dataset = args.dataset or not raw.endswith(".parquet")
+    engine = args.workers is not None or args.scheduler is not None
+    if engine and not dataset:
+        raise UsageError(f"--out {raw}: --workers/--scheduler read rank files into a dataset; add --dataset or "
+                         "name a folder")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: must be a positive integer")
+    if dataset:
         out = check_folder(args.out, option="--out", force=args.force, writes="a dataset")
-        ingest_to_dataset(args.paths, out, dims, rank=args.rank, gpus_per_node=args.gpus_per_node,
-                          overwrite=args.force, progress=progress)
+        if engine:
+            from .parallel import ingest_to_dataset_parallel
+
+            ingest_to_dataset_parallel(args.paths, out, dims, rank=args.rank, gpus_per_node=args.gpus_per_node,
+                                       overwrite=args.force, workers=args.workers, scheduler=args.scheduler)
+        else:
+            ingest_to_dataset(args.paths, out, dims, rank=args.rank, gpus_per_node=args.gpus_per_node,
+                              overwrite=args.force, progress=progress)
         print(f"{out}: dataset written")
         return 0
     out = check_file(args.out, option="--out", suffixes=(".parquet",), writes="a parquet trace")

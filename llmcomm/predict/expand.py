@@ -54,7 +54,7 @@ def stage_table(lay: Layout, stage: int, calls: Sequence[Call], counts: Sequence
     rank = np.repeat(ranks, len(calls))
     col = {k: np.tile(v, n) for k, v in template.items()}
     peer = _peers(lay, stage, rank, col)
-    group = _group_lists(lay, rank, peer, col)
+    group = _group_lists(lay, rank, peer, col, len(calls))
     nbytes, split = _all_to_all_splits(lay, rank, col, peer_tokens, hidden_bytes, probs_bytes)
     dt_codes, dt_idx = np.unique(np.array([c.dtype for c in calls], dtype=object), return_inverse=True)
     return {
@@ -105,23 +105,34 @@ def _peers(lay: Layout, stage: int, rank: np.ndarray, col: dict[str, np.ndarray]
     return peer
 
 
-def _group_lists(lay: Layout, rank: np.ndarray, peer: np.ndarray, col: dict[str, np.ndarray]) -> pa.Array:
-    """The ``group`` column: each row's group members (``[rank, peer]`` for the pair kinds)."""
-    members_of: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # kind code -> (rows, members)
-    for code, kind in enumerate(CALL_GROUP_KINDS):
-        sel = np.nonzero(col["kind"] == code)[0]
-        if len(sel):
-            members_of[code] = (sel, np.stack([rank[sel], peer[sel]], axis=1) if kind in PAIR_GROUP_KINDS
-                                else lay.group_rows(kind, rank[sel]))
-    lens = np.zeros(len(rank), dtype=np.int64)
-    for sel, members in members_of.values():
-        lens[sel] = members.shape[1]
-    offsets = np.zeros(len(rank) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    values = np.empty(int(offsets[-1]), dtype=np.int32)
-    for sel, members in members_of.values():
-        values[(offsets[sel][:, None] + np.arange(members.shape[1])).ravel()] = members.ravel()
-    return pa.LargeListArray.from_arrays(offsets, values).cast(pa.list_(pa.int32()))
+def _group_lists(lay: Layout, rank: np.ndarray, peer: np.ndarray, col: dict[str, np.ndarray],
+                 templates: int) -> pa.Array:
+    """The ``group`` column: each row's group members (``[rank, peer]`` for the pair kinds).
+
+    Rows are rank-major with the same ``templates`` calls per rank, so one rank's members of all its calls
+    fill one row of an ``(n ranks, width)`` block, column range by column range: no per-member index."""
+    n = len(rank) // templates if templates else 0
+    ranks = rank[::templates] if templates else rank[:0]
+    kinds = col["kind"][:templates]
+    members_of = {code: lay.group_rows(CALL_GROUP_KINDS[code], ranks) for code in np.unique(kinds)
+                  if CALL_GROUP_KINDS[code] not in PAIR_GROUP_KINDS}
+    sizes = np.array([2 if CALL_GROUP_KINDS[code] in PAIR_GROUP_KINDS else members_of[code].shape[1]
+                      for code in kinds], dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    width = int(start[-1])
+    values = np.empty((n, width), dtype=np.int32)
+    peers = peer.reshape(n, templates) if templates else peer.reshape(0, 0)
+    for j, code in enumerate(kinds):
+        a = int(start[j])
+        if CALL_GROUP_KINDS[code] in PAIR_GROUP_KINDS:
+            values[:, a] = ranks
+            values[:, a + 1] = peers[:, j]
+        else:
+            values[:, a:a + sizes[j]] = members_of[code]
+    offsets = np.append((np.arange(n, dtype=np.int64)[:, None] * width + start[None, :-1]).ravel(), n * width)
+    if n * width < 2**31:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values.ravel()))
+    return pa.LargeListArray.from_arrays(offsets, values.ravel()).cast(pa.list_(pa.int32()))
 
 
 def _all_to_all_splits(lay: Layout, rank: np.ndarray, col: dict[str, np.ndarray], peer_tokens: np.ndarray | None,
@@ -162,7 +173,7 @@ def _all_to_all_splits(lay: Layout, rank: np.ndarray, col: dict[str, np.ndarray]
 
 
 def to_table(parts: Sequence[dict[str, np.ndarray | pa.Array]]) -> pa.Table:
-    """Concatenate stage columns into one table in ``EVENTS_SCHEMA``."""
+    """Stage columns as one table in ``EVENTS_SCHEMA`` (one chunk per stage)."""
     arrays = []
     for f in EVENTS_SCHEMA:
         if f.name in ("t_start_ns", "t_end_ns"):
@@ -178,9 +189,11 @@ def to_table(parts: Sequence[dict[str, np.ndarray | pa.Array]]) -> pa.Table:
             a = p[f.name]
             a = a if isinstance(a, pa.Array) else pa.array(a)
             chunks.append(a.cast(f.type) if not isinstance(a, pa.DictionaryArray) else a.dictionary_decode())
-        arrays.append(pa.concat_arrays(chunks) if chunks else pa.array([], f.type))
+        # one chunk per stage: no copy of the (large) group lists into one buffer
+        arrays.append(pa.chunked_array(chunks, f.type) if chunks else pa.array([], f.type))
     for i, f in enumerate(EVENTS_SCHEMA):
         if isinstance(arrays[i], pa.DictionaryArray):
             arrays[i] = arrays[i].dictionary_decode()
-        arrays[i] = arrays[i].cast(f.type)
+        if arrays[i].type != f.type:
+            arrays[i] = arrays[i].cast(f.type)
     return pa.Table.from_arrays(arrays, schema=EVENTS_SCHEMA)

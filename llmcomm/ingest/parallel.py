@@ -1,0 +1,185 @@
+"""Many rank files at once: ingest into a dataset and map analyses over its rank files, on Dask or serially.
+
+:func:`map_tasks` runs ``fn(item)`` for every item and returns the results in item order:
+
+* ``workers=None`` and no ``scheduler``: serially in this process (no Dask needed);
+* ``workers=N``: on a local ``dask.distributed`` cluster of ``N`` single-threaded worker *processes*
+  (parsing JSON holds the GIL, so threads would not help), started for the call and closed after it;
+* ``scheduler="tcp://host:8786"``: on an existing ``dask.distributed`` cluster, used as it is. Its workers
+  must import ``llmcomm`` and see the same file system (the inputs and the folder beside ``--out``).
+
+Dask is an optional extra (``pip install llmcomm[scale]``); without it ``workers=N`` falls back to the
+serial path (with a warning), and a ``scheduler`` address is a :class:`~llmcomm.errors.ConfigError`.
+
+:func:`ingest_to_dataset_parallel` writes the same dataset as :func:`llmcomm.ingest.ingest_to_dataset`
+(file names, tables, per-file metadata): every input file is one task that parses it and writes its
+``rank-NNNNN.parquet`` into a temporary folder beside ``out``; after all tasks succeeded, two files
+claiming one rank are refused and the folder is renamed into place, so a failure leaves nothing under
+``out``. Each worker holds about one input file in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..atomic import atomic_dir
+from ..errors import ConfigError, TraceFormatError
+
+if TYPE_CHECKING:
+    from . import ParallelLike
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def dask_available() -> bool:
+    try:
+        import dask.distributed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def map_tasks(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = None,
+              scheduler: str | None = None, on_result: Callable[[R], None] | None = None) -> list[R]:
+    """``[fn(x) for x in items]``, serially or on Dask (see the module doc). The first task that raises
+    re-raises its exception here (a :class:`TraceFormatError` stays one).
+
+    ``on_result``: each result is handed to it in item order as soon as it is ready and then dropped, so
+    this process holds one result at a time (on Dask, finished ones wait on the workers); returns ``[]``."""
+    items = list(items)
+    if workers is not None and workers < 1:
+        raise ConfigError(f"workers={workers} must be >= 1")
+    if scheduler is None and workers is None:
+        return _serial(fn, items, on_result)
+    if not dask_available():
+        if scheduler is not None:
+            raise ConfigError(f"scheduler={scheduler!r} needs dask.distributed (pip install llmcomm[scale])")
+        warnings.warn("dask.distributed is not installed (pip install llmcomm[scale]); running serially",
+                      stacklevel=2)
+        return _serial(fn, items, on_result)
+    if not items:
+        return []
+    from dask.distributed import Client, LocalCluster
+
+    if scheduler is not None:
+        with Client(scheduler, set_as_default=False) as client:
+            return _run(client, fn, items, on_result)
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)}
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      env=env) as cluster, Client(cluster, set_as_default=False) as client:
+        return _run(client, fn, items, on_result)
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _serial(fn: Callable[[T], R], items: list[T], on_result: Callable[[R], None] | None) -> list[R]:
+    if on_result is None:
+        return [fn(x) for x in items]
+    for x in items:
+        on_result(fn(x))
+    return []
+
+
+def _run(client: Any, fn: Callable[[T], R], items: list[T], on_result: Callable[[R], None] | None) -> list[R]:
+    futures = client.map(fn, items, pure=False)
+    try:
+        if on_result is None:
+            return client.gather(futures, errors="raise")
+        for fut in futures:  # item order; finished results wait on the workers, not here
+            result = fut.result()
+            fut.release()
+            on_result(result)
+            del result
+        return []
+    finally:
+        client.cancel(futures)
+
+
+# ---------------------------------------------------------------------------------------------- ingest
+def input_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The input files under ``paths`` in the order :func:`llmcomm.ingest.sources.iter_sources` reads
+    them (folders walked in name order, documentation files skipped); a tar archive is one input."""
+    from .sources import DOC_FILE, skipped_note
+
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise TraceFormatError(f"{p}: no such file or folder")
+        if p.is_dir():
+            every = sorted(f for f in p.rglob("*") if f.is_file())
+            files = [f for f in every if not f.name.startswith(".") and not DOC_FILE.match(f.name)]
+            if not files:  # then every file was skipped
+                raise TraceFormatError(f"{p}: folder holds no trace files{skipped_note(every, p)}")
+            out += files
+        else:
+            out.append(p)
+    return out
+
+
+def _ingest_file(task: tuple[int, str], tmp: str, parallel: Any, rank: int | None,
+                 gpus_per_node: int) -> list[dict[str, Any]]:
+    """Parse one input file (a tar archive: each member) and write each table into ``tmp``; returns what
+    was written: ``rank, file, name, rows`` per table."""
+    import pyarrow.parquet as pq
+
+    from ..trace import META_KEY, SCHEMA_VERSION, json_default, validate_events
+    from . import iter_rank_tables
+
+    index, path = task
+    written = []
+    for k, (_src, fmt, table, meta) in enumerate(iter_rank_tables([path], parallel, rank, gpus_per_node)):
+        validate_events(table, meta["file"])
+        doc = {"source": "ingest", "format": fmt, "file": meta["file"], "rank": meta.get("rank"),
+               "world_size": meta.get("world_size")}
+        if "parallel" in meta:
+            doc["parallel"] = meta["parallel"]
+        md = {META_KEY: json.dumps(doc, default=json_default, sort_keys=True).encode(),
+              b"llmcomm.schema_version": str(SCHEMA_VERSION).encode()}
+        r = meta.get("rank")
+        name = f"rank-{r:05d}.parquet" if r is not None else (f"part-{index:05d}.parquet" if k == 0
+                                                                else f"part-{index:05d}-{k:04d}.parquet")
+        pq.write_table(table.replace_schema_metadata(md), Path(tmp) / name, compression="zstd")
+        written.append({"rank": r, "file": meta["file"], "name": name, "rows": table.num_rows})
+    return written
+
+
+def ingest_to_dataset_parallel(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                               out: str | os.PathLike[str], parallel: ParallelLike = None, *,
+                               rank: int | None = None, gpus_per_node: int = 8, overwrite: bool = False,
+                               workers: int | None = None, scheduler: str | None = None) -> Path:
+    """:func:`llmcomm.ingest.ingest_to_dataset` with one task per input file on :func:`map_tasks`."""
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise TraceFormatError(f"{out}: already exists (pass overwrite=True to replace it)")
+    files = input_files(paths)
+    if not files:
+        raise TraceFormatError(f"{paths}: no input files")
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        fn = partial(_ingest_file, tmp=str(tmp), parallel=parallel, rank=rank, gpus_per_node=gpus_per_node)
+        results = map_tasks(fn, [(i, str(f)) for i, f in enumerate(files)], workers=workers, scheduler=scheduler)
+        file_of_rank: dict[int, str] = {}
+        tables = 0
+        for written in results:
+            for w in written:
+                tables += 1
+                if w["rank"] is None:
+                    continue
+                if w["rank"] in file_of_rank:
+                    raise TraceFormatError(f"{w['file']}: field 'rank': rank {w['rank']} is already claimed "
+                                           f"by {file_of_rank[w['rank']]}")
+                file_of_rank[w["rank"]] = w["file"]
+        if tables == 0:
+            raise TraceFormatError(f"{paths}: no input files")
+    return out
+

@@ -1,0 +1,145 @@
+"""The communication matrix built block by block of source ranks, at GPU, node or rack level.
+
+Every event yields only the flows *leaving its own rank* (see :mod:`llmcomm.trace`), so the rows of the
+matrix that belong to source ranks ``[lo, hi)`` depend only on those ranks' events. The builder therefore
+cuts the events table into blocks of consecutive source ranks, decomposes one block at a time into bare
+``(src, dst, bytes)`` flows (no tag columns), sums them into that block's rows of the CSR matrix and
+stacks the blocks: peak memory is the answer plus one block's flows, never the whole flow table.
+
+Levels: ``"gpu"`` (rank × rank), ``"node"`` (``M_node[a, b] = Σ M[i, j]`` over ``i // g = a, j // g = b``
+with ``g`` GPUs per node) and ``"rack"`` (the same with ``g · r`` GPUs per rack, ``r`` nodes per rack). A
+coarser level maps each flow's ends before summing, so the GPU matrix is never built. Traffic inside a node
+(rack) lands on the diagonal.
+
+Exactness: within a block the flows keep the relative order they have in the full flow table (the events
+of the block are taken in table order, each rule emits in event order), so every row sees the same
+sequence of duplicates and scipy sums them in the same order: the ``"gpu"`` matrix equals
+``flows_to_matrix(flows_from_table(table), n)`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import scipy.sparse as sp
+
+from .errors import ConfigError, TraceFormatError
+
+LEVELS = ("gpu", "node", "rack")
+BLOCK_FLOWS = 4_000_000  # group members decomposed at once (~40 bytes each in the temporaries)
+
+
+def level_unit(level: str, gpus_per_node: int = 8, nodes_per_rack: int | None = None) -> int:
+    """GPUs per matrix index at ``level``: 1, ``gpus_per_node`` or ``gpus_per_node · nodes_per_rack``."""
+    if level not in LEVELS:
+        raise ConfigError(f"level={level!r} is not one of {list(LEVELS)}")
+    if gpus_per_node < 1:
+        raise ConfigError(f"gpus_per_node={gpus_per_node} must be >= 1")
+    if level == "gpu":
+        return 1
+    if level == "node":
+        return gpus_per_node
+    if nodes_per_rack is None or nodes_per_rack < 1:
+        raise ConfigError(f"level='rack' needs nodes_per_rack >= 1 (got {nodes_per_rack!r})")
+    return gpus_per_node * nodes_per_rack
+
+
+def flow_arrays(table: pa.Table, algorithm: str = "ring") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(src, dst, bytes)`` of :func:`llmcomm.trace.flows_from_table` without the tag columns."""
+    from .trace import flows_from_table
+
+    f = flows_from_table(table, algorithm, tags=False)
+    return f["src"].to_numpy(np.int64), f["dst"].to_numpy(np.int64), f["bytes"].to_numpy(np.float64)
+
+
+def _work_per_event(table: pa.Table) -> np.ndarray:
+    """Work (and memory) an event costs the decomposition: its group size (the flat group members it
+    expands to, an upper bound of its flows under either algorithm), at least 1."""
+    if table.num_rows == 0:
+        return np.zeros(0, np.int64)
+    col = table.column("group")
+    lens = np.concatenate([np.diff(c.offsets.to_numpy()) for c in col.chunks]) if col.num_chunks else \
+        np.zeros(0, np.int64)
+    return np.maximum(lens.astype(np.int64), 1)
+
+
+def blocks(rank: np.ndarray, weight: np.ndarray, world_size: int, unit: int,
+           block_flows: int = BLOCK_FLOWS) -> list[tuple[int, int]]:
+    """Cut ``[0, world_size)`` into rank ranges ``[lo, hi)`` aligned to ``unit`` whose events weigh at most
+    ``block_flows`` in all (a single unit may exceed it)."""
+    n_units = -(-world_size // unit)
+    per_unit = np.bincount(rank // unit, weights=weight, minlength=n_units)[:n_units]
+    cum = np.concatenate([[0.0], np.cumsum(per_unit)])
+    out, u = [], 0
+    while u < n_units:
+        v = int(np.searchsorted(cum, cum[u] + block_flows, side="right")) - 1
+        v = min(max(v, u + 1), n_units)
+        out.append((u * unit, min(v * unit, world_size)))
+        u = v
+    return out
+
+
+def matrix_from_table(table: pa.Table, world_size: int, algorithm: str = "direct", *, level: str = "gpu",
+                      gpus_per_node: int = 8, nodes_per_rack: int | None = None,
+                      block_flows: int = BLOCK_FLOWS) -> sp.csr_matrix:
+    """Sparse CSR matrix of bytes from source (row) to destination (column) at ``level``, built one block
+    of source ranks at a time (see the module doc). Shape ``(k, k)`` with ``k = ceil(world_size / unit)``."""
+    from .trace import ALGORITHMS
+
+    if algorithm not in ALGORITHMS:
+        raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
+    unit = level_unit(level, gpus_per_node, nodes_per_rack)
+    k = -(-world_size // unit)
+    rank = table.column("rank").to_numpy().astype(np.int64) if table.num_rows else np.zeros(0, np.int64)
+    if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
+        raise TraceFormatError(f"events reach rank {int(rank.max())} >= world_size={world_size}")
+    weight = _work_per_event(table)
+    sorted_ranks = bool(np.all(rank[1:] >= rank[:-1])) if len(rank) else True
+    order = None if sorted_ranks else np.argsort(rank, kind="stable")
+    srank = rank if order is None else rank[order]
+    indptr_parts = [np.zeros(1, np.int64)]
+    # sum(weight) bounds the flows and so the nonzeros: 32-bit indices when both it and k fit
+    idx_dtype = np.int32 if weight.sum() < 2**31 and k < 2**31 else np.int64
+    indices, data = _Growing(idx_dtype), _Growing(np.float64)
+    nnz = 0
+    for lo, hi in blocks(rank, weight, world_size, unit, block_flows):
+        a, b = np.searchsorted(srank, [lo, hi])
+        if order is None:
+            part = table.slice(int(a), int(b - a))
+        else:  # ascending event indices keep the table's order inside the block
+            part = table.take(pa.array(np.sort(order[a:b])))
+        src, dst, byt = flow_arrays(part, algorithm)
+        if len(dst) and (dst.max() >= world_size or dst.min() < 0):
+            raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
+        rows = (hi - lo + unit - 1) // unit
+        if unit > 1:
+            src, dst = src // unit, dst // unit
+        blk = sp.coo_matrix((byt, (src - lo // unit, dst)), shape=(rows, k)).tocsr()
+        del src, dst, byt
+        indptr_parts.append(blk.indptr[1:].astype(np.int64) + nnz)
+        indices.extend(blk.indices)
+        data.extend(blk.data)
+        nnz += blk.nnz
+        del blk
+    indptr = np.concatenate(indptr_parts).astype(idx_dtype, copy=False)
+    return sp.csr_matrix((data.array(), indices.array(), indptr), shape=(k, k), copy=False)
+
+
+class _Growing:
+    """A 1-d array grown in place (``ndarray.resize``: realloc, which moves large buffers by remapping
+    pages rather than copying), so the blocks never exist twice, as a list + concatenate would."""
+
+    def __init__(self, dtype: type) -> None:
+        self.buf = np.zeros(0, dtype)
+        self.n = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        m = self.n + len(values)
+        if m > len(self.buf):
+            self.buf.resize(max(m, int(len(self.buf) * 1.25)), refcheck=False)
+        self.buf[self.n:m] = values
+        self.n = m
+
+    def array(self) -> np.ndarray:
+        self.buf.resize(self.n, refcheck=False)
+        return self.buf
