@@ -42,7 +42,7 @@ columns or calls whose bytes never change) and that are only bounded (``[min, ma
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -94,6 +94,16 @@ def _groups(k: pd.DataFrame, keys: list[str]) -> list[np.ndarray]:
     if not keys:
         return [np.arange(len(k))]
     return [np.asarray(v) for v in k.groupby(keys, sort=True).indices.values()]
+
+
+def _matrix_series(cells: pd.DataFrame, keys: Sequence[str], time: str
+                   ) -> Iterator[tuple[pd.DataFrame, np.ndarray, np.ndarray]]:
+    """Per group of ``keys``: the stacked keys table, the group's row positions in it, and its matrices in
+    ``time`` order (shape ``(steps, n, n)``)."""
+    keys = list(keys)
+    k, arr = matrix_stack(cells, [*keys, time])
+    for idx in _groups(k, keys):
+        yield k, idx, arr[idx]
 
 
 # ------------------------------------------------------------------------------------------ matrices
@@ -300,12 +310,8 @@ def consecutive_distance(cells: pd.DataFrame, keys: Sequence[str] = ("layer", "e
                          time: str = "iteration") -> pd.DataFrame:
     """``d_t = ‖M_t − M_{t−1}‖₁ / ‖M_{t−1}‖₁`` for consecutive ``time`` values per ``keys``: columns
     ``keys…, time, rel_l1`` (from the second time step on)."""
-    keys = list(keys)
-    k, arr = matrix_stack(cells, [*keys, time])
     out = []
-    for idx in _groups(k, keys):
-        idx = np.asarray(idx)
-        m = arr[idx]
+    for k, idx, m in _matrix_series(cells, keys, time):
         num = np.abs(np.diff(m, axis=0)).sum(axis=(1, 2))
         den = np.abs(m[:-1]).sum(axis=(1, 2))
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -376,12 +382,8 @@ def predictor_errors(cells: pd.DataFrame, keys: Sequence[str] = ("layer", "ep_gr
                      methods: Sequence[str] = ("uniform", "last", "ema", "window")) -> pd.DataFrame:
     """Relative L1 error ``‖P_t − M_t‖₁ / ‖M_t‖₁`` of each predictor of the next matrix, per ``keys`` and
     ``time`` step: tidy ``keys…, time, predictor, rel_l1`` (NaN where a predictor has no history yet)."""
-    keys = list(keys)
-    k, arr = matrix_stack(cells, [*keys, time])
     out = []
-    for idx in _groups(k, keys):
-        idx = np.asarray(idx)
-        m = arr[idx]
+    for k, idx, m in _matrix_series(cells, keys, time):
         den = np.abs(m).sum(axis=(1, 2))
         for meth in methods:
             p = predict_next(m, meth, alpha=alpha, window=window)

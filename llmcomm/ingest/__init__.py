@@ -15,7 +15,6 @@ field.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -30,11 +29,9 @@ from ..errors import ConfigError, TraceFormatError
 from ..specs import ParallelConfig
 from ..trace import (
     EVENTS_SCHEMA,
-    META_KEY,
-    SCHEMA_VERSION,
     Trace,
-    json_default,
     table_to_events,
+    trace_metadata,
     validate_events,
 )
 from . import aicb, exec_trace, kineto, nccl_tests, vtrain_lut
@@ -203,30 +200,34 @@ def ingest_trace(paths: PathsLike, parallel: ParallelLike = None, *, rank: int |
     return Trace(table_to_events(table), _summary_meta(metas))
 
 
+def write_rank_file(path: Path, fmt: str, table: pa.Table, meta: dict[str, Any]) -> None:
+    """One rank's events as a file of a dataset folder (inside the folder's atomic swap, so written directly),
+    its metadata saying where it came from (format, file, rank, world size, parallel configuration)."""
+    import pyarrow.parquet as pq
+
+    validate_events(table, meta["file"])
+    doc = {"source": "ingest", "format": fmt, "file": meta["file"], "rank": meta.get("rank"),
+           "world_size": meta.get("world_size")}
+    if "parallel" in meta:
+        doc["parallel"] = meta["parallel"]
+    pq.write_table(table.replace_schema_metadata(trace_metadata(doc)), path, compression="zstd")
+
+
 def ingest_to_dataset(paths: PathsLike, out: str | os.PathLike[str], parallel: ParallelLike = None,
                       *, rank: int | None = None, gpus_per_node: int = 8, overwrite: bool = False,
                       progress: bool = False) -> Path:
     """Stream many rank files into a partitioned parquet dataset at ``out`` (one ``rank-NNNNN.parquet`` per
     input file), holding about one file in memory. Files go to a temporary folder beside ``out`` that is
     renamed into place only when every input was read, so a failure leaves nothing under ``out``."""
-    import pyarrow.parquet as pq
-
     out = Path(out)
     if out.exists() and not overwrite:
         raise TraceFormatError(f"{out}: already exists (pass overwrite=True to replace it)")
     with atomic_dir(out, overwrite=overwrite) as tmp:
         files = 0
         for _src, fmt, table, meta in iter_rank_tables(paths, parallel, rank, gpus_per_node, progress=progress):
-            validate_events(table, meta["file"])
-            doc = {"source": "ingest", "format": fmt, "file": meta["file"], "rank": meta.get("rank"),
-                   "world_size": meta.get("world_size")}
-            if "parallel" in meta:
-                doc["parallel"] = meta["parallel"]
-            schema_metadata = {META_KEY: json.dumps(doc, default=json_default, sort_keys=True).encode(),
-                               b"llmcomm.schema_version": str(SCHEMA_VERSION).encode()}
             file_rank = meta.get("rank")
             name = f"rank-{file_rank:05d}.parquet" if file_rank is not None else f"part-{files:05d}.parquet"
-            pq.write_table(table.replace_schema_metadata(schema_metadata), tmp / name, compression="zstd")
+            write_rank_file(tmp / name, fmt, table, meta)
             files += 1
         if files == 0:
             raise TraceFormatError(f"{_names(paths)}: no input files")

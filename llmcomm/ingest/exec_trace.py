@@ -23,16 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TraceFormatError
-from .common import (
-    EventBuilder,
-    GroupTagger,
-    as_int,
-    dtype_info,
-    group_range,
-    guarded,
-    op_name,
-    parse_rank_list,
-)
+from . import common
 from .readers import FunctionReader, ReadContext, TraceTable
 from .sources import Source, json_list
 
@@ -128,11 +119,11 @@ def _index_nodes(nodes: list, origin: str) -> _NodeIndex:
     for node in nodes:
         if not isinstance(node, dict):
             raise TraceFormatError(f"{origin}: field 'nodes[]': expected objects, got {type(node).__name__}")
-        node_id = as_int(node.get("id"), origin, "id")
+        node_id = common.as_int(node.get("id"), origin, "id")
         name = node.get("name")
         if not isinstance(name, str):
             raise TraceFormatError(f"{origin}: field 'name' of node {node_id}: expected a string")
-        index.parent[node_id] = as_int(node.get("ctrl_deps", node_id), origin, "ctrl_deps", None)
+        index.parent[node_id] = common.as_int(node.get("ctrl_deps", node_id), origin, "ctrl_deps", None)
         index.name_of[node_id] = name
         if name.startswith("ProfilerStep#"):
             try:
@@ -159,7 +150,7 @@ def _communication_nodes(index: _NodeIndex, origin: str, schema: str, rank: int 
             raise TraceFormatError(f"{origin}: field 'collective_name' of node {node_id}: missing (execution trace "
                                    f"schema {schema} without communication attributes?)")
         collective = attrs["collective_name"]
-        op = op_name(collective) if isinstance(collective, str) else None
+        op = common.op_name(collective) if isinstance(collective, str) else None
         if op is None or op in ("send", "recv"):
             skipped[str(collective)] = skipped.get(str(collective), 0) + 1
             continue
@@ -171,25 +162,25 @@ def _communication_nodes(index: _NodeIndex, origin: str, schema: str, rank: int 
     return pending, skipped, rank, rank_from
 
 
-def _add_call(builder: EventBuilder, index: _NodeIndex, node_id: int, attrs: dict[str, Any], op: str,
-              rank: int, origin: str, tagger: GroupTagger | None) -> None:
+def _add_call(builder: common.EventBuilder, index: _NodeIndex, node_id: int, attrs: dict[str, Any], op: str,
+              rank: int, origin: str, tagger: common.GroupTagger | None) -> None:
     """One collective node as an event (bytes in the nccl-tests convention, group from its rank range)."""
-    dtype, elem_size = dtype_info(attrs.get("dtype", ""), origin, "dtype")
-    n_in = as_int(attrs.get("in_msg_nelems"), origin, "in_msg_nelems")
-    n_out = as_int(attrs.get("out_msg_nelems", n_in), origin, "out_msg_nelems")
-    group_size = as_int(attrs.get("pg_size"), origin, "pg_size", 1)
+    dtype, elem_size = common.dtype_info(attrs.get("dtype", ""), origin, "dtype")
+    n_in = common.as_int(attrs.get("in_msg_nelems"), origin, "in_msg_nelems")
+    n_out = common.as_int(attrs.get("out_msg_nelems", n_in), origin, "out_msg_nelems")
+    group_size = common.as_int(attrs.get("pg_size"), origin, "pg_size", 1)
     if "global_rank_start" not in attrs:
         raise TraceFormatError(f"{origin}: field 'global_rank_start' of node {node_id}: missing; cannot rebuild "
                                "the process group")
-    group = group_range(as_int(attrs["global_rank_start"], origin, "global_rank_start"),
-                        as_int(attrs.get("global_rank_stride", 1), origin, "global_rank_stride", 1), group_size)
+    group = common.group_range(common.as_int(attrs["global_rank_start"], origin, "global_rank_start"),
+                        common.as_int(attrs.get("global_rank_stride", 1), origin, "global_rank_stride", 1), group_size)
     if rank not in group:
         raise TraceFormatError(f"{origin}: field 'global_rank_start' of node {node_id}: rank {rank} is not in the "
                                f"group {group[:16]}")
     nbytes = (n_out if op == "all_gather" else n_in) * elem_size
     split = None
     if op == "all_to_all":
-        in_splits = parse_rank_list(attrs.get("in_split_size", "[]"), origin, "in_split_size")
+        in_splits = common.parse_rank_list(attrs.get("in_split_size", "[]"), origin, "in_split_size")
         total_rows = sum(in_splits)
         if in_splits and len(in_splits) == len(group) and total_rows and n_in % total_rows == 0:
             split = [rows * (n_in // total_rows) * elem_size for rows in in_splits]
@@ -201,8 +192,8 @@ def _add_call(builder: EventBuilder, index: _NodeIndex, node_id: int, attrs: dic
                 dtype=dtype, split_bytes=split)
 
 
-@guarded("execution trace")
-def parse(src: Source, tagger: GroupTagger | None = None, rank: int | None = None) -> TraceTable:
+@common.guarded("execution trace")
+def parse(src: Source, tagger: common.GroupTagger | None = None, rank: int | None = None) -> TraceTable:
     """One execution trace -> (events table, meta). See the module docstring."""
     origin = src.name
     doc, nodes = json_list(src, "nodes", is_execution_trace_document, "a PyTorch execution trace")
@@ -217,7 +208,7 @@ def parse(src: Source, tagger: GroupTagger | None = None, rank: int | None = Non
     if pending and rank is None:
         raise TraceFormatError(f"{origin}: field 'rank': the execution trace does not say which rank wrote it; "
                                "pass rank= or put rank<N> in the file name")
-    builder = EventBuilder("exec_trace")
+    builder = common.EventBuilder("exec_trace")
     for node_id, attrs, op in pending:
         _add_call(builder, index, node_id, attrs, op, rank, origin, tagger)
     meta = {"rank": rank, "rank_from": rank_from if pending else None, "schema": schema, "skipped": skipped,

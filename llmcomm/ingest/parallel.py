@@ -20,7 +20,6 @@ claiming one rank are refused and the folder is renamed into place, so a failure
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -108,47 +107,24 @@ def _run(client: Any, fn: Callable[[T], R], items: list[T], on_result: Callable[
 def input_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """The input files under ``paths`` in the order :func:`llmcomm.ingest.sources.iter_sources` reads
     them (folders walked in name order, documentation files skipped); a tar archive is one input."""
-    from .sources import DOC_FILE, skipped_note
+    from .sources import input_files as walk
 
-    out: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if not p.exists():
-            raise TraceFormatError(f"{p}: no such file or folder")
-        if p.is_dir():
-            every = sorted(f for f in p.rglob("*") if f.is_file())
-            files = [f for f in every if not f.name.startswith(".") and not DOC_FILE.match(f.name)]
-            if not files:  # then every file was skipped
-                raise TraceFormatError(f"{p}: folder holds no trace files{skipped_note(every, p)}")
-            out += files
-        else:
-            out.append(p)
-    return out
+    return list(walk(paths))
 
 
 def _ingest_file(task: tuple[int, str], tmp: str, parallel: Any, rank: int | None,
                  gpus_per_node: int) -> list[dict[str, Any]]:
     """Parse one input file (a tar archive: each member) and write each table into ``tmp``; returns what
     was written: ``rank, file, name, rows`` per table."""
-    import pyarrow.parquet as pq
-
-    from ..trace import META_KEY, SCHEMA_VERSION, json_default, validate_events
-    from . import iter_rank_tables
+    from . import iter_rank_tables, write_rank_file
 
     index, path = task
     written = []
     for k, (_src, fmt, table, meta) in enumerate(iter_rank_tables([path], parallel, rank, gpus_per_node)):
-        validate_events(table, meta["file"])
-        doc = {"source": "ingest", "format": fmt, "file": meta["file"], "rank": meta.get("rank"),
-               "world_size": meta.get("world_size")}
-        if "parallel" in meta:
-            doc["parallel"] = meta["parallel"]
-        md = {META_KEY: json.dumps(doc, default=json_default, sort_keys=True).encode(),
-              b"llmcomm.schema_version": str(SCHEMA_VERSION).encode()}
         r = meta.get("rank")
         name = f"rank-{r:05d}.parquet" if r is not None else (f"part-{index:05d}.parquet" if k == 0
                                                                 else f"part-{index:05d}-{k:04d}.parquet")
-        pq.write_table(table.replace_schema_metadata(md), Path(tmp) / name, compression="zstd")
+        write_rank_file(Path(tmp) / name, fmt, table, meta)
         written.append({"rank": r, "file": meta["file"], "name": name, "rows": table.num_rows})
     return written
 

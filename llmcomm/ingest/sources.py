@@ -145,23 +145,27 @@ def read_file(path: Path) -> Source:
     return Source(str(path), gunzip(raw, str(path)))
 
 
-def iter_sources(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Source]:
-    """Every file under ``paths`` (files, folders walked in name order, tar archives), one at a time."""
+def input_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Path]:
+    """Every input file under ``paths``, lazily: a file as given, a folder walked in name order without hidden
+    and documentation files (a folder with nothing else is an error listing what it skipped and why)."""
     for given in paths:
         path = Path(given)
         if not path.exists():
             raise TraceFormatError(f"{path}: no such file or folder")
-        if path.is_dir():
-            every = sorted(f for f in path.rglob("*") if f.is_file())
-            files = [f for f in every if not f.name.startswith(".") and not DOC_FILE.match(f.name)]
-            if not files:  # then every file was skipped
-                raise TraceFormatError(f"{path}: folder holds no trace files{skipped_note(every, path)}")
-            for file in files:
-                yield from (iter_tar(file) if is_tar(file) else [read_file(file)])
-        elif is_tar(path):
-            yield from iter_tar(path)
-        else:
-            yield read_file(path)
+        if not path.is_dir():
+            yield path
+            continue
+        every = sorted(f for f in path.rglob("*") if f.is_file())
+        files = [f for f in every if not f.name.startswith(".") and not DOC_FILE.match(f.name)]
+        if not files:  # then every file was skipped
+            raise TraceFormatError(f"{path}: folder holds no trace files{skipped_note(every, path)}")
+        yield from files
+
+
+def iter_sources(paths: Iterable[str | os.PathLike[str]]) -> Iterator[Source]:
+    """Every file under ``paths`` (files, folders walked in name order, tar archives), one at a time."""
+    for file in input_files(paths):
+        yield from (iter_tar(file) if is_tar(file) else [read_file(file)])
 
 
 def json_list(source: Source, key: str, is_document: Callable[[object], bool], what: str) -> tuple[dict, list]:

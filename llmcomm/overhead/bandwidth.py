@@ -92,29 +92,26 @@ CALIBRATE_COMMAND = "make calibration (python -m llmcomm.overhead.bandwidth --ca
 
 # the real sweeps behind the shipped calibration, with the vendor link figures of the system they ran on
 # (bytes/s per GPU, one direction), against which `default` carries them to another cluster
-CALIBRATION_SYSTEMS: dict[str, dict[str, Any]] = {
-    "echo-a100": {
-        "files": [f"echo/nccl-test-log/nccl_{n}.log" for n in (2, 4, 8, 16, 32, 64, 128)],
-        "gpu_family": "A100",
-        "ref_intra_bw": 300e9, "ref_inter_bw": 25e9,
-        "system": "Azure ND A100 v4: 8x A100-SXM4-40GB per node (NVLink 3, 300 GB/s per direction), one "
-                  "200 Gb/s HDR InfiniBand NIC per GPU (like the catalogue's a100-40g-hdr200); Echo's logs",
-    },
-    "vtrain-a100": {
-        "files": [f"vtrain/allreduce_lut/a100/AR_GPU{n}_1M_1024M_LUT" for n in range(2, 9)],
-        "gpu_family": "A100",
-        "ref_intra_bw": 150e9, "ref_inter_bw": 12.5e9,
-        "system": "vTrain's A100 nodes: 8x A100 per node, intra-node 150 GB/s and 800 Gb/s per node across "
-                  "nodes as vTrain's validation configurations state them; all-reduce inside one node",
-    },
-    "vtrain-v100": {
-        "files": [f"vtrain/allreduce_lut/v100/AR_GPU{n}_1M_1024M_LUT" for n in range(2, 9)],
-        "gpu_family": "V100",
-        "ref_intra_bw": 150e9, "ref_inter_bw": 12.5e9,
-        "system": "vTrain's V100 node (DGX-1 style NVLink 2 hybrid cube mesh, 6 links x 25 GB/s per GPU); "
-                  "all-reduce inside one node",
-    },
+_SWEEPS = {  # name: (sweep files, GPU family, vendor intra-node and inter-node bandwidth per GPU)
+    "echo-a100": ([f"echo/nccl-test-log/nccl_{n}.log" for n in (2, 4, 8, 16, 32, 64, 128)], "A100", 300e9, 25e9),
+    "vtrain-a100": ([f"vtrain/allreduce_lut/a100/AR_GPU{n}_1M_1024M_LUT" for n in range(2, 9)], "A100", 150e9,
+                    12.5e9),
+    "vtrain-v100": ([f"vtrain/allreduce_lut/v100/AR_GPU{n}_1M_1024M_LUT" for n in range(2, 9)], "V100", 150e9, 12.5e9),
 }
+_SYSTEM_TEXT = {
+    "echo-a100": "Azure ND A100 v4: 8x A100-SXM4-40GB per node (NVLink 3, 300 GB/s per direction), one "
+                 "200 Gb/s HDR InfiniBand NIC per GPU (like the catalogue's a100-40g-hdr200); Echo's logs",
+    "vtrain-a100": "vTrain's A100 nodes: 8x A100 per node, intra-node 150 GB/s and 800 Gb/s per node across "
+                   "nodes as vTrain's validation configurations state them; all-reduce inside one node",
+    "vtrain-v100": "vTrain's V100 node (DGX-1 style NVLink 2 hybrid cube mesh, 6 links x 25 GB/s per GPU); "
+                   "all-reduce inside one node",
+}
+CALIBRATION_SYSTEMS: dict[str, dict[str, Any]] = {
+    name: {"files": files, "gpu_family": family, "ref_intra_bw": intra, "ref_inter_bw": inter,
+           "system": _SYSTEM_TEXT[name]}
+    for name, (files, family, intra, inter) in _SWEEPS.items()
+}
+
 
 
 # ---------------------------------------------------------------------------------------------- bus factors

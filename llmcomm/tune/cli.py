@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+HELP = "rank parallel configurations of a model on a cluster by predicted iteration time"
+DESCRIPTION = ("Enumerate every valid tp/pp/dp/ep/micro-batch/vpp/SP/recompute/distributed-optimizer configuration, "
+               "drop those that do not fit in GPU memory, and rank the rest with the iteration-time formulation "
+               "(llmcomm.overhead).")
+
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -13,11 +18,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "tune", help="rank parallel configurations of a model on a cluster by predicted iteration time",
-        description="Enumerate every valid tp/pp/dp/ep/micro-batch/vpp/SP/recompute/distributed-optimizer "
-                    "configuration, drop those that do not fit in GPU memory, and rank the rest with the "
-                    "iteration-time formulation (llmcomm.overhead).")
+    p = subparsers.add_parser("tune", help=HELP, description=DESCRIPTION)
     p.add_argument("model", help="catalogue name or YAML path")
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
     p.add_argument("--cluster", required=True, help="cluster name from `llmcomm clusters` or a YAML path")
