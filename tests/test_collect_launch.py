@@ -46,7 +46,7 @@ def test_cli_writes_trace_routing_and_manifest(tmp_path: Path) -> None:
     assert len(ep) == 2 * 2 * 2 * 5  # ranks x micro-batches x MoE layers x (3 forward + 2 backward)
 
 
-@pytest.mark.parametrize("mode,timeout", [("raise", 60.0), ("hang", 6.0)])
+@pytest.mark.parametrize("mode,timeout", [("raise", 60.0), ("hang", 20.0)])  # 20 s: torch start-up on a busy 2-core machine
 def test_failing_rank_stops_the_run_and_leaves_nothing(tmp_path: Path, mode: str, timeout: float) -> None:
     from llmcomm.collect.launch import CollectError, collect
 
