@@ -523,4 +523,5 @@ def published_speedups(data: pd.DataFrame, *, x: str = "model", y: Sequence[str]
     ax.axhline(1.0, color="k", lw=0.8)
     ax.tick_params(axis="x", rotation=30, labelsize=7)
     ax.set(title=title or "", ylabel="predicted speed-up (×)")
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=7, title_fontsize=8)
     return ax
