@@ -72,7 +72,10 @@ def run_rank(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg.port))
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=cfg.timeout))
+    # gloo's own timeout is only a backstop: the launcher's no-progress watch (``timeout`` seconds without a new
+    # iteration) names the stuck rank, so it must fire first
+    backstop = timedelta(seconds=2 * cfg.timeout + 30)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=backstop)
     try:
         _train(rank, cfg, heartbeat, progress)
     finally:
