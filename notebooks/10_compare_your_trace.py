@@ -41,8 +41,8 @@ top = 12  # one-sided call groups listed
 import pandas as pd
 from IPython.display import Markdown, display
 
-import llmcomm.compare as C
 from llmcomm import plots
+from llmcomm.compare import compare, load_measured
 from llmcomm.reproduce import Outputs
 
 plots.apply_style()
@@ -54,8 +54,8 @@ out = Outputs("10_compare_your_trace", out_dir)
 # the framework that issued it, every call should be matched, on every rank, in order.
 
 # %%
-measured = C.load_measured(trace)
-mine = C.compare(measured, model=model, parallel=parallel, framework=framework)
+measured = load_measured(trace)
+mine = compare(measured, model=model, parallel=parallel, framework=framework)
 display(mine.verdicts)
 display(mine.by_kind)
 
@@ -85,7 +85,7 @@ display(Markdown(
 # framework's, not the model's: they are listed rather than hidden.
 
 # %%
-megatron = C.compare(measured, model=model, parallel=parallel, framework="megatron")
+megatron = compare(measured, model=model, parallel=parallel, framework="megatron")
 display(megatron.verdicts)
 display(megatron.one_sided[["side", "phase", "parallelism", "op", "bytes", "calls_per_rank", "what"]])
 out.value("megatron_view_one_sided_groups", len(megatron.one_sided))
@@ -100,7 +100,7 @@ display(Markdown(
 # A100s. Its file holds rank 0 only, so rank 0 is compared.
 
 # %%
-aicb = C.compare(C.load_measured(aicb_trace), model=aicb_model, parallel=aicb_parallel, framework="megatron")
+aicb = compare(load_measured(aicb_trace), model=aicb_model, parallel=aicb_parallel, framework="megatron")
 display(aicb.verdicts)
 display(aicb.largest_differences(top)[["side", "phase", "parallelism", "op", "bytes", "calls_per_rank", "what"]])
 

@@ -125,3 +125,7 @@ def test_cli(tmp_path) -> None:  # noqa: ANN001
                          capture_output=True, text=True)
     assert bad.returncode == 2 and ".md or .html" in bad.stderr  # a usage error, refused before any work
     assert not (tmp_path / "r.txt").exists()
+
+
+def test_public_entry_point() -> None:
+    assert lc.compare(load_measured("gpt_tp4"), framework="torch").exact

@@ -149,3 +149,9 @@ def test_measured_regret_and_published(external) -> None:  # noqa: ANN001
     assert (pub["predicted_speedup"] >= 1 - 1e-12).all()
     assert pub["published_error"].abs().max() < 0.25
 
+
+
+def test_public_entry_point() -> None:
+    """``llmcomm.tune`` is the function the issue names; the modules stay reachable by ``from`` imports."""
+    r = lc.tune("gpt3-13b", 64, "a100-80g-hdr200", 512)
+    assert r.best["total_s"] == tune("gpt3-13b", 64, A100, 512).best["total_s"]
