@@ -42,6 +42,7 @@ import pandas as pd
 from ..errors import ConfigError, DataError
 from ..specs import ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace, read_trace
+from ..units import format_bytes
 
 __all__ = ["Comparison", "compare", "load_measured"]
 
@@ -296,15 +297,8 @@ def _describe_one_sided(r: Any) -> str:
     per = (f"{r.per_microbatch:g} per micro-batch" if r.phase in ("forward", "backward")
            else f"{r.calls_per_rank:g} per iteration")
     where = f"on rank {r.ranks[0]}" if len(r.ranks) == 1 else f"on {len(r.ranks)} ranks"
-    return (f"{r.side} has {r.parallelism} {r.op} of {_human_bytes(r.bytes)} over {r.group_size} ranks in "
+    return (f"{r.side} has {r.parallelism} {r.op} of {format_bytes(r.bytes)} over {r.group_size} ranks in "
             f"{r.phase} ({per}, {where}) that {other}")
-
-
-def _human_bytes(n: float) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= div:
-            return f"{n / div:.3g} {unit}"
-    return f"{int(n)} B"
 
 
 def _verdicts(by_kind: pd.DataFrame, one_sided: pd.DataFrame) -> pd.DataFrame:
@@ -317,13 +311,13 @@ def _verdicts(by_kind: pd.DataFrame, one_sided: pd.DataFrame) -> pd.DataFrame:
         elif bm == bp:
             verdict = "same bytes, different calls"
         elif bp == 0:
-            verdict = f"only measured ({_human_bytes(bm)})"
+            verdict = f"only measured ({format_bytes(bm)})"
         elif bm == 0:
-            verdict = f"only predicted ({_human_bytes(bp)})"
+            verdict = f"only predicted ({format_bytes(bp)})"
         elif 0.5 <= bm / bp <= 2:
             verdict = f"differs by {100 * (bm - bp) / bp:+.1f}%"
         else:
-            verdict = f"differs: measured {_human_bytes(bm)} is {bm / bp:.3g}× the predicted {_human_bytes(bp)}"
+            verdict = f"differs: measured {format_bytes(bm)} is {bm / bp:.3g}× the predicted {format_bytes(bp)}"
         rows.append({"parallelism": par, "verdict": verdict, "bytes_measured": bm, "bytes_predicted": bp,
                      "unmatched_calls": unmatched})
     return pd.DataFrame(rows, columns=["parallelism", "verdict", "bytes_measured", "bytes_predicted",

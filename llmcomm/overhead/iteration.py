@@ -51,6 +51,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..specs import DTYPE_BYTES, Cluster, ModelSpec, ParallelConfig, validate
 from . import utilization as U
+from .memory import memory
 
 ADAM_BYTES_PER_PARAM = 40  # read fp32 grad, master, m, v (16) + write master, m, v, half copy (14)
 #                           + fp16->fp32 gradient copy (6) + gradient-norm read (4)
@@ -773,8 +774,8 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
                    utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False) -> Breakdown:
     """The :class:`Breakdown` of one configuration (the formulation of the module docstring). Raises
     :class:`ConfigError` when the model and configuration break a rule, when the cluster has fewer GPUs than
-    the configuration needs, or when the parameter state alone (2 + 2 + 12 bytes per parameter, the 12
-    divided by ``dp`` with the distributed optimizer) exceeds the GPU memory."""
+    the configuration needs, or when the model state alone (weights, gradients and optimizer state of the
+    most loaded stage, :func:`llmcomm.overhead.memory.memory`) exceeds the GPU memory."""
     if parallel.cp > 1 or parallel.fsdp:
         raise ConfigError("cp > 1 and fsdp are not modelled by the iteration-time formulation")
     if parallel.moe_token_dispatcher_type != "alltoall" and model.is_moe:
@@ -788,9 +789,10 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
                           f"{cluster.num_gpus}")
     c = _single(model, parallel)
     bw, ut = _resolve(cluster, bandwidth, utilization)
-    state = _state_bytes(model, c)
-    if state[0] > cluster.gpu_memory_bytes:
-        raise ConfigError(f"{model.name} under tp={parallel.tp} pp={parallel.pp} needs {state[0] / 1e9:.1f} GB "
+    mem = memory(model, parallel)
+    state = mem.weights + mem.gradients + mem.optimizer
+    if state > cluster.gpu_memory_bytes:
+        raise ConfigError(f"{model.name} under tp={parallel.tp} pp={parallel.pp} needs {state / 1e9:.1f} GB "
                           f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "
                           f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
     r = _evaluate(model, c, cluster, bw, ut, overlap_grad_reduce)
@@ -815,16 +817,3 @@ def _single(model: ModelSpec, p: ParallelConfig) -> dict[str, np.ndarray]:
     i64["act_is_fp16"] = np.array([int(p.act_dtype == "fp16")])
     return i64
 
-
-def _state_bytes(model: ModelSpec, c: dict[str, np.ndarray]) -> np.ndarray:
-    """Lower bound of memory per GPU: parameters of the largest stage × (2 weights + 2 gradients + 12 Adam
-    state; the 12 sharded over dp with the distributed optimizer), the ZeRO paper's 2 + 2 + 12."""
-    n = len(c["tp"])
-    pp = c["pp"]
-    layers = _stage_layers(model, pp, c["vpp"])
-    best = np.zeros(n)
-    for cls, hf, hl in (("first", np.ones(n, bool), pp == 1), ("last", pp == 1, np.ones(n, bool))):
-        dn, ex, _ = _stage_params(model, c, *layers[cls], hf, hl)
-        best = np.maximum(best, (dn + ex).astype(np.float64))
-    opt = np.where(c["distributed_optimizer"], 12.0 / c["dp"], 12.0)
-    return best * (4.0 + opt)

@@ -1,5 +1,9 @@
 """The tuner against measurements it was never fitted on, and against Megatron-LM's published configurations.
 
+Which data fitted what: the formulation's bandwidth is fitted on nccl-tests sweeps (Echo, vTrain's LUTs) and its
+utilization on vTrain's single-node runs (``data/calibration``); nothing in this module fits anything, and neither
+vTrain's multi-node runs nor the SC'21 runs judged here entered either fit.
+
 ``regret_table(pred)``: for vTrain's multi-node runs (``vtrain/ground_truth_multi.csv``; 4 model groups, each a
 fixed GPU count and batch), restricted to the configurations that were measured, the tuner's first choice is the
 measured configuration with the least *predicted* time. Per group::
