@@ -215,15 +215,20 @@ class Layout:
         """Per group kind, built on first use: (:meth:`groups`, the row of each rank)."""
         return {}
 
-    def group_rows(self, kind: str, ranks: np.ndarray) -> np.ndarray:
-        """The group of ``kind`` (any of :meth:`groups`' kinds) holding each rank of ``ranks``, as an array of
-        shape ``(len(ranks), group size)``; a rank in no group of that kind (a middle stage for ``emb``) gets
-        the first group. The groups and the rank -> row index are built once per layout and kind."""
+    def group_lookup(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(groups, row_of_rank)`` of ``kind`` (any of :meth:`groups`' kinds): the group table and, for every
+        rank, the row holding it (0 for a rank in no group of that kind). Built once per layout and kind."""
         hit = self._group_lookup.get(kind)
         if hit is None:
             g = self.groups(kind)
             hit = self._group_lookup[kind] = (g, row_index(g, self.world_size))
-        g, row_of_rank = hit
+        return hit
+
+    def group_rows(self, kind: str, ranks: np.ndarray) -> np.ndarray:
+        """The group of ``kind`` (any of :meth:`groups`' kinds) holding each rank of ``ranks``, as an array of
+        shape ``(len(ranks), group size)``; a rank in no group of that kind (a middle stage for ``emb``) gets
+        the first group (see :meth:`group_lookup`)."""
+        g, row_of_rank = self.group_lookup(kind)
         return g[row_of_rank[np.asarray(ranks)]]
 
     def group_index(self, parallelism: str) -> np.ndarray:

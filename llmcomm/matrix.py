@@ -24,6 +24,8 @@ import pyarrow as pa
 import scipy.sparse as sp
 
 from .errors import ConfigError, TraceFormatError
+from .group_refs import RefEvents
+from .ref_flows import ref_flow_arrays
 
 LEVELS = ("gpu", "node", "rack")
 BLOCK_FLOWS = 4_000_000  # group members decomposed at once (~40 bytes each in the temporaries)
@@ -52,9 +54,11 @@ def flow_arrays(table: pa.Table, algorithm: str = "ring") -> tuple[np.ndarray, n
     return f["src"].to_numpy(np.int64), f["dst"].to_numpy(np.int64), f["bytes"].to_numpy(np.float64)
 
 
-def _work_per_event(table: pa.Table) -> np.ndarray:
+def _work_per_event(table: pa.Table | RefEvents) -> np.ndarray:
     """Work (and memory) an event costs the decomposition: its group size (the flat group members it
     expands to, an upper bound of its flows under either algorithm), at least 1."""
+    if isinstance(table, RefEvents):
+        return np.maximum(table.refs.sizes(), 1)
     if table.num_rows == 0:
         return np.zeros(0, np.int64)
     col = table.column("group")
@@ -79,11 +83,13 @@ def blocks(rank: np.ndarray, weight: np.ndarray, world_size: int, unit: int,
     return out
 
 
-def matrix_from_table(table: pa.Table, world_size: int, algorithm: str = "direct", *, level: str = "gpu",
+def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: str = "direct", *, level: str = "gpu",
                       gpus_per_node: int = 8, nodes_per_rack: int | None = None,
                       block_flows: int = BLOCK_FLOWS) -> sp.csr_matrix:
     """Sparse CSR matrix of bytes from source (row) to destination (column) at ``level``, built one block
-    of source ranks at a time (see the module doc). Shape ``(k, k)`` with ``k = ceil(world_size / unit)``."""
+    of source ranks at a time (see the module doc). Shape ``(k, k)`` with ``k = ceil(world_size / unit)``.
+    ``table`` may hold its groups as references (:class:`llmcomm.group_refs.RefEvents`, a prediction):
+    the flows then come from :func:`llmcomm.ref_flows.ref_flow_arrays`, equal to the list path's."""
     from .trace import ALGORITHMS
 
     if algorithm not in ALGORITHMS:
@@ -91,6 +97,7 @@ def matrix_from_table(table: pa.Table, world_size: int, algorithm: str = "direct
     unit = level_unit(level, gpus_per_node, nodes_per_rack)
     k = -(-world_size // unit)
     rank = table.column("rank").to_numpy().astype(np.int64) if table.num_rows else np.zeros(0, np.int64)
+    refs = isinstance(table, RefEvents)
     if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
         raise TraceFormatError(f"events reach rank {int(rank.max())} >= world_size={world_size}")
     weight = _work_per_event(table)
@@ -105,16 +112,17 @@ def matrix_from_table(table: pa.Table, world_size: int, algorithm: str = "direct
     for lo, hi in blocks(rank, weight, world_size, unit, block_flows):
         a, b = np.searchsorted(srank, [lo, hi])
         if order is None:
-            part = table.slice(int(a), int(b - a))
+            part = table.slice(int(a), int(b)) if refs else table.slice(int(a), int(b - a))
         else:  # ascending event indices keep the table's order inside the block
-            part = table.take(pa.array(np.sort(order[a:b])))
-        src, dst, byt = flow_arrays(part, algorithm)
+            rows = np.sort(order[a:b])
+            part = table.take(rows) if refs else table.take(pa.array(rows))
+        src, dst, byt = ref_flow_arrays(part, algorithm) if refs else flow_arrays(part, algorithm)
         if len(dst) and (dst.max() >= world_size or dst.min() < 0):
             raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
-        rows = (hi - lo + unit - 1) // unit
+        n_rows = (hi - lo + unit - 1) // unit
         if unit > 1:
             src, dst = src // unit, dst // unit
-        blk = sp.coo_matrix((byt, (src - lo // unit, dst)), shape=(rows, k)).tocsr()
+        blk = sp.coo_matrix((byt, (src - lo // unit, dst)), shape=(n_rows, k)).tocsr()
         del src, dst, byt
         indptr_parts.append(blk.indptr[1:].astype(np.int64) + nnz)
         indices.extend(blk.indices)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ import scipy.sparse as sp
 
 from .atomic import atomic_path
 from .errors import ConfigError, TraceFormatError
+from .group_refs import RefEvents
 from .vocab import (
     ALGORITHMS,
     COLLECTIVES,
@@ -136,50 +137,81 @@ def table_to_events(table: pa.Table) -> pd.DataFrame:
 
 
 def validate_events(table: pa.Table, origin: str = "<events>", _row0: int = 0) -> None:
-    """Semantic checks on an events table: known ops/phases/parallelisms, non-negative bytes, the rank in
-    its own group, a peer for send/recv, split sizes matching the group for all_to_all. A large table is
-    checked in slices of ``VALIDATE_ROWS`` rows (bounded temporaries); errors name the row in the table."""
+    """Semantic checks on an events table: :func:`validate_columns` (known ops/phases/parallelisms,
+    non-negative bytes, counts >= 1, a peer for send/recv, a group for every collective, split sizes matching
+    the group for all_to_all) and the issuing rank in its own group, once. A large table is checked in slices
+    of ``VALIDATE_ROWS`` rows (bounded temporaries); errors name the row in the table."""
     if table.num_rows > VALIDATE_ROWS:
         for lo in range(0, table.num_rows, VALIDATE_ROWS):
             validate_events(table.slice(lo, VALIDATE_ROWS), origin, _row0=_row0 + lo)
         return
-
-    def bad(col: str, rule: str, mask: np.ndarray) -> None:
-        i = int(np.nonzero(mask)[0][0]) + _row0
-        raise TraceFormatError(f"{origin}: field {col!r} row {i}: {rule}")
-
-    for col, allowed in (("op", OPS), ("phase", PHASES), ("parallelism", PARALLELISM_TAGS)):
-        vals = table.column(col).to_numpy(zero_copy_only=False)
-        m = ~np.isin(vals, allowed)
-        if m.any():
-            bad(col, f"{vals[np.nonzero(m)[0][0]]!r} is not one of {list(allowed)}", m)
-    b = table.column("bytes").to_numpy()
-    if (b < 0).any():
-        bad("bytes", "must be >= 0", b < 0)
-    count = table.column("count").to_numpy()
-    if (count < 1).any():
-        bad("count", "must be >= 1", count < 1)
-    op = table.column("op").to_numpy(zero_copy_only=False)
-    peer = table.column("peer").to_numpy()
-    p2p = np.isin(op, POINT_TO_POINT)
-    if (p2p & (peer < 0)).any():
-        bad("peer", "send/recv need a peer >= 0", p2p & (peer < 0))
     rank = table.column("rank").to_numpy()
     groups = table.column("group").combine_chunks()
     lens = groups.value_lengths().to_numpy(zero_copy_only=False)
-    coll = np.isin(op, COLLECTIVES)
-    if (coll & (lens == 0)).any():
-        bad("group", "a collective needs its group's ranks", coll & (lens == 0))
+    validate_columns(table, origin, lens, _row0)
     flat = groups.values.to_numpy(zero_copy_only=False)
     ev_of_flat = np.repeat(np.arange(len(rank)), lens)
     hit = flat == rank[ev_of_flat]
     has_self = np.bincount(ev_of_flat[hit], minlength=len(rank))
     has_self = np.where(lens > 0, has_self, 1)
     if (has_self != 1).any():
-        bad("group", "the issuing rank must appear exactly once in its group", has_self != 1)
-    a2a = op == "all_to_all"
+        _bad_row(origin, "group", "the issuing rank must appear exactly once in its group", has_self != 1, _row0)
+
+
+def _bad_row(origin: str, col: str, rule: str, mask: np.ndarray, row0: int = 0) -> None:
+    i = int(np.nonzero(mask)[0][0]) + row0
+    raise TraceFormatError(f"{origin}: field {col!r} row {i}: {rule}")
+
+
+def vocabulary_codes(column: pa.Array | pa.ChunkedArray, vocabulary: Sequence[str]) -> np.ndarray:
+    """Each value's index in ``vocabulary`` (int64; -1 for a value outside it or null), for a string column
+    or a dictionary-encoded one (then only its dictionary is looked up)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    value_set = pa.array(list(vocabulary), pa.string())
+    parts = []
+    for c in chunks:
+        if pa.types.is_dictionary(c.type):
+            lookup = pc.fill_null(pc.index_in(c.dictionary, value_set=value_set), -1).to_numpy().astype(np.int64)
+            codes = lookup[pc.fill_null(c.indices, 0).to_numpy().astype(np.int64)] if len(lookup) else \
+                np.full(len(c), -1, np.int64)
+            if c.null_count:
+                codes[~c.is_valid().to_numpy(zero_copy_only=False)] = -1
+        else:
+            codes = pc.fill_null(pc.index_in(c, value_set=value_set), -1).to_numpy().astype(np.int64)
+        parts.append(codes)
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def validate_columns(table: pa.Table, origin: str, group_sizes: np.ndarray, _row0: int = 0) -> None:
+    """The checks of :func:`validate_events` that need no group members, only each row's group size
+    (``group_sizes``): vocabulary, bytes, count, peer, a group for collectives, all_to_all split sizes.
+    Vectorized with Arrow compute over the whole table."""
+    def bad(col: str, rule: str, mask: np.ndarray) -> None:
+        _bad_row(origin, col, rule, mask, _row0)
+
+    for col, allowed in (("op", OPS), ("phase", PHASES), ("parallelism", PARALLELISM_TAGS)):
+        m = vocabulary_codes(table.column(col), allowed) < 0
+        if m.any():
+            bad(col, f"{table.column(col)[int(np.nonzero(m)[0][0])].as_py()!r} is not one of {list(allowed)}", m)
+    b = table.column("bytes").to_numpy()
+    if (b < 0).any():
+        bad("bytes", "must be >= 0", b < 0)
+    count = table.column("count").to_numpy()
+    if (count < 1).any():
+        bad("count", "must be >= 1", count < 1)
+    op_codes = vocabulary_codes(table.column("op"), OPS)
+    peer = table.column("peer").to_numpy()
+    p2p = np.isin(op_codes, [OPS.index(o) for o in POINT_TO_POINT])
+    if (p2p & (peer < 0)).any():
+        bad("peer", "send/recv need a peer >= 0", p2p & (peer < 0))
+    lens = np.asarray(group_sizes)
+    coll = np.isin(op_codes, [OPS.index(o) for o in COLLECTIVES])
+    if (coll & (lens == 0)).any():
+        bad("group", "a collective needs its group's ranks", coll & (lens == 0))
+    a2a = op_codes == OPS.index("all_to_all")
     if a2a.any():
-        splits = table.column("split_bytes").combine_chunks()
+        splits = table.column("split_bytes")
+        splits = splits.combine_chunks() if isinstance(splits, pa.ChunkedArray) else splits
         split_lens = pc.fill_null(splits.value_lengths(), 0).to_numpy(zero_copy_only=False)
         valid = splits.is_valid().to_numpy(zero_copy_only=False)
         m = a2a & valid & (split_lens != lens)
@@ -188,15 +220,41 @@ def validate_events(table: pa.Table, origin: str = "<events>", _row0: int = 0) -
 
 
 # ------------------------------------------------------------------------------------------ Trace
-@dataclass
 class Trace:
     """A communication trace: ``events`` (the events table), ``meta`` (model, parallel config, source,
     command, versions...), and for MoE runs ``routing`` (``iteration, microbatch, layer, src_rank, expert,
-    tokens``)."""
+    tokens``).
 
-    events: pd.DataFrame
-    meta: dict[str, Any] = field(default_factory=dict)
-    routing: pd.DataFrame | None = None
+    A prediction may hold its events as :class:`llmcomm.group_refs.RefEvents` (groups as references into
+    the layout's group tables, see that module) until ``events`` is first read: ``len``, ``select``,
+    ``matrix``, ``volumes``, ``to_table`` and ``write`` work from the references; reading ``events`` writes
+    the member lists out once into the DataFrame, which from then on is the trace."""
+
+    def __init__(self, events: pd.DataFrame | None = None, meta: Mapping[str, Any] | None = None,
+                 routing: pd.DataFrame | None = None, *, ref_events: RefEvents | None = None) -> None:
+        if (events is None) == (ref_events is None):
+            raise ConfigError("Trace needs exactly one of events (a DataFrame) and ref_events")
+        self._events = events
+        self._ref_events = ref_events
+        self.meta: dict[str, Any] = dict(meta) if meta is not None else {}
+        self.routing = routing
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """The events table as a DataFrame (written out from the group references on first use)."""
+        if self._events is None:
+            self._events = table_to_events(self._ref_events.to_table())
+            self._ref_events = None
+        return self._events
+
+    @events.setter
+    def events(self, value: pd.DataFrame) -> None:
+        self._events, self._ref_events = value, None
+
+    @property
+    def ref_events(self) -> RefEvents | None:
+        """The events with groups as references, while ``events`` has not been read; else ``None``."""
+        return self._ref_events
 
     # -- construction -----------------------------------------------------------------------------
     @classmethod
@@ -216,6 +274,9 @@ class Trace:
         return cls(table_to_events(table), dict(meta or {}), routing)
 
     def to_table(self) -> pa.Table:
+        """The events as an Arrow table in ``EVENTS_SCHEMA``."""
+        if self._ref_events is not None:
+            return self._ref_events.to_table()
         return events_to_table(self.events)
 
     @property
@@ -223,7 +284,7 @@ class Trace:
         """``meta['world_size']`` if recorded, else one more than the highest rank seen."""
         if "world_size" in self.meta:
             return int(self.meta["world_size"])
-        if len(self.events) == 0:
+        if len(self) == 0:
             return 0
         g = pa.array(self.events["group"].array).flatten().to_numpy(zero_copy_only=False)
         hi = max(int(self.events["rank"].max()), int(self.events["peer"].max()), int(g.max()) if len(g) else -1)
@@ -245,20 +306,28 @@ class Trace:
     # -- views ------------------------------------------------------------------------------------
     def select(self, **filters: Any) -> Trace:
         """A Trace with only the events whose columns match: ``t.select(parallelism="tp", phase=["forward"])``."""
-        df = self.events
-        mask = np.ones(len(df), dtype=bool)
+        refs = self._ref_events
+        columns = list(refs.table.column_names) + ["group"] if refs is not None else list(self.events.columns)
+        if refs is not None and "group" in {c for c, v in filters.items() if v is not None}:
+            refs, columns = None, list(self.events.columns)  # matching on member lists needs them written out
+        mask = np.ones(len(self), dtype=bool)
         for col, val in filters.items():
             if val is None:
                 continue
-            if col not in df.columns:
-                raise ConfigError(f"select: no column {col!r}; columns: {', '.join(df.columns)}")
+            if col not in columns:
+                raise ConfigError(f"select: no column {col!r}; columns: {', '.join(columns)}")
             vals = [val] if isinstance(val, (str, int, np.integer)) else list(val)
             vocab = _VOCABULARIES.get(col)
             bad = [v for v in vals if vocab is not None and v not in vocab]
             if bad:
                 raise ConfigError(f"select: {col}={bad[0]!r} is not one of {', '.join(vocab)}")
-            mask &= df[col].isin(vals).to_numpy()
-        return Trace(df[mask].reset_index(drop=True), dict(self.meta), self.routing)
+            if refs is not None:
+                mask &= pc.is_in(refs.table.column(col), value_set=pa.array(vals)).to_numpy(zero_copy_only=False)
+            else:
+                mask &= self.events[col].isin(vals).to_numpy()
+        if refs is not None:
+            return Trace(meta=self.meta, routing=self.routing, ref_events=refs.filter(mask))
+        return Trace(self.events[mask].reset_index(drop=True), dict(self.meta), self.routing)
 
     def flows(self, algorithm: str = "ring", **filters: Any) -> pd.DataFrame:
         """Flows ``src, dst, bytes`` (float64, bytes × count) plus the event's tags; see the module doc."""
@@ -280,8 +349,8 @@ class Trace:
         n = world_size or self.world_size
         t = self.select(**filters) if filters else self
         g = gpus_per_node or int(self.meta.get("gpus_per_node") or 8)
-        return matrix_from_table(t.to_table(), n, algorithm, level=level, gpus_per_node=g,
-                                 nodes_per_rack=nodes_per_rack)
+        events = t.ref_events if t.ref_events is not None else t.to_table()
+        return matrix_from_table(events, n, algorithm, level=level, gpus_per_node=g, nodes_per_rack=nodes_per_rack)
 
     def volumes(self, by: Sequence[str] = ("parallelism",), bytes_col: str = "bytes",
                 sent_only: bool = False) -> pd.DataFrame:
@@ -289,10 +358,14 @@ class Trace:
 
         Both ends of a point-to-point transfer issue an event; ``sent_only=True`` leaves out the ``recv``
         events so that each transferred byte is counted once."""
-        df = self.events
+        by = [by] if isinstance(by, str) else list(by)
+        if self._ref_events is not None and "group" not in (*by, bytes_col):  # the columns asked for, no groups
+            names = [c for c in dict.fromkeys([*by, bytes_col, "count", "op"]) if c in self._ref_events.table.column_names]
+            df = self._ref_events.decoded(names).to_pandas()
+        else:
+            df = self.events
         if sent_only:
             df = df[df["op"] != "recv"]
-        by = [by] if isinstance(by, str) else list(by)
         missing = [c for c in (*by, bytes_col) if c not in df.columns]
         if missing:
             raise ConfigError(f"volumes: no column {missing[0]!r} to group or sum; columns: {', '.join(df.columns)}")
@@ -313,10 +386,10 @@ class Trace:
         return Trace(df, dict(self.meta), self.routing)
 
     def __len__(self) -> int:
-        return len(self.events)
+        return self._ref_events.num_rows if self._ref_events is not None else len(self._events)
 
     def __repr__(self) -> str:
-        return f"Trace({len(self.events)} events, source={self.meta.get('source', '?')!r}, world={self.world_size})"
+        return f"Trace({len(self)} events, source={self.meta.get('source', '?')!r}, world={self.world_size})"
 
 
 def routing_path(path: Path) -> Path:

@@ -19,7 +19,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
-from ..trace import Trace, table_to_events, validate_events
+from ..trace import Trace
 from . import expand, program, torch_rules
 from .audit import audit_table
 from .calls import Context
@@ -73,17 +73,17 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
             continue
         parts.append(expand.stage_table(lay, r, calls, call_counts, iteration, d_tokens, model.hidden_size * ctx.act,
                                         ctx.act))
-    table = expand.to_table(parts)
+    events = expand.to_ref_events(lay, parts)
     if parts:
-        order = np.argsort(table.column("rank").to_numpy(), kind="stable")
+        order = np.argsort(events.ints("rank"), kind="stable")
         if not np.array_equal(order, np.arange(len(order))):
-            table = table.take(order)
-    validate_events(table, "predicted")
+            events = events.take(order)
+    events.check("predicted")
     meta = {"source": "predicted", "framework": framework, "model": model.to_dict(),
             "parallel": parallel.to_dict(), "world_size": parallel.world_size,
             "gpus_per_node": lay.gpus_per_node, "aggregated": bool(aggregate), "iteration": iteration,
             "cluster": cluster.name if cluster is not None else None}
-    return Trace(table_to_events(table), meta, routing if isinstance(routing, pd.DataFrame) else None)
+    return Trace(meta=meta, routing=routing if isinstance(routing, pd.DataFrame) else None, ref_events=events)
 
 
 def _check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str) -> None:

@@ -2,8 +2,9 @@
 
 Every rank of pipeline stage ``r`` runs the same program (:mod:`.program`); only its groups and peers differ.
 For stage ``r`` with ``n`` ranks and ``T`` call templates the table gets ``n·T`` rows (rank-major, so each
-rank's calls stay in issue order); group members come from :meth:`llmcomm.layout.Layout.group_rows` by fancy
-indexing, never by a Python loop over ranks.
+rank's calls stay in issue order); a row's group is a reference (:mod:`llmcomm.group_refs`): its kind and the
+row of :meth:`llmcomm.layout.Layout.group_lookup`'s table holding the rank, found by fancy indexing, never by a
+Python loop over ranks. The member lists are written out only when someone reads the events.
 
 Aggregated form (``aggregate=True``): templates that differ only in ``layer``/``microbatch`` (and, for
 routed all-to-alls under uniform routing, nothing else) merge into one row with ``count`` = how many calls it
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from ..group_refs import PAIR, GroupRefs, RefEvents
 from ..layout import Layout
 from ..vocab import CALL_GROUP_KINDS, EVENTS_SCHEMA, OPS, PAIR_GROUP_KINDS, PARALLELISM_TAGS, PHASES, ROUTES
 from .calls import Call
@@ -54,7 +56,7 @@ def stage_table(lay: Layout, stage: int, calls: Sequence[Call], counts: Sequence
     rank = np.repeat(ranks, len(calls))
     col = {k: np.tile(v, n) for k, v in template.items()}
     peer = _peers(lay, stage, rank, col)
-    group = _group_lists(lay, rank, peer, col, len(calls))
+    group_kind, group_index = _group_refs(lay, rank, col)
     nbytes, split = _all_to_all_splits(lay, rank, col, peer_tokens, hidden_bytes, probs_bytes)
     dt_codes, dt_idx = np.unique(np.array([c.dtype for c in calls], dtype=object), return_inverse=True)
     return {
@@ -63,7 +65,7 @@ def stage_table(lay: Layout, stage: int, calls: Sequence[Call], counts: Sequence
         "phase": pa.DictionaryArray.from_arrays(col["phase"], pa.array(PHASES)),
         "parallelism": pa.DictionaryArray.from_arrays(col["par"], pa.array(PARALLELISM_TAGS)),
         "op": pa.DictionaryArray.from_arrays(col["op"], pa.array(OPS)),
-        "group": group, "peer": peer.astype(np.int32), "bytes": nbytes,
+        "group_kind": group_kind, "group_index": group_index, "peer": peer.astype(np.int32), "bytes": nbytes,
         "dtype": pa.DictionaryArray.from_arrays(np.tile(dt_idx.astype(np.int32), n), pa.array(list(dt_codes))),
         "split_bytes": split, "count": col["count"],
     }
@@ -105,34 +107,19 @@ def _peers(lay: Layout, stage: int, rank: np.ndarray, col: dict[str, np.ndarray]
     return peer
 
 
-def _group_lists(lay: Layout, rank: np.ndarray, peer: np.ndarray, col: dict[str, np.ndarray],
-                 templates: int) -> pa.Array:
-    """The ``group`` column: each row's group members (``[rank, peer]`` for the pair kinds).
-
-    Rows are rank-major with the same ``templates`` calls per rank, so one rank's members of all its calls
-    fill one row of an ``(n ranks, width)`` block, column range by column range: no per-member index."""
-    n = len(rank) // templates if templates else 0
-    ranks = rank[::templates] if templates else rank[:0]
-    kinds = col["kind"][:templates]
-    members_of = {code: lay.group_rows(CALL_GROUP_KINDS[code], ranks) for code in np.unique(kinds)
-                  if CALL_GROUP_KINDS[code] not in PAIR_GROUP_KINDS}
-    sizes = np.array([2 if CALL_GROUP_KINDS[code] in PAIR_GROUP_KINDS else members_of[code].shape[1]
-                      for code in kinds], dtype=np.int64)
-    start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    width = int(start[-1])
-    values = np.empty((n, width), dtype=np.int32)
-    peers = peer.reshape(n, templates) if templates else peer.reshape(0, 0)
-    for j, code in enumerate(kinds):
-        a = int(start[j])
-        if CALL_GROUP_KINDS[code] in PAIR_GROUP_KINDS:
-            values[:, a] = ranks
-            values[:, a + 1] = peers[:, j]
+def _group_refs(lay: Layout, rank: np.ndarray, col: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's group as a reference (:mod:`llmcomm.group_refs`): its kind's code in ``CALL_GROUP_KINDS``
+    (``PAIR`` for the ``[rank, peer]`` kinds) and the row of that kind's group table holding the rank."""
+    kind = col["kind"].copy()
+    index = np.zeros(len(rank), dtype=np.int32)
+    for code in np.unique(col["kind"]):
+        rows = col["kind"] == code
+        name = CALL_GROUP_KINDS[code]
+        if name in PAIR_GROUP_KINDS:
+            kind[rows] = PAIR
         else:
-            values[:, a:a + sizes[j]] = members_of[code]
-    offsets = np.append((np.arange(n, dtype=np.int64)[:, None] * width + start[None, :-1]).ravel(), n * width)
-    if n * width < 2**31:
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values.ravel()))
-    return pa.LargeListArray.from_arrays(offsets, values.ravel()).cast(pa.list_(pa.int32()))
+            index[rows] = lay.group_lookup(name)[1][rank[rows]]
+    return kind, index
 
 
 def _all_to_all_splits(lay: Layout, rank: np.ndarray, col: dict[str, np.ndarray], peer_tokens: np.ndarray | None,
@@ -172,28 +159,32 @@ def _all_to_all_splits(lay: Layout, rank: np.ndarray, col: dict[str, np.ndarray]
     return nbytes, split
 
 
-def to_table(parts: Sequence[dict[str, np.ndarray | pa.Array]]) -> pa.Table:
-    """Stage columns as one table in ``EVENTS_SCHEMA`` (one chunk per stage)."""
-    arrays = []
+def to_ref_events(lay: Layout, parts: Sequence[dict[str, np.ndarray | pa.Array]]) -> RefEvents:
+    """Stage columns as one table in ``EVENTS_SCHEMA`` minus ``group`` (one chunk per stage), its groups as
+    references into ``lay``'s group tables, one table per kind of ``CALL_GROUP_KINDS`` (kinds no row uses get
+    an empty table)."""
+    n = sum(len(p["rank"]) for p in parts)
+    arrays, fields = [], []
     for f in EVENTS_SCHEMA:
+        if f.name == "group":
+            continue
+        if pa.types.is_string(f.type):  # kept dictionary-encoded (int32 codes) until to_table()
+            f = pa.field(f.name, pa.dictionary(pa.int32(), pa.string()), nullable=f.nullable)
+        fields.append(f)
         if f.name in ("t_start_ns", "t_end_ns"):
-            n = sum(len(p["rank"]) for p in parts)
             arrays.append(pa.nulls(n, f.type))
-            continue
-        if f.name == "source":
-            n = sum(len(p["rank"]) for p in parts)
-            arrays.append(pa.DictionaryArray.from_arrays(np.zeros(n, np.int8), pa.array(["predicted"])))
-            continue
-        chunks = []
-        for p in parts:
-            a = p[f.name]
-            a = a if isinstance(a, pa.Array) else pa.array(a)
-            chunks.append(a.cast(f.type) if not isinstance(a, pa.DictionaryArray) else a.dictionary_decode())
-        # one chunk per stage: no copy of the (large) group lists into one buffer
-        arrays.append(pa.chunked_array(chunks, f.type) if chunks else pa.array([], f.type))
-    for i, f in enumerate(EVENTS_SCHEMA):
-        if isinstance(arrays[i], pa.DictionaryArray):
-            arrays[i] = arrays[i].dictionary_decode()
-        if arrays[i].type != f.type:
-            arrays[i] = arrays[i].cast(f.type)
-    return pa.Table.from_arrays(arrays, schema=EVENTS_SCHEMA)
+        elif f.name == "source":
+            arrays.append(pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), pa.array(["predicted"])))
+        elif pa.types.is_dictionary(f.type):
+            arrays.append(pa.chunked_array([pa.DictionaryArray.from_arrays(p[f.name].indices.cast(pa.int32()),
+                                                                           p[f.name].dictionary)
+                                            for p in parts], f.type))
+        else:
+            arrays.append(pa.chunked_array([pa.array(p[f.name]).cast(f.type) for p in parts], f.type))
+    kind = np.concatenate([p["group_kind"] for p in parts]) if parts else np.zeros(0, np.int8)
+    index = np.concatenate([p["group_index"] for p in parts]) if parts else np.zeros(0, np.int32)
+    used = set(np.unique(kind[kind != PAIR]).tolist())
+    tables = tuple(lay.group_lookup(name)[0].astype(np.int32) if code in used else np.zeros((0, 1), np.int32)
+                   for code, name in enumerate(CALL_GROUP_KINDS))
+    table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    return RefEvents(table, GroupRefs(kind, index, tables, lay.world_size))
