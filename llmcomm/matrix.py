@@ -26,6 +26,8 @@ import scipy.sparse as sp
 from .errors import ConfigError, TraceFormatError
 from .group_refs import RefEvents
 from .ref_flows import ref_flow_arrays
+from .trace import vocabulary_codes
+from .vocab import OPS
 
 LEVELS = ("gpu", "node", "rack")
 BLOCK_FLOWS = 4_000_000  # group members decomposed at once (~40 bytes each in the temporaries)
@@ -54,11 +56,16 @@ def flow_arrays(table: pa.Table, algorithm: str = "ring") -> tuple[np.ndarray, n
     return f["src"].to_numpy(np.int64), f["dst"].to_numpy(np.int64), f["bytes"].to_numpy(np.float64)
 
 
-def _work_per_event(table: pa.Table | RefEvents) -> np.ndarray:
+def _work_per_event(table: pa.Table | RefEvents, algorithm: str) -> np.ndarray:
     """Work (and memory) an event costs the decomposition: its group size (the flat group members it
-    expands to, an upper bound of its flows under either algorithm), at least 1."""
+    expands to, an upper bound of its flows under either algorithm), at least 1. With referenced groups
+    under the ring algorithm only all-to-alls expand; every other row costs one flow."""
     if isinstance(table, RefEvents):
-        return np.maximum(table.refs.sizes(), 1)
+        sizes = np.maximum(table.refs.sizes(), 1)
+        if algorithm == "ring":
+            a2a = vocabulary_codes(table.column("op"), OPS) == OPS.index("all_to_all")
+            sizes = np.where(a2a, sizes, 1)
+        return sizes
     if table.num_rows == 0:
         return np.zeros(0, np.int64)
     col = table.column("group")
@@ -100,7 +107,7 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: s
     refs = isinstance(table, RefEvents)
     if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
         raise TraceFormatError(f"events reach rank {int(rank.max())} >= world_size={world_size}")
-    weight = _work_per_event(table)
+    weight = _work_per_event(table, algorithm)
     sorted_ranks = bool(np.all(rank[1:] >= rank[:-1])) if len(rank) else True
     order = None if sorted_ranks else np.argsort(rank, kind="stable")
     srank = rank if order is None else rank[order]
