@@ -33,7 +33,8 @@ def apply_style() -> None:
                   rc={"figure.dpi": 110, "savefig.dpi": 150, "savefig.bbox": "tight"})
 
 
-def _axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
+def axes_or_new(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
+    """``ax``, or the axes of a new figure of ``figsize`` inches when it is ``None`` (seaborn's ``ax=None``)."""
     return ax if ax is not None else plt.subplots(figsize=figsize)[1]
 
 
@@ -51,7 +52,7 @@ def layout_grid(data: pd.DataFrame, *, x: str = "rank", y: str = "node", hue: st
     """Ranks as cells (rows: the ``y`` node, columns: ``x`` rank modulo ``gpus_per_node``), coloured and
     labelled by their ``hue`` group (e.g. :meth:`llmcomm.layout.Layout.group_table`)."""
     nodes = int(data[y].max()) + 1
-    ax = _axes(ax, (6, 0.45 * nodes + 1))
+    ax = axes_or_new(ax, (6, 0.45 * nodes + 1))
     ids = data[hue].to_numpy()
     uniq = {v: i for i, v in enumerate(pd.unique(ids))}
     pal = sns.color_palette("husl", max(len(uniq), 1))
@@ -75,7 +76,7 @@ def parameter_check(data: pd.DataFrame, *, x: str = "rel_error", y: str = "name"
     ``y``, coloured by ``hue``, with the ±tolerance band shaded. Rows keep the data's order within each
     ``hue`` value."""
     d = data.sort_values(hue, kind="stable")
-    ax = _axes(ax, (6, 0.22 * len(d) + 1))
+    ax = axes_or_new(ax, (6, 0.22 * len(d) + 1))
     ax.axvspan(-100 * tolerance, 100 * tolerance, color="0.9", zorder=0, label=f"±{100 * tolerance:g}%")
     sns.scatterplot(data=d.assign(_pct=100 * d[x]), x="_pct", y=y, hue=hue, ax=ax, s=45, zorder=3)
     ax.axvline(0, color="k", lw=0.8)
@@ -122,7 +123,7 @@ def comm_matrix(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue: str 
     of ``data`` (e.g. :meth:`llmcomm.Trace.flows`). Node boundaries are dashed grey lines; pairs that never
     talk stay white. Above ``max_cells`` ranks, ranks are binned into equal blocks (bytes summed)."""
     n = world_size or int(max(data[x].max(), data[y].max()) + 1)
-    ax = _axes(ax, (5.5, 4.5))
+    ax = axes_or_new(ax, (5.5, 4.5))
     dense, k = _binned(data, x, y, hue, n, max_cells)
     shown = np.log10(dense) if log else dense
     norm = Normalize(np.nanmin(shown), np.nanmax(shown)) if np.isfinite(shown).any() else Normalize(0, 1)
@@ -167,7 +168,7 @@ def volume_bars(data: pd.DataFrame, *, x: str = "config", y: str = "bytes", hue:
 
     ``normalize=True`` stacks each bar's shares to 100% (so configurations of very different size stay
     readable) and writes the bar's total above it."""
-    ax = _axes(ax, (6, 4))
+    ax = axes_or_new(ax, (6, 4))
     piv = data.pivot_table(index=x, columns=hue, values=y, aggfunc="sum", fill_value=0, sort=False)
     order = [p for p in PARALLELISM_COLORS if p in piv.columns] + \
         [p for p in piv.columns if p not in PARALLELISM_COLORS]
@@ -197,7 +198,7 @@ def pair_class_bars(data: pd.DataFrame, *, x: str = "config", y: str = "share",
     """Stacked ``y`` (shares of wire bytes) per ``hue`` value for each ``x``; a sequence of ``hue`` columns
     is joined into one label (e.g. "tp intra-node"). Colours follow the first ``hue`` column (the
     parallelism's colour, as in every figure); labels containing "inter" are hatched."""
-    ax = _axes(ax, (7, 4))
+    ax = axes_or_new(ax, (7, 4))
     cols = [hue] if isinstance(hue, str) else list(hue)
     label = data[cols].astype(str).agg(" ".join, axis=1)
     piv = data.assign(_label=label).pivot_table(index=x, columns="_label", values=y, fill_value=0, sort=False)
@@ -221,7 +222,7 @@ def tp_share_curve(data: pd.DataFrame, *, x: str = "microbatches", y: str = "tp_
     """TP share ``y`` (a fraction, drawn in %) against the number of micro-batches ``x`` (log-x), one line
     per ``hue`` (and ``style``) value; the ``threshold`` line is labelled, and each asymptotic cap in
     ``caps`` (label -> fraction, e.g. ``t / (t + p)``) is drawn as a dotted line with its value."""
-    ax = _axes(ax, (6, 4))
+    ax = axes_or_new(ax, (6, 4))
     sns.lineplot(data=data.assign(_pct=100 * data[y]), x=x, y="_pct", hue=hue, style=style, marker="o", ax=ax)
     ax.axhline(100 * threshold, color="k", ls="--", lw=0.8)
     ax.annotate(f"{100 * threshold:g}%", (0.01, 100 * threshold), xycoords=("axes fraction", "data"),
@@ -248,7 +249,7 @@ def comm_timeline(data: pd.DataFrame, *, x: str = "t_start_ns", y: str = "rank",
     e = data[data[x].notna()]
     rows = sorted(e[y].unique())
     t0 = int(e[x].min()) if t0_ns is None else int(t0_ns)
-    ax = _axes(ax, (10, 0.55 * len(rows) + 1.4))
+    ax = axes_or_new(ax, (10, 0.55 * len(rows) + 1.4))
     for row, r in enumerate(rows):
         er = e[e[y] == r]
         for par, g in er.groupby(hue):
@@ -294,7 +295,7 @@ def acf_plot(data: pd.DataFrame, *, x: str = "lag", y: str = "acf", hue: str | N
     """Autocorrelation ``y`` against lag ``x`` in seconds (one lag = ``lag_s``), one line per ``hue`` value
     if given, with the expected periods in ``marks`` (name -> seconds) as dashed lines and, given
     ``n_obs``, the white-noise 95% band ``±1.96/√n``."""
-    ax = _axes(ax, (8, 3.2))
+    ax = axes_or_new(ax, (8, 3.2))
     d = data.assign(_lag_s=data[x] * lag_s)
     if hue is None:
         ax.plot(d["_lag_s"], d[y], color=PARALLELISM_COLORS["tp"], lw=1.2)
@@ -316,7 +317,7 @@ def call_duration_spread(data: pd.DataFrame, *, x: str = "duration_us", y: str =
                          title: str | None = None) -> Axes:
     """Distribution of each ``y`` collective's duration ``x`` (µs, log-x) over all its calls, coloured by
     ``hue`` (e.g. :func:`llmcomm.ingest.summary.call_sequence`); the ``top`` collectives with most calls."""
-    ax = _axes(ax, (7, 0.45 * top + 1.2))
+    ax = axes_or_new(ax, (7, 0.45 * top + 1.2))
     order = data[y].value_counts().index[:top].tolist()
     d = data[data[y].isin(order) & (data[x] > 0)]
     pal = {h: PARALLELISM_COLORS.get(str(h), "#8C8C8C") for h in d[hue].unique()}
@@ -332,7 +333,7 @@ def busbw_fit(data: pd.DataFrame, *, x: str = "bytes", y: str = "busbw", hue: st
     """Measured bus bandwidth ``y`` (dots; rows whose ``used`` is False, set aside as spikes: crosses) and the
     fitted model's ``fit`` (lines) against message size ``x``, one colour per ``hue`` value (e.g.
     :attr:`llmcomm.overhead.Bandwidth.residuals` with busbw = bus bytes / time, GB/s)."""
-    ax = _axes(ax, (6.5, 4))
+    ax = axes_or_new(ax, (6.5, 4))
     levels = sorted(data[hue].unique())
     pal = sns.color_palette("viridis", len(levels))
     for color, level in zip(pal, levels, strict=True):
@@ -350,7 +351,7 @@ def relative_residuals(data: pd.DataFrame, *, x: str = "bytes", y: str = "rel_er
                        ax: Axes | None = None, used: str = "used", title: str | None = None) -> Axes:
     """(predicted − measured) / measured ``y`` against message size ``x`` for the rows whose ``used`` is True
     (e.g. :attr:`llmcomm.overhead.Bandwidth.residuals`), one colour per ``hue`` value."""
-    ax = _axes(ax, (6.5, 3))
+    ax = axes_or_new(ax, (6.5, 3))
     d = data[data[used]].copy()
     levels = sorted(d[hue].unique())
     d[hue] = d[hue].astype(str)
@@ -365,7 +366,7 @@ def effective_bandwidth_lines(data: pd.DataFrame, *, x: str = "bytes", y: str = 
                               ax: Axes | None = None, title: str | None = None) -> Axes:
     """Modelled bus bandwidth ``y`` against message size ``x``, one line per ``hue`` value, in the frame's
     order (e.g. :func:`llmcomm.overhead.effective_bandwidth`)."""
-    ax = _axes(ax, (6.5, 4))
+    ax = axes_or_new(ax, (6.5, 4))
     order = list(pd.unique(data[hue]))
     sns.lineplot(data=data, x=x, y=y, hue=hue, hue_order=order, ax=ax, lw=1.4,
                  palette=sns.color_palette("tab10", len(order)))
@@ -379,7 +380,7 @@ def a2a_matrix_heatmap(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hu
                        title: str | None = None) -> Axes:
     """A small all-to-all matrix (``y`` sender rows, ``x`` receiver columns) of ``hue`` with its values
     written in ``unit``s."""
-    ax = _axes(ax, (5.5, 4.5))
+    ax = axes_or_new(ax, (5.5, 4.5))
     mat = data.pivot_table(index=y, columns=x, values=hue, aggfunc="sum", fill_value=0) / unit
     sns.heatmap(mat, annot=mat.shape[0] <= 16, fmt=".1f", cmap="rocket_r", square=True,
                 cbar_kws={"label": label}, ax=ax, annot_kws={"fontsize": 7})
@@ -403,7 +404,7 @@ def busbw_curves(data: pd.DataFrame, *, x: str = "bytes", y: str = "busbw", hue:
     """Bus bandwidth ``y`` (GB/s) against message size ``x`` (bytes, log-x with KiB/MiB/GiB ticks), one line
     per ``hue`` value (GPU count: :func:`node_palette`, blue inside a node, red across) and optionally per
     ``style`` value (e.g. :func:`llmcomm.ingest.ingest_bandwidth`'s table, filtered by the caller)."""
-    ax = _axes(ax, (6.5, 4))
+    ax = axes_or_new(ax, (6.5, 4))
     d = data[data[x] > 0].copy()
     levels = sorted(int(v) for v in d[hue].dropna().unique())
     d[hue] = d[hue].astype(int).astype(str)
@@ -462,7 +463,7 @@ def comparison_bars(data: pd.DataFrame, *, x: str = "parallelism",
     """Bytes per ``x`` on both sides of a comparison, one bar per column of ``y`` (e.g. ``by_kind`` of
     :class:`llmcomm.compare.Comparison`), in MiB, log scale; the legend (titled ``hue``) names each column
     without its ``bytes_`` prefix."""
-    ax = _axes(ax, (6, 3.5))
+    ax = axes_or_new(ax, (6, 3.5))
     t = data.groupby(x, observed=True)[list(y)].sum().reset_index()
     long = t.melt(id_vars=x, var_name=hue, value_name="bytes")
     long[hue] = long[hue].str.removeprefix("bytes_")
@@ -480,7 +481,7 @@ def breakdown_bars(data: pd.DataFrame, *, x: str = "config", y: str = "seconds",
                    ax: Axes | None = None, title: str | None = None) -> Axes:
     """Stacked bars of ``y`` per ``hue`` (the named terms of an iteration) for each ``x`` (a configuration),
     communication terms hatched."""
-    ax = _axes(ax, (8, 4))
+    ax = axes_or_new(ax, (8, 4))
     wide = data.pivot_table(index=x, columns=hue, values=y, aggfunc="sum", sort=False).fillna(0.0)
     kinds = data.drop_duplicates(hue).set_index(hue)["kind"] if "kind" in data.columns else pd.Series(dtype=str)
     bottom = np.zeros(len(wide))
@@ -502,7 +503,7 @@ def best_config_shift(data: pd.DataFrame, *, x: str = "gpus", y: str = "tflops_p
                       ax: Axes | None = None, label: str = "config", title: str | None = None) -> Axes:
     """``y`` of the best configuration against ``x`` (log2), one line per ``hue``, each point annotated with its
     ``label``."""
-    ax = _axes(ax, (8, 4.5))
+    ax = axes_or_new(ax, (8, 4.5))
     sns.lineplot(data=data, x=x, y=y, hue=hue, marker="o", ax=ax)
     ax.set_xscale("log", base=2)
     for r in data.itertuples():
@@ -517,7 +518,7 @@ def published_speedups(data: pd.DataFrame, *, x: str = "model", y: Sequence[str]
         title: str | None = None) -> Axes:
     """Grouped bars of predicted speed-ups per ``x``, one bar per column in ``y`` (named in the legend
     titled ``hue``), with the 1× line."""
-    ax = _axes(ax, (8, 4))
+    ax = axes_or_new(ax, (8, 4))
     long = data.melt(id_vars=x, value_vars=list(y), var_name=hue, value_name="speed-up")
     sns.barplot(data=long, x=x, y="speed-up", hue=hue, ax=ax)
     ax.axhline(1.0, color="k", lw=0.8)

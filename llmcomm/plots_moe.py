@@ -1,6 +1,7 @@
-"""Figures of MoE predictability (notebook 09) in the house style of :mod:`llmcomm.plots`: each function takes
-tidy data (from :mod:`llmcomm.analysis.moe` or :mod:`llmcomm.predict.envelope`) and returns an Axes or
-Figure."""
+"""Figures of MoE predictability (notebook 09) in the calling convention of :mod:`llmcomm.plots` (seaborn's):
+tidy ``data`` first (from :mod:`llmcomm.analysis.moe` or :mod:`llmcomm.predict.envelope`), the columns as
+keyword-only ``x``/``y``/``hue`` with defaults naming what those functions return, ``ax=None`` (a new figure)
+for axes-level plots; each returns its Axes (or, for a row of panels, its Figure)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from .plots import a2a_matrix_heatmap
+from .plots import a2a_matrix_heatmap, axes_or_new
 
 
-def over_training(df: pd.DataFrame, y: str, *, x: str = "iteration", hue: str | None = None, window: int = 50,
-                  ax: Axes | None = None, title: str | None = None, ylabel: str | None = None,
+def over_training(data: pd.DataFrame, *, x: str = "iteration", y: str = "cv", hue: str | None = None,
+                  ax: Axes | None = None, window: int = 50, title: str | None = None, ylabel: str | None = None,
                   logy: bool = False) -> Axes:
-    """``y`` against ``x`` per ``hue``: raw values faint, their centred rolling mean over ``window`` steps
-    bold."""
-    ax = ax or plt.subplots(figsize=(6.5, 3.6))[1]
-    groups = df.groupby(hue, sort=False) if hue else [(None, df)]
+    """``y`` against ``x`` per ``hue`` (mean over other rows at the same ``x``): raw values faint, their
+    centred rolling mean over ``window`` steps bold."""
+    ax = axes_or_new(ax, (6.5, 3.6))
+    groups = data.groupby(hue, sort=False) if hue else [(None, data)]
     for i, (name, g) in enumerate(groups):
         g = g.groupby(x, sort=True)[y].mean()
         c = f"C{i}"
@@ -36,26 +37,29 @@ def over_training(df: pd.DataFrame, y: str, *, x: str = "iteration", hue: str | 
     return ax
 
 
-def identity_panels(panels: Sequence[tuple[str, np.ndarray]], unit: float = 2**10, label: str = "KiB") -> Figure:
-    """The four all-to-all matrices of one MoE layer and micro-batch side by side (sender rows)."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2))
-    for ax, (name, mat) in zip(np.atleast_1d(axes), panels, strict=True):
-        cells = (pd.DataFrame(np.asarray(mat, dtype=float)).rename_axis(index="src", columns="dst").stack()
-                 .rename("bytes").reset_index())
-        a2a_matrix_heatmap(cells, x="dst", y="src", hue="bytes", ax=ax, unit=unit, title=name, label=label)
+def identity_panels(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue: str = "value",
+                    col: str = "panel", unit: float = 2**10, label: str = "KiB") -> Figure:
+    """One all-to-all matrix per value of ``col`` side by side, in order of appearance (``y`` sender rows,
+    ``x`` receiver columns, ``hue`` bytes): e.g. the four all-to-alls of one MoE layer and micro-batch
+    (:func:`llmcomm.analysis.moe.identity_panel_cells`)."""
+    names = list(pd.unique(data[col]))
+    fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.2))
+    for ax, name in zip(np.atleast_1d(axes), names, strict=True):
+        a2a_matrix_heatmap(data[data[col] == name], x=x, y=y, hue=hue, ax=ax, unit=unit, title=str(name),
+                           label=label)
     fig.tight_layout()
     return fig
 
 
-def metric_bars(df: pd.DataFrame, *, x: str, y: str, hue: str, ax: Axes | None = None, title: str | None = None,
-                ylabel: str | None = None) -> Axes:
+def metric_bars(data: pd.DataFrame, *, x: str = "metric", y: str = "value", hue: str = "trace",
+                ax: Axes | None = None, title: str | None = None, ylabel: str | None = None) -> Axes:
     """Grouped bars of ``y`` per ``x`` and ``hue`` (e.g. a metric for the dense and the MoE trace)."""
-    ax = ax or plt.subplots(figsize=(6.5, 3.4))[1]
-    xs = list(pd.unique(df[x]))
-    hs = list(pd.unique(df[hue]))
+    ax = axes_or_new(ax, (6.5, 3.4))
+    xs = list(pd.unique(data[x]))
+    hs = list(pd.unique(data[hue]))
     w = 0.8 / len(hs)
     for i, h in enumerate(hs):
-        v = df[df[hue] == h].set_index(x)[y].reindex(xs).to_numpy(dtype=float)
+        v = data[data[hue] == h].set_index(x)[y].reindex(xs).to_numpy(dtype=float)
         ax.bar(np.arange(len(xs)) + (i - (len(hs) - 1) / 2) * w, v, w, label=str(h), color=f"C{i}")
     ax.set_xticks(np.arange(len(xs)), xs, rotation=15, ha="right")
     ax.legend(frameon=False, fontsize=8)
@@ -63,11 +67,13 @@ def metric_bars(df: pd.DataFrame, *, x: str, y: str, hue: str, ax: Axes | None =
     return ax
 
 
-def exact_bounded_bars(split: pd.DataFrame, *, by: str, ax: Axes | None = None, title: str | None = None) -> Axes:
-    """Stacked shares of all-to-all bytes per ``by``: exact per pair, bounded floor (the least a pair ever
-    carried) and the bounded band (max − min, which can exceed the mean)."""
-    ax = ax or plt.subplots(figsize=(6.5, 3.4))[1]
-    w = split.pivot_table(index=by, columns="quantity", values="share", sort=False)
+def exact_bounded_bars(data: pd.DataFrame, *, x: str = "scope", y: str = "share", hue: str = "quantity",
+                       ax: Axes | None = None, title: str | None = None) -> Axes:
+    """Stacked shares ``y`` of all-to-all bytes per ``x``, one bar segment per ``hue`` quantity of
+    :func:`llmcomm.analysis.moe.exact_bounded_split`: exact per pair, bounded floor (the least a pair ever
+    carried) and the bounded band (max − min, which can exceed the mean); exact per-rank send totals as a mark."""
+    ax = axes_or_new(ax, (6.5, 3.4))
+    w = data.pivot_table(index=x, columns=hue, values=y, sort=False)
     xs = np.arange(len(w))
     bottom = np.zeros(len(w))
     for q, c, lab in (("exact_pairs", "C2", "exact per pair"), ("bounded_floor", "C0", "bounded: floor (min)"),
@@ -83,11 +89,15 @@ def exact_bounded_bars(split: pd.DataFrame, *, by: str, ax: Axes | None = None, 
     return ax
 
 
-def envelope_ranges(env: pd.DataFrame, *, hue: str = "source", ax: Axes | None = None, unit: float = 2**10,
-                    title: str | None = None) -> Axes:
-    """Per (src → dst) pair: the [min, max] range of bytes as a bar, the expected value as a dot, per ``hue``;
-    the uniform expectation and the hard top-k bounds as lines."""
-    ax = ax or plt.subplots(figsize=(8, 3.6))[1]
+def envelope_ranges(data: pd.DataFrame, *, x: Sequence[str] = ("src", "dst"),
+                    y: Sequence[str] = ("min_bytes", "expected_bytes", "max_bytes"), hue: str = "source",
+                    ax: Axes | None = None, unit: float = 2**10, title: str | None = None) -> Axes:
+    """Per pair ``x`` (sender, receiver): the [min, max] range of bytes (``y``: min, expected, max) as a bar, the
+    expected value as a dot, per ``hue``; the uniform expectation and the hard top-k bounds (``uniform_bytes``,
+    ``hard_max_bytes``) as lines: the columns of :func:`llmcomm.predict.envelope.a2a_envelope`."""
+    ax = axes_or_new(ax, (8, 3.6))
+    env = data.rename(columns={**dict(zip(x, ("src", "dst"), strict=True)),
+                               **dict(zip(y, ("min_bytes", "expected_bytes", "max_bytes"), strict=True))})
     pairs = env[["src", "dst"]].drop_duplicates().sort_values(["src", "dst"])
     labels = [f"{s}→{d}" for s, d in pairs.itertuples(index=False)]
     pos = {tuple(p): i for i, p in enumerate(pairs.itertuples(index=False))}
@@ -108,13 +118,13 @@ def envelope_ranges(env: pd.DataFrame, *, hue: str = "source", ax: Axes | None =
     return ax
 
 
-def acf_lines(acf: pd.DataFrame, *, hue: str, n_obs: int | None = None, ax: Axes | None = None,
-              title: str | None = None) -> Axes:
-    """Mean ACF over experts per ``hue`` (columns ``lag``, ``acf``), with the white-noise band
-    ``±1.96/√n``."""
-    ax = ax or plt.subplots(figsize=(6.5, 3.4))[1]
-    for i, (h, g) in enumerate(acf.groupby(hue, sort=False)):
-        m = g.groupby("lag")["acf"].mean()
+def acf_lines(data: pd.DataFrame, *, x: str = "lag", y: str = "acf", hue: str = "run", ax: Axes | None = None,
+              n_obs: int | None = None, title: str | None = None) -> Axes:
+    """Mean ``y`` (an autocorrelation, over experts) against ``x`` (lag) per ``hue``, with the white-noise
+    band ``±1.96/√n`` for ``n_obs`` observations."""
+    ax = axes_or_new(ax, (6.5, 3.4))
+    for i, (h, g) in enumerate(data.groupby(hue, sort=False)):
+        m = g.groupby(x)[y].mean()
         ax.plot(m.index, m.to_numpy(), color=f"C{i}", lw=1.6, label=str(h))
     if n_obs:
         b = 1.96 / np.sqrt(n_obs)

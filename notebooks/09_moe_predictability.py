@@ -142,21 +142,11 @@ for name in identity_traces:
     checks_rt.append(A.routing_vs_events(t).assign(trace=name))
 ids = pd.concat(ids, ignore_index=True)
 rt = pd.concat(checks_rt, ignore_index=True)
-id_table = ids.groupby(["call_a", "call_b"]).apply(
-    lambda g: pd.Series({"compared": int(g["compared"].sum()),
-                         **{c: float((g[c] * g["compared"]).sum() / g["compared"].sum())
-                            for c in ("equal", "transpose", "equal+transpose", "neither")}}),
-    include_groups=False)
+id_table = A.pooled_identity_summary(ids)
 id_table
 
 # %%
-cells_ev = A.a2a_cells(ev_m)
-one = cells_ev[(cells_ev["iteration"] == 1) & (cells_ev["microbatch"] == 0) & (cells_ev["layer"] == layer)]
-roles = ["forward: dispatch", "forward: combine", "backward: combine's grad", "backward: dispatch's grad"]
-panels = []
-for role, (_, g) in zip(roles, one.groupby("call", sort=True), strict=True):
-    _, a = A.matrix_stack(g, [])
-    panels.append((f"{role} (call {int(g['call'].iloc[0])})", a[0]))
+panels = A.identity_panel_cells(A.a2a_cells(ev_m), iteration=1, microbatch=0, layer=layer)
 fig = plots_moe.identity_panels(panels)
 out.figure(fig, "four_all_to_alls")
 print(f"{int(ids['compared'].sum() / 6)} layer-micro-batches in {len(identity_traces)} recorded traces; "
@@ -195,11 +185,11 @@ per_layer  # expert-load CV per layer
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
-plots_moe.over_training(load_u[load_u["layer"] == layer], "cv", hue="run", window=smooth_window, ax=axes[0],
+plots_moe.over_training(load_u[load_u["layer"] == layer], y="cv", hue="run", window=smooth_window, ax=axes[0],
                         ylabel="CV of expert load", title=f"layer {layer}: expert load")
-plots_moe.over_training(uni[uni["layer"] == layer], "norm_entropy", hue="run", window=smooth_window, ax=axes[1],
+plots_moe.over_training(uni[uni["layer"] == layer], y="norm_entropy", hue="run", window=smooth_window, ax=axes[1],
                         ylabel="normalized entropy", title=f"layer {layer}: all-to-all matrix (off-diagonal)")
-plots_moe.over_training(dist[dist["layer"] == layer], "rel_l1", hue="run", window=smooth_window, ax=axes[2],
+plots_moe.over_training(dist[dist["layer"] == layer], y="rel_l1", hue="run", window=smooth_window, ax=axes[2],
                         ylabel="‖M_t − M_t−1‖₁ / ‖M_t−1‖₁", title=f"layer {layer}: change per iteration")
 fig.tight_layout()
 out.figure(fig, "uniformity_over_training")
@@ -245,7 +235,7 @@ err_tab
 fig, axes = plt.subplots(1, 2, figsize=(13, 3.6), sharey=True)
 for ax, (name, _) in zip(axes, runs.items(), strict=True):
     e = errs[(errs["run"] == name) & (errs["layer"] == layer)]
-    plots_moe.over_training(e, "rel_l1", hue="predictor", window=smooth_window, ax=ax,
+    plots_moe.over_training(e, y="rel_l1", hue="predictor", window=smooth_window, ax=ax,
                             ylabel="relative L1 error", title=f"{name}, layer {layer}")
 fig.tight_layout()
 out.figure(fig, "predictor_error")
@@ -268,7 +258,7 @@ for name, t in runs.items():
         splits.append(A.exact_bounded_split(f(c), ["microbatch", "layer", "ep_group", "src", "dst"])
                       .assign(scope=f"{name}, dispatch, {ph} iterations"))
 splits = pd.concat(splits, ignore_index=True)
-ax = plots_moe.exact_bounded_bars(splits, by="scope", title="all-to-all bytes: exact or bounded")
+ax = plots_moe.exact_bounded_bars(splits, x="scope", title="all-to-all bytes: exact or bounded")
 out.figure(ax.figure, "exact_vs_bounded")
 split_tab = splits.pivot_table(index="scope", columns="quantity", values="share", sort=False)
 split_tab

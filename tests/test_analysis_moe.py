@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from llmcomm.analysis import moe as M
-from llmcomm.errors import DataError
+from llmcomm.errors import AnalysisError, DataError
 from llmcomm.specs import ParallelConfig, load_model
 
 PAR = ParallelConfig(dp=4, ep=4, micro_batch=2, global_batch=8, act_dtype="fp32", grad_reduce_dtype="fp32",
@@ -83,6 +83,32 @@ def test_identities_detect_a_broken_pair_and_symmetry() -> None:
     rel = M.a2a_identities(ev).set_index(["call_a", "call_b"])["relation"]
     assert rel[("forward 0", "forward 1")] == "neither"
     assert rel[("backward 0", "backward 1")] == "equal+transpose"
+
+
+def test_pooled_identity_summary_weights_by_matrices_compared() -> None:
+    d = np.random.default_rng(2).integers(1, 100, size=(4, 4)) * 256
+    good = M.identity_summary(M.a2a_identities(
+        _a2a_events([d, d.T, d, d.T], ["forward", "forward", "backward", "backward"], [0, 1, 2, 3])))
+    broken = M.identity_summary(M.a2a_identities(
+        _a2a_events([d, d + 1, d, d.T], ["forward", "forward", "backward", "backward"], [0, 1, 2, 3])))
+    pooled = M.pooled_identity_summary(pd.concat([good, good, broken], ignore_index=True))
+    row = pooled.loc[("forward 0", "forward 1")]
+    assert row["compared"] == 3
+    assert row["transpose"] == pytest.approx(2 / 3) and row["neither"] == pytest.approx(1 / 3)
+    assert np.allclose(pooled[["equal", "transpose", "equal+transpose", "neither"]].sum(axis=1), 1.0)
+
+
+def test_identity_panel_cells_are_dense_and_labelled_in_issue_order() -> None:
+    d = np.arange(16).reshape(4, 4) * 8  # a zero cell (0, 0) must still be drawn
+    cells = M.a2a_cells(_a2a_events([d, d.T, d.T, d], ["forward", "forward", "backward", "backward"],
+                                    [0, 1, 2, 3]))
+    panels = M.identity_panel_cells(cells, iteration=0, microbatch=0, layer=1)
+    assert list(pd.unique(panels["panel"])) == ["forward: dispatch (call 0)", "forward: combine (call 1)",
+                                                "backward: combine's grad (call 2)", "backward: dispatch's grad (call 3)"]
+    first = panels[panels["panel"] == "forward: dispatch (call 0)"].pivot(index="src", columns="dst", values="value")
+    assert first.shape == (4, 4) and np.array_equal(first.to_numpy(), d)
+    with pytest.raises(AnalysisError, match="2 payload all-to-alls, expected 4"):
+        M.identity_panel_cells(cells[cells["call"] < 2], iteration=0, microbatch=0, layer=1)
 
 
 def test_incomplete_matrix_is_an_error() -> None:

@@ -1,4 +1,4 @@
-"""llmcomm.plots follows seaborn's calling convention and leaves global state (the backend) alone."""
+"""llmcomm.plots and llmcomm.plots_moe follow seaborn's calling convention and leaves global state (the backend) alone."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmcomm import plots
+from llmcomm import plots, plots_moe
 
-FUNCTIONS = [f for name, f in inspect.getmembers(plots, inspect.isfunction)
-             if f.__module__ == plots.__name__ and not name.startswith("_")
-             and name not in ("apply_style", "binary_bytes", "node_palette")]
-FIGURE_LEVEL = {"comm_matrix_grid", "comparison_matrices"}  # several panels: a Figure, no ax (as sns.relplot)
+FUNCTIONS = [f for module in (plots, plots_moe) for name, f in inspect.getmembers(module, inspect.isfunction)
+             if f.__module__ == module.__name__ and not name.startswith("_")
+             and name not in ("apply_style", "binary_bytes", "node_palette", "axes_or_new")]
+# several panels: a Figure, no ax (as sns.relplot)
+FIGURE_LEVEL = {"comm_matrix_grid", "comparison_matrices", "identity_panels"}
 
 
 @pytest.mark.parametrize("func", FUNCTIONS, ids=[f.__name__ for f in FUNCTIONS])

@@ -280,6 +280,40 @@ def identity_summary(identities: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([n, share[["equal", "transpose", "equal+transpose", "neither"]]], axis=1).reset_index()
 
 
+def pooled_identity_summary(summaries: pd.DataFrame) -> pd.DataFrame:
+    """Several traces' :func:`identity_summary` rows pooled per ``(call_a, call_b)`` (the index): ``compared``
+    summed, each relation's share the mean of the traces' shares weighted by ``compared``."""
+    relations = ["equal", "transpose", "equal+transpose", "neither"]
+    weighted = summaries[relations].mul(summaries["compared"], axis=0)
+    pooled = pd.concat([summaries[["call_a", "call_b", "compared"]], weighted], axis=1).groupby(
+        ["call_a", "call_b"]).sum()
+    pooled[relations] = pooled[relations].div(pooled["compared"], axis=0)
+    pooled["compared"] = pooled["compared"].astype(int)
+    return pooled[["compared", *relations]]
+
+
+A2A_ROLES = ("forward: dispatch", "forward: combine", "backward: combine's grad", "backward: dispatch's grad")
+
+
+def identity_panel_cells(cells: pd.DataFrame, *, iteration: int, microbatch: int, layer: int,
+                         roles: Sequence[str] = A2A_ROLES) -> pd.DataFrame:
+    """The payload all-to-alls of one (iteration, micro-batch, layer) of :func:`a2a_cells` as dense tidy cells
+    ``panel, src, dst, value`` (every cell of each ``m × m`` matrix, summed over EP groups), one ``panel`` per
+    call in issue order, labelled ``"<role> (call k)"`` with ``roles`` in that order (an MoE layer's four:
+    dispatch and combine forward, then the combine's and the dispatch's gradients backward)."""
+    one = cells[(cells["iteration"] == iteration) & (cells["microbatch"] == microbatch) & (cells["layer"] == layer)]
+    calls = list(one.groupby("call", sort=True))
+    if len(calls) != len(roles):
+        raise AnalysisError(f"iteration {iteration}, micro-batch {microbatch}, layer {layer}: {len(calls)} payload "
+                            f"all-to-alls, expected {len(roles)} ({', '.join(roles)})")
+    frames = []
+    for role, (call, g) in zip(roles, calls, strict=True):
+        _, stack = matrix_stack(g, [])
+        frames.append(pd.DataFrame(stack[0]).rename_axis(index="src", columns="dst").stack().rename("value")
+                      .reset_index().assign(panel=f"{role} (call {int(call)})"))
+    return pd.concat(frames, ignore_index=True)[["panel", "src", "dst", "value"]]
+
+
 def routing_vs_events(trace: Any) -> pd.DataFrame:
     """Check that the routing table explains the recorded dispatch: for each recorded (iteration, micro-batch,
     layer), the first forward payload all-to-all's matrix against ``ep_matrices(routing) · h · act``.
