@@ -11,12 +11,13 @@ expressions, so the matrices they sum to are equal bit for bit (tested).
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .group_refs import RefEvents
-from .trace import _reduction_factor, vocabulary_codes
-from .vocab import ALGORITHMS, OPS
+from .trace import FLOW_TAGS, _reduction_factor, vocabulary_codes
+from .vocab import ALGORITHMS, EVENTS_SCHEMA, OPS
 
 _FACTOR_BY_OP = _reduction_factor(np.array(OPS, dtype=object))
 _SEND, _A2A, _BCAST = OPS.index("send"), OPS.index("all_to_all"), OPS.index("broadcast")
@@ -54,17 +55,37 @@ class _Rows:
 
 def ref_flow_arrays(ev: RefEvents, algorithm: str = "ring") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(src, dst, bytes)`` of every flow of ``ev`` under ``algorithm`` (``ring`` or ``direct``)."""
+    src, dst, nbytes, _ = _ref_flows(ev, algorithm)
+    return src, dst, nbytes
+
+
+def ref_flows_frame(ev: RefEvents, algorithm: str = "ring", tags: bool = True) -> pd.DataFrame:
+    """The flows as :func:`llmcomm.trace.flows_from_table` returns them for the written-out table (same
+    rows, order, columns and dtypes): ``src, dst, bytes`` plus (``tags``) each flow's event tags."""
+    src, dst, nbytes, rows = _ref_flows(ev, algorithm)
+    out: dict[str, np.ndarray | pd.Series] = {"src": src, "dst": dst, "bytes": nbytes}
+    if tags:
+        take = pa.array(rows, type=pa.int64())
+        for tag in FLOW_TAGS:  # dictionary-encoded columns decode after the take: only the flows' rows
+            out[tag] = ev.column(tag).take(take).cast(EVENTS_SCHEMA.field(tag).type).to_pandas()
+    return pd.DataFrame(out, copy=False)
+
+
+def _ref_flows(ev: RefEvents, algorithm: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(src, dst, bytes, row)``: every flow and the row of ``ev`` it comes from, in the list path's order."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     r = _Rows(ev)
     src: list[np.ndarray] = []
     dst: list[np.ndarray] = []
     nbytes: list[np.ndarray] = []
+    of_row: list[np.ndarray] = []
 
     def emit(rows: np.ndarray, to: np.ndarray, b: np.ndarray) -> None:
         src.append(r.rank[rows])
         dst.append(to)
         nbytes.append(b)
+        of_row.append(rows)
 
     send = np.nonzero(r.op == _SEND)[0]
     emit(send, r.peer[send], r.size[send])
@@ -90,7 +111,7 @@ def ref_flow_arrays(ev: RefEvents, algorithm: str = "ring") -> tuple[np.ndarray,
         row, member, _ = r.others(bcast[r.rank[bcast] == root])
         emit(row, member, r.size[row])
     return (np.concatenate(src).astype(np.int64, copy=False), np.concatenate(dst).astype(np.int64, copy=False),
-            np.concatenate(nbytes).astype(np.float64, copy=False))
+            np.concatenate(nbytes).astype(np.float64, copy=False), np.concatenate(of_row).astype(np.int64, copy=False))
 
 
 def _all_to_all(ev: RefEvents, r: _Rows, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -332,6 +332,10 @@ class Trace:
     def flows(self, algorithm: str = "ring", **filters: Any) -> pd.DataFrame:
         """Flows ``src, dst, bytes`` (float64, bytes × count) plus the event's tags; see the module doc."""
         t = self.select(**filters) if filters else self
+        if t.ref_events is not None:  # a prediction: from the group references, no member lists
+            from .ref_flows import ref_flows_frame
+
+            return ref_flows_frame(t.ref_events, algorithm)
         return flows_from_table(t.to_table(), algorithm)
 
     def matrix(self, algorithm: str = "direct", world_size: int | None = None, *, level: str = "gpu",

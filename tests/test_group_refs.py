@@ -5,6 +5,7 @@ bad references are refused naming the field and the row."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -80,6 +81,18 @@ def test_references_give_the_list_path_matrix_bit_for_bit(t, algorithm, block_fl
     assert same(matrix_from_table(table, n, algorithm, block_flows=block_flows), want)
     node = matrix_from_table(t.ref_events, n, algorithm, level="node", gpus_per_node=2, block_flows=block_flows)
     assert same(node, matrix_from_table(table, n, algorithm, level="node", gpus_per_node=2))
+
+
+@given(predictions(), st.sampled_from(["ring", "direct"]))
+@SETTINGS
+def test_flows_from_references_equal_the_list_path_row_for_row(t, algorithm):
+    want = flows_from_table(t.to_table(), algorithm)
+    got = t.flows(algorithm)
+    assert t.ref_events is not None  # no member lists were written out
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    sel = t.flows(algorithm, parallelism=["tp", "dp", "ep"])
+    pd.testing.assert_frame_equal(sel, flows_from_table(t.select(parallelism=["tp", "dp", "ep"]).to_table(),
+                                                        algorithm), check_exact=True)
 
 
 @given(predictions())

@@ -144,7 +144,7 @@ def summary_text(trace: Trace, gpus_per_node: int = 8) -> str:
         return lines
 
     out = [f"{trace.meta.get('model', {}).get('name', '?')}: {trace.world_size} ranks, "
-           f"{int(trace.events['count'].sum()):,} calls ({len(trace):,} rows)",
+           f"{int(trace.volumes(by=[])['calls'].iloc[0]):,} calls ({len(trace):,} rows)",
            "message bytes per parallelism:", *table(bytes_by(trace, ["parallelism"]), ["parallelism"]),
            "message bytes per phase:", *table(bytes_by(trace, ["phase"]), ["phase"]),
            f"wire bytes (ring) per pair class ({gpus_per_node} GPUs per node):",
