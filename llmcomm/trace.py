@@ -227,7 +227,7 @@ class Trace:
 
     A prediction may hold its events as :class:`llmcomm.group_refs.RefEvents` (groups as references into
     the layout's group tables, see that module) until ``events`` is first read: ``len``, ``select``,
-    ``matrix``, ``volumes``, ``to_table`` and ``write`` work from the references; reading ``events`` writes
+    ``flows``, ``matrix``, ``volumes``, ``to_table`` and ``write`` work from the references; reading ``events`` writes
     the member lists out once into the DataFrame, which from then on is the trace."""
 
     def __init__(self, events: pd.DataFrame | None = None, meta: Mapping[str, Any] | None = None,
