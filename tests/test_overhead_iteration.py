@@ -191,3 +191,24 @@ def test_expert_all_to_all_by_hand():
         per_layer = n_tok * call(tok) + n_prb * call(prb) + n_cnt * call(cnt)
         assert b.ep_comm_s == pytest.approx(m * 2 * per_layer, rel=1e-12)
         assert b.tp_comm_s == 0.0
+
+
+def test_pipe_partitioned_splits_p2p_over_tp_and_adds_the_gathers():
+    """DeepSpeed's PipelineEngine (``pipe_partitioned``): each TP rank sends 1/tp of the activation and of its
+    gradient, and the full tensor is rebuilt by a TP all-gather (forward: on arrival; backward: own output
+    and the received gradient). Off (Megatron-LM), nothing changes."""
+    from llmcomm.overhead import measured
+    from llmcomm.overhead.iteration import _candidates, comm_items
+
+    model = measured.model(2048, 16, 24, 1024)
+    base = {"tp": 4, "pp": 4, "dp": 1, "micro_batch": 2, "global_batch": 8}
+    items = {}
+    for flag in (False, True):
+        c = _candidates(model, pd.DataFrame([base | {"pipe_partitioned": flag}]))
+        items[flag] = comm_items(model, c, "mid", 8, (np.array([6]), np.array([0])))
+    A = 2 * 1024 * 2048 * 2
+    sends = {f: [int(i.nbytes[0]) for i in its if i.op == "send" and i.count[0] > 0] for f, its in items.items()}
+    assert sends[False] == [A, A] and sends[True] == [A // 4, A // 4]
+    gathers = [(i.phase, int(i.count[0])) for i in items[True] if i.op == "all_gather" and i.parallelism == "pp"]
+    assert sorted(gathers) == [("backward", 2), ("forward", 1)]
+    assert not any(i.parallelism == "pp" and i.op == "all_gather" and i.count[0] for i in items[False])

@@ -8,6 +8,8 @@ One iteration of a pipeline stage ``r`` runs ``m`` micro-batches; per micro-batc
               + [r = p-1]·3·t_pass(output + loss)        (not recomputed)
     tp_r, ep_r = Σ over the TP/SP and EP calls the stage issues per micro-batch of ``bw.time(call)``
     pp_r       = (number of sends per micro-batch)·bw.time(send, p2p bytes)
+                 (``pipe_partitioned``, DeepSpeed's PipelineEngine: p2p bytes / tp, plus TP all-gathers of the
+                 activation, timed in tp_r: 1 forward on a stage that receives, 2 backward on one that sends)
 
 Each call is timed for its group as placed by Megatron's rank order (TP fastest, then EP/DP, then PP) on nodes
 of ``gpus_per_node`` consecutive ranks (:func:`ranks_per_node`): a TP group larger than a node (TP 16 on
@@ -61,7 +63,7 @@ COMM_TERMS = ("tp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s")
 CANDIDATE_DEFAULTS: dict[str, Any] = {
     "ep": 1, "vpp": 1, "micro_batch": 1, "sp": False, "recompute": "none", "schedule": "1f1b",
     "distributed_optimizer": False, "act_dtype": "bf16", "grad_reduce_dtype": "fp32", "param_dtype": "bf16",
-    "create_attention_mask_in_dataloader": True, "moe_aux_loss_coeff": 0.0,
+    "create_attention_mask_in_dataloader": True, "moe_aux_loss_coeff": 0.0, "pipe_partitioned": False,
 }
 RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
 CLASSES = ("first", "mid", "last")
@@ -140,6 +142,7 @@ def _candidates(model: ModelSpec, df: pd.DataFrame) -> dict[str, np.ndarray]:
     cols["seq_len"] = col("seq_len", model.seq_length).to_numpy(np.int64)
     cols["sp"] = col("sp", False).to_numpy(bool)
     cols["distributed_optimizer"] = col("distributed_optimizer", False).to_numpy(bool)
+    cols["pipe_partitioned"] = col("pipe_partitioned", False).to_numpy(bool)
     cols["attention_mask"] = col("create_attention_mask_in_dataloader", True).to_numpy(bool).astype(np.int64)
     cols["moe_aux_loss_coeff"] = col("moe_aux_loss_coeff", 0.0).to_numpy(np.float64)
     cols["act_is_fp16"] = (col("act_dtype", "bf16").astype(str).to_numpy() == "fp16").astype(np.int64)
@@ -376,12 +379,20 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tpc("broadcast", "forward", 4 * T, la, "other")
     tpc("broadcast", "forward", T * c["seq_len"], (f | la) * c["attention_mask"], "other")
     # pipeline
-    p2p = np.where(sp, T // tp, T) * h * act
+    # DeepSpeed's PipelineEngine (``pipe_partitioned``; Megatron-DeepSpeed's GPTModelPipe) sends the activation
+    # and its gradient split over the TP group (PartitionedTensor over the slice-parallel group) and rebuilds the
+    # full tensor with a TP all-gather: on receiving the activation (forward), on restoring its own output and
+    # on receiving the gradient (backward)
+    part = c["pipe_partitioned"] & ~sp & (tp > 1)
+    p2p = np.where(sp | part, T // tp, T) * h * act
     rpn_pp = np.where(pp * tp * dp <= gpus_per_node, 2, 1)
     ppon = (pp > 1).astype(np.int64)
     for op, phase, cnt in (("send", "forward", v - la), ("recv", "forward", v - f),
                            ("send", "backward", v - f), ("recv", "backward", v - la)):
         items.append(CommItem("pp", "pp", op, phase, p2p, cnt * ppon, 2 * one, rpn_pp, "microbatch"))
+    pon = part.astype(np.int64) * ppon
+    tpc("all_gather", "forward", A, (v - f) * pon, "pp")
+    tpc("all_gather", "backward", A, 2 * (v - la) * pon, "pp")
     # once per iteration
     dense, expert, repl = params or _stage_params(model, c, nd, nm, holds_first, holds_last)
     rpn_dp = ranks_per_node(dp, tp, gpus_per_node)
@@ -811,6 +822,7 @@ def _single(model: ModelSpec, p: ParallelConfig) -> dict[str, np.ndarray]:
         ("recompute", RECOMPUTE_CODE[p.recompute]), ("act_dtype", DTYPE_BYTES[p.act_dtype]),
         ("grad_reduce_dtype", DTYPE_BYTES[p.grad_reduce_dtype]), ("param_dtype", DTYPE_BYTES[p.param_dtype]))}
     i64["sp"] = np.array([p.sp])
+    i64["pipe_partitioned"] = np.array([False])  # Megatron-LM; DeepSpeed's pipeline engine only via candidates
     i64["distributed_optimizer"] = np.array([p.distributed_optimizer])
     i64["attention_mask"] = np.array([int(p.create_attention_mask_in_dataloader)])
     i64["moe_aux_loss_coeff"] = np.array([float(p.moe_aux_loss_coeff)])

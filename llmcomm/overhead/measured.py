@@ -8,6 +8,15 @@ not overlapped). Not stated there, and assumed here (decided before looking at a
 GPT-2's vocabulary of 50,257 tokens padded to a multiple of 128·tp, an FFN of 4·h, learned positions, biases,
 LayerNorm, tied embeddings (Megatron's GPT), fp16 activations, gradients all-reduced in fp16 (Megatron-DeepSpeed
 without ``--accumulate-allreduce-grads-in-fp32``), the standard Adam optimizer (not distributed).
+
+Added after seeing the multi-node validation residuals (mechanism chosen after seeing them; no number fitted
+on them): the pipeline runs on DeepSpeed's PipelineEngine, as Megatron-DeepSpeed's ``pretrain_gpt.py`` builds
+``GPTModelPipe`` whenever ``--deepspeed`` is on without ``--no-pipeline-parallel`` and ``training.py`` calls
+``train_batch``; that engine sends activations and their gradients split over the TP group and all-gathers
+them on arrival (``pipe_partitioned``/``grad_partitioned``, both on by default: DeepSpeed
+``deepspeed/runtime/pipe/engine.py`` lines 144-145, 719-726, 743-757, 826-848, 1062-1073;
+``deepspeed/runtime/config.py`` lines 467-468). Hence ``pipe_partitioned: True`` (:func:`llmcomm.overhead.
+iteration.comm_items`).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ COLUMNS = {"# GPUs": "gpus", "global batch": "global_batch", "micro batch": "mic
            "pipeline parallelism": "pp", "iteration time (ms)": "time_ms", "Parameters (billion)": "params_b"}
 VOCAB = 50257
 RUN_SETTINGS = {"recompute": "full", "schedule": "1f1b", "act_dtype": "fp16", "grad_reduce_dtype": "fp16",
-                "param_dtype": "fp16", "sp": False, "distributed_optimizer": False}
+                "param_dtype": "fp16", "sp": False, "distributed_optimizer": False, "pipe_partitioned": True}
 
 
 def read(which: str = "single", file: str | None = None) -> pd.DataFrame:
