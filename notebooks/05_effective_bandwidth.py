@@ -40,8 +40,23 @@ import pandas as pd
 
 from llmcomm import data, load_cluster, load_model, plots
 from llmcomm.ingest import ingest_bandwidth
-from llmcomm.overhead import Bandwidth, against_measured, effective_bandwidth, held_out, load_calibration
-from llmcomm.overhead.bandwidth import CALIBRATION_SYSTEMS, fit_sweeps, residual_summary
+from llmcomm.overhead import (
+    Bandwidth,
+    against_measured,
+    bus_bandwidth,
+    effective_bandwidth,
+    equals_calibration,
+    fit_busbw,
+    held_out_rows,
+    held_out_summary,
+    large_message_busbw,
+    leave_one_out,
+    model_on_fitted_rows,
+    one_line_vs_pieces,
+    piece_table,
+    residual_table,
+)
+from llmcomm.overhead.bandwidth import CALIBRATION_SYSTEMS, fit_sweeps
 from llmcomm.reproduce import Outputs
 
 plots.apply_style()
@@ -74,8 +89,7 @@ for s, bw in fits.items():
 # %%
 fig, axes = plt.subplots(1, len(systems), figsize=(5.2 * len(systems), 4), squeeze=False)
 for ax, (s, bw) in zip(axes[0], fits.items(), strict=True):
-    res = bw.residuals.assign(busbw=lambda d: d["x"] / d["time_s"] / 1e9, busbw_fit=lambda d: d["x"] / d["pred_s"] / 1e9)
-    plots.busbw_fit(res, x="bytes", y="busbw", hue="group_size", ax=ax, fit="busbw_fit", title=f"{s} ({bw.device})")
+    plots.busbw_fit(fit_busbw(bw), x="bytes", y="busbw", hue="group_size", ax=ax, fit="busbw_fit", title=f"{s} ({bw.device})")
 fig.tight_layout()
 out.figure(fig, "busbw_fit")
 
@@ -85,19 +99,11 @@ for ax, (s, bw) in zip(axes[0], fits.items(), strict=True):
 fig.tight_layout()
 out.figure(fig, "residuals")
 
-summary = pd.concat([residual_summary(bw).assign(system=s) for s, bw in fits.items()], ignore_index=True)
+summary = residual_table(fits)
 print(summary.round(4).to_string(index=False))
 
 # is the piecewise form needed? the same fit with one line per regime
-forms = []
-for s, t in tables.items():
-    for label, bw_k in (("one line", fit_sweeps(t, origin=s, max_pieces=1)), ("up to 3 pieces", fits[s])):
-        r = bw_k.residuals[bw_k.residuals["used"]]
-        mid = r[(r["bytes"] >= 2**20) & (r["bytes"] <= 2**24)]
-        forms.append({"system": s, "form": label, "median_abs": r["rel_err"].abs().median(),
-                      "max_abs": r["rel_err"].abs().max(), "median_abs_1_16MiB": mid["rel_err"].abs().median(),
-                      "max_abs_1_16MiB": mid["rel_err"].abs().max()})
-forms = pd.DataFrame(forms)
+forms = one_line_vs_pieces(tables, fits)
 print(forms.round(3).to_string(index=False))
 one = forms[forms["form"] == "one line"].set_index("system")
 many = forms[forms["form"] != "one line"].set_index("system")
@@ -117,20 +123,9 @@ out.check("pieces_improve_mid_sizes", bool((many["median_abs_1_16MiB"] <= one["m
 # The same table, for all systems, is shipped as `data/calibration/bandwidth_fit.csv` (`make calibration`).
 
 # %%
-def wide(rep: pd.DataFrame) -> pd.DataFrame:
-    r = rep[rep["parameter"].isin(["alpha_us", "busbw_GBps"])]
-    w = r.pivot_table(index=["group_size", "nodes", "piece", "bytes_lo", "bytes_hi", "n_rows", "r2",
-                             "rel_median_abs", "rel_max_abs"],
-                      columns="parameter", values=["estimate", "ci_low", "ci_high"])
-    w.columns = [f"{p}_{v}" for v, p in w.columns]
-    cols = ["alpha_us_estimate", "alpha_us_ci_low", "alpha_us_ci_high",
-            "busbw_GBps_estimate", "busbw_GBps_ci_low", "busbw_GBps_ci_high"]
-    return w[cols].reset_index()
-
-
 for s, bw in fits.items():
     print(f"== {s}")
-    print(wide(bw.fit).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(piece_table(bw.fit).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
 echo_rep = fits["echo-a100"].fit if "echo-a100" in fits else None
 if echo_rep is not None:
     nl = echo_rep[echo_rep["parameter"] == "node_latency_us"].iloc[0]
@@ -146,23 +141,11 @@ if echo_rep is not None:
 # `(predicted − measured)/measured`, reported as measured.
 
 # %%
-ho = pd.concat([held_out(tables[s], s).assign(system=s) for s in systems], ignore_index=True)
-ho["abs_err"] = ho["rel_err"].abs()
-every_other = (ho.groupby("system")
-               .agg(rows=("abs_err", "size"), median_abs=("abs_err", "median"),
-                    p95_abs=("abs_err", lambda e: e.quantile(0.95)), max_abs=("abs_err", "max"),
-                    within_fit_max=("abs_err", lambda e: float((e <= ho.loc[e.index, "fit_max_abs"]).mean())))
-               .reset_index())
+ho = held_out_rows(tables)
+every_other = held_out_summary(ho, by="system")
 print("(a) every other size held out\n", every_other.round(4).to_string(index=False))
 
-loo = []
-for s in systems:
-    for n in leave_out.get(s, []):
-        h = held_out(tables[s], s, "group_size", n)
-        loo.append({"system": s, "left_out": n, "rows": len(h), "median_abs": h["rel_err"].abs().median(),
-                    "median_signed": h["rel_err"].median(),
-                    "median_abs_ge_1MiB": h[h["bytes"] >= 2**20]["rel_err"].abs().median()})
-loo = pd.DataFrame(loo)
+loo = leave_one_out(tables, leave_out)
 print("(b) one group size held out\n", loo.round(4).to_string(index=False))
 
 # %%
@@ -175,12 +158,9 @@ out.figure(fig, "heldout_errors")
 
 # the uncalibrated model (vendor link figures of the Echo system's cluster) on the same Echo rows
 if "echo-a100" in fits:
-    er = fits["echo-a100"].residuals
-    er = er[er["used"]]
-    vendor = Bandwidth.from_cluster(load_cluster("a100-40g-hdr200"))
-    vt = vendor.time("all_reduce", er["bytes"].to_numpy(), er["group_size"].to_numpy(), er["ranks_per_node"].to_numpy())
-    verr = (vt - er["time_s"].to_numpy()) / er["time_s"].to_numpy()
-    big = er["bytes"].to_numpy() >= 2**26
+    ve = model_on_fitted_rows(Bandwidth.from_cluster(load_cluster("a100-40g-hdr200")), fits["echo-a100"])
+    verr = ve["rel_err"].to_numpy()
+    big = ve["bytes"].to_numpy() >= 2**26
     out.value("echo_vendor_median_abs", float(np.median(np.abs(verr))))
     print(f"Vendor figures alone (a100-40g-hdr200: 300 GB/s NVLink, 25 GB/s NIC per GPU, nominal latency) time "
           f"Echo's rows with a median |error| of {np.median(np.abs(verr)):.0%} (signed median {np.median(verr):+.0%}; "
@@ -250,10 +230,7 @@ out.check("aicb_derived_ops_large_messages_within_10pct", large["rel_err"].abs()
 cl = load_cluster(cluster)
 bw = Bandwidth.default(cl)
 print(bw.source)
-cal = load_calibration()
-shipped_equal = all(np.allclose(cal[s].bandwidth.params[["alpha_s", "beta_s_per_byte"]].to_numpy(float),
-                                fits[s].params[["alpha_s", "beta_s_per_byte"]].to_numpy(float), rtol=1e-9)
-                    for s in systems)
+shipped_equal = equals_calibration(fits)
 out.check("shipped_calibration_is_this_fit", shipped_equal, value=shipped_equal,
           expect="data/calibration/bandwidth.yaml equals the fits above")
 sizes = np.geomspace(2**10, 2**32, 89)
@@ -264,17 +241,12 @@ eff = effective_bandwidth(bw, sizes, regimes)
 ax = plots.effective_bandwidth_lines(eff, x="bytes", y="busbw", hue="label", title=f"effective bus bandwidth, {cl.name} (shipped calibration)")
 out.figure(ax, "effective_bandwidth_factors")
 
-
-def busbw(n: int, k: int, nbytes: float, op: str = "all_reduce") -> float:
-    return float(bw.busbw(op, nbytes, n, k))
-
-
 m = load_model(model)
 tp_bytes = micro_batch * m.seq_length * m.hidden_size * 2
-size_ratio = busbw(8, 8, 2**20) / busbw(8, 8, 2**30)
-node_ratio = busbw(16, 8, 2**30) / busbw(8, 8, 2**30)
-group_ratio = busbw(128, 8, 2**24) / busbw(16, 8, 2**24)
-nic_ratio = busbw(64, 1, 2**30) / busbw(64 * 8, 8, 2**30)
+size_ratio = bus_bandwidth(bw, 8, 8, 2**20) / bus_bandwidth(bw, 8, 8, 2**30)
+node_ratio = bus_bandwidth(bw, 16, 8, 2**30) / bus_bandwidth(bw, 8, 8, 2**30)
+group_ratio = bus_bandwidth(bw, 128, 8, 2**24) / bus_bandwidth(bw, 16, 8, 2**24)
+nic_ratio = bus_bandwidth(bw, 64, 1, 2**30) / bus_bandwidth(bw, 64 * 8, 8, 2**30)
 t_in = float(bw.time("all_reduce", tp_bytes, tp_inside, tp_inside))
 t_across = float(bw.time("all_reduce", tp_bytes, tp_across, 8))
 dp_t = {n: float(bw.time("all_reduce", dp_bytes, n, 1)) for n in dp_nodes}
@@ -282,14 +254,15 @@ for k, v in {"busbw_1MiB_over_1GiB_8gpu": size_ratio, "busbw_2nodes_over_1node_1
              "busbw_16nodes_over_2nodes_16MiB": group_ratio, "busbw_1_over_8_ranks_per_node": nic_ratio,
              "tp_message_bytes": tp_bytes, "tp_inside_us": t_in * 1e6, "tp_across_us": t_across * 1e6}.items():
     out.value(k, float(v))
-print(f"Message size: 8 GPUs in one node reach {busbw(8, 8, 2**20):.0f} GB/s at 1 MiB and "
-      f"{busbw(8, 8, 2**30):.0f} GB/s at 1 GiB ({size_ratio:.0%} of it).")
-print(f"Crossing nodes: at 1 GiB, 2 nodes x 8 GPUs reach {busbw(16, 8, 2**30):.0f} GB/s, "
-      f"{node_ratio:.0%} of one node's {busbw(8, 8, 2**30):.0f} GB/s.")
+print(f"Message size: 8 GPUs in one node reach {bus_bandwidth(bw, 8, 8, 2**20):.0f} GB/s at 1 MiB and "
+      f"{bus_bandwidth(bw, 8, 8, 2**30):.0f} GB/s at 1 GiB ({size_ratio:.0%} of it).")
+print(f"Crossing nodes: at 1 GiB, 2 nodes x 8 GPUs reach {bus_bandwidth(bw, 16, 8, 2**30):.0f} GB/s, "
+      f"{node_ratio:.0%} of one node's {bus_bandwidth(bw, 8, 8, 2**30):.0f} GB/s.")
 print(f"Group size across nodes: at 16 MiB, 16 nodes reach {group_ratio:.0%} of 2 nodes' bus bandwidth "
-      f"({busbw(128, 8, 2**24):.0f} vs {busbw(16, 8, 2**24):.0f} GB/s); latency grows with the node count.")
+      f"({bus_bandwidth(bw, 128, 8, 2**24):.0f} vs {bus_bandwidth(bw, 16, 8, 2**24):.0f} GB/s); "
+      "latency grows with the node count.")
 print(f"Ranks per node: a group with one rank per node drives one NIC, {nic_ratio:.3f} of eight "
-      f"({busbw(64, 1, 2**30):.1f} GB/s at 1 GiB over 64 nodes).")
+      f"({bus_bandwidth(bw, 64, 1, 2**30):.1f} GB/s at 1 GiB over 64 nodes).")
 print(f"{m.name} TP all-reduce ({micro_batch} x {m.seq_length} x {m.hidden_size} bf16 = {tp_bytes / 1e6:.1f} MB): "
       f"{t_in * 1e6:.0f} us at TP {tp_inside} in a node, {t_across * 1e6:.0f} us at TP {tp_across} over two "
       f"nodes ({t_across / t_in:.1f}x).")
@@ -302,8 +275,7 @@ out.check("intra_vs_inter_factor", node_ratio < 0.8, value=node_ratio,
 out.check("tp16_slower_than_tp8", t_across > 1.3 * t_in, value=t_across / t_in,
           expect="a TP all-reduce over two nodes takes > 1.3x the in-node one")
 if "vtrain-v100" in fits:
-    v = fits["vtrain-v100"].to_frame()
-    last = v.sort_values("piece").groupby("group_size").tail(1).set_index("group_size")["busbw_GBps"]
+    last = large_message_busbw(fits["vtrain-v100"])
     print("V100 (vTrain) large-message bus bandwidth by group size [GB/s]:", last.round(1).to_dict())
     out.check("v100_topology_not_monotone", bool(last.get(5, np.inf) < last.get(4, 0)), value=last.to_dict(),
               expect="on the V100 cube mesh 5 GPUs get less bus bandwidth than 4")

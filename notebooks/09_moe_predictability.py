@@ -48,7 +48,6 @@ from llmcomm.predict import predict_traffic
 from llmcomm.predict.envelope import a2a_envelope, sample_routing
 from llmcomm.reproduce import Outputs
 from llmcomm.specs import ModelSpec, ParallelConfig, data_dir
-from llmcomm.trace import Trace
 
 plots.apply_style()
 out = Outputs("09_moe_predictability", out_dir)
@@ -87,21 +86,8 @@ ev_d = dense.events[dense.events["phase"] != "setup"]
 ev_m = moe.events
 aicb = ingest_trace(data.path(aicb_file))
 ev_a = aicb.events[aicb.events["phase"] != "setup"]
-side = []
-for name, t, ev in (("dense", dense, ev_d), ("MoE", moe, ev_m), ("AICB replay", aicb, ev_a)):
-    ref = int(sorted(ev["iteration"].unique())[1]) if name != "AICB replay" else int(ev["iteration"].min())
-    rep = A.moe_repeatability(ev, reference_iteration=ref)
-    order = A.moe_repeatability(ev, reference_iteration=ref, columns=("op", "group", "phase", "layer", "microbatch"))
-    var = A.sequence_variation(ev, reference_iteration=ref)
-    cells = A.iteration_matrices(Trace(ev.reset_index(drop=True), dict(t.meta)))
-    dist = A.consecutive_distance(cells, keys=())
-    side.append({"trace": name, "iterations compared": rep["iteration"].nunique() - 1,
-                 "identical call order (op, group)": float(order.loc[order["iteration"] != ref, "identical"].mean()),
-                 "identical call sequences": float(rep.loc[rep["iteration"] != ref, "identical"].mean()),
-                 "calls identical to reference": float((var["identical"] * var["calls"]).sum() / var["calls"].sum()),
-                 "matrix change per iteration (rel. L1)": float(dist["rel_l1"].mean())})
-side = pd.DataFrame(side).set_index("trace")
-moe_var = A.sequence_variation(ev_m, reference_iteration=1)
+side = A.call_variation_table({"dense": dense, "MoE": moe, "AICB replay": aicb}, replays=["AICB replay"])
+moe_var = A.sequence_variation(ev_m, reference_iteration=A.reference_iteration(ev_m))
 side
 
 # %%
@@ -157,27 +143,13 @@ print(f"{int(ids['compared'].sum() / 6)} layer-micro-batches in {len(identity_tr
 # ## (c) Uniformity over training, with and without load balancing
 
 # %%
-uni = []
-load_u = []
-dist = []
-for name, t in runs.items():
-    cells = A.routing_matrices(t)
-    uni.append(A.matrix_uniformity(cells, include_self=False).assign(run=name))
-    load_u.append(A.load_uniformity(t.routing).assign(run=name))
-    dist.append(A.consecutive_distance(cells).assign(run=name))
-uni, load_u, dist = (pd.concat(x, ignore_index=True) for x in (uni, load_u, dist))
+load_u, uni, dist = A.uniformity_over_training(runs)
 n_it = int(moe.meta["iterations"])
-early = lambda d: d[d["iteration"] < phase_window]                      # noqa: E731
-late = lambda d: d[d["iteration"] >= n_it - phase_window]               # noqa: E731
-table_c = pd.DataFrame({
-    (name, ph): {"expert-load CV": f(load_u[load_u["run"] == name])["cv"].mean(),
-                 "expert-load max/mean": f(load_u[load_u["run"] == name])["max_over_mean"].mean(),
-                 "matrix CV (off-diagonal)": f(uni[uni["run"] == name])["cv"].mean(),
-                 "matrix norm. entropy": f(uni[uni["run"] == name])["norm_entropy"].mean(),
-                 "matrix change per iteration": f(dist[dist["run"] == name])["rel_l1"].mean()}
-    for name in runs for ph, f in (("early", early), ("late", late))})
-per_layer = pd.concat({ph: f(load_u).groupby(["run", "layer"])["cv"].mean().unstack()
-                       for ph, f in (("early", early), ("late", late))}, axis=1)
+training = {"window": phase_window, "iterations": n_it}   # early: the first, late: the last phase_window
+table_c = A.phase_means({"expert-load CV": (load_u, "cv"), "expert-load max/mean": (load_u, "max_over_mean"),
+                         "matrix CV (off-diagonal)": (uni, "cv"), "matrix norm. entropy": (uni, "norm_entropy"),
+                         "matrix change per iteration": (dist, "rel_l1")}, list(runs), **training)
+per_layer = A.phase_pivot(load_u, "cv", "layer", **training)
 table_c
 
 # %%
@@ -219,16 +191,14 @@ spec = ModelSpec.from_dict(moe.meta["model_spec"])
 par = ParallelConfig.from_dict(moe.meta["parallel"])
 pred = predict_traffic(spec, par, framework="torch").events
 uniform_split = int(pred.query("op == 'all_to_all' and dtype == 'fp32'")["split_bytes"].iloc[0][0])
-row = A.routing_matrices(moe, per_microbatch=True).groupby(["iteration", "layer", "microbatch", "src"])["value"].sum()
-routed_uniform = float(row.unique()[0]) / par.ep if row.nunique() == 1 else float("nan")
+routed_uniform, n_rows = A.routed_uniform_split(moe)
 print(f"predict_traffic without routing: {uniform_split} B per pair and micro-batch; recorded dispatch row totals "
-      f"/ ep: {routed_uniform:.0f} B in every one of {len(row)} (iteration, layer, micro-batch, rank) rows")
+      f"/ ep: {routed_uniform:.0f} B in every one of {n_rows} (iteration, layer, micro-batch, rank) rows")
 
 # %%
 errs = pd.concat([A.predictor_errors(A.routing_matrices(t), alpha=ema_alpha, window=history_window)
                   .assign(run=name) for name, t in runs.items()], ignore_index=True)
-err_tab = pd.concat({ph: f(errs).groupby(["run", "predictor"])["rel_l1"].mean().unstack()
-                     for ph, f in (("early", early), ("late", late))}, axis=1)
+err_tab = A.phase_pivot(errs, "rel_l1", "predictor", **training)
 err_tab
 
 # %%
@@ -251,13 +221,8 @@ print("Late in training the lowest mean error: " + "; ".join(
 ck = ["microbatch", "layer", "group", "call", "src", "dst"]
 split_ev = A.exact_bounded_split(A.a2a_cells(ev_m, payload_only=False), ck).assign(
     scope=f"recorded events, {ev_m['iteration'].nunique()} iterations")
-splits = [split_ev]
-for name, t in runs.items():
-    c = A.routing_matrices(t, per_microbatch=True)
-    for ph, f in (("all", lambda d: d), ("late", late)):
-        splits.append(A.exact_bounded_split(f(c), ["microbatch", "layer", "ep_group", "src", "dst"])
-                      .assign(scope=f"{name}, dispatch, {ph} iterations"))
-splits = pd.concat(splits, ignore_index=True)
+splits = pd.concat([split_ev, A.dispatch_exact_bounded(runs, phases=("all", "late"), **training)],
+                   ignore_index=True)
 ax = plots_moe.exact_bounded_bars(splits, x="scope", title="all-to-all bytes: exact or bounded")
 out.figure(ax.figure, "exact_vs_bounded")
 split_tab = splits.pivot_table(index="scope", columns="quantity", values="share", sort=False)
@@ -276,7 +241,7 @@ print(f"On the recorded events (count exchange and the four payload all-to-alls)
 # ## (f) The envelope a network planner sees
 
 # %%
-hist = moe.routing[moe.routing["iteration"] >= n_it - phase_window]
+hist = A.training_phase(moe.routing, "late", **training)
 env_hist = a2a_envelope(spec, par, hist, framework="torch").assign(source=f"recorded, last {phase_window}")
 draws = sample_routing(spec, par, np.full(spec.num_experts, 1 / spec.num_experts), envelope_samples, seed=0,
                        framework="torch")
@@ -285,29 +250,22 @@ env = pd.concat([env_hist, env_uni], ignore_index=True)
 sel = env[(env["layer"] == layer) & (env["microbatch"] == 0)]
 ax = plots_moe.envelope_ranges(sel, title=f"layer {layer}: dispatch bytes per pair and micro-batch")
 out.figure(ax.figure, "envelope")
-envsum = env.groupby("source").apply(lambda g: pd.Series({
-    "max / uniform (worst pair)": float((g["max_bytes"] / g["uniform_bytes"]).max()),
-    "min / uniform (least pair)": float((g["min_bytes"] / g["uniform_bytes"]).min()),
-    "hard max / uniform": float(g["hard_max_bytes"].iloc[0] / g["uniform_bytes"].iloc[0])}), include_groups=False)
+envsum = A.envelope_summary(env, by="source")
 envsum
 
 # %% [markdown]
 # ## AICB's A100 MoE replay
 
 # %%
-rep_a = A.moe_repeatability(ev_a, reference_iteration=int(ev_a["iteration"].min()))
-var_a = A.sequence_variation(ev_a, reference_iteration=int(ev_a["iteration"].min()), by=("parallelism", "op"))
-dur = ev_a.assign(ms=(ev_a["t_end_ns"] - ev_a["t_start_ns"]) / 1e6)
-dur["pos"] = dur.groupby(["rank", "iteration"]).cumcount()
-per_call = dur.groupby(["parallelism", "op", "pos"])["ms"].agg(["mean", "std", "max"])
-lv = ["parallelism", "op"]
-dur_tab = pd.DataFrame({"median CV of duration over iterations": (per_call["std"] / per_call["mean"]).groupby(level=lv).median(),
-                        "worst ms": per_call["max"].groupby(level=lv).max()})
+ref_a = A.reference_iteration(ev_a, skip_first=False)
+rep_a = A.moe_repeatability(ev_a, reference_iteration=ref_a)
+var_a = A.sequence_variation(ev_a, reference_iteration=ref_a, by=("parallelism", "op"))
+dur_tab = A.position_duration_spread(ev_a, by=("parallelism", "op"))
 print(f"AICB: {rep_a['iteration'].nunique()} iterations of {int(rep_a['calls'].median())} calls; "
       f"{rep_a['identical'].mean():.0%} repeat the first iteration's (op, group, bytes) sequence exactly. "
       "Its all-to-all splits are even by construction (AICB replays msg_size/n per peer), so its matrices "
       "say nothing about routing: only sizes and times are measured.")
-var_a.merge(dur_tab.reset_index(), on=["parallelism", "op"])
+var_a.merge(dur_tab, on=["parallelism", "op"])
 
 # %% [markdown]
 # **Checks.** The finding holds if (1) every dense iteration repeats its call sequence and matrix exactly

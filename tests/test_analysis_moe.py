@@ -301,3 +301,113 @@ def test_curated_noaux_command_round_trips_through_the_cli() -> None:
         args = ap.parse_args(shlex.split(runs[name].command())[1:])
         assert args.aux_loss_coef == coef and args.model == "tiny-moe-8e" and args.iters >= 2000
         assert args.routing_iters == 4 and args.ep == 4
+
+
+# ------------------------------------------------------------------------------------------ notebook 09's tables
+def _varying_trace():
+    """Two ranks, three iterations of a dispatch and a combine; in iteration 2 rank 0's combine sends rank 1
+    256 B more, so its size (not the order) differs from the reference."""
+    from llmcomm.trace import Trace
+
+    d = np.full((2, 2), 256)
+    bump = np.array([[0, 256], [0, 0]])
+    ev = []
+    for it, extra in enumerate([0, 0, 1]):
+        e = _a2a_events([d, d + bump * extra], ["forward", "forward"], [0, 1])
+        ev.append(e.assign(iteration=it, t_start_ns=e["t_start_ns"] + 100 * it, t_end_ns=e["t_end_ns"] + 100 * it))
+    ev = pd.concat(ev, ignore_index=True).assign(count=1, source="recorded")
+    setup = ev.iloc[:1].assign(phase="setup", iteration=0, op="all_reduce", split_bytes=None)
+    return Trace(pd.concat([setup, ev], ignore_index=True), {})
+
+
+def test_reference_iteration_skips_setup_and_the_first() -> None:
+    ev = pd.DataFrame({"iteration": [5, 3, 3, 4, 9], "phase": ["forward", "forward", "backward", "forward", "setup"]})
+    assert M.reference_iteration(ev) == 4
+    assert M.reference_iteration(ev, skip_first=False) == 3
+    with pytest.raises(AnalysisError, match="needs 2"):
+        M.reference_iteration(ev[ev["iteration"] == 3])
+
+
+def test_call_variation_known_answers() -> None:
+    t = _varying_trace()
+    row = M.call_variation(t, reference_iteration=1)
+    assert row["iterations compared"] == 2
+    assert row["identical call order (op, group)"] == 1.0          # same ops and groups throughout
+    assert row["identical call sequences"] == pytest.approx(3 / 4)  # only rank 0's iteration 2 differs
+    assert row["calls identical to reference"] == pytest.approx(7 / 8)  # rank 0's combine in iteration 2
+    # off-diagonal bytes: 512 each way in iterations 0 and 1; iteration 2 adds 256 to 0 → 1
+    assert row["matrix change per iteration (rel. L1)"] == pytest.approx((0 + 256 / 1024) / 2)
+    table = M.call_variation_table({"run": t, "replay": t}, replays=["replay"])
+    assert list(table.index) == ["run", "replay"] and list(table.columns) == list(M.VARIATION_COLUMNS)
+    # the replay is compared with iteration 0, which iteration 1 repeats and 2 does not: the same shares here
+    assert table.loc["replay", "identical call sequences"] == pytest.approx(3 / 4)
+
+
+def test_training_phase_and_phase_tables() -> None:
+    df = pd.DataFrame({"run": ["a"] * 10 + ["b"] * 10, "iteration": list(range(10)) * 2,
+                       "layer": 0, "x": list(range(10)) + [10.0] * 10})
+    kw = {"window": 3, "iterations": 10}
+    assert list(M.training_phase(df, "early", **kw)["iteration"].unique()) == [0, 1, 2]
+    assert list(M.training_phase(df, "late", **kw)["iteration"].unique()) == [7, 8, 9]
+    assert M.training_phase(df, "all", **kw) is df
+    with pytest.raises(AnalysisError, match="middle"):
+        M.training_phase(df, "middle", **kw)
+    means = M.phase_means({"mean x": (df, "x")}, ["b", "a"], **kw)
+    assert list(means.columns) == [("b", "early"), ("b", "late"), ("a", "early"), ("a", "late")]
+    assert means.loc["mean x"].tolist() == [10.0, 10.0, 1.0, 8.0]
+    piv = M.phase_pivot(df, "x", "layer", **kw)
+    assert piv.loc["a", ("early", 0)] == 1.0 and piv.loc["a", ("late", 0)] == 8.0 and piv.loc["b", ("late", 0)] == 10
+
+
+def _moe_run(load: np.ndarray):
+    """A stand-in recorded MoE run: 2 ranks (ep 2, 4 experts), both routing ``load[t, e]`` tokens, h = 1."""
+    from types import SimpleNamespace
+
+    par = ParallelConfig(dp=2, ep=2, micro_batch=1, global_batch=2)
+    r = pd.concat([_routing(load).assign(src_rank=rank) for rank in (0, 1)], ignore_index=True)
+    return SimpleNamespace(routing=r, meta={"model_spec": {"num_experts": 4, "hidden_size": 1}, "parallel": par})
+
+
+def test_uniformity_over_training_and_dispatch_split() -> None:
+    from llmcomm.specs import DTYPE_BYTES
+
+    even = _moe_run(np.full((6, 4), 8))
+    skew = _moe_run(np.array([[8, 8, 8, 8]] * 3 + [[32, 0, 0, 0]] * 3))
+    load, uni, dist = M.uniformity_over_training({"even": even, "skew": skew})
+    assert set(load["run"]) == set(uni["run"]) == set(dist["run"]) == {"even", "skew"}
+    assert (load.query("run == 'even'")["cv"] == 0).all() and (dist.query("run == 'even'")["rel_l1"] == 0).all()
+    assert load.query("run == 'skew' and iteration == 5")["max_over_mean"].item() == pytest.approx(4)
+    # the skewed run's matrix changes once, at iteration 3: each row 16, 16 → 32, 0 (‖ΔM‖₁ = 64 = ‖M‖₁)
+    assert dist.query("run == 'skew'").set_index("iteration")["rel_l1"].tolist() == pytest.approx([0, 0, 1, 0, 0])
+    sp = M.dispatch_exact_bounded({"even": even, "skew": skew}, window=3, iterations=6)
+    assert list(pd.unique(sp["scope"])) == ["even, dispatch, all iterations", "even, dispatch, late iterations",
+                                            "skew, dispatch, all iterations", "skew, dispatch, late iterations"]
+    share = sp.set_index(["scope", "quantity"])["share"]
+    assert share[("even, dispatch, all iterations", "exact_pairs")] == 1.0
+    assert share[("skew, dispatch, all iterations", "exact_pairs")] < 1.0
+    assert share[("skew, dispatch, late iterations", "exact_pairs")] == 1.0  # constant after iteration 3
+    assert share[("skew, dispatch, all iterations", "exact_send_totals")] == 1.0  # rows total 32 tokens always
+    b = DTYPE_BYTES[ParallelConfig(dp=2, ep=2, micro_batch=1, global_batch=2).act_dtype]
+    split, rows = M.routed_uniform_split(skew)
+    assert split == 32 * b / 2 and rows == 6 * 2
+    uneven = _moe_run(np.full((2, 4), 8))
+    uneven.routing.loc[0, "tokens"] = 9
+    assert np.isnan(M.routed_uniform_split(uneven)[0])
+
+
+def test_envelope_summary_known_ratios() -> None:
+    env = pd.DataFrame({"source": ["b", "b", "a"], "min_bytes": [50, 100, 10], "max_bytes": [150, 300, 10],
+                        "uniform_bytes": [100, 100, 10], "hard_max_bytes": [400, 400, 40]})
+    s = M.envelope_summary(env)
+    assert list(s.index) == ["a", "b"] and s.index.name == "source"
+    assert s.loc["b"].tolist() == [3.0, 0.5, 4.0] and s.loc["a"].tolist() == [1.0, 1.0, 4.0]
+
+
+def test_position_duration_spread_known_answers() -> None:
+    # one rank, three iterations of two calls: call 0 always 2 ms, call 1 takes 1, 2, 3 ms
+    ms = {0: [2, 2, 2], 1: [1, 2, 3]}
+    ev = pd.DataFrame([{"rank": 0, "iteration": it, "parallelism": "ep", "op": "all_to_all",
+                        "t_start_ns": 0, "t_end_ns": int(ms[pos][it] * 1e6)} for it in range(3) for pos in (0, 1)])
+    d = M.position_duration_spread(ev).set_index(["parallelism", "op"]).loc[("ep", "all_to_all")]
+    assert d["worst ms"] == 3.0
+    assert d["median CV of duration over iterations"] == pytest.approx(np.median([0.0, 1.0 / 2.0]))

@@ -11,6 +11,7 @@ from llmcomm import data
 from llmcomm.errors import ConfigError, DataError
 from llmcomm.ingest import ingest_bandwidth
 from llmcomm.overhead import Bandwidth, fit_sweeps, held_out, load_calibration
+from llmcomm.overhead import bandwidth_report as R
 from llmcomm.overhead.bandwidth import (
     CALIBRATION_SYSTEMS,
     PARAM_COLUMNS,
@@ -333,3 +334,97 @@ def test_derived_ops_against_aicb_timed_calls():
     assert ((mid["rel_err"] < 0) & (mid["rel_err"] > -0.35)).all()
     with pytest.raises(DataError, match="no timed collective"):
         against_measured(HAND, ingest_bandwidth([data.path("aicb/A100_example.csv")]).iloc[:0])
+
+
+# ------------------------------------------------------------------------------- notebook 05's report tables
+def _exact_sweeps(tmp_path, ns=(2, 4, 8), alpha=10e-6, beta=1e-11) -> pd.DataFrame:
+    """One node's all_reduce sweeps made by t = α + β · 2(n−1)/n · bytes (printed to 0.01 µs)."""
+    sizes = 2 ** np.arange(12, 31)
+    paths = []
+    for n in ns:
+        p = tmp_path / f"nccl_{n}.log"
+        p.write_text(_nccl_log(n, sizes, (alpha + beta * 2 * (n - 1) / n * sizes) * 1e6))
+        paths.append(p)
+    return ingest_bandwidth(paths)
+
+
+def test_fit_busbw_and_bus_bandwidth_hand_computed():
+    res = pd.DataFrame({"x": [2e9, 1e9], "time_s": [1.0, 0.5], "pred_s": [2.0, 0.25], "used": True})
+    b = R.fit_busbw(Bandwidth(params=HAND.params, residuals=res))
+    assert b["busbw"].tolist() == [2.0, 2.0] and b["busbw_fit"].tolist() == [1.0, 4.0]
+    with pytest.raises(ConfigError, match="not fitted"):
+        R.fit_busbw(HAND)
+    # all_gather of 1 MB in 4 ranks: 0.75 MB of bus bytes in 17.5 us (test_time_hand_computed)
+    assert R.bus_bandwidth(HAND, 4, 4, 1e6, op="all_gather") == pytest.approx(0.75e6 / 17.5e-6 / 1e9)
+    assert R.bus_bandwidth(HAND, 4, 4, 1e6) == pytest.approx(1.5e6 / 25e-6 / 1e9)
+
+
+def test_piece_table_and_residual_table_of_a_known_line(tmp_path):
+    table = _exact_sweeps(tmp_path, ns=(4,), alpha=12e-6, beta=1 / 150e9)
+    bw = fit_sweeps(table, origin="t", max_pieces=1)
+    w = R.piece_table(bw.fit)
+    assert len(w) == 1 and list(w.columns[-6:]) == list(R.PIECE_COLUMNS)
+    assert w["alpha_us_estimate"].item() == pytest.approx(12.0, rel=1e-3)
+    assert w["busbw_GBps_estimate"].item() == pytest.approx(150.0, rel=1e-4)
+    assert w["alpha_us_ci_low"].item() <= 12.0 <= w["alpha_us_ci_high"].item()
+    rt = R.residual_table({"a": bw, "b": bw})
+    assert rt["system"].tolist() == ["a", "b"] and (rt["median_abs"] < 1e-3).all()
+
+
+def test_one_line_vs_pieces_on_a_protocol_switch(tmp_path):
+    """Two protocols (t = min(5 us + x/20 GB/s, 40 us + x/200 GB/s)): one line misses the 1–16 MiB sizes, the
+    pieces do not; on a single exact line both forms fit."""
+    n = 8
+    sizes = 2 ** np.arange(8, 31)
+    x = 2 * (n - 1) / n * sizes
+    p = tmp_path / "nccl_8.log"
+    p.write_text(_nccl_log(n, sizes, np.minimum(5e-6 + x / 20e9, 40e-6 + x / 200e9) * 1e6))
+    switch = ingest_bandwidth([p])
+    line = _exact_sweeps(tmp_path, ns=(4,))
+    tables = {"switch": switch, "line": line}
+    forms = R.one_line_vs_pieces(tables, {s: fit_sweeps(t, origin=s) for s, t in tables.items()})
+    f = forms.set_index(["system", "form"])
+    assert forms["system"].tolist() == ["switch", "switch", "line", "line"]
+    assert f.loc[("switch", "one line"), "median_abs_1_16MiB"] > 0.2
+    assert f.loc[("switch", "up to 3 pieces"), "median_abs_1_16MiB"] < 0.01
+    assert f.loc[("line", "one line"), "max_abs"] < 1e-3 and f.loc[("line", "up to 3 pieces"), "max_abs"] < 1e-3
+
+
+def test_held_out_rows_leave_one_out_and_model_on_fitted_rows(tmp_path):
+    table = _exact_sweeps(tmp_path)
+    ho = R.held_out_rows({"exact": table})
+    assert set(ho["system"]) == {"exact"} and (ho["abs_err"] == ho["rel_err"].abs()).all()
+    assert len(ho) == 3 * (19 // 2) and ho["abs_err"].max() < 1e-3   # odd sizes of 19 per sweep, on the line
+    loo = R.leave_one_out({"exact": table, "other": table}, {"exact": [4, 8]})
+    assert loo["left_out"].tolist() == [4, 8] and loo["rows"].tolist() == [19, 19]
+    assert (loo["median_abs"] < 1e-3).all()  # the same α, β carried by the bus factor: exact
+    fitted = fit_sweeps(table, origin="exact")
+    m = R.model_on_fitted_rows(HAND, fitted)   # HAND's 4-rank regime is the line itself
+    assert len(m) == 3 * 19 and (m["rel_err"] == (m["pred_s"] - m["time_s"]) / m["time_s"]).all()
+    assert m[m["group_size"] == 4]["rel_err"].abs().max() < 1e-3
+
+
+def test_held_out_summary_known_answers():
+    rows = pd.DataFrame({"system": ["a", "a", "a", "b"], "abs_err": [0.1, 0.2, 0.3, 0.05],
+                         "fit_max_abs": [0.15, 0.15, 0.5, 0.01]})
+    s = R.held_out_summary(rows).set_index("system")
+    assert s.loc["a", "rows"] == 3 and s.loc["a", "median_abs"] == pytest.approx(0.2)
+    assert s.loc["a", "p95_abs"] == pytest.approx(0.29) and s.loc["a", "max_abs"] == pytest.approx(0.3)
+    assert s.loc["a", "within_fit_max"] == pytest.approx(2 / 3) and s.loc["b", "within_fit_max"] == 0.0
+
+
+def test_large_message_busbw_and_equals_calibration():
+    from types import SimpleNamespace
+
+    bw = Bandwidth(params=_params([
+        {"scope": "intra", "group_size": 4, "ranks_per_node": 4, "nodes": 1, "piece": 1, "x_lo": 1e6,
+         "alpha_s": 20e-6, "beta_s_per_byte": 1e-11},
+        {"scope": "intra", "group_size": 4, "ranks_per_node": 4, "nodes": 1, "piece": 0, "alpha_s": 5e-6,
+         "beta_s_per_byte": 1e-10},
+        {"scope": "intra", "group_size": 8, "ranks_per_node": 8, "nodes": 1, "alpha_s": 5e-6,
+         "beta_s_per_byte": 4e-11}]))
+    assert R.large_message_busbw(bw).to_dict() == pytest.approx({4: 100.0, 8: 25.0})
+    cal = {"x": SimpleNamespace(bandwidth=HAND)}
+    assert R.equals_calibration({"x": HAND}, cal)
+    moved = HAND.params.assign(beta_s_per_byte=HAND.params["beta_s_per_byte"] * (1 + 1e-6))
+    assert not R.equals_calibration({"x": Bandwidth(params=moved)}, cal)

@@ -38,6 +38,12 @@ before ``t``: nothing is fitted on the iteration it predicts.
 
 :func:`exact_bounded_split`: the shares of all-to-all bytes that are exact before the run (cells, rows,
 columns or calls whose bytes never change) and that are only bounded (``[min, max]`` over training).
+
+Tables over runs and training phases (notebook 09): :func:`call_variation_table` (dense against MoE against a
+replay, each against its :func:`reference_iteration`), :func:`uniformity_over_training`, :func:`phase_means`
+and :func:`phase_pivot` over the :func:`training_phase` (``early``: the first ``window`` iterations, ``late``:
+the last), :func:`dispatch_exact_bounded`, :func:`envelope_summary`, :func:`routed_uniform_split`,
+:func:`position_duration_spread`.
 """
 
 from __future__ import annotations
@@ -500,3 +506,164 @@ def sequence_variation(events: pd.DataFrame, reference_iteration: int = 1,
         return pd.DataFrame(columns=[*by, *cols])
     return j.groupby(list(by), as_index=False, observed=True).agg(
         calls=("same", "size"), identical=("same", "mean"), bytes_min=("bytes", "min"), bytes_max=("bytes", "max"))
+
+
+# ------------------------------------------------------------------------------------------ dense against MoE
+VARIATION_COLUMNS = ("iterations compared", "identical call order (op, group)", "identical call sequences",
+                     "calls identical to reference", "matrix change per iteration (rel. L1)")
+ORDER_COLUMNS = ("op", "group", "phase", "layer", "microbatch")
+
+
+def _without_setup(events: pd.DataFrame) -> pd.DataFrame:
+    return events[events["phase"] != "setup"]
+
+
+def reference_iteration(events: pd.DataFrame, *, skip_first: bool = True) -> int:
+    """The iteration the others are compared with: the second recorded iteration when ``skip_first`` (a
+    recorded run's first iteration is its warm-up), else the first (a replay repeats one iteration from the
+    start). Setup calls are left out before counting."""
+    its = sorted(_without_setup(events)["iteration"].unique())
+    need = 2 if skip_first else 1
+    if len(its) < need:
+        raise AnalysisError(f"events hold {len(its)} iteration(s) outside setup; a reference "
+                            f"{'after the first ' if skip_first else ''}needs {need}")
+    return int(its[1] if skip_first else its[0])
+
+
+def call_variation(trace: Any, *, reference_iteration: int) -> dict[str, float]:
+    """How much of a trace's communication repeats ``reference_iteration`` (setup calls left out), one row of
+    :func:`call_variation_table`: ``iterations compared`` (the reference excluded); ``identical call order
+    (op, group)``: share of (rank, iteration) whose calls match the reference's in issue order on
+    (op, group, phase, layer, micro-batch), sizes ignored; ``identical call sequences``: the same on
+    (op, group, bytes); ``calls identical to reference``: share of calls, pooled, equal to the call at the
+    same position of the reference (:func:`sequence_variation`); ``matrix change per iteration (rel. L1)``:
+    mean :func:`consecutive_distance` of the whole per-iteration matrix (:func:`iteration_matrices`)."""
+    from ..trace import Trace
+
+    ev = _without_setup(trace.events)
+    ref = reference_iteration
+    rep = moe_repeatability(ev, reference_iteration=ref)
+    order = moe_repeatability(ev, reference_iteration=ref, columns=ORDER_COLUMNS)
+    var = sequence_variation(ev, reference_iteration=ref)
+    cells = iteration_matrices(Trace(ev.reset_index(drop=True), dict(trace.meta)))
+    dist = consecutive_distance(cells, keys=())
+    return {"iterations compared": rep["iteration"].nunique() - 1,
+            "identical call order (op, group)": float(order.loc[order["iteration"] != ref, "identical"].mean()),
+            "identical call sequences": float(rep.loc[rep["iteration"] != ref, "identical"].mean()),
+            "calls identical to reference": float((var["identical"] * var["calls"]).sum() / var["calls"].sum()),
+            "matrix change per iteration (rel. L1)": float(dist["rel_l1"].mean())}
+
+
+def call_variation_table(traces: Mapping[str, Any], *, replays: Sequence[str] = ()) -> pd.DataFrame:
+    """:func:`call_variation` of each named trace, indexed by ``trace`` (columns :data:`VARIATION_COLUMNS`);
+    each is compared with its :func:`reference_iteration`: the second iteration, or the first for the names
+    in ``replays``."""
+    rows = [{"trace": name, **call_variation(t, reference_iteration=reference_iteration(
+        t.events, skip_first=name not in replays))} for name, t in traces.items()]
+    return pd.DataFrame(rows).set_index("trace")
+
+
+# ------------------------------------------------------------------------------------------ training phases
+PHASES = ("early", "late")
+
+
+def training_phase(df: pd.DataFrame, phase: str, *, window: int, iterations: int,
+                   time: str = "iteration") -> pd.DataFrame:
+    """The rows of ``df`` in a phase of a run of ``iterations`` iterations: ``early`` the first ``window``
+    (``time < window``), ``late`` the last ``window`` (``time >= iterations − window``), ``all`` every row."""
+    if phase == "all":
+        return df
+    if phase == "early":
+        return df[df[time] < window]
+    if phase == "late":
+        return df[df[time] >= iterations - window]
+    raise AnalysisError(f"phase={phase!r} is not one of early, late, all")
+
+
+def phase_means(metrics: Mapping[str, tuple[pd.DataFrame, str]], runs: Sequence[str], *, window: int,
+                iterations: int, phases: Sequence[str] = PHASES, run: str = "run") -> pd.DataFrame:
+    """Mean of each metric per run and :func:`training_phase`: ``metrics`` maps a row label to (a tidy frame
+    with a ``run`` column, the column to average); the result has one row per label and columns
+    ``(run, phase)`` for ``runs`` × ``phases``, in that order."""
+    return pd.DataFrame({
+        (name, ph): {label: training_phase(df[df[run] == name], ph, window=window, iterations=iterations)[col].mean()
+                     for label, (df, col) in metrics.items()}
+        for name in runs for ph in phases})
+
+
+def phase_pivot(df: pd.DataFrame, value: str, columns: str, *, window: int, iterations: int, index: str = "run",
+                phases: Sequence[str] = PHASES) -> pd.DataFrame:
+    """Mean ``value`` per ``index`` (rows) and ``columns`` in each :func:`training_phase`: columns
+    ``(phase, <columns value>)``, phases in the order given."""
+    return pd.concat({ph: training_phase(df, ph, window=window, iterations=iterations)
+                      .groupby([index, columns])[value].mean().unstack() for ph in phases}, axis=1)
+
+
+def uniformity_over_training(runs: Mapping[str, Any]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Per iteration and layer of each named MoE run (a recorded trace with routing), with a ``run`` column:
+    the expert load's uniformity (:func:`load_uniformity`), the dispatch matrix's off-diagonal uniformity
+    (:func:`matrix_uniformity`) and its change from the previous iteration (:func:`consecutive_distance`),
+    as ``(load, matrix, change)``."""
+    load, uni, dist = [], [], []
+    for name, t in runs.items():
+        cells = routing_matrices(t)
+        uni.append(matrix_uniformity(cells, include_self=False).assign(run=name))
+        load.append(load_uniformity(t.routing).assign(run=name))
+        dist.append(consecutive_distance(cells).assign(run=name))
+    return (pd.concat(load, ignore_index=True), pd.concat(uni, ignore_index=True),
+            pd.concat(dist, ignore_index=True))
+
+
+DISPATCH_CELL_KEYS = ("microbatch", "layer", "ep_group", "src", "dst")
+
+
+def dispatch_exact_bounded(runs: Mapping[str, Any], *, window: int, iterations: int,
+                           phases: Sequence[str] = ("all", "late")) -> pd.DataFrame:
+    """:func:`exact_bounded_split` of each named run's dispatch matrices per micro-batch
+    (:func:`routing_matrices`), a cell being (micro-batch, layer, EP group, src, dst), over each
+    :func:`training_phase`: tidy ``quantity, bytes, share, scope`` with ``scope`` ``"<run>, dispatch, <phase>
+    iterations"``, runs then phases in the order given."""
+    out = []
+    for name, t in runs.items():
+        cells = routing_matrices(t, per_microbatch=True)
+        for ph in phases:
+            out.append(exact_bounded_split(training_phase(cells, ph, window=window, iterations=iterations),
+                                           list(DISPATCH_CELL_KEYS))
+                       .assign(scope=f"{name}, dispatch, {ph} iterations"))
+    return pd.concat(out, ignore_index=True)
+
+
+def envelope_summary(envelope: pd.DataFrame, by: str = "source") -> pd.DataFrame:
+    """Per ``by`` of an all-to-all envelope (:func:`llmcomm.predict.envelope.a2a_envelope`): ``max / uniform
+    (worst pair)`` the largest ``max_bytes / uniform_bytes`` of any pair, ``min / uniform (least pair)`` the
+    smallest ``min_bytes / uniform_bytes``, ``hard max / uniform`` the hard bound over the uniform bytes (of the
+    first row: both are the same for every pair). Indexed by ``by``, sorted."""
+    rows = {key: {"max / uniform (worst pair)": float((g["max_bytes"] / g["uniform_bytes"]).max()),
+                  "min / uniform (least pair)": float((g["min_bytes"] / g["uniform_bytes"]).min()),
+                  "hard max / uniform": float(g["hard_max_bytes"].iloc[0] / g["uniform_bytes"].iloc[0])}
+            for key, g in envelope.groupby(by, sort=True)}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis(by)
+
+
+def routed_uniform_split(trace: Any) -> tuple[float, int]:
+    """What a uniform router would send each peer, from a recorded MoE run's routing: each dispatch row total
+    (bytes a rank sends per iteration, layer and micro-batch; :func:`routing_matrices`) over ``ep`` when every
+    row totals the same — fixed by tokens × top-k before the run — else NaN; and the number of rows."""
+    rows = (routing_matrices(trace, per_microbatch=True)
+            .groupby(["iteration", "layer", "microbatch", "ep_group", "src"])["value"].sum())
+    ep = _parallel(trace.meta["parallel"]).ep
+    return (float(rows.unique()[0]) / ep if rows.nunique() == 1 else float("nan")), len(rows)
+
+
+def position_duration_spread(events: pd.DataFrame, by: Sequence[str] = ("parallelism", "op")) -> pd.DataFrame:
+    """How steady timed calls are across iterations: each call is numbered by its position in its rank's
+    iteration (row order), each position's duration ``t_end − t_start`` (ms) summarized over the iterations
+    and ranks that hold it (mean, std, max); per ``by``: ``median CV of duration over iterations`` (the
+    median over positions of std/mean) and ``worst ms``. Tidy, ``by`` as columns."""
+    lv = list(by)
+    dur = events.assign(ms=(events["t_end_ns"] - events["t_start_ns"]) / 1e6)
+    dur["pos"] = dur.groupby(["rank", "iteration"]).cumcount()
+    per_call = dur.groupby([*lv, "pos"])["ms"].agg(["mean", "std", "max"])
+    return pd.DataFrame({"median CV of duration over iterations":
+                         (per_call["std"] / per_call["mean"]).groupby(level=lv).median(),
+                         "worst ms": per_call["max"].groupby(level=lv).max()}).reset_index()

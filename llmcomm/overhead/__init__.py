@@ -7,6 +7,17 @@ from .bandwidth import effective_bandwidth as effective_bandwidth
 from .bandwidth import fit_sweeps as fit_sweeps
 from .bandwidth import held_out as held_out
 from .bandwidth import load_calibration as load_calibration
+from .bandwidth_report import bus_bandwidth as bus_bandwidth
+from .bandwidth_report import equals_calibration as equals_calibration
+from .bandwidth_report import fit_busbw as fit_busbw
+from .bandwidth_report import held_out_rows as held_out_rows
+from .bandwidth_report import held_out_summary as held_out_summary
+from .bandwidth_report import large_message_busbw as large_message_busbw
+from .bandwidth_report import leave_one_out as leave_one_out
+from .bandwidth_report import model_on_fitted_rows as model_on_fitted_rows
+from .bandwidth_report import one_line_vs_pieces as one_line_vs_pieces
+from .bandwidth_report import piece_table as piece_table
+from .bandwidth_report import residual_table as residual_table
 from .iteration import Breakdown as Breakdown
 from .iteration import iteration_time as iteration_time
 from .iteration import iteration_times as iteration_times
