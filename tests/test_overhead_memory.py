@@ -13,6 +13,7 @@ from llmcomm.overhead.memory import (
     layer_activation_bytes,
     memory,
     memory_table,
+    model_state,
     model_state_bytes,
 )
 
@@ -92,6 +93,21 @@ def test_table_equals_single_configurations() -> None:
         assert table.loc[i, "total_bytes"] == pytest.approx(one.total, rel=1e-12)
         assert table.loc[i, "stage"] == one.stage
     assert np.isfinite(table.to_numpy()).all()
+
+
+def test_model_state_is_the_largest_stage_state_of_the_memory_model() -> None:
+    model = lc.load_model("mixtral-8x7b")
+    for pp, vpp, dist in ((1, 1, False), (1, 1, True), (4, 1, False), (4, 2, True), (8, 1, True)):
+        par = lc.ParallelConfig(tp=2, pp=pp, vpp=vpp, dp=8, ep=4, sp=True, global_batch=64,
+                                distributed_optimizer=dist, schedule="interleaved" if vpp > 1 else "1f1b")
+        w, g, o = model_state(model, par)
+        one = memory(model, par)  # the stage with the most memory in all, activations included
+        if pp == 1:
+            assert (w, g, o) == pytest.approx((one.weights, one.gradients, one.optimizer), rel=1e-12)
+        else:  # no stage holds more model state than the one model_state picks
+            assert w + g + o >= (one.weights + one.gradients + one.optimizer) * (1 - 1e-12)
+        held = w / lc.vocab.dtype_bytes(par.param_dtype)
+        assert g == pytest.approx(held * lc.vocab.dtype_bytes(par.grad_reduce_dtype), rel=1e-12)
 
 
 def test_memory_validates() -> None:

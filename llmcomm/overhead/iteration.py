@@ -53,7 +53,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..specs import DTYPE_BYTES, Cluster, ModelSpec, ParallelConfig, validate
 from . import utilization as U
-from .memory import memory
+from .memory import model_state
 
 ADAM_BYTES_PER_PARAM = 40  # read fp32 grad, master, m, v (16) + write master, m, v, half copy (14)
 #                           + fp16->fp32 gradient copy (6) + gradient-norm read (4)
@@ -786,7 +786,7 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
     """The :class:`Breakdown` of one configuration (the formulation of the module docstring). Raises
     :class:`ConfigError` when the model and configuration break a rule, when the cluster has fewer GPUs than
     the configuration needs, or when the model state alone (weights, gradients and optimizer state of the
-    most loaded stage, :func:`llmcomm.overhead.memory.memory`) exceeds the GPU memory."""
+    stage holding the most, :func:`llmcomm.overhead.memory.model_state`) exceeds the GPU memory."""
     if parallel.cp > 1 or parallel.fsdp:
         raise ConfigError("cp > 1 and fsdp are not modelled by the iteration-time formulation")
     if parallel.moe_token_dispatcher_type != "alltoall" and model.is_moe:
@@ -800,8 +800,7 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
                           f"{cluster.num_gpus}")
     c = _single(model, parallel)
     bw, ut = _resolve(cluster, bandwidth, utilization)
-    mem = memory(model, parallel)
-    state = mem.weights + mem.gradients + mem.optimizer
+    state = sum(model_state(model, parallel))
     if state > cluster.gpu_memory_bytes:
         raise ConfigError(f"{model.name} under tp={parallel.tp} pp={parallel.pp} needs {state / 1e9:.1f} GB "
                           f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "

@@ -41,6 +41,7 @@ adds the output layer and loss, ``4·s·b·h/t·(1 + V/h)`` (Korthikanti §4.3).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -123,15 +124,19 @@ PARALLEL_COLUMNS = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "micro_batch", "g
 _SHAPE = ("tp", "pp", "ep", "vpp")
 
 
+@lru_cache(maxsize=256)
 def _stage_parameters(model: ModelSpec, tp: int, pp: int, ep: int, vpp: int) -> np.ndarray:
     """``(pp, 2)`` dense and expert parameters one GPU of each stage holds (the predictor's
-    :func:`~llmcomm.predict.dp.stage_parameters`, which depends on tp, pp, ep and vpp only)."""
+    :func:`~llmcomm.predict.dp.stage_parameters`, which depends on tp, pp, ep and vpp only; cached per shape,
+    read-only)."""
     from ..predict.calls import Context
     from ..predict.dp import stage_parameters
 
     shape = ParallelConfig(tp=tp, pp=pp, ep=ep, dp=ep, vpp=vpp, global_batch=pp * ep)
     ctx = Context(model, shape, "megatron")
-    return np.array([[sp.dense, sp.expert] for sp in (stage_parameters(ctx, r) for r in range(pp))], dtype=float)
+    out = np.array([[sp.dense, sp.expert] for sp in (stage_parameters(ctx, r) for r in range(pp))], dtype=float)
+    out.flags.writeable = False
+    return out
 
 
 def memory_table(model: ModelSpec, candidates: pd.DataFrame, **fixed: object) -> pd.DataFrame:
@@ -194,6 +199,20 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame, **fixed: object) ->
     out = pd.DataFrame(best, columns=[f"{c}_bytes" for c in (*COLUMNS, "total")] + ["stage"], index=candidates.index)
     out["stage"] = out["stage"].astype(np.int64)
     return out
+
+
+def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, float, float]:
+    """``(weights, gradients, optimizer)`` bytes per GPU of the pipeline stage that holds the most model state,
+    for one configuration (no activations; not validated): :func:`model_state_bytes` over the stages'
+    parameters, without the table machinery of :func:`memory_table` (a fast check for one configuration)."""
+    params = _stage_parameters(model, parallel.tp, parallel.pp, parallel.ep, parallel.vpp)
+    dp_cp = parallel.dp * parallel.cp
+    w, g, o = model_state_bytes(params[:, 0], params[:, 1], dp_cp=dp_cp, expert_dp=dp_cp // parallel.ep,
+                                param_bytes=dtype_bytes(parallel.param_dtype),
+                                grad_bytes=dtype_bytes(parallel.grad_reduce_dtype),
+                                distributed_optimizer=parallel.distributed_optimizer, fsdp=parallel.fsdp)
+    i = int(np.argmax(w + g + o))
+    return float(w[i]), float(g[i]), float(o[i])
 
 
 def memory(model: ModelSpec, parallel: ParallelConfig) -> MemoryBreakdown:
