@@ -19,7 +19,10 @@ sequence of duplicates and scipy sums them in the same order: the ``"gpu"`` matr
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import scipy.sparse as sp
 
@@ -28,6 +31,9 @@ from .group_refs import RefEvents
 from .ref_flows import ref_flow_arrays
 from .trace import vocabulary_codes
 from .vocab import OPS
+
+if TYPE_CHECKING:
+    from .trace import Trace
 
 LEVELS = ("gpu", "node", "rack")
 BLOCK_FLOWS = 4_000_000  # group members decomposed at once (~40 bytes each in the temporaries)
@@ -158,3 +164,14 @@ class _Growing:
     def array(self) -> np.ndarray:
         self.buf.resize(self.n, refcheck=False)
         return self.buf
+
+
+def binned_flows(trace: Trace, algorithm: str = "direct", max_cells: int = 512) -> pd.DataFrame:
+    """Flows summed over blocks of ``k = ceil(world / max_cells)`` consecutive ranks, as tidy
+    ``src, dst, bytes`` with ``src``/``dst`` the first rank of each block: what :func:`llmcomm.plots.comm_matrix`
+    draws (it bins by the same ``k``), built by the blocked builder at that level, so a 131,072-GPU job is drawn
+    from a 256 × 256 sum, never from its flow table."""
+    n = trace.world_size
+    k = max(1, -(-n // max_cells))
+    m = trace.matrix(algorithm, level="node", gpus_per_node=k).tocoo() if k > 1 else trace.matrix(algorithm).tocoo()
+    return pd.DataFrame({"src": m.row.astype(np.int64) * k, "dst": m.col.astype(np.int64) * k, "bytes": m.data})

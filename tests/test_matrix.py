@@ -148,3 +148,17 @@ def test_bad_level_and_ranks():
         t.matrix(world_size=4)
     with pytest.raises(TraceFormatError, match="algorithm"):
         t.matrix("tree")
+
+
+@pytest.mark.parametrize("world, max_cells", [(64, 512), (64, 16), (96, 10)])
+def test_binned_flows_draw_what_the_flow_table_draws(world, max_cells):
+    from llmcomm.matrix import binned_flows
+    from llmcomm.plots import _binned
+
+    p = ParallelConfig(tp=4, pp=2, dp=world // 8, seq_len=32, global_batch=world // 8)
+    t = predict_traffic(TINY, p)
+    want, k = _binned(t.flows("direct"), "dst", "src", "bytes", world, max_cells)
+    got, k2 = _binned(binned_flows(t, "direct", max_cells), "dst", "src", "bytes", world, max_cells)
+    assert k == k2 and want.shape == got.shape
+    assert np.allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-12, atol=0)
+    assert np.array_equal(np.isnan(got), np.isnan(want))

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..trace import Trace
 
 DEFAULT_GPUS_PER_NODE = 8  # without --cluster
+MAX_CELLS = 512  # cells per side of the --matrix figure (ranks binned above it)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -120,12 +121,14 @@ def _write_matrix(trace: Trace, model_name: str, gpn: int, path: Path, fmt: str)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from ..matrix import binned_flows
     from ..plots import comm_matrix
 
     fig, ax = plt.subplots(figsize=(6, 5))
     try:
-        comm_matrix(trace.flows("direct"), x="dst", y="src", hue="bytes", ax=ax, world_size=trace.world_size,
-                    gpus_per_node=gpn, title=f"{model_name}: bytes (direct)")
+        comm_matrix(binned_flows(trace, "direct", MAX_CELLS), x="dst", y="src", hue="bytes", ax=ax,
+                    world_size=trace.world_size, gpus_per_node=gpn, max_cells=MAX_CELLS,
+                    title=f"{model_name}: bytes (direct)")
         fig.savefig(path, dpi=150, bbox_inches="tight", format=fmt)
     finally:
         plt.close(fig)
