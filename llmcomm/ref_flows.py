@@ -15,11 +15,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .errors import TraceFormatError
 from .group_refs import RefEvents
-from .trace import FLOW_TAGS, _reduction_factor, vocabulary_codes
+from .trace import FLOW_TAGS, reduction_factor, vocabulary_codes
 from .vocab import ALGORITHMS, EVENTS_SCHEMA, OPS
 
-_FACTOR_BY_OP = _reduction_factor(np.array(OPS, dtype=object))
+_FACTOR_BY_OP = reduction_factor(np.array(OPS, dtype=object))
 _SEND, _A2A, _BCAST = OPS.index("send"), OPS.index("all_to_all"), OPS.index("broadcast")
 
 
@@ -74,7 +75,7 @@ def ref_flows_frame(ev: RefEvents, algorithm: str = "ring", tags: bool = True) -
 def _ref_flows(ev: RefEvents, algorithm: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(src, dst, bytes, row)``: every flow and the row of ``ev`` it comes from, in the list path's order."""
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
+        raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     r = _Rows(ev)
     src: list[np.ndarray] = []
     dst: list[np.ndarray] = []

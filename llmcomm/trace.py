@@ -638,7 +638,7 @@ def _all_to_all_flows(table: pa.Table, ev: _EventGroups, flows: _FlowParts) -> N
     flows.emit(events, ev.members[sel], per_peer)
 
 
-def _reduction_factor(op: np.ndarray) -> np.ndarray:
+def reduction_factor(op: np.ndarray) -> np.ndarray:
     """Multiples of ``(n-1)/n · S`` (ring) or ``S/n`` per peer (direct): all_reduce 2 (reduce-scatter then
     all-gather), all_gather and reduce_scatter 1, anything else 0."""
     factor = np.zeros(len(op))
@@ -650,7 +650,7 @@ def _reduction_factor(op: np.ndarray) -> np.ndarray:
 def _ring_flows(ev: _EventGroups, flows: _FlowParts) -> None:
     """Ring algorithm: reductions send ``factor·(n-1)/n·S`` to the successor; a broadcast is a pipelined
     ring from the root in which every member but the root's predecessor forwards ``S``."""
-    factor = _reduction_factor(ev.op)
+    factor = reduction_factor(ev.op)
     events = np.nonzero((factor > 0) & (ev.lens > 1))[0]
     lens = ev.lens[events]
     flows.emit(events, ev.successor(events), factor[events] * (lens - 1) / lens * ev.size[events])
@@ -665,7 +665,7 @@ def _ring_flows(ev: _EventGroups, flows: _FlowParts) -> None:
 def _direct_flows(ev: _EventGroups, flows: _FlowParts) -> None:
     """Direct algorithm: reductions send ``factor·S/n`` to every other member; a broadcast's root (``peer``,
     else ``group[0]``) sends ``S`` to every other member."""
-    factor = _reduction_factor(ev.op)
+    factor = reduction_factor(ev.op)
     sel = (factor[ev.event_of_member] > 0) & ~ev.is_self
     events = ev.event_of_member[sel]
     flows.emit(events, ev.members[sel], factor[events] / ev.group_size[events] * ev.size[events])
