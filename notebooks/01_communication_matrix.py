@@ -43,9 +43,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 import llmcomm as lc
+from llmcomm.analysis import bytes_by, diagonal_offsets, matrix_asymmetry, support_violations
 from llmcomm.plots import apply_style, comm_matrix, comm_matrix_grid
 from llmcomm.predict import predict_traffic
-from llmcomm.predict.summary import bytes_by, predict_cases, support_violations
+from llmcomm.predict.sweeps import predict_cases, valid_cases
 from llmcomm.reproduce import Outputs
 
 apply_style()
@@ -65,13 +66,7 @@ out = Outputs("01_communication_matrix", out_dir)
 # %%
 cases = {k: (model, {**v, "seq_len": seq_len}) for k, v in configs.items()}
 cases["EP-only (ep8 within dp32)"] = (moe_model, {**ep_config, "seq_len": seq_len})
-valid, skipped = {}, {}
-for label, (name, kw) in cases.items():
-    try:
-        lc.validate(lc.load_model(name), lc.ParallelConfig(**kw))
-        valid[label] = (name, kw)
-    except lc.ConfigError as e:
-        skipped[label] = f"{name}: {e}"
+valid, skipped = valid_cases(cases)
 for label, why in skipped.items():
     print(f"skipped {label}: {why}")
 out.value("skipped_configurations", skipped)
@@ -143,14 +138,13 @@ for label, t in {**traces, "large": big}.items():
 pp_label = next((k for k in traces if k.startswith("PP-only")), None)
 if pp_label:
     n_pp = configs[pp_label]["pp"]
-    pp_only = traces[pp_label].matrix("direct", parallelism="pp").tocoo()
-    offs = set((pp_only.col - pp_only.row).tolist())
-    out.check("pp_two_diagonals", offs <= {1, -1, n_pp - 1, 1 - n_pp} and {1, -1} <= offs, value=sorted(offs),
+    offs = diagonal_offsets(traces[pp_label], "direct", parallelism="pp")
+    out.check("pp_two_diagonals", set(offs) <= {1, -1, n_pp - 1, 1 - n_pp} and {1, -1} <= set(offs), value=offs,
               expect=f"+1 (forward) and -1 (backward); +-{n_pp - 1} only from the tied-embedding all-reduce")
 tp_label = next((k for k in traces if k.startswith("TP-only")), None)
 if tp_label:
-    tpm = traces[tp_label].matrix("direct", parallelism="tp")
-    out.check("tp_symmetric", abs(tpm - tpm.T).max() == 0, value=float(abs(tpm - tpm.T).max()), expect="0")
+    asymmetry = matrix_asymmetry(traces[tp_label], "direct", parallelism="tp")
+    out.check("tp_symmetric", asymmetry == 0, value=asymmetry, expect="0")
 pairs = {label: int(t.matrix("direct").nnz) for label, t in traces.items()}
 out.value("nonzero_pairs_32gpu", pairs)
 
@@ -167,7 +161,7 @@ out.say(
     + f". In every configuration, and in {large_model} on {big.world_size:,} GPUs ({int(big_matrix.nnz):,} "
     f"nonzero pairs of {big.world_size ** 2:,}), {sum(violations.values())} byte-carrying pairs fall outside a "
     f"group of the issuing parallelism: the matrix is fixed by the configuration and the rank layout."
-    + (f" PP-only traffic lies on the diagonals {sorted(offs)} (forward +1, backward −1)." if pp_label else "")
+    + (f" PP-only traffic lies on the diagonals {offs} (forward +1, backward −1)." if pp_label else "")
 )
 
 # %% [markdown]

@@ -43,17 +43,18 @@ threshold = 0.99
 
 # %%
 import matplotlib.pyplot as plt
-import pandas as pd
 
 import llmcomm as lc
-from llmcomm.plots import apply_style, pair_class_bars, tp_share_curve, volume_bars
-from llmcomm.predict.summary import (
-    first_crossing,
+from llmcomm.analysis import (
+    describe_crossing,
+    first_crossings,
+    largest_parallelism,
     pair_class_table,
-    predict_cases,
-    tp_share_vs_microbatches,
+    tp_microbatch_bytes,
     volume_table,
 )
+from llmcomm.plots import apply_style, pair_class_bars, tp_share_curve, volume_bars
+from llmcomm.predict.sweeps import predict_cases, tp_closed_form, tp_share_sweeps
 from llmcomm.reproduce import Outputs
 
 apply_style()
@@ -96,7 +97,7 @@ volume_bars(vol, x="config", y="bytes", hue="parallelism", ax=axes[0], normalize
 volume_bars(wire, x="config", y="bytes", hue="parallelism", ax=axes[1], normalize=True,
             title="wire bytes (ring) per iteration (total above each bar)")
 out.figure(fig, "volume_per_parallelism")
-top_par = vol.loc[vol.groupby("config")["share"].idxmax()].set_index("config")
+top_par = largest_parallelism(vol)
 out.value("largest_parallelism_share", {c: [r.parallelism, float(r.share)] for c, r in top_par.iterrows()})
 out.say("**Result.** The parallelism carrying most message bytes, per configuration: "
         + "; ".join(f"{c}: {r.parallelism.upper()} {100 * r.share:.1f}%" for c, r in top_par.iterrows())
@@ -121,19 +122,10 @@ out.say("**Result.** The parallelism carrying most message bytes, per configurat
 # does not model it, so it is not drawn here.
 
 # %%
-mdl = lc.load_model(cases[gpt3][0])
 p = lc.ParallelConfig(**cases[gpt3][1])
-A = p.micro_batch * p.sequence_length(mdl) * mdl.hidden_size * 2          # b·s·h bf16
-ce = 3 * p.micro_batch * p.sequence_length(mdl) * 4                      # 3 fp32 all-reduces of b·s
-t_mb = 4 * mdl.num_layers * A + 2 * A + ce           # TP bytes of one micro-batch along the pipeline
-cap = t_mb / (t_mb + 2 * (p.pp - 1) * A)               # + PP sends: forward and backward per boundary
-t_sp = 10 * mdl.num_layers * A + 5 * A + ce          # TP+SP bytes of one micro-batch with SP
-cap_sp = t_sp / (t_sp + 2 * (p.pp - 1) * A / p.tp)     # with SP each PP send carries A/tp
-curves = pd.concat([tp_share_vs_microbatches(lc.load_model(m), lc.ParallelConfig(**kw),
-                                              [k for k in microbatches if k % (kw["pp"] if kw.get("vpp", 1) > 1 else 1) == 0])
-                    .assign(configuration=label, sp="with SP" if kw.get("sp") else "without SP")
-                    for label, (m, kw) in cases.items() if kw.get("tp", 1) > 1],
-                   ignore_index=True)   # (Mixtral runs with tp 1: no TP bytes at all, EP dominates)
+closed = tp_closed_form(lc.load_model(cases[gpt3][0]), p)   # t, t_SP and both caps, by hand
+cap, cap_sp = closed.cap, closed.cap_sp
+curves = tp_share_sweeps(cases, microbatches)   # (Mixtral runs with tp 1: no TP bytes at all, EP dominates)
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
 for ax, (setting, caps) in zip(axes, [("without SP", {"GPT-3 tp8·pp16 cap, no SP": cap}),
                                       ("with SP", {"GPT-3 tp8·pp16 cap with SP": cap_sp})], strict=True):
@@ -141,10 +133,8 @@ for ax, (setting, caps) in zip(axes, [("without SP", {"GPT-3 tp8·pp16 cap, no S
                    threshold=threshold, caps=caps, ylabel="TP (incl. SP) share of message bytes [%]")
     ax.set_title(f"{setting}: TP{' + SP' if setting == 'with SP' else ''} share of all message bytes")
 out.figure(fig, "tp_share_vs_microbatches")
-crossings = {label: first_crossing(curves[curves["configuration"] == label], threshold)
-             for label in pd.unique(curves["configuration"])}
+crossings = first_crossings(curves, threshold)
 out.value("microbatches_to_99pct_tp", crossings)
-share_at = curves.set_index(["configuration", "microbatches"])["tp_share"]
 crossings
 
 # %% [markdown]
@@ -164,21 +154,19 @@ pc_tab
 #
 # * TP dominates the GPT-3 configuration's bytes;
 # * exactness: for GPT-3, the TP message bytes equal the closed form
-#   `m · (world/pp) · (4·L·A + 2·A + 3·4·b·s)` with `A = b·s·h·2` computed here by hand from the architecture,
-#   and with SP the per-micro-batch TP+SP bytes equal `m · (world/pp) · (10·L·A + 5·A + 3·4·b·s)`;
+#   `m · (world/pp) · (4·L·A + 2·A + 3·4·b·s)` with `A = b·s·h·2`, computed from the architecture alone
+#   (`tp_closed_form`), and with SP the per-micro-batch TP+SP bytes equal `m · (world/pp) · (10·L·A + 5·A + 3·4·b·s)`;
 # * without SP, the GPT-3 tp8·pp16 TP share stays just under its cap `t/(t+p)` at every `m` and never reaches
 #   99%; with SP it passes 99% at some `m`, below its own cap; without PP it passes 99% too;
 # * with TP inside a node (tp 8 = one node), every TP byte is intra-node.
 
 # %%
-expected_tp = p.num_microbatches * (p.world_size // p.pp) * t_mb
 got_tp = int(vol[(vol.config == gpt3) & (vol.parallelism == "tp")]["bytes"].iloc[0])
-out.check("gpt3_tp_bytes_closed_form", got_tp == expected_tp, value=got_tp, expect=f"{int(expected_tp)}")
-ev_sp = traces[gpt3_sp].events
-per_mb = ev_sp["parallelism"].isin(["tp", "sp"]) & (ev_sp["phase"] != "optimizer")
-got_sp = int((ev_sp["bytes"] * ev_sp["count"])[per_mb].sum())
-expected_sp = p.num_microbatches * (p.world_size // p.pp) * t_sp
-out.check("gpt3_sp_tp_bytes_closed_form", got_sp == expected_sp, value=got_sp, expect=f"{int(expected_sp)}")
+out.check("gpt3_tp_bytes_closed_form", got_tp == closed.iteration_tp_bytes, value=got_tp,
+          expect=f"{closed.iteration_tp_bytes}")
+got_sp = tp_microbatch_bytes(traces[gpt3_sp])
+out.check("gpt3_sp_tp_bytes_closed_form", got_sp == closed.iteration_tp_sp_bytes, value=got_sp,
+          expect=f"{closed.iteration_tp_sp_bytes}")
 m_pub = p.num_microbatches
 share = float(vol[(vol.config == gpt3) & (vol.parallelism == "tp")]["share"].iloc[0])
 share_sp = float(vol[(vol.config == gpt3_sp) & vol.parallelism.isin(["tp", "sp"])]["share"].sum())
@@ -205,19 +193,15 @@ out.value("gpt3_tp_share", {"without_sp": share, "with_sp": share_sp, "cap_witho
 # ## Result
 
 # %%
-def when(label):
-    m = crossings.get(label)
-    return f"from {m:,} micro-batches on" if m is not None else f"at none of up to {max(microbatches):,} micro-batches"
-
-
+reach = {label: describe_crossing(crossings.get(label), max(microbatches)) for label in (gpt3, gpt3_sp, gpt3_nopp)}
 out.say(
     f"**Result.** At the published {m_pub} micro-batches per iteration, TP carries {100 * share:.1f}% of GPT-3 "
     f"175B's message bytes at tp8·pp16 without sequence parallelism and {100 * share_sp:.1f}% with it. Without "
     f"SP the share is capped at {100 * cap:.1f}% however many micro-batches there are (every PP send carries a "
     f"full activation; highest predicted value {100 * top:.1f}%), so it passes {100 * threshold:g}% "
-    f"{when(gpt3)}; with SP each PP send carries 1/{p.tp} of it, the cap rises to {100 * cap_sp:.1f}% and the "
-    f"share passes {100 * threshold:g}% {when(gpt3_sp)}. Without PP (tp8·dp192) it passes {100 * threshold:g}% "
-    f"{when(gpt3_nopp)}. The paper's \"over 99%\" therefore matches the setting with sequence parallelism (or "
+    f"{reach[gpt3]}; with SP each PP send carries 1/{p.tp} of it, the cap rises to {100 * cap_sp:.1f}% and the "
+    f"share passes {100 * threshold:g}% {reach[gpt3_sp]}. Without PP (tp8·dp192) it passes {100 * threshold:g}% "
+    f"{reach[gpt3_nopp]}. The paper's \"over 99%\" therefore matches the setting with sequence parallelism (or "
     f"the older scatter-gather optimization, which llmcomm does not model), not the SC '21 setting without it. "
     f"All TP bytes of GPT-3 stay inside a node ({float(tp_inter['bytes'].sum()) if len(tp_inter) else 0:.0f} "
     f"inter-node bytes)."

@@ -33,7 +33,6 @@ on_off_bin_s = 0.001          # resolution of the on-off (silent share) measure
 import numpy as np
 import pandas as pd
 
-import llmcomm as lc
 from llmcomm import analysis as A
 from llmcomm import plots, read_trace
 from llmcomm.reproduce import Outputs, data_file
@@ -63,9 +62,8 @@ print(t, run, f"{t.meta['iterations']} iterations")
 # first steady iteration.
 
 # %%
-stage = lc.Layout(lc.ParallelConfig.from_dict(par)).coords.set_index("rank")["pp"]
 its = sorted(steady["iteration"].unique())[:timeline_iterations]
-win = steady[steady["iteration"].isin(its)].assign(stage=lambda d: d["rank"].map(stage))
+win = A.with_pipeline_stage(steady[steady["iteration"].isin(its)], par)
 ax = plots.comm_timeline(win, x="t_start_ns", y="rank", hue="parallelism", x_end="t_end_ns", row_group="stage",
                          marks=["phase", "microbatch"], marks_per="iteration",
                          title=f"{run}: calls per rank, iterations {its[0]}-{its[-1]} "
@@ -87,8 +85,7 @@ ax = plots.acf_plot(acf, x="lag", y="acf", lag_s=bin_s, n_obs=n_obs,
                     marks={"micro-batch": per["microbatch"], "iteration": per["iteration"]},
                     title=f"{run}: autocorrelation of TP+PP bytes issued, mean over ranks")
 out.figure(ax.figure, "autocorrelation")
-fine = A.comm_time_series(steady, on_off_bin_s, rank=rank, parallelism=["tp", "sp", "pp"], value="busy")
-off_share = float((fine["value"] == 0).mean())
+off_share = A.silent_share(steady, on_off_bin_s, rank=rank, parallelism=["tp", "sp", "pp"])
 pd.DataFrame({"quantity": ["micro-batch period [ms]", "iteration period [ms]", "ACF peak near micro-batch",
                            "ACF peak near iteration", "white-noise band", "share of silent bins"],
               "value": [1e3 * per["microbatch"], 1e3 * per["iteration"], mb_r, it_r, band, off_share]})
@@ -96,8 +93,7 @@ pd.DataFrame({"quantity": ["micro-batch period [ms]", "iteration period [ms]", "
 # %%
 rep = pd.concat([A.repeatability(read_trace(data_file(p)).events.query("phase != 'setup'"), reference_iteration=1)
                  .assign(trace=p.rsplit("/", 1)[-1]) for p in [trace, *dense_traces]])
-summary = rep.groupby("trace").agg(iterations=("iteration", "nunique"), ranks=("rank", "nunique"),
-                                   calls_per_iteration=("calls", "median"), identical=("identical", "mean"))
+summary = A.repeatability_summary(rep, by="trace")
 summary
 
 # %% [markdown]

@@ -32,8 +32,9 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from llmcomm import analysis as A
 from llmcomm import data, plots
-from llmcomm.ingest import ingest_bandwidth, ingest_trace, summary
+from llmcomm.ingest import ingest_bandwidth, ingest_trace
 from llmcomm.reproduce import Outputs
 
 plots.apply_style()
@@ -49,9 +50,9 @@ out = Outputs("04_real_traces", out_dir)
 
 # %%
 moe = ingest_trace(data.path("aicb/A100_example.csv"))
-seq = summary.call_sequence(moe)  # iterations 1..10
-rep = summary.size_repeatability(seq)
-spread = summary.duration_spread(seq)
+seq = A.call_sequence(moe)  # iterations 1..10
+rep = A.size_repeatability(seq)
+spread = A.duration_spread(seq)
 print(moe, moe.meta["assumptions"])
 print(f"{len(rep)} calls per iteration, seen in {rep['iterations'].min()}-{rep['iterations'].max()} iterations; "
       f"distinct sizes per call: max {rep['sizes'].max()}, distinct ops per call: max {rep['ops'].max()}")
@@ -62,14 +63,13 @@ out.check("aicb_every_call_in_every_iteration", bool((rep["iterations"] == 10).a
           value=int(rep["iterations"].min()), expect="each of the calls appears in all 10 iterations")
 out.check("aicb_sizes_identical_across_iterations", bool((rep["sizes"] == 1).all() and (rep["ops"] == 1).all()),
           value=int(rep["sizes"].max()), expect="1 distinct message size (and op) per call position")
-big = spread[spread["calls"] >= 20]
-ratio = (big["max_us"] / big["min_us"]).min()
-out.check("aicb_times_vary", bool(ratio > 1.05), value=float(ratio),
+ratio = A.smallest_duration_ratio(spread, min_calls=20)
+out.check("aicb_times_vary", bool(ratio > 1.05), value=ratio,
           expect="every collective with >= 20 calls has max/min duration > 1.05")
 ep = spread[spread["collective"].str.startswith("all_to_all/ep/")].iloc[0]
 out.value("aicb_ep_all_to_all", {"collective": ep["collective"], "calls": int(ep["calls"]),
                                  "median_us": float(ep["median_us"]), "max_us": float(ep["max_us"])})
-per_iter = seq.groupby("iteration")["duration_us"].sum() / 1e3
+per_iter = A.comm_time_per_iteration(seq)
 out.value("aicb_comm_ms_per_iteration", per_iter.round(2).to_dict())
 fig, ax = plt.subplots(figsize=(7.5, 0.45 * top_collectives + 1.4))
 plots.call_duration_spread(seq, x="duration_us", y="collective", hue="parallelism", ax=ax, top=top_collectives,
@@ -99,7 +99,7 @@ out.say(
 
 # %%
 dlrm = ingest_trace(data.path("param/dlrm_kineto.tar.gz"))
-mat, margins = summary.a2a_matrix_estimate(dlrm)
+mat, margins = A.a2a_matrix_estimate(dlrm)
 print(dlrm)
 print(dlrm.events.groupby(["op", "phase"]).agg(calls=("bytes", "size"), bytes=("bytes", "sum")))
 margins
@@ -141,20 +141,19 @@ out.say(
 bw = ingest_bandwidth([data.path(f"echo/nccl-test-log/nccl_{n}.log") for n in (1, 2, 4, 8, 16, 32, 64, 128)]
                       + [data.path(f"vtrain/allreduce_lut/{g}/AR_GPU{n}_1M_1024M_LUT")
                          for g in ("a100", "v100") for n in range(2, 9)])
-peaks = summary.bandwidth_summary(bw)
+peaks = A.bandwidth_summary(bw)
 peaks[peaks["placement"] == "out-of-place"]
 
 # %%
 echo = bw[bw["source"].str.startswith("nccl_") & (bw["ranks"] > 1)]
-pk = peaks[(peaks["placement"] == "out-of-place")].set_index("source")
-intra = pk[pk.index.str.startswith("nccl_") & (pk["nodes"] == 1) & (pk["ranks"] > 1)]["peak_busbw"]
-inter = pk[pk.index.str.startswith("nccl_") & (pk["nodes"] > 1)]["peak_busbw"]
+oop_peaks = peaks[peaks["placement"] == "out-of-place"]
+pk = oop_peaks.set_index("source")
+intra, inter = A.node_peaks(oop_peaks[oop_peaks["source"].str.startswith("nccl_")])  # Echo: 1-128 GPUs
 out.check("echo_intra_node_faster", bool(intra.min() > 1.4 * inter.max()),
           value={"intra_min": float(intra.min()), "inter_max": float(inter.max())},
           expect="peak busbw inside one node > 1.4x the best across nodes")
-small = echo[(echo["bytes"] <= 64 * 1024) & (echo["placement"] == "out-of-place")]
-frac = (small.groupby("ranks")["busbw"].max() / echo.groupby("ranks")["busbw"].max()).max()
-out.check("busbw_needs_large_messages", bool(frac < 0.1), value=float(frac),
+frac = A.small_message_fraction(echo, max_bytes=64 * 1024)
+out.check("busbw_needs_large_messages", bool(frac < 0.1), value=frac,
           expect="messages <= 64 KiB reach < 10% of peak bus bandwidth at every scale")
 a100_8 = float(pk.loc["a100/AR_GPU8_1M_1024M_LUT", "peak_busbw"])
 echo_8 = float(pk.loc["nccl_8.log", "peak_busbw"])
@@ -179,8 +178,7 @@ out.figure(fig, "busbw_vs_size")
 
 # %%
 v100 = pk[pk.index.str.startswith("v100/")].set_index("ranks")["peak_busbw"].sort_values(ascending=False)
-sat = oop.assign(frac=oop["busbw"] / oop.groupby("ranks")["busbw"].transform("max"))
-mib_90 = float(sat[sat["frac"] >= 0.9].groupby("ranks")["bytes"].min().median()) / 2**20
+mib_90 = float(A.saturation_bytes(oop, fraction=0.9).median()) / 2**20
 out.say(
     f"**Result.** Bus bandwidth grows with message size: messages up to 64 KiB reach at most "
     f"{100 * frac:.1f}% of the peak, and half of the scales need {mib_90:,.0f} MiB or more to reach 90% of it. "

@@ -107,7 +107,7 @@ shapes = [{"hidden": h, "heads": a, "tp": tp, "micro_batch": b}
           for h, a in ((1024, 16), (2048, 16), (12288, 96)) for tp in (1, 8) for b in (1, 8)]
 comp = F.layer_components(util, lc.load_cluster(cluster), shapes=shapes, seq=1024)
 display(comp.round(3))
-floor_ms = (util.coef[2] + util.coef[3]) * 1e3
+floor_ms = util.launch_floor() * 1e3
 print(f"launch floor per layer pass: {floor_ms:.2f} ms, i.e. {4 * floor_ms:.1f} ms per layer per micro-batch "
       "with full recomputation (4 passes)")
 out.value("launch_floor_ms_per_pass", floor_ms)
@@ -134,9 +134,7 @@ out.figure(fig, "utilization_extrapolation")
 a100 = curves[extrapolate_clusters[0]]
 at_12k = a100[a100["hidden"] == 12288].set_index("tp")["utilization"]
 print("achieved fraction of peak at hidden 12,288: " + ", ".join(f"TP {k}: {v:.0%}" for k, v in at_12k.items()))
-mono = all((np.diff(g.sort_values("hidden")["utilization"].to_numpy()) >= -1e-12).all()
-           for _, g in a100.groupby("tp"))
-out.check("saturates_below_limit", bool((a100["utilization"] <= util.gemm_efficiency() + 1e-12).all() and mono),
+out.check("saturates_below_limit", F.saturates_below(a100, util.gemm_efficiency()),
           value=float(a100["utilization"].max()), expect=f"non-decreasing in h and <= {util.gemm_efficiency():.3f}")
 
 # %%

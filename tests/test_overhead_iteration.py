@@ -86,6 +86,18 @@ def test_launch_floor_and_memory_terms_by_hand():
     mem_edges = (2 * T * h + 20 * T * 256 / 2) / hbm  # embedding write + fp32 cross-entropy
     assert b.forward_s == pytest.approx(4 * per_pass + f_out + mem_edges, rel=1e-12)
     assert b.recompute_s == 0.0 and b.bubble_s == 0.0 and b.pp_comm_s == 0.0
+    assert u.launch_floor() == pytest.approx(1e-3 + 2e-3, rel=1e-15)  # θ_Lg + θ_Lm, the floor above
+    assert u.scaled(2.0).launch_floor() == pytest.approx(1.5e-3, rel=1e-15)
+
+
+def test_utilization_curves_saturate_below_the_limit():
+    from llmcomm.overhead.figures import saturates_below
+
+    curves = pd.DataFrame({"tp": [1, 1, 1, 8, 8], "hidden": [2048, 1024, 4096, 1024, 2048],
+                           "utilization": [0.5, 0.2, 0.6, 0.1, 0.1]})
+    assert saturates_below(curves, limit=0.6)          # rising per tp once sorted by hidden, flat counts
+    assert not saturates_below(curves, limit=0.59)     # 0.6 passes the limit
+    assert not saturates_below(curves.assign(utilization=[0.5, 0.2, 0.4, 0.1, 0.1]), limit=0.6)  # 0.5 -> 0.4
 
 
 def test_recompute_modes_order_and_selective_is_attention_core():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from llmcomm import ConfigError, ModelSpec, ParallelConfig
@@ -220,3 +221,47 @@ def test_context_parallel_ring_and_dp_cp_group():
     assert [list(g) for g in dp["group"]] == [[0, 1, 2, 3]] * 2  # gradients and loss over DP × CP
     tp2 = predict_traffic(TINY, pc(cp=2, tp=2, global_batch=1))
     assert set(tp2.select(op="all_reduce", dtype="bf16").events["bytes"]) == {1 * (S // 2) * H * 2}
+
+
+def test_valid_cases_name_the_broken_rule():
+    from llmcomm.predict.sweeps import valid_cases
+
+    cases = {"fits": (TINY, {"tp": 2, "global_batch": 2}), "tp8": (TINY, {"tp": 8, "global_batch": 2}),
+             "tp2 of 1.3b": ("gpt3-1.3b", {"tp": 2, "global_batch": 2})}
+    valid, skipped = valid_cases(cases)
+    assert list(valid) == ["fits", "tp2 of 1.3b"] and valid["fits"] == cases["fits"]
+    assert skipped == {"tp8": "tiny: tp=8 does not divide num_attention_heads=4"}
+
+
+def test_tp_closed_form_by_hand_and_against_the_prediction():
+    from llmcomm.predict.sweeps import tp_closed_form
+
+    par = pc(tp=2, pp=2, global_batch=2)   # L = 4, m = 2, world 4
+    c = tp_closed_form(TINY, par)
+    assert c.activation_bytes == A == 4096 and c.cross_entropy_bytes == 3 * CE == 384
+    assert c.tp_bytes == 18 * 4096 + 384 == 74112          # 4·L·A + 2·A + CE
+    assert c.tp_sp_bytes == 45 * 4096 + 384 == 184704      # 10·L·A + 5·A + CE
+    assert c.cap == 74112 / (74112 + 2 * 4096)               # one boundary: two sends of A
+    assert c.cap_sp == 184704 / (184704 + 4096)              # ... of A/tp
+    assert c.iteration_tp_bytes == 2 * 2 * 74112 and c.iteration_tp_sp_bytes == 2 * 2 * 184704
+    # the predictor agrees: TP bytes of the iteration, and SP's per-micro-batch TP+SP bytes
+    assert vol(predict_traffic(TINY, par), parallelism="tp") == c.iteration_tp_bytes
+    from llmcomm.analysis import tp_microbatch_bytes
+
+    assert tp_microbatch_bytes(predict_traffic(TINY, pc(tp=2, pp=2, sp=True, global_batch=2))) == \
+        c.iteration_tp_sp_bytes
+    assert tp_closed_form(TINY, pc(tp=2, global_batch=2)).cap == 1.0   # no pipeline, no cap
+
+
+def test_tp_share_sweeps_skip_tp1_and_keep_interleaved_multiples():
+    from llmcomm.predict.sweeps import tp_share_sweeps
+
+    cases = {"tp2": (TINY, {"tp": 2, "global_batch": 1}), "dp2": (TINY, {"dp": 2, "global_batch": 2}),
+             "tp2 vpp +SP": (TINY, {"tp": 2, "pp": 2, "vpp": 2, "sp": True, "global_batch": 2})}
+    curves = tp_share_sweeps(cases, [1, 2, 3, 4])
+    assert list(pd.unique(curves["configuration"])) == ["tp2", "tp2 vpp +SP"]   # tp 1 has no TP bytes
+    by = curves.set_index(["configuration", "microbatches"])
+    assert by.loc["tp2 vpp +SP"].index.tolist() == [2, 4]                    # m a multiple of pp = 2
+    assert set(by.loc["tp2", "sp"]) == {"without SP"} and set(by.loc["tp2 vpp +SP", "sp"]) == {"with SP"}
+    # tp2 alone: two ranks, each 18·A + 3·CE per micro-batch
+    assert by.loc["tp2", "tp"].tolist() == [m * 2 * 74112 for m in (1, 2, 3, 4)]

@@ -8,11 +8,11 @@ returns a tidy DataFrame or a number (Holistic Trace Analysis style).
   sequences, message sizes, duration spread (finding F3).
 * :mod:`.alltoall` — all-to-all matrices, exact or estimated from recorded margins (finding F4).
 * :mod:`.moe` — MoE predictability: all-to-all matrices, uniformity, identities, predictors (finding F4).
-* :mod:`.bandwidth` — peak bus bandwidth per sweep of a bandwidth table.
+* :mod:`.bandwidth` — peak bus bandwidth per sweep of a bandwidth table, small messages, saturation.
 """
 
 from .alltoall import a2a_matrix_estimate
-from .bandwidth import bandwidth_summary
+from .bandwidth import bandwidth_summary, node_peaks, saturation_bytes, small_message_fraction
 from .events import events_of, timed_events, trace_of
 from .moe import (
     a2a_cells,
@@ -48,15 +48,18 @@ from .moe import (
     uniformity_over_training,
     uniformity_stats,
 )
-from .pairs import pair_class_table, pair_classes, support_violations
+from .pairs import diagonal_offsets, matrix_asymmetry, pair_class_table, pair_classes, support_violations
 from .repeatability import (
     SEQUENCE_COLUMNS,
     call_sequence,
     call_sequences,
+    comm_time_per_iteration,
     duration_spread,
     in_issue_order,
     repeatability,
+    repeatability_summary,
     size_repeatability,
+    smallest_duration_ratio,
 )
 from .temporal import (
     acf_peak_near,
@@ -64,8 +67,19 @@ from .temporal import (
     comm_time_series,
     mean_autocorrelation,
     periods,
+    silent_share,
+    with_pipeline_stage,
 )
-from .volumes import bytes_by, first_crossing, tp_share, volume_table
+from .volumes import (
+    bytes_by,
+    describe_crossing,
+    first_crossing,
+    first_crossings,
+    largest_parallelism,
+    tp_microbatch_bytes,
+    tp_share,
+    volume_table,
+)
 
 __all__ = [
     "SEQUENCE_COLUMNS",
@@ -80,8 +94,11 @@ __all__ = [
     "call_sequences",
     "call_variation",
     "call_variation_table",
+    "comm_time_per_iteration",
     "comm_time_series",
     "consecutive_distance",
+    "describe_crossing",
+    "diagonal_offsets",
     "dispatch_exact_bounded",
     "duration_spread",
     "envelope_summary",
@@ -90,16 +107,20 @@ __all__ = [
     "exact_bounded_split",
     "expert_load",
     "first_crossing",
+    "first_crossings",
     "identity_panel_cells",
     "identity_summary",
     "in_issue_order",
     "iteration_matrices",
+    "largest_parallelism",
     "load_autocorrelation",
     "load_uniformity",
+    "matrix_asymmetry",
     "matrix_stack",
     "matrix_uniformity",
     "mean_autocorrelation",
     "moe_repeatability",
+    "node_peaks",
     "pair_class_table",
     "pair_classes",
     "periods",
@@ -111,17 +132,24 @@ __all__ = [
     "predictor_errors",
     "reference_iteration",
     "repeatability",
+    "repeatability_summary",
     "routed_uniform_split",
     "routing_matrices",
     "routing_vs_events",
+    "saturation_bytes",
     "sequence_variation",
+    "silent_share",
     "size_repeatability",
+    "small_message_fraction",
+    "smallest_duration_ratio",
     "support_violations",
     "timed_events",
+    "tp_microbatch_bytes",
     "tp_share",
     "trace_of",
     "training_phase",
     "uniformity_over_training",
     "uniformity_stats",
     "volume_table",
+    "with_pipeline_stage",
 ]

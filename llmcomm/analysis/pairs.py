@@ -6,11 +6,17 @@ A flow of parallelism ``p`` is *supported* when its two ranks share a group of `
 ``dpcp`` (DP with CP folded in) for dp; ``cp``, ``pp`` for themselves; ``ep``, ``tpep`` or ``tpcp`` (the MoE token
 dispatchers' and router's groups) for ep; for ``other`` — the per-iteration scalars and the batch broadcast —
 ``mp`` (tp x pp), ``world``, ``pp``, ``tpcp``, ``dp`` or ``tp``).
+
+The shape of a communication matrix ``M`` (:meth:`~llmcomm.trace.Trace.matrix`, bytes from row to column):
+:func:`diagonal_offsets`, the offsets ``dst − src`` of its nonzero entries (a pipeline's forward sends lie on
+``+1``, its backward sends on ``−1``); :func:`matrix_asymmetry`, ``max |M − Mᵀ|`` (0 for collectives whose
+every pair exchanges the same bytes both ways).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -63,3 +69,18 @@ def support_violations(data: TraceOrEvents, algorithm: str = "direct") -> pd.Dat
             supported |= group_of_rank[src] == group_of_rank[dst]
         violations.append(part.loc[~supported, VIOLATION_COLUMNS])
     return pd.concat(violations, ignore_index=True) if violations else pd.DataFrame(columns=VIOLATION_COLUMNS)
+
+
+def diagonal_offsets(data: TraceOrEvents, algorithm: str = "direct", **filters: Any) -> list[int]:
+    """The diagonals the nonzero entries of the communication matrix lie on: the distinct ``dst − src`` of
+    its entries with bytes, ascending; ``filters`` select events first (``parallelism="pp"``...)."""
+    matrix = trace_of(data).matrix(algorithm, **filters).tocoo()
+    nonzero = matrix.data != 0
+    return sorted(set((matrix.col[nonzero] - matrix.row[nonzero]).tolist()))
+
+
+def matrix_asymmetry(data: TraceOrEvents, algorithm: str = "direct", **filters: Any) -> float:
+    """``max |M − Mᵀ|`` over the communication matrix's entries (bytes; 0 when symmetric); ``filters``
+    select events first."""
+    matrix = trace_of(data).matrix(algorithm, **filters)
+    return float(abs(matrix - matrix.T).max())

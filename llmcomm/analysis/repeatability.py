@@ -11,7 +11,9 @@ of iteration ``j`` are *the same call* of the program.
 * :func:`size_repeatability`: per ``(rank, seq)``, how many distinct message sizes and ops the call takes over
   the iterations (1 and 1 when the volume repeats exactly).
 * :func:`duration_spread`: per collective (``op/parallelism/size``), the spread of its measured durations,
-  ``cv = std / mean``.
+  ``cv = std / mean``; :func:`smallest_duration_ratio`: the steadiest frequent collective's ``max / min``.
+* :func:`repeatability_summary`: :func:`repeatability` rows summed up per trace.
+* :func:`comm_time_per_iteration`: the measured time in communication calls per iteration.
 """
 
 from __future__ import annotations
@@ -98,3 +100,25 @@ def duration_spread(data: TraceOrEvents, iterations_from: int | None = 1) -> pd.
                         std_us="std")
     out["cv"] = out["std_us"] / out["mean_us"]
     return out.reset_index().sort_values("median_us", ascending=False, ignore_index=True)
+
+
+def smallest_duration_ratio(spread: pd.DataFrame, min_calls: int = 20) -> float:
+    """``min over collectives of max_us / min_us`` in a :func:`duration_spread` table, over the collectives
+    with at least ``min_calls`` calls: above 1 when every frequent collective's time varies (NaN when none
+    has that many calls)."""
+    frequent = spread[spread["calls"] >= min_calls]
+    return float((frequent["max_us"] / frequent["min_us"]).min())
+
+
+def repeatability_summary(rows: pd.DataFrame, by: str = "trace") -> pd.DataFrame:
+    """Per ``by`` of stacked :func:`repeatability` rows: ``iterations`` and ``ranks`` (distinct),
+    ``calls_per_iteration`` (median over rank-iterations) and ``identical`` (share of rank-iterations whose
+    sequence equals the reference's)."""
+    return rows.groupby(by).agg(iterations=("iteration", "nunique"), ranks=("rank", "nunique"),
+                                calls_per_iteration=("calls", "median"), identical=("identical", "mean"))
+
+
+def comm_time_per_iteration(sequence: pd.DataFrame) -> pd.Series:
+    """Milliseconds spent in communication calls per iteration: ``Σ duration_us / 1000`` over the calls of a
+    :func:`call_sequence` (all its ranks), indexed by ``iteration``."""
+    return sequence.groupby("iteration")["duration_us"].sum() / 1e3

@@ -14,11 +14,14 @@ Temporal pattern (finding F3)
 * :func:`periods`: the measured micro-batch and iteration periods of a rank (median time between the first
   calls of consecutive micro-batches / iterations), the lags where the autocorrelation should peak.
 * :func:`acf_peak_near`: the highest local maximum of ``r`` within a relative window around a lag.
+* :func:`silent_share`: the on-off measure, the share of a rank's bins with no call in flight.
+* :func:`with_pipeline_stage`: each call's pipeline stage (the rows of a timeline, grouped by stage).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -60,6 +63,27 @@ def comm_time_series(data: TraceOrEvents, bin_s: float, *, rank: int | None = No
                 series[i] += (min(call_end, edges[i + 1]) - max(call_start, edges[i])) / bin_ns
         series = np.minimum(series, 1.0)
     return pd.DataFrame({"t_s": np.arange(n_bins) * bin_s, "value": series})
+
+
+def silent_share(data: TraceOrEvents, bin_s: float, *, rank: int | None = None,
+                 parallelism: str | Sequence[str] | None = None) -> float:
+    """Share of the bins of :func:`comm_time_series` (``value="busy"``, bins of ``bin_s`` seconds) in which
+    no call of ``rank`` (and ``parallelism``) is in flight: ``#{i : busy_i = 0} / n``. Between 0 and 1 when
+    communication is on-off."""
+    series = comm_time_series(data, bin_s, rank=rank, parallelism=parallelism, value="busy")
+    return float((series["value"] == 0).mean())
+
+
+def with_pipeline_stage(events: pd.DataFrame, parallel: Any) -> pd.DataFrame:
+    """``events`` with a ``stage`` column: the pipeline stage (``pp`` coordinate in the
+    :class:`~llmcomm.layout.Layout` of ``parallel``, a :class:`~llmcomm.specs.ParallelConfig` or its dict as in
+    ``trace.meta["parallel"]``) of each call's ``rank``."""
+    from ..layout import Layout
+    from ..specs import ParallelConfig
+
+    config = ParallelConfig.from_dict(dict(parallel)) if isinstance(parallel, Mapping) else parallel
+    stage = Layout(config).coords.set_index("rank")["pp"]
+    return events.assign(stage=events["rank"].map(stage))
 
 
 def autocorrelation(x: np.ndarray | pd.Series, nlags: int) -> pd.DataFrame:

@@ -60,6 +60,14 @@ def layer_utilization(util: U.Utilization, cluster: Cluster, *, hidden: Sequence
     return pd.DataFrame(rows)
 
 
+def saturates_below(curves: pd.DataFrame, limit: float, tol: float = 1e-12) -> bool:
+    """Whether a :func:`layer_utilization` table saturates: per ``tp``, ``utilization`` never decreases as
+    ``hidden`` grows, and it never passes ``limit`` (``1/θ_gemm``); both within ``tol``."""
+    rising = all((np.diff(g.sort_values("hidden")["utilization"].to_numpy()) >= -tol).all()
+                 for _, g in curves.groupby("tp"))
+    return bool((curves["utilization"] <= limit + tol).all() and rising)
+
+
 def utilization_curves(df: pd.DataFrame, *, limit: float, calibrated: tuple[int, int], ax: Any = None) -> Any:
     """Lines of ``utilization`` against ``hidden`` per ``tp``; the limit ``1/θ_gemm`` and the calibrated
     hidden-size range marked."""

@@ -193,6 +193,11 @@ class Utilization:
         """``1/θ_gemm``: the fraction of peak a large GEMM reaches (the limit as sizes grow)."""
         return 1.0 / self.coef[I["gemm"]]
 
+    def launch_floor(self) -> float:
+        """``θ_Lg + θ_Lm`` (divided by ``scale``): seconds of a layer pass too small to leave the launch floor on
+        either side, the least any layer pass costs (plus ``θ_tp·log2 tp``)."""
+        return (self.coef[I["launch_gemm"]] + self.coef[I["launch_mem"]]) / self.scale
+
     def table(self) -> Any:
         """Coefficients with standard errors and 95% confidence intervals as a DataFrame."""
         import pandas as pd
