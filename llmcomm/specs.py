@@ -421,6 +421,11 @@ class ParallelConfig:
     ``microbatch_group_size_per_vp_stage`` (``None``: ``pp``) groups micro-batches of the interleaved schedule.
     ``create_attention_mask_in_dataloader`` (Megatron's default ``True``) adds the ``(b, 1, s, s)`` boolean
     mask to the batch broadcast over TP.
+    ``pipe_partitioned`` describes Megatron-DeepSpeed, whose GPT model runs on DeepSpeed's PipelineEngine: the
+    activation and its gradient cross a stage boundary split over the TP group (``tokens/tp · h`` per rank) and
+    are rebuilt by TP all-gathers (``deepspeed/runtime/pipe/engine.py``, ``pipe_partitioned`` and
+    ``grad_partitioned``, on by default); Megatron-LM sends the whole tensor. It needs ``sp=False`` (with SP the
+    tensor is already split; the combination is not modelled).
     """
 
     tp: int = 1
@@ -448,6 +453,7 @@ class ParallelConfig:
     microbatch_group_size_per_vp_stage: int | None = None  # None -> pp
     create_attention_mask_in_dataloader: bool = True
     moe_aux_loss_coeff: float = 0.0  # Megatron's default; > 0 adds the router's token-count all-reduce
+    pipe_partitioned: bool = False  # DeepSpeed's PipelineEngine (Megatron-DeepSpeed); Megatron-LM: False
 
     def __post_init__(self) -> None:
         if self.global_batch is None:
@@ -497,6 +503,9 @@ class ParallelConfig:
                 raise ConfigError(f"{f}={v!r} must be a positive integer or None")
         if not isinstance(self.moe_aux_loss_coeff, (int, float)) or self.moe_aux_loss_coeff < 0:
             raise ConfigError(f"moe_aux_loss_coeff={self.moe_aux_loss_coeff!r} must be a number >= 0")
+        if self.pipe_partitioned and self.sp:
+            raise ConfigError("pipe_partitioned (DeepSpeed's pipeline engine) with sp=True is not modelled: SP "
+                              "already splits the pipeline tensor over TP")
         if self.moe_token_dispatcher_type not in MOE_TOKEN_DISPATCHERS:
             raise ConfigError(f"moe_token_dispatcher_type={self.moe_token_dispatcher_type!r} is not one of "
                               f"{MOE_TOKEN_DISPATCHERS} (Megatron-LM's --moe-token-dispatcher-type)")

@@ -60,6 +60,7 @@ def configs(seed: int, count: int):
                   distributed_optimizer=rng.random() < 0.5, schedule=rng.choice(["1f1b", "gpipe"]),
                   act_dtype=rng.choice(["bf16", "fp16"]), create_attention_mask_in_dataloader=rng.random() < 0.5,
                   moe_aux_loss_coeff=rng.choice([0.0, 0.01]) if model.is_moe else 0.0)
+        kw["pipe_partitioned"] = not kw["sp"] and rng.random() < 0.3  # DeepSpeed's pipeline engine
         try:
             p = ParallelConfig(**kw)
             from llmcomm.specs import validate
@@ -97,3 +98,4 @@ def test_many_configurations_counted():
     assert any(p.act_dtype == "fp16" and p.distributed_optimizer for _, p in cfgs)
     assert any(m.is_moe and p.moe_aux_loss_coeff > 0 and p.tp > 1 for m, p in cfgs)
     assert any(m.position_embedding_type == "learned_absolute" and p.sp for m, p in cfgs)
+    assert any(p.pipe_partitioned and p.tp > 1 and p.pp >= 3 for _, p in cfgs)

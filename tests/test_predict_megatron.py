@@ -291,3 +291,35 @@ def test_torch_framework_refuses_the_megatron_only_options():
                dict(moe_aux_loss_coeff=0.01), dict(etp=1, tp=2, sp=True)):
         with pytest.raises(ConfigError, match="framework='torch'"):
             predict_traffic(MOE, pc(**{"dp": 2, "ep": 2, "global_batch": 2, **kw}), framework="torch")
+
+
+# DeepSpeed ---------------------------------------------------------------------------------------------------
+def test_deepspeed_pipe_partitioned_splits_p2p_and_gathers_on_arrival():
+    """Megatron-DeepSpeed runs GPT on DeepSpeed's PipelineEngine (deepspeed/runtime/pipe/engine.py): with
+    pipe_partitioned/grad_partitioned (both on by default) the activation and its gradient cross a stage
+    boundary as 1/tp partitions (_exec_send_activations / _exec_send_grads) and are rebuilt by a TP all-gather
+    (PartitionedTensor.full) on receiving the activation, on receiving the gradient and, before the backward
+    pass, on the stage's own output, which it kept only as its partition."""
+    m = 3
+    base = pc(tp=2, pp=4, dp=1, global_batch=m)
+    part = dataclasses.replace(base, pipe_partitioned=True)
+    plain, ds = predict_traffic(GPT, base), predict_traffic(GPT, part)
+    lay = Layout(base)
+    first, mid, last = (lay.rank_of(pp=s) for s in (0, 1, 3))
+    assert set(ops(plain, rank=mid, op="send")) == {("send", A)}
+    assert set(ops(ds, rank=mid, op="send")) == {("send", A // 2)}
+    assert set(ops(ds, rank=mid, op="recv")) == {("recv", A // 2)}
+    gathers = {r: ds.select(rank=r, parallelism="pp", op="all_gather") for r in (first, mid, last)}
+    assert all(set(g.events["bytes"]) == {A} for g in gathers.values())
+    assert len(gathers[first].select(phase="forward")) == 0 and len(gathers[first].select(phase="backward")) == 2 * m
+    assert len(gathers[mid].select(phase="forward")) == m and len(gathers[mid].select(phase="backward")) == 2 * m
+    assert len(gathers[last].select(phase="forward")) == m and len(gathers[last].select(phase="backward")) == 0
+    tp_group = set(Layout(base).group_of(mid, "tp"))
+    assert all(set(g) == tp_group for g in gathers[mid].events["group"])
+    # the same, and nothing else, when there is no TP to split over
+    assert predict_traffic(GPT, pc(pp=4, global_batch=m, pipe_partitioned=True)).to_table().equals(
+        predict_traffic(GPT, pc(pp=4, global_batch=m)).to_table())
+    with pytest.raises(ConfigError, match="pipe_partitioned .* sp=True is not modelled"):
+        pc(tp=2, pp=2, sp=True, pipe_partitioned=True)
+    with pytest.raises(ConfigError, match="framework='torch': pipe_partitioned"):
+        predict_traffic(GPT, part, framework="torch")

@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--distributed-optimizer", action="store_true")
     p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved"))
     p.add_argument("--overlap-grad-reduce", action="store_true", help="Megatron-LM's bucketed DP overlap")
+    p.add_argument("--pipe-partitioned", action="store_true",
+                   help="Megatron-DeepSpeed: DeepSpeed's pipeline engine sends pipeline tensors split over TP and "
+                        "all-gathers them on arrival (not with --sp)")
     p.add_argument("--cluster", required=True, help="cluster name (data/clusters) or YAML path")
     p.add_argument("--nccl-tests", nargs="+", default=None, metavar="LOG",
                    help="calibrate the bandwidth model on your own nccl-tests output instead of the shipped one")
@@ -36,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     parallel = ParallelConfig(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, vpp=args.vpp, sp=args.sp,
                               micro_batch=args.micro_batch, global_batch=args.global_batch, seq_len=args.seq_len,
                               recompute=args.recompute, distributed_optimizer=args.distributed_optimizer,
-                              schedule="interleaved" if args.vpp > 1 else args.schedule)
+                              schedule="interleaved" if args.vpp > 1 else args.schedule,
+                              pipe_partitioned=args.pipe_partitioned)
     cluster = load_cluster(args.cluster)
     bw = Bandwidth.from_nccl_tests(args.nccl_tests, cluster=cluster) if args.nccl_tests else None
     b = iteration_time(model, parallel, cluster, bw, overlap_grad_reduce=args.overlap_grad_reduce)

@@ -778,7 +778,7 @@ def parallel_row(parallel: ParallelConfig) -> dict[str, Any]:
             "act_dtype": parallel.act_dtype, "grad_reduce_dtype": parallel.grad_reduce_dtype,
             "param_dtype": parallel.param_dtype,
             "create_attention_mask_in_dataloader": parallel.create_attention_mask_in_dataloader,
-            "moe_aux_loss_coeff": parallel.moe_aux_loss_coeff}
+            "moe_aux_loss_coeff": parallel.moe_aux_loss_coeff, "pipe_partitioned": parallel.pipe_partitioned}
 
 
 def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandwidth: Any = None,
@@ -821,7 +821,7 @@ def _single(model: ModelSpec, p: ParallelConfig) -> dict[str, np.ndarray]:
         ("recompute", RECOMPUTE_CODE[p.recompute]), ("act_dtype", DTYPE_BYTES[p.act_dtype]),
         ("grad_reduce_dtype", DTYPE_BYTES[p.grad_reduce_dtype]), ("param_dtype", DTYPE_BYTES[p.param_dtype]))}
     i64["sp"] = np.array([p.sp])
-    i64["pipe_partitioned"] = np.array([False])  # Megatron-LM; DeepSpeed's pipeline engine only via candidates
+    i64["pipe_partitioned"] = np.array([p.pipe_partitioned])
     i64["distributed_optimizer"] = np.array([p.distributed_optimizer])
     i64["attention_mask"] = np.array([int(p.create_attention_mask_in_dataloader)])
     i64["moe_aux_loss_coeff"] = np.array([float(p.moe_aux_loss_coeff)])

@@ -15,8 +15,9 @@ on them): the pipeline runs on DeepSpeed's PipelineEngine, as Megatron-DeepSpeed
 ``train_batch``; that engine sends activations and their gradients split over the TP group and all-gathers
 them on arrival (``pipe_partitioned``/``grad_partitioned``, both on by default: DeepSpeed
 ``deepspeed/runtime/pipe/engine.py`` lines 144-145, 719-726, 743-757, 826-848, 1062-1073;
-``deepspeed/runtime/config.py`` lines 467-468). Hence ``pipe_partitioned: True`` (:func:`llmcomm.overhead.
-iteration.comm_items`).
+``deepspeed/runtime/config.py`` lines 467-468). Hence ``pipe_partitioned: True``
+(:attr:`llmcomm.ParallelConfig.pipe_partitioned`; the predictor issues those calls, :func:`llmcomm.predict.pp.
+partitioned_gathers`, and :func:`llmcomm.overhead.iteration.comm_items` times them).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ size, ``act`` bytes per activation element)::
 
     tokens      = b · s / cp                       tokens of one micro-batch held by one TP group
     act_bytes   = tokens · h · act                 a full (b, s, h) activation buffer (TP collectives)
-    p2p_bytes   = act_bytes / tp  with SP, else act_bytes   (Megatron's p2p tensor_shape)
+    p2p_bytes   = act_bytes / tp  with SP (Megatron's p2p tensor_shape) or DeepSpeed's partitioned pipeline,
+                  else act_bytes
 """
 
 from __future__ import annotations
@@ -95,9 +96,17 @@ class Context:
         return self.tokens * self.model.hidden_size * self.act
 
     @property
+    def pipe_partitioned(self) -> bool:
+        """The pipeline tensors cross stages split over TP and are all-gathered on arrival (DeepSpeed's
+        PipelineEngine, :attr:`ParallelConfig.pipe_partitioned`; nothing to split at ``tp == 1``)."""
+        return self.parallel.pipe_partitioned and self.tp > 1
+
+    @property
     def p2p_bytes(self) -> int:
-        """Pipeline send/recv tensor: ``act_bytes / tp`` with SP, else ``act_bytes``."""
-        return self.local_tokens * self.model.hidden_size * self.act
+        """Pipeline send/recv tensor: ``(tokens / tp)·h·act`` with SP or :attr:`pipe_partitioned`, else
+        ``act_bytes``."""
+        tokens = self.tokens // self.tp if self.sp or self.pipe_partitioned else self.tokens
+        return tokens * self.model.hidden_size * self.act
 
     # -- layers and stages --------------------------------------------------------------------------
     @property

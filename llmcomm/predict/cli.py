@@ -44,6 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--distributed-optimizer", action="store_true",
                    help="Megatron's distributed optimizer (gradient reduce-scatter + parameter all-gather)")
     p.add_argument("--fsdp", action="store_true", help="fully sharded data parallelism")
+    p.add_argument("--pipe-partitioned", action="store_true",
+                   help="Megatron-DeepSpeed: DeepSpeed's pipeline engine sends pipeline tensors split over TP and "
+                        "all-gathers them on arrival (not with --sp)")
     p.add_argument("--schedule", default="1f1b", choices=PIPELINE_SCHEDULES,
                    help="pipeline schedule (--vpp > 1 implies interleaved)")
     p.add_argument("--cluster", default=None,
@@ -67,7 +70,8 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
                           sp=args.sp, micro_batch=args.micro_batch, global_batch=args.global_batch,
                           seq_len=args.seq_len, recompute=args.recompute,
                           distributed_optimizer=args.distributed_optimizer, fsdp=args.fsdp,
-                          schedule="interleaved" if args.vpp > 1 else args.schedule)
+                          schedule="interleaved" if args.vpp > 1 else args.schedule,
+                          pipe_partitioned=args.pipe_partitioned)
 
 
 def warn_surprises(parallel: ParallelConfig, gpus_per_node: int, cluster: Cluster | None) -> None:

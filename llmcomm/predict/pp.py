@@ -4,7 +4,9 @@ Per micro-batch and model chunk, a stage that is not the first virtual stage rec
 predecessor before computing (``recv_forward``), and one that is not the last sends its output on
 (``send_forward``); in the backward pass the gradient goes the other way (``recv_backward`` from the
 successor, ``send_backward`` to the predecessor). Every tensor is ``p2p_bytes = b·s·h·act/cp`` (divided by
-``tp`` with sequence parallelism: Megatron's p2p ``tensor_shape`` is ``(s/cp/tp, b, h)`` then).
+``tp`` with sequence parallelism: Megatron's p2p ``tensor_shape`` is ``(s/cp/tp, b, h)`` then; and under
+DeepSpeed's PipelineEngine, ``pipe_partitioned``, which splits the tensor over TP and all-gathers it on
+arrival: :func:`partitioned_gathers`).
 
 Peers are stage offsets in the rank's PP group: ``+1`` (next) and ``-1`` (previous), wrapping from the last
 stage to the first under the interleaved schedule (chunk ``c`` of stage ``pp-1`` feeds chunk ``c+1`` of
@@ -36,6 +38,18 @@ def recv_backward(ctx: Context, mb: int, layer: int) -> Call:
 
 def send_backward(ctx: Context, mb: int, layer: int) -> Call:
     return Call("backward", "pp", "send", "p2p", ctx.p2p_bytes, ctx.act_dtype, layer, mb, peer=-1)
+
+
+def partitioned_gathers(ctx: Context, phase: str, mb: int, layer: int) -> list[Call]:
+    """DeepSpeed's PipelineEngine (:attr:`Context.pipe_partitioned`) rebuilds a partitioned pipeline tensor
+    with an all-gather over TP (``PartitionedTensor.full``, ``deepspeed/runtime/pipe/engine.py``): forward,
+    the received activation (``_exec_recv_activations``); backward, the received gradient
+    (``_exec_recv_grads``) and the stage's own output, kept only as its partition, before its backward pass
+    (``_exec_backward_pass``). ``act_bytes`` each (the gathered tensor); tagged ``pp``, over the TP group."""
+    if not ctx.pipe_partitioned:
+        return []
+    n = 1 if phase == "forward" else 2
+    return [Call(phase, "pp", "all_gather", "tp", ctx.act_bytes, ctx.act_dtype, layer, mb) for _ in range(n)]
 
 
 def tied_embedding_allreduce(ctx: Context, stage: int) -> list[Call]:

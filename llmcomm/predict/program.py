@@ -68,6 +68,7 @@ def _forward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     out: list[Call] = []
     if vs > 0:
         out.append(pp.recv_forward(ctx, mb, layers[0]))
+        out += pp.partitioned_gathers(ctx, "forward", mb, layers[0])
     out += batch_broadcast(ctx, vs, mb)
     edge_fsdp = dp.edge_parameters(ctx, stage)[0] if ctx.parallel.fsdp else 0
     if edge_fsdp and (vs == 0 or (vs == ctx.last_virtual and stage != 0)):
@@ -93,6 +94,7 @@ def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     out: list[Call] = []
     if vs < ctx.last_virtual:
         out.append(pp.recv_backward(ctx, mb, layers[-1]))
+        out += pp.partitioned_gathers(ctx, "backward", mb, layers[-1])
     else:
         out += tp.output_backward(ctx, mb)
         out += dp.overlapped_grad_sync(ctx, bl, ctx.model.num_layers, mb)

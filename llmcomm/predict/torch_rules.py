@@ -44,7 +44,7 @@ def _check(ctx: Context) -> None:
                       ("recompute", p.recompute != "none"), ("cp", p.cp > 1),
                       ("overlap_grad_reduce", p.overlap_grad_reduce), ("etp", p.expert_tp != p.tp),
                       ("moe_token_dispatcher_type", p.moe_token_dispatcher_type != "alltoall"),
-                      ("moe_aux_loss_coeff", p.moe_aux_loss_coeff > 0)):
+                      ("moe_aux_loss_coeff", p.moe_aux_loss_coeff > 0), ("pipe_partitioned", p.pipe_partitioned)):
         if bad:
             raise ConfigError(f"framework='torch': {flag} is not used by the collector's torch workloads")
 
