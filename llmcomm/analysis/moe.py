@@ -564,7 +564,7 @@ def call_variation_table(traces: Mapping[str, Any], *, replays: Sequence[str] = 
 
 
 # ------------------------------------------------------------------------------------------ training phases
-PHASES = ("early", "late")
+TRAINING_PHASES = ("early", "late")  # not the events table's phases (vocab.PHASES)
 
 
 def training_phase(df: pd.DataFrame, phase: str, *, window: int, iterations: int,
@@ -581,7 +581,7 @@ def training_phase(df: pd.DataFrame, phase: str, *, window: int, iterations: int
 
 
 def phase_means(metrics: Mapping[str, tuple[pd.DataFrame, str]], runs: Sequence[str], *, window: int,
-                iterations: int, phases: Sequence[str] = PHASES, run: str = "run") -> pd.DataFrame:
+                iterations: int, phases: Sequence[str] = TRAINING_PHASES, run: str = "run") -> pd.DataFrame:
     """Mean of each metric per run and :func:`training_phase`: ``metrics`` maps a row label to (a tidy frame
     with a ``run`` column, the column to average); the result has one row per label and columns
     ``(run, phase)`` for ``runs`` × ``phases``, in that order."""
@@ -592,7 +592,7 @@ def phase_means(metrics: Mapping[str, tuple[pd.DataFrame, str]], runs: Sequence[
 
 
 def phase_pivot(df: pd.DataFrame, value: str, columns: str, *, window: int, iterations: int, index: str = "run",
-                phases: Sequence[str] = PHASES) -> pd.DataFrame:
+                phases: Sequence[str] = TRAINING_PHASES) -> pd.DataFrame:
     """Mean ``value`` per ``index`` (rows) and ``columns`` in each :func:`training_phase`: columns
     ``(phase, <columns value>)``, phases in the order given."""
     return pd.concat({ph: training_phase(df, ph, window=window, iterations=iterations)
