@@ -28,6 +28,7 @@ import pyarrow as pa
 from .errors import TraceFormatError
 
 PAIR = -1  # kind code of the pair [rank, peer]
+MAX_LIST_MEMBERS = 2**31 - 1  # values a list<int32> column (32-bit offsets) can hold
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,19 @@ class GroupRefs:
             out[rows] = np.where(hit, col, -1)
         return out
 
-    def flat_members(self, rank: np.ndarray, peer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def flat_members(self, rank: np.ndarray, peer: np.ndarray,
+                     limit: int = MAX_LIST_MEMBERS) -> tuple[np.ndarray, np.ndarray]:
         """``(offsets, members)``: all rows' members one group after the other (row order, member order),
-        as a list column stores them; row ``i``'s members are ``members[offsets[i]:offsets[i + 1]]``."""
+        as a list column stores them; row ``i``'s members are ``members[offsets[i]:offsets[i + 1]]``. Refuses
+        (before allocating) more than ``limit`` members in all."""
         sizes = self.sizes()
         offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
+        if offsets[-1] > limit:
+            raise TraceFormatError(
+                f"writing the groups out would take {int(offsets[-1]):,} ranks ({offsets[-1] * 4 / 2**30:.1f} GiB), "
+                f"more than an events table's list column holds ({limit:,}); len, select, volumes, flows and "
+                f"matrix work without them (select a part of the trace first to read its events)")
         members = np.empty(int(offsets[-1]), dtype=np.int32)
         for k, rows in self.kinds():
             if k == PAIR:
@@ -124,9 +132,7 @@ class GroupRefs:
     def list_array(self, rank: np.ndarray, peer: np.ndarray) -> pa.Array:
         """The ``group`` column these references stand for (``list<int32>``)."""
         offsets, members = self.flat_members(rank, peer)
-        if offsets[-1] < 2**31:
-            return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(members))
-        return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(members)).cast(pa.list_(pa.int32()))
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(members))
 
     def check(self, rank: np.ndarray, peer: np.ndarray, origin: str, row0: int = 0) -> None:
         """Each row's issuing rank is a member of its group exactly once (a pair needs ``peer`` ≠ ``rank``,

@@ -185,3 +185,18 @@ def test_ref_events_refuse_a_group_column_or_a_length_mismatch():
     with pytest.raises(TraceFormatError, match="must not hold a 'group' column"):
         RefEvents(t.append_column("group", pa.array([[0, 1], [0, 1]])),
                   GroupRefs(np.zeros(2, np.int8), np.zeros(2, np.int32), TABLES, 4))
+
+
+def test_writing_out_more_members_than_a_list_column_holds_is_refused_before_allocating():
+    refs = GroupRefs(np.zeros(3, np.int8), np.zeros(3, np.int32), (np.arange(4, dtype=np.int32)[None, :],), 4)
+    with pytest.raises(TraceFormatError, match="12 ranks .* more than an events table's list column holds \\(5\\)"):
+        refs.flat_members(np.arange(3), np.full(3, -1), limit=5)
+    # GPT-3 on 131,072 GPUs with the distributed optimizer: every rank's gradient-norm all-reduce spans the world
+    # (17 G ranks as lists); the views work from the references, reading the events is refused with the way out
+    p = ParallelConfig(tp=8, pp=16, dp=1024, global_batch=12288, seq_len=2048, distributed_optimizer=True)
+    t = predict_traffic("gpt3-175b", p)
+    assert t.volumes()["calls"].sum() > 0
+    with pytest.raises(TraceFormatError, match="writing the groups out would take .* GiB"):
+        _ = t.events
+    assert t.ref_events is not None  # still usable
+    assert len(t.select(parallelism="pp").events) > 0  # a part without the world-wide groups can be read
