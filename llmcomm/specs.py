@@ -206,32 +206,6 @@ class ModelSpec:
                 replicated += h
         return LayerParams(sharded=sharded, expert=expert, replicated=replicated)
 
-    def attention_parameters(self) -> int:
-        """Q, K, V and output projections of one layer, with biases where the model has them."""
-        h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
-        p = h * a * d + 2 * h * g * d + a * d * h
-        if self.add_bias_linear:
-            p += a * d + 2 * g * d + h
-        elif self.add_qkv_bias:
-            p += a * d + 2 * g * d
-        return p
-
-    def dense_mlp_parameters(self) -> int:
-        """One dense MLP: ``k·h·f`` (+ biases)."""
-        h, f, k = self.hidden_size, self.ffn_hidden_size, self._mlp_matrices()
-        return k * h * f + (((k - 1) * f + h) if self.add_bias_linear else 0)
-
-    def expert_parameters(self) -> int:
-        """One routed expert: ``k·h·f_e``."""
-        return self._mlp_matrices() * self.hidden_size * self.expert_ffn_hidden_size
-
-    def moe_mlp_parameters(self, active: bool = False) -> int:
-        """One MoE block: routed experts (all, or the top-k when ``active``), router and shared experts."""
-        h, k = self.hidden_size, self._mlp_matrices()
-        n = self.moe_router_topk if active else self.num_experts
-        shared = k * h * self.num_shared_experts * self.expert_ffn_hidden_size
-        return n * self.expert_parameters() + h * self.num_experts + shared
-
     def norm_parameters(self) -> int:
         return (2 if self.normalization == "LayerNorm" else 1) * self.hidden_size
 
