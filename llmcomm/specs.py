@@ -593,14 +593,11 @@ def load_cluster(name_or_path: str | os.PathLike[str], num_nodes: int | None = N
     d = read_yaml(p)
     if not isinstance(d, dict):
         raise ConfigError(f"{p}: a cluster file must hold a mapping of Cluster fields")
-    known = {f.name for f in dataclasses.fields(Cluster)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ConfigError(f"{p}: unknown cluster field(s) {unknown}")
     try:
-        c = Cluster(**{k: (float(v) if k.endswith(("bandwidth", "flops", "bytes")) else v) for k, v in d.items()})
-    except (ConfigError, TypeError, ValueError) as e:
+        d = {k: (float(v) if k.endswith(("bandwidth", "flops", "bytes")) else v) for k, v in d.items()}
+    except (TypeError, ValueError) as e:
         raise ConfigError(f"{p}: {e}") from None
+    c = _from_fields(Cluster, d, str(p), "cluster")
     return c if num_nodes is None else c.with_nodes(num_nodes)
 
 
