@@ -139,11 +139,7 @@ class Layout:
         """Groups spanning expert-grid dimensions ``dims`` (members in rank order)."""
         names = [d for d, _ in self._expert_dims]
         grid = np.arange(self.world_size, dtype=np.int64).reshape([n for _, n in reversed(self._expert_dims)])
-        axes = [len(names) - 1 - names.index(d) for d in dims]
-        rest = [a for a in range(grid.ndim) if a not in axes]
-        inner = sorted(axes)
-        arr = np.transpose(grid, rest + inner)
-        return arr.reshape(-1, int(np.prod([grid.shape[a] for a in inner])))
+        return _span(grid, [len(names) - 1 - names.index(d) for d in dims])
 
     def _data_index(self, c: dict[str, np.ndarray]) -> np.ndarray:
         """Combined cp/dp index, in the order's own nesting of the two."""
@@ -195,12 +191,7 @@ class Layout:
         return g[np.argsort(g.min(axis=1), kind="stable")]
 
     def _grid_group(self, dims: tuple[str, ...]) -> np.ndarray:
-        axes = [self._axis(d) for d in dims]
-        rest = [a for a in range(self._grid.ndim) if a not in axes]
-        # keep the inner axes in their own fastest-last order
-        inner = sorted(axes)
-        arr = np.transpose(self._grid, rest + inner)
-        return arr.reshape(-1, int(np.prod([self._grid.shape[a] for a in inner])))
+        return _span(self._grid, [self._axis(d) for d in dims])
 
     def group_of(self, rank: int, parallelism: str) -> list[int]:
         """The group of ``parallelism`` that holds ``rank``."""
@@ -275,6 +266,14 @@ class Layout:
         if not frames:
             return pd.DataFrame(columns=["rank", "parallelism", "group_id", "position"])
         return pd.concat(frames, ignore_index=True).sort_values(["parallelism", "rank"], ignore_index=True)
+
+
+def _span(grid: np.ndarray, axes: list[int]) -> np.ndarray:
+    """The groups spanning ``axes`` of a rank grid: one row per index of the other axes, members with the
+    spanned axes kept in their own fastest-last order."""
+    inner = sorted(axes)
+    rest = [a for a in range(grid.ndim) if a not in inner]
+    return np.transpose(grid, rest + inner).reshape(-1, int(np.prod([grid.shape[a] for a in inner])))
 
 
 def row_index(groups: np.ndarray, world_size: int) -> np.ndarray:
