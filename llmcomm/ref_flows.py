@@ -13,11 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .errors import TraceFormatError
 from .group_refs import RefEvents
-from .trace import FLOW_TAGS, reduction_factor, vocabulary_codes
+from .trace import FLOW_TAGS, reduction_factor, split_arrays, vocabulary_codes
 from .vocab import ALGORITHMS, EVENTS_SCHEMA, OPS
 
 _FACTOR_BY_OP = reduction_factor(np.array(OPS, dtype=object))
@@ -118,12 +117,8 @@ def _ref_flows(ev: RefEvents, algorithm: str) -> tuple[np.ndarray, np.ndarray, n
 def _all_to_all(ev: RefEvents, r: _Rows, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """all_to_all: ``split_bytes[j] · count`` to member ``j``; without splits (or with the wrong number),
     an even split of ``bytes``."""
-    splits = ev.table.column("split_bytes").take(pa.array(rows)).combine_chunks()
-    has_split = splits.is_valid().to_numpy(zero_copy_only=False)
-    split_lens = pc.fill_null(splits.value_lengths(), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    split_offsets = splits.offsets.to_numpy().astype(np.int64)[:-1]
-    split_values = splits.values.to_numpy(zero_copy_only=False).astype(np.float64) if len(splits.values) \
-        else np.zeros(0)
+    has_split, split_lens, split_offsets, split_values = split_arrays(
+        ev.table.column("split_bytes").take(pa.array(rows)).combine_chunks())
     row, member, position = r.others(rows)
     local = np.searchsorted(rows, row)  # rows are ascending: each flow's index among the all-to-all rows
     with_split = has_split[local] & (split_lens[local] == r.lens[row])

@@ -622,13 +622,8 @@ def _all_to_all_flows(table: pa.Table, ev: _EventGroups, flows: _FlowParts) -> N
     a2a = ev.op == "all_to_all"
     if not a2a.any():
         return
-    splits = table.column("split_bytes").combine_chunks()
+    has_split, split_lens, split_offsets, split_values = split_arrays(table.column("split_bytes").combine_chunks())
     count = table.column("count").to_numpy()
-    has_split = splits.is_valid().to_numpy(zero_copy_only=False)
-    split_values = (splits.values.to_numpy(zero_copy_only=False).astype(np.float64) if len(splits.values)
-                    else np.zeros(0))
-    split_lens = pc.fill_null(splits.value_lengths(), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    split_offsets = splits.offsets.to_numpy().astype(np.int64)[:-1]
     sel = a2a[ev.event_of_member] & ~ev.is_self
     events = ev.event_of_member[sel]
     with_split = has_split[events] & (split_lens[events] == ev.lens[events])
@@ -636,6 +631,16 @@ def _all_to_all_flows(table: pa.Table, ev: _EventGroups, flows: _FlowParts) -> N
              if len(split_values) else 0.0)
     per_peer = np.where(with_split, split, ev.size[events] / ev.group_size[events])
     flows.emit(events, ev.members[sel], per_peer)
+
+
+def split_arrays(splits: pa.ListArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(has_split, lens, offsets, values)`` of a ``split_bytes`` column: per row whether it holds splits,
+    how many (0 when null) and where they start in ``values`` (all rows' splits as float64)."""
+    has_split = splits.is_valid().to_numpy(zero_copy_only=False)
+    lens = pc.fill_null(splits.value_lengths(), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = splits.offsets.to_numpy().astype(np.int64)[:-1]
+    values = splits.values.to_numpy(zero_copy_only=False).astype(np.float64) if len(splits.values) else np.zeros(0)
+    return has_split, lens, offsets, values
 
 
 def reduction_factor(op: np.ndarray) -> np.ndarray:
