@@ -189,8 +189,10 @@ def validate_columns(table: pa.Table, origin: str, group_sizes: np.ndarray, _row
     def bad(col: str, rule: str, mask: np.ndarray) -> None:
         _bad_row(origin, col, rule, mask, _row0)
 
+    codes = {}
     for col, allowed in (("op", OPS), ("phase", PHASES), ("parallelism", PARALLELISM_TAGS)):
-        m = vocabulary_codes(table.column(col), allowed) < 0
+        codes[col] = vocabulary_codes(table.column(col), allowed)
+        m = codes[col] < 0
         if m.any():
             bad(col, f"{table.column(col)[int(np.nonzero(m)[0][0])].as_py()!r} is not one of {list(allowed)}", m)
     b = table.column("bytes").to_numpy()
@@ -199,7 +201,7 @@ def validate_columns(table: pa.Table, origin: str, group_sizes: np.ndarray, _row
     count = table.column("count").to_numpy()
     if (count < 1).any():
         bad("count", "must be >= 1", count < 1)
-    op_codes = vocabulary_codes(table.column("op"), OPS)
+    op_codes = codes["op"]
     peer = table.column("peer").to_numpy()
     p2p = np.isin(op_codes, [OPS.index(o) for o in POINT_TO_POINT])
     if (p2p & (peer < 0)).any():
