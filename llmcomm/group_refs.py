@@ -192,9 +192,11 @@ class RefEvents:
         rows = np.asarray(rows, dtype=np.int64)
         return RefEvents(self.table.take(pa.array(rows)), self.refs.take(rows))
 
-    def slice(self, start: int, stop: int) -> RefEvents:
-        """Rows ``[start, stop)`` (zero-copy)."""
-        return RefEvents(self.table.slice(start, stop - start), self.refs.slice(start, stop))
+    def slice(self, offset: int = 0, length: int | None = None) -> RefEvents:
+        """``length`` rows from ``offset`` (to the end when ``None``), zero-copy; the signature of
+        :meth:`pyarrow.Table.slice`, so code may slice either."""
+        table = self.table.slice(offset, length)
+        return RefEvents(table, self.refs.slice(offset, offset + table.num_rows))
 
     def filter(self, mask: np.ndarray) -> RefEvents:
         return self.take(np.nonzero(mask)[0])

@@ -125,10 +125,9 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: s
     for lo, hi in blocks(rank, weight, world_size, unit, block_flows):
         a, b = np.searchsorted(srank, [lo, hi])
         if order is None:
-            part = table.slice(int(a), int(b)) if refs else table.slice(int(a), int(b - a))
+            part = table.slice(int(a), int(b - a))
         else:  # ascending event indices keep the table's order inside the block
-            rows = np.sort(order[a:b])
-            part = table.take(rows) if refs else table.take(pa.array(rows))
+            part = table.take(np.sort(order[a:b]))
         src, dst, byt = ref_flow_arrays(part, algorithm) if refs else flow_arrays(part, algorithm)
         if len(dst) and (dst.max() >= world_size or dst.min() < 0):
             raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
