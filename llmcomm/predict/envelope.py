@@ -73,9 +73,7 @@ def a2a_envelope(model: ModelSpec | str, parallel: ParallelConfig, routing: pd.D
     b = m.hidden_size * ctx.act
     el = m.num_experts // parallel.ep
     layers = [la for la, moe in enumerate(m.moe_layer_pattern()) if moe]
-    groups = Layout(parallel).groups("ep")
-    row = np.empty(parallel.world_size, dtype=np.int64)
-    row[groups.ravel()] = np.repeat(np.arange(len(groups)), groups.shape[1])
+    groups, row = Layout(parallel).group_lookup("ep")
     d = d[:, layers]                                               # (I, L', M, W, ep)
     L, M, W, P = d.shape[1:]
     li, mi, si, pj = np.meshgrid(np.arange(L), np.arange(M), np.arange(W), np.arange(P), indexing="ij")
