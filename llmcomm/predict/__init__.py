@@ -90,6 +90,3 @@ def _check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str)
     if framework == "megatron" and model.is_moe and parallel.tp > 1 and parallel.ep > 1 and not parallel.sp:
         raise ConfigError("tp>1 with ep>1 needs sp=True (Megatron-LM: 'When using expert parallelism and "
                           "tensor parallelism, sequence parallelism must be used')")
-    m = parallel.num_microbatches
-    if m < 1:
-        raise ConfigError(f"global_batch={parallel.global_batch} gives no micro-batch per DP rank")
