@@ -55,11 +55,10 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
         raise ConfigError(f"routing was given but {model.name} is not an MoE model")
     d_tokens = None
     iteration = 0
-    if routing is not None and parallel.ep > 1:
+    if routing is not None:
         counts, iteration = routing_counts(routing, ctx, parallel.world_size)
-        d_tokens = peer_tokens(counts, parallel.ep)
-    elif routing is not None:
-        iteration = routing_counts(routing, ctx, parallel.world_size)[1]
+        if parallel.ep > 1:
+            d_tokens = peer_tokens(counts, parallel.ep)
     total = sum(len(p) for p in programs) * (parallel.world_size // parallel.pp)
     if aggregate is None:
         aggregate = total > AUTO_AGGREGATE_ROWS and d_tokens is None
@@ -91,6 +90,3 @@ def _check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str)
     if framework == "megatron" and model.is_moe and parallel.tp > 1 and parallel.ep > 1 and not parallel.sp:
         raise ConfigError("tp>1 with ep>1 needs sp=True (Megatron-LM: 'When using expert parallelism and "
                           "tensor parallelism, sequence parallelism must be used')")
-    m = parallel.num_microbatches
-    if m < 1:
-        raise ConfigError(f"global_batch={parallel.global_batch} gives no micro-batch per DP rank")

@@ -26,6 +26,7 @@ the DP size) is not modelled: at most ``dp - 1`` elements per buffer.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..specs import LayerParams, dtype_bytes
@@ -64,29 +65,28 @@ def edge_parameters(ctx: Context, stage: int) -> tuple[int, int]:
     return p, repl
 
 
-def stage_parameters(ctx: Context, stage: int) -> StageParams:
-    dense, repl = edge_parameters(ctx, stage)
+def _parameters(ctx: Context, stage: int, layers: Iterable[int], edges: bool) -> StageParams:
+    """``layers``' parameters, plus the stage's :func:`edge_parameters` when ``edges``."""
+    dense, repl = edge_parameters(ctx, stage) if edges else (0, 0)
     expert = 0
-    for la in ctx.stage_layers(stage):
+    for la in layers:
         split = layer_parameters(ctx, la)
         dense, expert, repl = dense + split.dense, expert + split.expert, repl + split.replicated
     return StageParams(dense, expert, repl)
+
+
+def stage_parameters(ctx: Context, stage: int) -> StageParams:
+    return _parameters(ctx, stage, ctx.stage_layers(stage), True)
 
 
 def chunk_parameters(ctx: Context, stage: int, chunk: int) -> StageParams:
     """Parameters of model chunk ``chunk`` of ``stage``: its layers, plus the embedding on virtual stage 0
     and the final norm and output layer on the last virtual stage. With ``vpp = 1`` this is
     :func:`stage_parameters`."""
-    if ctx.vpp == 1:
-        return stage_parameters(ctx, stage)
-    vs = ctx.virtual_stage(stage, chunk)
-    dense = repl = expert = 0
-    if vs in (0, ctx.last_virtual):  # vpp > 1 needs pp >= 2: stage 0 holds only the embedding, the last
-        dense, repl = edge_parameters(ctx, stage)  # stage only the final norm and output layer
-    for la in ctx.chunk_layers(stage, chunk):
-        split = layer_parameters(ctx, la)
-        dense, expert, repl = dense + split.dense, expert + split.expert, repl + split.replicated
-    return StageParams(dense, expert, repl)
+    # vpp > 1 needs pp >= 2: stage 0 holds only the embedding, the last stage only the final norm and output
+    # layer, so the stage's edge parameters belong to its first or last virtual stage
+    edges = ctx.vpp == 1 or ctx.virtual_stage(stage, chunk) in (0, ctx.last_virtual)
+    return _parameters(ctx, stage, ctx.chunk_layers(stage, chunk), edges)
 
 
 def _dp_kind(ctx: Context) -> str:

@@ -28,9 +28,8 @@ import pandas as pd
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import ModelSpec, ParallelConfig, load_model
-from ..vocab import ROUTING_COLUMNS
 from .calls import Context
-from .ep import peer_tokens, routing_counts, uniform_split_bytes
+from .ep import check_routing_columns, peer_tokens, routing_counts, uniform_split_bytes
 
 ENVELOPE_COLUMNS = ("layer", "microbatch", "src", "dst", "min_bytes", "expected_bytes", "max_bytes",
                     "uniform_bytes", "hard_min_bytes", "hard_max_bytes", "iterations")
@@ -50,9 +49,7 @@ def dispatch_history(model: ModelSpec | str, parallel: ParallelConfig, routing: 
     """Dispatch token matrices of every iteration of ``routing``: ``(iterations, D)`` with ``D`` of shape
     ``(n_iterations, num_layers, num_microbatches, world_size, ep)`` tokens (rank → EP position)."""
     ctx = _context(model, parallel, framework)
-    missing = [c for c in ROUTING_COLUMNS if c not in routing.columns]
-    if missing:
-        raise ConfigError(f"routing lacks column(s) {missing}; expected columns {list(ROUTING_COLUMNS)}")
+    check_routing_columns(routing)
     its = np.sort(pd.unique(routing["iteration"]))
     out = np.zeros((len(its), ctx.model.num_layers, ctx.num_microbatches, parallel.world_size, parallel.ep), dtype=np.int64)
     for i, (_, g) in enumerate(routing.groupby("iteration", sort=True)):
@@ -73,9 +70,7 @@ def a2a_envelope(model: ModelSpec | str, parallel: ParallelConfig, routing: pd.D
     b = m.hidden_size * ctx.act
     el = m.num_experts // parallel.ep
     layers = [la for la, moe in enumerate(m.moe_layer_pattern()) if moe]
-    groups = Layout(parallel).groups("ep")
-    row = np.empty(parallel.world_size, dtype=np.int64)
-    row[groups.ravel()] = np.repeat(np.arange(len(groups)), groups.shape[1])
+    groups, row = Layout(parallel).group_lookup("ep")
     d = d[:, layers]                                               # (I, L', M, W, ep)
     L, M, W, P = d.shape[1:]
     li, mi, si, pj = np.meshgrid(np.arange(L), np.arange(M), np.arange(W), np.arange(P), indexing="ij")

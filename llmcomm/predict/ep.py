@@ -177,6 +177,13 @@ def moe_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
 
 
 # ------------------------------------------------------------------------------------------ routing
+def check_routing_columns(routing: pd.DataFrame) -> None:
+    """Raise :class:`ConfigError` naming the ``ROUTING_COLUMNS`` a routing table lacks."""
+    missing = [c for c in ROUTING_COLUMNS if c not in routing.columns]
+    if missing:
+        raise ConfigError(f"routing lacks column(s) {missing}; expected columns {list(ROUTING_COLUMNS)}")
+
+
 def routing_counts(routing: pd.DataFrame | np.ndarray, ctx: Context, world: int) -> tuple[np.ndarray, int]:
     """Routing as a dense ``[layer, microbatch, src_rank, expert]`` token-count array and its iteration.
 
@@ -186,9 +193,7 @@ def routing_counts(routing: pd.DataFrame | np.ndarray, ctx: Context, world: int)
     expect = (m.num_layers, ctx.num_microbatches, world, m.num_experts)
     iteration = 0
     if isinstance(routing, pd.DataFrame):
-        missing = [c for c in ROUTING_COLUMNS if c not in routing.columns]
-        if missing:
-            raise ConfigError(f"routing lacks column(s) {missing}; expected columns {list(ROUTING_COLUMNS)}")
+        check_routing_columns(routing)
         its = pd.unique(routing["iteration"])
         if len(its) > 1:
             raise ConfigError(f"routing holds iterations {sorted(int(i) for i in its)}; pass one iteration")

@@ -143,8 +143,6 @@ def stage_program(ctx: Context, stage: int) -> list[Call]:
     """Every call of one rank of pipeline stage ``stage``, in issue order."""
     # pp = 1: Megatron's forward_backward_no_pipelining, forward then backward per micro-batch (= 1F1B, p = 1)
     sched = ctx.parallel.schedule if ctx.pp > 1 else "1f1b"
-    if ctx.pp > 1 and ctx.vpp == 1 and sched == "interleaved":
-        sched = "1f1b"
     out: list[Call] = []
     for step in schedule(sched, ctx.num_microbatches, ctx.pp, stage, ctx.vpp, ctx.parallel.vp_group_size):
         if step.kind == "F":
