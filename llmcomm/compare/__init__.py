@@ -187,10 +187,8 @@ def _resolve_parallel(measured: Trace, parallel: ParallelConfig | Mapping[str, A
 
 
 def _check_world(measured: Trace, parallel: ParallelConfig) -> None:
-    found = measured.meta.get("world_size")
-    if found is None:
-        found = measured.world_size
-    if int(found) != parallel.world_size:
+    found = measured.world_size  # meta['world_size'] if recorded, else the highest rank seen + 1
+    if found != parallel.world_size:
         raise ConfigError(
             f"the trace has world size {found} but the configuration tp*cp*dp*pp = {parallel.world_size} "
             f"(tp={parallel.tp}, cp={parallel.cp}, dp={parallel.dp}, pp={parallel.pp}); pass the configuration "
