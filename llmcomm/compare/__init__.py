@@ -221,9 +221,8 @@ def _routing_for(measured: Trace, model: ModelSpec, iteration: int) -> pd.DataFr
 
 
 # --------------------------------------------------------------------------------------- alignment
-def _keyed(events: pd.DataFrame) -> pd.DataFrame:
-    """One row per call (``count`` expanded) with a hashable group key."""
-    ev = events.loc[events.index.repeat(events["count"].to_numpy())] if (events["count"] != 1).any() else events
+def _keyed(ev: pd.DataFrame) -> pd.DataFrame:
+    """One row per call (``ev`` expanded, :meth:`Trace.expand`) with a hashable group key."""
     out = pd.DataFrame({
         "rank": ev["rank"].to_numpy(np.int64),
         "phase": ev["phase"].astype(str).to_numpy(),
@@ -370,7 +369,7 @@ def compare(measured: Trace, predicted: Trace | None = None, *, model: ModelSpec
     p_iters = sorted(int(i) for i in pd.unique(p_work.events["iteration"]))
     if len(p_iters) > 1:
         p_work = p_work.select(iteration=p_iters[-1])
-    meas, pred = _keyed(m_work.events), _keyed(p_work.expand().events)
+    meas, pred = _keyed(m_work.expand().events), _keyed(p_work.expand().events)
     joined = _align(meas, pred)
     one = _one_sided(joined, par.num_microbatches)
     kinds = _by_kind(joined)
