@@ -33,7 +33,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
-from .space import SearchSpace, divisors, enumerate_candidates
+from .space import SearchSpace, divisors, enumerate_candidates, splits
 
 CONFIG_COLUMNS = ["tp", "pp", "dp", "ep", "micro_batch", "vpp", "sp", "recompute", "distributed_optimizer"]
 
@@ -94,13 +94,7 @@ def same_as_without(cands: pd.DataFrame) -> np.ndarray:
 # ----------------------------------------------------------------------------------- explanations
 def has_split(model: ModelSpec, gpus: int, global_batch: int) -> bool:
     """Whether some tp·pp·dp = ``gpus`` satisfies the divisibility rules of :mod:`.space` (a quick check)."""
-    for tp in divisors(gpus):
-        if model.num_attention_heads % tp or model.query_groups % tp or model.ffn_hidden_size % tp:
-            continue
-        if any(model.num_layers % pp == 0 and global_batch % (gpus // (tp * pp)) == 0
-               for pp in divisors(gpus // tp)):
-            return True
-    return False
+    return next(splits(model, gpus, global_batch), None) is not None
 
 
 def _no_split_error(model: ModelSpec, gpus: int, global_batch: int) -> ConfigError:
