@@ -187,10 +187,8 @@ def _resolve_parallel(measured: Trace, parallel: ParallelConfig | Mapping[str, A
 
 
 def _check_world(measured: Trace, parallel: ParallelConfig) -> None:
-    found = measured.meta.get("world_size")
-    if found is None:
-        found = measured.world_size
-    if int(found) != parallel.world_size:
+    found = measured.world_size  # meta['world_size'] if recorded, else the highest rank seen + 1
+    if found != parallel.world_size:
         raise ConfigError(
             f"the trace has world size {found} but the configuration tp*cp*dp*pp = {parallel.world_size} "
             f"(tp={parallel.tp}, cp={parallel.cp}, dp={parallel.dp}, pp={parallel.pp}); pass the configuration "
@@ -223,9 +221,8 @@ def _routing_for(measured: Trace, model: ModelSpec, iteration: int) -> pd.DataFr
 
 
 # --------------------------------------------------------------------------------------- alignment
-def _keyed(events: pd.DataFrame) -> pd.DataFrame:
-    """One row per call (``count`` expanded) with a hashable group key."""
-    ev = events.loc[events.index.repeat(events["count"].to_numpy())] if (events["count"] != 1).any() else events
+def _keyed(ev: pd.DataFrame) -> pd.DataFrame:
+    """One row per call (``ev`` expanded, :meth:`Trace.expand`) with a hashable group key."""
     out = pd.DataFrame({
         "rank": ev["rank"].to_numpy(np.int64),
         "phase": ev["phase"].astype(str).to_numpy(),
@@ -372,7 +369,7 @@ def compare(measured: Trace, predicted: Trace | None = None, *, model: ModelSpec
     p_iters = sorted(int(i) for i in pd.unique(p_work.events["iteration"]))
     if len(p_iters) > 1:
         p_work = p_work.select(iteration=p_iters[-1])
-    meas, pred = _keyed(m_work.events), _keyed(p_work.expand().events)
+    meas, pred = _keyed(m_work.expand().events), _keyed(p_work.expand().events)
     joined = _align(meas, pred)
     one = _one_sided(joined, par.num_microbatches)
     kinds = _by_kind(joined)

@@ -32,11 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+PARALLEL_OPTIONS = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "micro_batch", "global_batch", "seq_len",
+                    "distributed_optimizer")  # argparse destinations named as ParallelConfig fields
+
+
 def _parallel_overrides(args: argparse.Namespace) -> dict:
-    names = {"tp": "tp", "pp": "pp", "dp": "dp", "ep": "ep", "cp": "cp", "vpp": "vpp", "sp": "sp",
-             "micro_batch": "micro_batch", "global_batch": "global_batch", "seq_len": "seq_len",
-             "distributed_optimizer": "distributed_optimizer"}
-    return {field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None}
+    return {name: getattr(args, name) for name in PARALLEL_OPTIONS if getattr(args, name) is not None}
 
 
 def run(args: argparse.Namespace) -> int:

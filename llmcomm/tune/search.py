@@ -33,9 +33,8 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
-from .space import SearchSpace, divisors, enumerate_candidates
+from .space import SearchSpace, divisors, enumerate_candidates, splits
 
-RECOMPUTE_LEVEL = {"none": 0, "selective": 1, "full": 2}
 CONFIG_COLUMNS = ["tp", "pp", "dp", "ep", "micro_batch", "vpp", "sp", "recompute", "distributed_optimizer"]
 
 
@@ -79,7 +78,9 @@ def to_parallel(row: pd.Series | dict) -> ParallelConfig:
 # ------------------------------------------------------------------------------------------- rules
 def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
     """Rows whose recomputation is above the least one that fits among rows equal in everything else."""
-    level = cands["recompute"].map(RECOMPUTE_LEVEL).to_numpy()
+    from ..overhead.iteration import RECOMPUTE_CODE  # none < selective < full, the formulation's own code
+
+    level = cands["recompute"].map(RECOMPUTE_CODE).to_numpy()
     key = [c for c in CONFIG_COLUMNS if c != "recompute"]
     least = pd.Series(level, index=cands.index).groupby([cands[c] for c in key], sort=False).transform("min")
     return level > least.to_numpy()
@@ -93,13 +94,7 @@ def same_as_without(cands: pd.DataFrame) -> np.ndarray:
 # ----------------------------------------------------------------------------------- explanations
 def has_split(model: ModelSpec, gpus: int, global_batch: int) -> bool:
     """Whether some tp·pp·dp = ``gpus`` satisfies the divisibility rules of :mod:`.space` (a quick check)."""
-    for tp in divisors(gpus):
-        if model.num_attention_heads % tp or model.query_groups % tp or model.ffn_hidden_size % tp:
-            continue
-        if any(model.num_layers % pp == 0 and global_batch % (gpus // (tp * pp)) == 0
-               for pp in divisors(gpus // tp)):
-            return True
-    return False
+    return next(splits(model, gpus, global_batch), None) is not None
 
 
 def _no_split_error(model: ModelSpec, gpus: int, global_batch: int) -> ConfigError:
@@ -203,6 +198,7 @@ def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: i
     """The configuration a Megatron-LM user would start from: TP = GPUs per node, the smallest PP that fits in
     memory, micro-batch 1, no recomputation unless needed (then selective, then full), no distributed optimizer
     unless needed."""
+    from ..overhead.iteration import RECOMPUTE_CODE
     from ..overhead.memory import memory_table
 
     tp = max(t for t in divisors(cluster.gpus_per_node) if model.num_attention_heads % t == 0
@@ -212,7 +208,7 @@ def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: i
     if cands.empty:
         raise _no_split_error(model, gpus, global_batch)
     mem = memory_table(model, cands)["total_bytes"]
-    order = cands.assign(total_bytes=mem, level=cands["recompute"].map(RECOMPUTE_LEVEL)).sort_values(
+    order = cands.assign(total_bytes=mem, level=cands["recompute"].map(RECOMPUTE_CODE)).sort_values(
         ["pp", "level", "distributed_optimizer"], kind="stable")
     ok = order[order["total_bytes"] <= memory_fraction * cluster.gpu_memory_bytes]
     if ok.empty:

@@ -20,7 +20,7 @@ refuses them), so a tuner could not rank them honestly.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -77,6 +77,21 @@ def _allowed(values: Sequence[int], chosen: tuple[int, ...] | None) -> list[int]
     return [v for v in values if chosen is None or v in chosen]
 
 
+def splits(model: ModelSpec, gpus: int, global_batch: int, tp: tuple[int, ...] | None = None,
+           pp: tuple[int, ...] | None = None) -> Iterator[tuple[int, int, int]]:
+    """``(tp, pp, dp)`` with ``tp · pp · dp = gpus`` that the module docstring's divisibility rules allow
+    (``tp``, ``pp``: only these values; ``None``: all), in increasing tp, then pp."""
+    for t in _allowed(divisors(gpus), tp):
+        if model.num_attention_heads % t or model.query_groups % t or model.ffn_hidden_size % t:
+            continue
+        for p in _allowed(divisors(gpus // t), pp):
+            if model.num_layers % p:
+                continue
+            dp = gpus // (t * p)
+            if global_batch % dp == 0:
+                yield t, p, dp
+
+
 def enumerate_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None = None,
                          space: SearchSpace | None = None) -> pd.DataFrame:
     """Every valid configuration as one row (columns named as :class:`~llmcomm.specs.ParallelConfig`
@@ -85,17 +100,9 @@ def enumerate_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len
     s = seq_len or model.seq_length
     L = model.num_layers
     shape_rows: list[tuple[int, int, int, int]] = []
-    for tp in _allowed(divisors(gpus), space.tp):
-        if model.num_attention_heads % tp or model.query_groups % tp or model.ffn_hidden_size % tp:
-            continue
-        for pp in _allowed(divisors(gpus // tp), space.pp):
-            if L % pp:
-                continue
-            dp = gpus // (tp * pp)
-            if global_batch % dp:
-                continue
-            eps = [e for e in divisors(dp) if model.num_experts % e == 0] if model.is_moe else [1]
-            shape_rows += [(tp, pp, dp, ep) for ep in _allowed(eps, space.ep)]
+    for tp, pp, dp in splits(model, gpus, global_batch, space.tp, space.pp):
+        eps = [e for e in divisors(dp) if model.num_experts % e == 0] if model.is_moe else [1]
+        shape_rows += [(tp, pp, dp, ep) for ep in _allowed(eps, space.ep)]
     rows = []
     for tp, pp, dp, ep in shape_rows:
         per_replica = global_batch // dp
