@@ -26,12 +26,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from ..errors import TraceFormatError
 from ..ingest.parallel import map_tasks
-from ..trace import META_KEY, Trace, read_trace
+from ..trace import decode_meta, read_trace
+from ..vocab import EVENTS_SCHEMA
 
 PathLike = str | os.PathLike[str]
 
@@ -48,19 +50,29 @@ def rank_files(dataset: PathLike) -> list[Path]:
 
 
 def dataset_world_size(dataset: PathLike) -> int:
-    """``world_size`` recorded in the files' metadata, else one more than the highest rank in any file
-    (from the parquet statistics of ``rank``; groups and peers read where statistics are missing)."""
-    import json
-
+    """``world_size`` recorded in the files' metadata, else one more than the highest rank in any file's
+    ``rank``, ``peer`` or ``group`` (only those three columns are read)."""
     hi = -1
     for f in rank_files(dataset):
-        md = pq.read_schema(f).metadata or {}
-        if META_KEY in md:
-            w = json.loads(md[META_KEY]).get("world_size")
-            if w:
-                return int(w)
-        hi = max(hi, Trace(read_trace(f).events, {}).world_size - 1)
+        schema = pq.read_schema(f)
+        w = decode_meta(schema.metadata).get("world_size")
+        if w:
+            return int(w)
+        if not schema.remove_metadata().equals(EVENTS_SCHEMA):
+            read_trace(f)  # not an events file: raises the reader's TraceFormatError, which says why
+        hi = max(hi, _highest_rank(f))
     return hi + 1
+
+
+def _highest_rank(path: Path) -> int:
+    """The highest rank in a file's ``rank``, ``peer`` and ``group`` columns (-1 when it has no rows), as
+    :attr:`Trace.world_size` counts them."""
+    table = pq.read_table(path, columns=["rank", "peer", "group"])
+    if table.num_rows == 0:
+        return -1
+    members = pc.list_flatten(table["group"])
+    return max(pc.max(table["rank"]).as_py(), pc.max(table["peer"]).as_py(),
+               pc.max(members).as_py() if len(members) else -1)
 
 
 def _file_volumes(path: str, by: tuple[str, ...], sent_only: bool) -> pd.DataFrame:
