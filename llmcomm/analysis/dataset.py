@@ -34,6 +34,7 @@ from ..errors import TraceFormatError
 from ..ingest.parallel import map_tasks
 from ..trace import decode_meta, read_trace
 from ..vocab import EVENTS_SCHEMA
+from .repeatability import SEQUENCE_COLUMNS, repeatability
 
 PathLike = str | os.PathLike[str]
 
@@ -187,19 +188,15 @@ def dataset_rank_summary(dataset: PathLike, *, workers: int | None = None,
     return df.sort_values("rank", kind="stable").reset_index(drop=True)
 
 
-def _file_repeatability(path: str, reference_iteration: int, columns: tuple[str, ...] | None) -> pd.DataFrame:
-    from .repeatability import repeatability
-
-    ev = read_trace(path).events
-    return repeatability(ev, reference_iteration) if columns is None else \
-        repeatability(ev, reference_iteration, columns)
+def _file_repeatability(path: str, reference_iteration: int, columns: tuple[str, ...]) -> pd.DataFrame:
+    return repeatability(read_trace(path).events, reference_iteration, columns)
 
 
 def dataset_repeatability(dataset: PathLike, reference_iteration: int = 1, columns: Sequence[str] | None = None,
                           *, workers: int | None = None, scheduler: str | None = None) -> pd.DataFrame:
     """:func:`llmcomm.analysis.repeatability.repeatability` of the whole dataset, one rank file at a time."""
     fn = partial(_file_repeatability, reference_iteration=reference_iteration,
-                 columns=tuple(columns) if columns is not None else None)
+                 columns=tuple(SEQUENCE_COLUMNS if columns is None else columns))
     parts = [p for p in map_tasks(fn, [str(f) for f in rank_files(dataset)], workers=workers, scheduler=scheduler)
              if len(p)]
     if not parts:
