@@ -61,7 +61,6 @@ from ..vocab import DTYPE_BYTES, ROUTING_COLUMNS
 from .repeatability import in_issue_order, repeatability
 from .temporal import autocorrelation
 
-METRICS = ("cv", "gini", "max_over_mean", "norm_entropy")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
 
 
