@@ -26,12 +26,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from ..errors import TraceFormatError
 from ..ingest.parallel import map_tasks
-from ..trace import META_KEY, Trace, read_trace
+from ..trace import decode_meta, read_trace
+from ..vocab import EVENTS_SCHEMA
+from .repeatability import SEQUENCE_COLUMNS, repeatability
 
 PathLike = str | os.PathLike[str]
 
@@ -48,19 +51,29 @@ def rank_files(dataset: PathLike) -> list[Path]:
 
 
 def dataset_world_size(dataset: PathLike) -> int:
-    """``world_size`` recorded in the files' metadata, else one more than the highest rank in any file
-    (from the parquet statistics of ``rank``; groups and peers read where statistics are missing)."""
-    import json
-
+    """``world_size`` recorded in the files' metadata, else one more than the highest rank in any file's
+    ``rank``, ``peer`` or ``group`` (only those three columns are read)."""
     hi = -1
     for f in rank_files(dataset):
-        md = pq.read_schema(f).metadata or {}
-        if META_KEY in md:
-            w = json.loads(md[META_KEY]).get("world_size")
-            if w:
-                return int(w)
-        hi = max(hi, Trace(read_trace(f).events, {}).world_size - 1)
+        schema = pq.read_schema(f)
+        w = decode_meta(schema.metadata).get("world_size")
+        if w:
+            return int(w)
+        if not schema.remove_metadata().equals(EVENTS_SCHEMA):
+            read_trace(f)  # not an events file: raises the reader's TraceFormatError, which says why
+        hi = max(hi, _highest_rank(f))
     return hi + 1
+
+
+def _highest_rank(path: Path) -> int:
+    """The highest rank in a file's ``rank``, ``peer`` and ``group`` columns (-1 when it has no rows), as
+    :attr:`Trace.world_size` counts them."""
+    table = pq.read_table(path, columns=["rank", "peer", "group"])
+    if table.num_rows == 0:
+        return -1
+    members = pc.list_flatten(table["group"])
+    return max(pc.max(table["rank"]).as_py(), pc.max(table["peer"]).as_py(),
+               pc.max(members).as_py() if len(members) else -1)
 
 
 def _file_volumes(path: str, by: tuple[str, ...], sent_only: bool) -> pd.DataFrame:
@@ -175,19 +188,15 @@ def dataset_rank_summary(dataset: PathLike, *, workers: int | None = None,
     return df.sort_values("rank", kind="stable").reset_index(drop=True)
 
 
-def _file_repeatability(path: str, reference_iteration: int, columns: tuple[str, ...] | None) -> pd.DataFrame:
-    from .repeatability import repeatability
-
-    ev = read_trace(path).events
-    return repeatability(ev, reference_iteration) if columns is None else \
-        repeatability(ev, reference_iteration, columns)
+def _file_repeatability(path: str, reference_iteration: int, columns: tuple[str, ...]) -> pd.DataFrame:
+    return repeatability(read_trace(path).events, reference_iteration, columns)
 
 
 def dataset_repeatability(dataset: PathLike, reference_iteration: int = 1, columns: Sequence[str] | None = None,
                           *, workers: int | None = None, scheduler: str | None = None) -> pd.DataFrame:
     """:func:`llmcomm.analysis.repeatability.repeatability` of the whole dataset, one rank file at a time."""
     fn = partial(_file_repeatability, reference_iteration=reference_iteration,
-                 columns=tuple(columns) if columns is not None else None)
+                 columns=tuple(SEQUENCE_COLUMNS if columns is None else columns))
     parts = [p for p in map_tasks(fn, [str(f) for f in rank_files(dataset)], workers=workers, scheduler=scheduler)
              if len(p)]
     if not parts:

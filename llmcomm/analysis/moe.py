@@ -57,11 +57,10 @@ import pandas as pd
 from ..errors import AnalysisError, DataError
 from ..layout import Layout
 from ..specs import ParallelConfig
-from ..vocab import ROUTING_COLUMNS
+from ..vocab import DTYPE_BYTES, ROUTING_COLUMNS
 from .repeatability import in_issue_order, repeatability
 from .temporal import autocorrelation
 
-METRICS = ("cv", "gini", "max_over_mean", "norm_entropy")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "bool")
 
 
@@ -80,6 +79,13 @@ def _check_routing(routing: pd.DataFrame | None) -> pd.DataFrame:
 
 def _parallel(parallel: ParallelConfig | Mapping[str, Any]) -> ParallelConfig:
     return parallel if isinstance(parallel, ParallelConfig) else ParallelConfig.from_dict(dict(parallel))
+
+
+def _recorded_moe(trace: Any) -> tuple[Mapping[str, Any], ParallelConfig, int]:
+    """A recorded MoE trace's model spec (its manifest's dict), parallel configuration and dispatch bytes per
+    token ``h · act``."""
+    spec, par = trace.meta["model_spec"], _parallel(trace.meta["parallel"])
+    return spec, par, spec["hidden_size"] * DTYPE_BYTES[par.act_dtype]
 
 
 def matrix_stack(cells: pd.DataFrame, keys: Sequence[str], value: str = "value") -> tuple[pd.DataFrame, np.ndarray]:
@@ -142,13 +148,10 @@ def ep_matrices(routing: pd.DataFrame, parallel: ParallelConfig | Mapping[str, A
 def routing_matrices(trace: Any, *, per_microbatch: bool = False) -> pd.DataFrame:
     """:func:`ep_matrices` of a recorded MoE trace in bytes (``bytes_per_token = h · act`` from its
     manifest)."""
-    from ..specs import DTYPE_BYTES
-
     if trace.routing is None:
         raise DataError("trace has no routing table (not an MoE run recorded by llmcomm.collect)")
-    spec, par = trace.meta["model_spec"], _parallel(trace.meta["parallel"])
-    return ep_matrices(trace.routing, par, spec["num_experts"], per_microbatch=per_microbatch,
-                       bytes_per_token=spec["hidden_size"] * DTYPE_BYTES[par.act_dtype])
+    spec, par, bpt = _recorded_moe(trace)
+    return ep_matrices(trace.routing, par, spec["num_experts"], per_microbatch=per_microbatch, bytes_per_token=bpt)
 
 
 def iteration_matrices(trace: Any, algorithm: str = "direct", **filters: Any) -> pd.DataFrame:
@@ -324,10 +327,7 @@ def routing_vs_events(trace: Any) -> pd.DataFrame:
     """Check that the routing table explains the recorded dispatch: for each recorded (iteration, micro-batch,
     layer), the first forward payload all-to-all's matrix against ``ep_matrices(routing) · h · act``.
     Columns ``iteration, microbatch, layer, ep_group, max_abs_diff_bytes`` (0 everywhere when they agree)."""
-    from ..specs import DTYPE_BYTES
-
-    spec, par = trace.meta["model_spec"], _parallel(trace.meta["parallel"])
-    bpt = spec["hidden_size"] * DTYPE_BYTES[par.act_dtype]
+    spec, par, bpt = _recorded_moe(trace)
     cells = a2a_cells(trace.events)
     fwd = cells[(cells["phase"] == "forward") & (cells["call"] == 0)]
     groups = Layout(par).groups("ep")
