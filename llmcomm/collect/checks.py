@@ -22,14 +22,9 @@ MAX_PARAMETERS = 20_000_000  # a CPU training step per rank in seconds, not minu
 SCHEDULES = ("1f1b", "gpipe")
 
 
-def check_collectable(spec: ModelSpec, parallel: ParallelConfig, iters: int,
-                      record_iters: int | None = None) -> None:
-    """Raise :class:`ConfigError` naming the first rule (module docstring) this run would break."""
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
-        raise ConfigError(f"iters={iters!r}: a recorded run needs at least one iteration")
-    if record_iters is not None and record_iters < 1:
-        raise ConfigError(f"record_iters={record_iters!r}: keep events for at least one iteration "
-                          "(leave it unset to keep all)")
+def check_workload(spec: ModelSpec) -> None:
+    """Raise :class:`ConfigError` when ``spec`` is not a model the workload implements (module docstring);
+    :meth:`llmcomm.collect.model.ModelArgs.from_spec` asks the same."""
     name = spec.name
     unsupported = [f for f, bad in (("gated_mlp", spec.gated_mlp), ("add_bias_linear", spec.add_bias_linear),
                                     ("tied_embeddings", spec.tied_embeddings),
@@ -40,6 +35,18 @@ def check_collectable(spec: ModelSpec, parallel: ParallelConfig, iters: int,
     if spec.position_embedding_type != "rope" or spec.normalization != "LayerNorm":
         raise ConfigError(f"model {name}: position_embedding_type={spec.position_embedding_type}, "
                           f"normalization={spec.normalization}, but the collect workload uses rope and LayerNorm")
+
+
+def check_collectable(spec: ModelSpec, parallel: ParallelConfig, iters: int,
+                      record_iters: int | None = None) -> None:
+    """Raise :class:`ConfigError` naming the first rule (module docstring) this run would break."""
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ConfigError(f"iters={iters!r}: a recorded run needs at least one iteration")
+    if record_iters is not None and record_iters < 1:
+        raise ConfigError(f"record_iters={record_iters!r}: keep events for at least one iteration "
+                          "(leave it unset to keep all)")
+    name = spec.name
+    check_workload(spec)
     n = spec.num_parameters()
     if n > MAX_PARAMETERS:
         raise ConfigError(f"model {name}: {n:,} parameters; the CPU collector trains models of at most "

@@ -54,7 +54,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..output_paths import check_file
     from ..specs import ParallelConfig, load_model
-    from .checks import check_collectable
     from .launch import collect
 
     out = check_file(args.out, option="--out", suffixes=(".parquet",), writes="a parquet trace")
@@ -63,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     par = ParallelConfig(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, sp=args.sp, micro_batch=args.micro_batch,
                          global_batch=gb, seq_len=args.seq_len, schedule=args.schedule, act_dtype="fp32",
                          grad_reduce_dtype="fp32", param_dtype="fp32")
-    check_collectable(spec, par, args.iters, args.routing_iters)
     command = "llmcomm " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
     trace = collect(spec, par, out, iters=args.iters, record_iters=args.routing_iters,
                     seed=args.seed, lr=args.lr, timeout=args.timeout, command=command, fault=args.inject_fault,

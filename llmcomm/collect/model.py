@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
 from ..specs import ModelSpec
+from .checks import check_workload
 from .moe import MoE
 
 
@@ -43,11 +43,7 @@ class ModelArgs:
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> ModelArgs:
-        if spec.gated_mlp or spec.add_bias_linear or spec.tied_embeddings or spec.num_shared_experts:
-            raise ConfigError(f"model {spec.name}: the collect workload supports untied, bias-free, "
-                             "non-gated models without shared experts")
-        if spec.position_embedding_type != "rope" or spec.normalization != "LayerNorm":
-            raise ConfigError(f"model {spec.name}: the collect workload uses rope and LayerNorm")
+        check_workload(spec)
         return cls(dim=spec.hidden_size, n_layers=spec.num_layers, n_heads=spec.num_attention_heads,
                    vocab_size=spec.vocab_size, ffn_dim=spec.ffn_hidden_size, max_seq_len=spec.seq_length,
                    num_experts=spec.num_experts, topk=spec.moe_router_topk,

@@ -31,8 +31,8 @@ from ..trace import (
     EVENTS_SCHEMA,
     Trace,
     table_to_events,
-    trace_metadata,
     validate_events,
+    write_events_table,
 )
 from . import aicb, exec_trace, kineto, nccl_tests, vtrain_lut
 from .nccl_tests import BANDWIDTH_COLUMNS
@@ -201,16 +201,14 @@ def ingest_trace(paths: PathsLike, parallel: ParallelLike = None, *, rank: int |
 
 
 def write_rank_file(path: Path, fmt: str, table: pa.Table, meta: dict[str, Any]) -> None:
-    """One rank's events as a file of a dataset folder (inside the folder's atomic swap, so written directly),
-    its metadata saying where it came from (format, file, rank, world size, parallel configuration)."""
-    import pyarrow.parquet as pq
-
+    """One rank's events as a file of a dataset folder, written by :func:`llmcomm.trace.write_events_table`
+    with metadata saying where it came from (format, file, rank, world size, parallel configuration)."""
     validate_events(table, meta["file"])
     doc = {"source": "ingest", "format": fmt, "file": meta["file"], "rank": meta.get("rank"),
            "world_size": meta.get("world_size")}
     if "parallel" in meta:
         doc["parallel"] = meta["parallel"]
-    pq.write_table(table.replace_schema_metadata(trace_metadata(doc)), path, compression="zstd")
+    write_events_table(table, path, doc)
 
 
 def ingest_to_dataset(paths: PathsLike, out: str | os.PathLike[str], parallel: ParallelLike = None,

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..atomic import atomic_dir
 from ..errors import ConfigError, TraceFormatError
+from ..paths import PROJECT_ROOT
+from .sources import input_files
 
 if TYPE_CHECKING:
     from . import ParallelLike
@@ -70,14 +72,10 @@ def map_tasks(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None =
     if scheduler is not None:
         with Client(scheduler, set_as_default=False) as client:
             return _run(client, fn, items, on_result)
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)}
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                       env=env) as cluster, Client(cluster, set_as_default=False) as client:
         return _run(client, fn, items, on_result)
-
-
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
 
 
 def _serial(fn: Callable[[T], R], items: list[T], on_result: Callable[[R], None] | None) -> list[R]:
@@ -104,14 +102,6 @@ def _run(client: Any, fn: Callable[[T], R], items: list[T], on_result: Callable[
 
 
 # ---------------------------------------------------------------------------------------------- ingest
-def input_files(paths: Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """The input files under ``paths`` in the order :func:`llmcomm.ingest.sources.iter_sources` reads
-    them (folders walked in name order, documentation files skipped); a tar archive is one input."""
-    from .sources import input_files as walk
-
-    return list(walk(paths))
-
-
 def _ingest_file(task: tuple[int, str], tmp: str, parallel: Any, rank: int | None,
                  gpus_per_node: int) -> list[dict[str, Any]]:
     """Parse one input file (a tar archive: each member) and write each table into ``tmp``; returns what
@@ -138,7 +128,7 @@ def ingest_to_dataset_parallel(paths: str | os.PathLike[str] | Sequence[str | os
     out = Path(out)
     if out.exists() and not overwrite:
         raise TraceFormatError(f"{out}: already exists (pass overwrite=True to replace it)")
-    files = input_files(paths)
+    files = list(input_files(paths))  # the order iter_sources reads them; a tar archive is one input
     if not files:
         raise TraceFormatError(f"{paths}: no input files")
     with atomic_dir(out, overwrite=overwrite) as tmp:
