@@ -21,6 +21,7 @@ CONFIGS = [
                                  distributed_optimizer=True, bucket_size=2_000_000)),
     (TINY_MOE, ParallelConfig(tp=2, dp=4, ep=2, sp=True, pp=2, global_batch=8, moe_aux_loss_coeff=0.01)),
     (TINY_MOE, ParallelConfig(tp=2, dp=2, ep=4, etp=1, sp=True, moe_token_dispatcher_type="allgather")),
+    ("gpt3-125m", ParallelConfig(tp=2, pp=4, dp=2, global_batch=8, seq_len=128, pipe_partitioned=True)),
 ]
 
 

@@ -31,6 +31,8 @@ _MC = "megatron/core/"
 ORIGINS = {
     "batch": "pretrain_gpt.py get_batch -> core/utils.py get_batch_on_this_tp_rank (broadcast per tensor)",
     "p2p": _MC + "pipeline_parallel/schedules.py + p2p_communication.py (send/recv of activations and grads)",
+    "p2p_partitioned": "DeepSpeed deepspeed/runtime/pipe/engine.py (pipe_partitioned: PartitionedTensor.full all-gathers "
+                       "over TP on receiving activations and grads and before the backward pass)",
     "embedding": _MC + "models/common/embeddings/language_model_embedding.py + tensor_parallel/layers.py "
                        "VocabParallelEmbedding.forward",
     "attention_tp": _MC + "tensor_parallel/layers.py ColumnParallelLinear (linear_qkv) + RowParallelLinear "
@@ -83,6 +85,7 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
         layers = list(ctx.chunk_layers(stage, chunk))
         if vs > 0:
             add("p2p", pp.recv_forward, [pp.recv_forward(ctx, mb, layers[0])])
+            add("p2p_partitioned", pp.partitioned_gathers, pp.partitioned_gathers(ctx, "forward", mb, layers[0]))
         add("batch", batch_broadcast, batch_broadcast(ctx, vs, mb))
         if vs == 0:
             add("embedding", tp.embedding_forward, tp.embedding_forward(ctx, mb))
@@ -109,6 +112,7 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
         else:
             add("p2p", pp.send_forward, [pp.send_forward(ctx, mb, layers[-1])])
             add("p2p", pp.recv_backward, [pp.recv_backward(ctx, mb, layers[-1])])
+            add("p2p_partitioned", pp.partitioned_gathers, pp.partitioned_gathers(ctx, "backward", mb, layers[-1]))
         for la in layers:
             if ctx.moe_pattern[la]:
                 add("moe", ep.moe_backward, ep.moe_backward(ctx, la, mb))
