@@ -21,6 +21,7 @@ The machine's load average is printed: on a shared machine the speed-up is bound
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -33,38 +34,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-PEAK = r"""
-def peak_rss():
+
+def _status_bytes(field: str) -> int:
+    """A size field of /proc/self/status (``"VmRSS:"``, ``"VmHWM:"``: the peak) in bytes."""
     for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
+        if line.startswith(field):
             return int(line.split()[1]) * 1024
     return 0
-"""
 
-MATRIX_CHILD = PEAK + r"""
+
+MATRIX_CHILD = inspect.getsource(_status_bytes) + r"""
 import json, sys, time
-def rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
 from llmcomm import read_trace
 from llmcomm.analysis.dataset import dataset_matrix
 mode, path = sys.argv[1], sys.argv[2]
-base = rss()
+base = _status_bytes("VmRSS:")
 open("/proc/self/clear_refs", "w").write("5")
 t = time.perf_counter()
 m = dataset_matrix(path, "direct") if mode == "dataset" else read_trace(path).matrix("direct")
 dt = time.perf_counter() - t
-print(json.dumps({"time_s": dt, "peak_bytes": peak_rss() - base, "nnz": int(m.nnz), "sum": float(m.sum()),
-                  "matrix_bytes": int(m.data.nbytes + m.indices.nbytes + m.indptr.nbytes)}))
+print(json.dumps({"time_s": dt, "peak_bytes": _status_bytes("VmHWM:") - base, "nnz": int(m.nnz),
+                  "sum": float(m.sum()), "matrix_bytes": int(m.data.nbytes + m.indices.nbytes + m.indptr.nbytes)}))
 """
-
-
-def _worker_peak() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def main() -> int:
@@ -104,7 +95,7 @@ def main() -> int:
                 t = time.perf_counter()
                 out = ingest_to_dataset_parallel(tmp / "ranks", tmp / f"w{w}", scheduler=cl.scheduler_address)
                 times[w] = time.perf_counter() - t
-                peaks = client.run(_worker_peak)
+                peaks = client.run(_status_bytes, "VmHWM:")
             same = sorted(p.name for p in out.iterdir()) == sorted(p.name for p in serial.iterdir())
             print(f"ingest Dask {w} worker(s)  : {times[w]:7.1f} s  {total / times[w] / mb:6.1f} MB/s  "
                   f"speed-up over 1 worker {times[min(times)] / times[w]:.2f}x  peak RSS per worker "

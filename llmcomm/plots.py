@@ -433,16 +433,15 @@ def comparison_matrices(data: pd.DataFrame, *, x: str = "dst", y: str = "src", h
     if len(sides) != 2:
         raise ValueError(f"comparison_matrices needs exactly two values of {col!r}, got {sides}")
     n = world_size or int(max(data[x].max(), data[y].max()) + 1)
-    a, b = (np.nan_to_num(_binned(data[data[col] == s], x, y, hue, n, n)[0]) for s in sides)
+    a, b = (_binned(data[data[col] == s], x, y, hue, n, n)[0] for s in sides)  # pairs that never talk: NaN
     fig, axes = plt.subplots(1, 3, figsize=(3 * size * 1.35, size * 1.1), layout="constrained")
     positive = np.concatenate([a[a > 0], b[b > 0]])
     vmin, vmax = (np.log10(positive.min()), np.log10(positive.max())) if len(positive) else (0, 1)
     for ax, m, title in zip(axes[:2], (a, b), sides, strict=True):
-        shown = np.where(m > 0, np.log10(np.where(m > 0, m, 1)), np.nan)
-        im = ax.imshow(shown, cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
+        im = ax.imshow(np.log10(m), cmap="viridis", vmin=vmin, vmax=vmax, interpolation="nearest")
         ax.set_title(str(title), fontsize=9)
     fig.colorbar(im, ax=axes[1], fraction=0.046, pad=0.03).set_label(f"log10 {hue} (both panels)")
-    d = a - b
+    d = np.nan_to_num(a) - np.nan_to_num(b)
     lim = max(float(np.abs(d).max()), 1.0)
     im = axes[2].imshow(d, cmap="RdBu_r", vmin=-lim, vmax=lim, interpolation="nearest")
     axes[2].set_title(f"{sides[0]} − {sides[1]}", fontsize=9)

@@ -44,6 +44,7 @@ import pandas as pd
 
 import llmcomm as lc
 from llmcomm.analysis import bytes_by, diagonal_offsets, matrix_asymmetry, support_violations
+from llmcomm.matrix import binned_flows
 from llmcomm.plots import apply_style, comm_matrix, comm_matrix_grid
 from llmcomm.predict import predict_traffic
 from llmcomm.predict.sweeps import predict_cases, valid_cases
@@ -116,7 +117,7 @@ display_table
 big = predict_traffic(lc.load_model(large_model), lc.ParallelConfig(**large_config, seq_len=seq_len))
 big_matrix = big.matrix("direct")
 fig, ax = plt.subplots(figsize=(6, 5))
-comm_matrix(big.flows("direct")[["src", "dst", "bytes"]], x="dst", y="src", hue="bytes", ax=ax,
+comm_matrix(binned_flows(big, "direct"), x="dst", y="src", hue="bytes", ax=ax,
             world_size=big.world_size, gpus_per_node=gpus_per_node,
             title=f"{large_model}, " + " ".join(f"{k}{v}" for k, v in large_config.items() if k != "global_batch")
             + f", {big.world_size:,} GPUs (direct)")

@@ -85,7 +85,7 @@ out = Outputs("02_traffic_volume", out_dir)
 # calls (SP's all-gathers and reduce-scatters replace TP's all-reduces) together with TP's.
 
 # %%
-traces = predict_cases({k: (m, p) for k, (m, p) in cases.items()})
+traces = predict_cases(cases)
 vol = volume_table(traces)
 wire = volume_table(traces, algorithm="ring")
 vol.pivot_table(index="config", columns="parallelism", values="share").round(4)
