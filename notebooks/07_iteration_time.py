@@ -26,7 +26,7 @@ cluster = "a100-80g-hdr200"
 sweep_clusters = ["a100-80g-hdr200", "h100-80g-ndr400", "h200-141g-ndr400"]
 compute_scales = [0.35, 0.5, 0.71, 1.0, 1.25]
 bandwidth_scales = [0.25, 0.5, 1.0, 2.0, 4.0]
-mape_bound = 0.115  # today's validation error plus margin: a change that makes it worse fails the notebook
+mape_bound = 0.11  # today's validation error plus margin: a change that makes it worse fails the notebook
 
 # %%
 import matplotlib.pyplot as plt
@@ -80,7 +80,10 @@ out.value("config_comm_overhead", b.comm_overhead)
 # `vtrain-a100` cluster as vTrain's configurations state it. Which data fitted which number: the utilization
 # coefficients on vTrain's *single-node* runs (notebook 06), the bandwidth model on Echo's and vTrain's nccl-tests
 # sweeps (notebook 05); nothing on these rows. What the runs do not state is fixed beforehand in
-# `llmcomm.overhead.measured` (GPT-2 vocabulary padded, fp16, gradients reduced in fp16, plain Adam).
+# `llmcomm.overhead.measured` (GPT-2 vocabulary padded, fp16, gradients reduced in fp16, plain Adam). One
+# mechanism was added *after* seeing these rows' residuals, with no number fitted on them: Megatron-DeepSpeed's
+# pipeline engine splits pipeline sends over the TP group and all-gathers them on arrival
+# (`ParallelConfig.pipe_partitioned`, DeepSpeed's `pipe/engine.py`); the numbers below include it.
 
 # %%
 pred, summ = validation.validate_multi()
