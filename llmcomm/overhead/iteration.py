@@ -53,6 +53,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..specs import DTYPE_BYTES, Cluster, ModelSpec, ParallelConfig, validate
 from . import utilization as U
+from .bandwidth import bus_factor, eval_pieces
 from .memory import model_state
 
 ADAM_BYTES_PER_PARAM = 40  # read fp32 grad, master, m, v (16) + write master, m, v, half copy (14)
@@ -582,7 +583,7 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
             tt = np.zeros(n3)
             tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
         tot[it.term] += it.count * tt
-        tot[it.term + "_bus"] += it.count * bus_bytes(it.op, it.nbytes, it.size)
+        tot[it.term + "_bus"] += it.count * (bus_factor(it.op, it.size) * it.nbytes)  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
     dn3 = params3[0] + params3[1]
@@ -641,15 +642,6 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     return out
 
 
-def bus_bytes(op: str, nbytes: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """nccl-tests bus bytes of one call: ``f_op(n)·bytes`` (all-reduce ``2(n−1)/n``, gather/scatter/all-to-all
-    ``(n−1)/n``, send 1)."""
-    n = np.maximum(np.asarray(size, dtype=np.float64), 1.0)
-    f = 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n if op in (
-        "all_gather", "reduce_scatter", "all_to_all") else np.ones_like(n)
-    return f * nbytes
-
-
 def _evaluate(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwidth: Any,
               util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
     return combine(stages(model, c, cluster, bandwidth), util, overlap_grad_reduce)
@@ -676,8 +668,6 @@ class _Timer:
     def time(self, op: str, nbytes: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
         if not self.fast:
             return np.asarray(self.bw.time(op, nbytes, n, k), dtype=np.float64)
-        from .bandwidth import bus_factor, eval_pieces
-
         if len(n) == 1:
             nn, kk = int(n[0]), int(k[0])
             if nn == 1:
