@@ -53,7 +53,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..specs import DTYPE_BYTES, Cluster, ModelSpec, ParallelConfig, validate
 from . import utilization as U
-from .bandwidth import bus_factor, eval_pieces
+from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .memory import model_state
 
 ADAM_BYTES_PER_PARAM = 40  # read fp32 grad, master, m, v (16) + write master, m, v, half copy (14)
@@ -705,7 +705,6 @@ class _Timer:
 
 
 _TIMERS: dict[int, tuple[Any, _Timer]] = {}
-_DEFAULT_BW: dict[Cluster, Any] = {}
 
 
 def _timer(bandwidth: Any) -> _Timer:
@@ -721,11 +720,7 @@ def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None
     """The bandwidth model (``None``: the shipped calibration carried to ``cluster``) wrapped in a caching
     :class:`_Timer`, and the utilization model (``None``: the shipped one)."""
     if bandwidth is None:
-        bandwidth = _DEFAULT_BW.get(cluster)
-        if bandwidth is None:
-            from .bandwidth import Bandwidth
-
-            bandwidth = _DEFAULT_BW[cluster] = Bandwidth.default(cluster)
+        bandwidth = Bandwidth.default(cluster)  # cached there per cluster and calibration file
     return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
 
 
