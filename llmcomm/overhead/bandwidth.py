@@ -74,8 +74,8 @@ import yaml
 from ..atomic import atomic_path
 from ..errors import ConfigError, DataError, LLMCommError
 from ..specs import Cluster, data_dir
+from ..vocab import OPS
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 PARAM_COLUMNS = ("op", "scope", "group_size", "ranks_per_node", "nodes", "piece", "x_lo", "alpha_s",
                  "beta_s_per_byte")
 SPIKE_RATIO = 1.5        # a time this much above a larger message's time is a spike, not a measurement

@@ -52,6 +52,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..specs import DTYPE_BYTES, Cluster, ModelSpec, ParallelConfig, validate
+from ..vocab import PIPELINE_SCHEDULES
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .memory import model_state
@@ -154,8 +155,8 @@ def _candidates(model: ModelSpec, df: pd.DataFrame) -> dict[str, np.ndarray]:
     scat = pd.Categorical(col("schedule", "1f1b"))
     su = np.asarray(scat.categories, dtype=str)
     sched = np.append(su, "").astype(object)[scat.codes]
-    if (scat.codes < 0).any() or not np.isin(su, ("1f1b", "gpipe", "interleaved")).all():
-        raise ConfigError("candidates: column 'schedule' holds values outside ['1f1b', 'gpipe', 'interleaved']")
+    if (scat.codes < 0).any() or not np.isin(su, PIPELINE_SCHEDULES).all():
+        raise ConfigError(f"candidates: column 'schedule' holds values outside {list(PIPELINE_SCHEDULES)}")
     if ((sched == "gpipe") & (cols["vpp"] > 1)).any():
         raise ConfigError("candidates: schedule 'gpipe' with vpp > 1 is not a Megatron-LM schedule")
     for c in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
