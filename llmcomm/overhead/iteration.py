@@ -405,11 +405,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     dist = c["distributed_optimizer"].astype(np.int64)
     # one gradient buffer per model chunk (finish_grad_sync per chunk): v - 1 chunks of layers only, one with
     # the stage's embedding / output layer when it holds them
-    vh = padded_vocab(model, tp) * h // tp
-    pos = ((model.max_position_embeddings or model.seq_length) * h
-           if model.position_embedding_type == "learned_absolute" else 0)
-    edge = (holds_first * (vh + pos)
-            + holds_last * (model.norm_parameters() + np.where((not model.tied_embeddings) | (pp > 1), vh, 0)))
+    vh, emb_params, out_params = _edge_parameters(model, tp, pp)
+    edge = holds_first * emb_params + holds_last * out_params
     has_edge = (holds_first | holds_last).astype(np.int64)
     chunk_layers = (dense - edge) // v
     chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge, has_edge))
@@ -421,9 +418,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     items.append(CommItem("dp", "tp", "all_reduce", "optimizer", repl * gby, tpon * ysp * (repl > 0), tp, rpn_tp,
                           "iteration"))
     tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
-    emb = padded_vocab(model, tp) * h // tp
-    items.append(CommItem("dp", "pp", "all_reduce", "optimizer", emb * gby, tied.astype(np.int64), 2 * one,
-                          np.where(pp * tp * dp <= gpus_per_node, 2, 1), "iteration"))
+    items.append(CommItem("dp", "pp", "all_reduce", "optimizer", vh * gby, tied.astype(np.int64), 2 * one,
+                          rpn_pp, "iteration"))
     for nb, k_ in chunk_sizes:
         items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpon, dp, rpn_dp,
                               "iteration"))
@@ -476,15 +472,24 @@ def _stage_params(model: ModelSpec, c: dict[str, np.ndarray], nd: np.ndarray, nm
         dense = dense + nm * (sh_m + rep_m)
         expert = nm * ex_m
         repl = repl + nm * rep_m
-    vh = padded_vocab(model, tp) * model.hidden_size // tp
-    first = vh + ((model.max_position_embeddings or model.seq_length) * model.hidden_size
-                  if model.position_embedding_type == "learned_absolute" else 0)
+    _, first, out = _edge_parameters(model, tp, pp)
     dense = dense + holds_first * first
-    norm = model.norm_parameters()
-    out = norm + np.where((not model.tied_embeddings) | (pp > 1), vh, 0)
     dense = dense + holds_last * out
-    repl = repl + holds_last * norm
+    repl = repl + holds_last * model.norm_parameters()
     return dense, expert, repl
+
+
+def _edge_parameters(model: ModelSpec, tp: np.ndarray, pp: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(V'·h/tp, embedding stage, output stage)``: one TP rank's share of the word embedding, and the
+    parameters beside the layers on the stage holding the embedding (word embedding, plus learned positions)
+    and on the stage holding the output layer (final norm, plus the output layer unless tied to an embedding
+    on the same stage)."""
+    h = model.hidden_size
+    vh = padded_vocab(model, tp) * h // tp
+    pos = ((model.max_position_embeddings or model.seq_length) * h
+           if model.position_embedding_type == "learned_absolute" else 0)
+    return vh, vh + pos, model.norm_parameters() + np.where((not model.tied_embeddings) | (pp > 1), vh, 0)
 
 
 # ----------------------------------------------------------------------------------------- compute
