@@ -74,8 +74,8 @@ import yaml
 from ..atomic import atomic_path
 from ..errors import ConfigError, DataError, LLMCommError
 from ..specs import Cluster, data_dir
+from ..vocab import OPS
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 PARAM_COLUMNS = ("op", "scope", "group_size", "ranks_per_node", "nodes", "piece", "x_lo", "alpha_s",
                  "beta_s_per_byte")
 SPIKE_RATIO = 1.5        # a time this much above a larger message's time is a spike, not a measurement
@@ -667,7 +667,11 @@ class CalibratedSystem:
     ref_inter_bw: float
     bandwidth: Bandwidth
     files: tuple[str, ...] = ()
-    fit: pd.DataFrame | None = None
+
+    @property
+    def fit(self) -> pd.DataFrame | None:
+        """The fit report of this system (``bandwidth.fit``; ``None`` without the report file)."""
+        return self.bandwidth.fit
 
 
 def fit_system(name: str) -> Bandwidth:
@@ -731,7 +735,7 @@ def load_calibration(path: str | os.PathLike[str] | None = None,
             bw = Bandwidth(params=params, device=s["device"], node_latency_s=float(s["node_latency_s"]), fit=fit,
                            source=f"{p.name}: {name}")
             out[name] = CalibratedSystem(name, s["gpu_family"], float(s["ref_intra_bw"]), float(s["ref_inter_bw"]),
-                                         bw, tuple(s["files"]), fit)
+                                         bw, tuple(s["files"]))
     except (KeyError, TypeError, ValueError) as e:
         raise DataError(f"{p}: malformed calibration ({type(e).__name__}: {e}); regenerate it with "
                         f"`{CALIBRATE_COMMAND}`") from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..specs import ParallelConfig, load_cluster, load_model
-from ..vocab import RECOMPUTE_MODES
+from ..vocab import PIPELINE_SCHEDULES, RECOMPUTE_MODES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--recompute", nargs="?", const="full", default="none", choices=RECOMPUTE_MODES)
     p.add_argument("--distributed-optimizer", action="store_true")
-    p.add_argument("--schedule", default="1f1b", choices=("1f1b", "gpipe", "interleaved"))
+    p.add_argument("--schedule", default="1f1b", choices=PIPELINE_SCHEDULES)
     p.add_argument("--overlap-grad-reduce", action="store_true", help="Megatron-LM's bucketed DP overlap")
     p.add_argument("--pipe-partitioned", action="store_true",
                    help="Megatron-DeepSpeed: DeepSpeed's pipeline engine sends pipeline tensors split over TP and "

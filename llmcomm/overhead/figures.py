@@ -41,8 +41,6 @@ def layer_utilization(util: U.Utilization, cluster: Cluster, *, hidden: Sequence
                       tokens: int, heads_per_hidden: float = 1 / 128, seq: int = 2048) -> pd.DataFrame:
     """Achieved FLOP/s of one GPT layer pass (FFN 4h, head size 128 unless ``h/128`` heads do not divide)
     as a fraction of peak, for each hidden size and TP degree at ``tokens = b·s``: the model's extrapolation."""
-    from ..specs import ModelSpec  # noqa: F401 - documents the shape convention
-
     rows = []
     hbm = U.hbm_bandwidth(cluster)
     for h in hidden:
@@ -53,9 +51,9 @@ def layer_utilization(util: U.Utilization, cluster: Cluster, *, hidden: Sequence
             b = np.array([tokens / seq])
             X, _ = U.layer_features(b, np.array([seq]), np.array([tp]), h, a, a, h // a, 4 * h, 2,
                                     cluster.peak_bf16_flops, hbm)
-            flops = X[0, U.I["gemm"]] * cluster.peak_bf16_flops
-            t = util.layer_pass(X)[0]
-            rows.append({"hidden": h, "tp": tp, "utilization": flops / t / cluster.peak_bf16_flops,
+            flops = X[:, U.I["gemm"]] * cluster.peak_bf16_flops
+            rows.append({"hidden": h, "tp": tp,
+                         "utilization": util.achieved_flops(X, flops)[0] / cluster.peak_bf16_flops,
                          "launch_bound": bool(util.launch_bound(X)[0][0])})
     return pd.DataFrame(rows)
 

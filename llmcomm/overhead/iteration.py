@@ -52,7 +52,9 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..specs import DTYPE_BYTES, Cluster, ModelSpec, ParallelConfig, validate
+from ..vocab import PIPELINE_SCHEDULES
 from . import utilization as U
+from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .memory import model_state
 
 ADAM_BYTES_PER_PARAM = 40  # read fp32 grad, master, m, v (16) + write master, m, v, half copy (14)
@@ -153,8 +155,8 @@ def _candidates(model: ModelSpec, df: pd.DataFrame) -> dict[str, np.ndarray]:
     scat = pd.Categorical(col("schedule", "1f1b"))
     su = np.asarray(scat.categories, dtype=str)
     sched = np.append(su, "").astype(object)[scat.codes]
-    if (scat.codes < 0).any() or not np.isin(su, ("1f1b", "gpipe", "interleaved")).all():
-        raise ConfigError("candidates: column 'schedule' holds values outside ['1f1b', 'gpipe', 'interleaved']")
+    if (scat.codes < 0).any() or not np.isin(su, PIPELINE_SCHEDULES).all():
+        raise ConfigError(f"candidates: column 'schedule' holds values outside {list(PIPELINE_SCHEDULES)}")
     if ((sched == "gpipe") & (cols["vpp"] > 1)).any():
         raise ConfigError("candidates: schedule 'gpipe' with vpp > 1 is not a Megatron-LM schedule")
     for c in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
@@ -403,11 +405,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     dist = c["distributed_optimizer"].astype(np.int64)
     # one gradient buffer per model chunk (finish_grad_sync per chunk): v - 1 chunks of layers only, one with
     # the stage's embedding / output layer when it holds them
-    vh = padded_vocab(model, tp) * h // tp
-    pos = ((model.max_position_embeddings or model.seq_length) * h
-           if model.position_embedding_type == "learned_absolute" else 0)
-    edge = (holds_first * (vh + pos)
-            + holds_last * (model.norm_parameters() + np.where((not model.tied_embeddings) | (pp > 1), vh, 0)))
+    vh, emb_params, out_params = _edge_parameters(model, tp, pp)
+    edge = holds_first * emb_params + holds_last * out_params
     has_edge = (holds_first | holds_last).astype(np.int64)
     chunk_layers = (dense - edge) // v
     chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge, has_edge))
@@ -419,9 +418,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     items.append(CommItem("dp", "tp", "all_reduce", "optimizer", repl * gby, tpon * ysp * (repl > 0), tp, rpn_tp,
                           "iteration"))
     tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
-    emb = padded_vocab(model, tp) * h // tp
-    items.append(CommItem("dp", "pp", "all_reduce", "optimizer", emb * gby, tied.astype(np.int64), 2 * one,
-                          np.where(pp * tp * dp <= gpus_per_node, 2, 1), "iteration"))
+    items.append(CommItem("dp", "pp", "all_reduce", "optimizer", vh * gby, tied.astype(np.int64), 2 * one,
+                          rpn_pp, "iteration"))
     for nb, k_ in chunk_sizes:
         items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpon, dp, rpn_dp,
                               "iteration"))
@@ -474,15 +472,24 @@ def _stage_params(model: ModelSpec, c: dict[str, np.ndarray], nd: np.ndarray, nm
         dense = dense + nm * (sh_m + rep_m)
         expert = nm * ex_m
         repl = repl + nm * rep_m
-    vh = padded_vocab(model, tp) * model.hidden_size // tp
-    first = vh + ((model.max_position_embeddings or model.seq_length) * model.hidden_size
-                  if model.position_embedding_type == "learned_absolute" else 0)
+    _, first, out = _edge_parameters(model, tp, pp)
     dense = dense + holds_first * first
-    norm = model.norm_parameters()
-    out = norm + np.where((not model.tied_embeddings) | (pp > 1), vh, 0)
     dense = dense + holds_last * out
-    repl = repl + holds_last * norm
+    repl = repl + holds_last * model.norm_parameters()
     return dense, expert, repl
+
+
+def _edge_parameters(model: ModelSpec, tp: np.ndarray, pp: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(V'·h/tp, embedding stage, output stage)``: one TP rank's share of the word embedding, and the
+    parameters beside the layers on the stage holding the embedding (word embedding, plus learned positions)
+    and on the stage holding the output layer (final norm, plus the output layer unless tied to an embedding
+    on the same stage)."""
+    h = model.hidden_size
+    vh = padded_vocab(model, tp) * h // tp
+    pos = ((model.max_position_embeddings or model.seq_length) * h
+           if model.position_embedding_type == "learned_absolute" else 0)
+    return vh, vh + pos, model.norm_parameters() + np.where((not model.tied_embeddings) | (pp > 1), vh, 0)
 
 
 # ----------------------------------------------------------------------------------------- compute
@@ -582,7 +589,7 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
             tt = np.zeros(n3)
             tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
         tot[it.term] += it.count * tt
-        tot[it.term + "_bus"] += it.count * bus_bytes(it.op, it.nbytes, it.size)
+        tot[it.term + "_bus"] += it.count * (bus_factor(it.op, it.size) * it.nbytes)  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
     dn3 = params3[0] + params3[1]
@@ -641,15 +648,6 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     return out
 
 
-def bus_bytes(op: str, nbytes: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """nccl-tests bus bytes of one call: ``f_op(n)·bytes`` (all-reduce ``2(n−1)/n``, gather/scatter/all-to-all
-    ``(n−1)/n``, send 1)."""
-    n = np.maximum(np.asarray(size, dtype=np.float64), 1.0)
-    f = 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n if op in (
-        "all_gather", "reduce_scatter", "all_to_all") else np.ones_like(n)
-    return f * nbytes
-
-
 def _evaluate(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwidth: Any,
               util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
     return combine(stages(model, c, cluster, bandwidth), util, overlap_grad_reduce)
@@ -676,8 +674,6 @@ class _Timer:
     def time(self, op: str, nbytes: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
         if not self.fast:
             return np.asarray(self.bw.time(op, nbytes, n, k), dtype=np.float64)
-        from .bandwidth import bus_factor, eval_pieces
-
         if len(n) == 1:
             nn, kk = int(n[0]), int(k[0])
             if nn == 1:
@@ -715,7 +711,6 @@ class _Timer:
 
 
 _TIMERS: dict[int, tuple[Any, _Timer]] = {}
-_DEFAULT_BW: dict[Cluster, Any] = {}
 
 
 def _timer(bandwidth: Any) -> _Timer:
@@ -731,11 +726,7 @@ def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None
     """The bandwidth model (``None``: the shipped calibration carried to ``cluster``) wrapped in a caching
     :class:`_Timer`, and the utilization model (``None``: the shipped one)."""
     if bandwidth is None:
-        bandwidth = _DEFAULT_BW.get(cluster)
-        if bandwidth is None:
-            from .bandwidth import Bandwidth
-
-            bandwidth = _DEFAULT_BW[cluster] = Bandwidth.default(cluster)
+        bandwidth = Bandwidth.default(cluster)  # cached there per cluster and calibration file
     return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
 
 

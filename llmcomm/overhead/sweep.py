@@ -17,7 +17,6 @@ collective's time divided by ``w``: a faster network); :func:`sweep` records, pe
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -99,14 +98,17 @@ def sweep(cases: Mapping[str, tuple[str, Mapping[str, Any]]] = CASES, clusters: 
         for label, (mname, kw) in cases.items():
             model, par = load_model(mname), ParallelConfig(**kw)
             flops = hardware_flops(model, par)
-            for u, w in itertools.product(compute_scales, bandwidth_scales):
-                b = iteration_time(model, par, cluster, ScaledBandwidth(bw0.bw, w), util0.scaled(u))
+            for u in compute_scales:
+                # bus bytes of the critical stage under the unscaled bandwidth: the same for every w
                 bus = _exposed_bus_bytes(model, par, cluster, bw0.bw, util0.scaled(u))
-                rows.append({"case": label, "cluster": cluster.name, "compute_scale": u, "bandwidth_scale": w,
-                             **{t: getattr(b, t) for t in TERMS}, "total_s": b.total_s,
-                             "exposed_comm_s": b.exposed_comm_s, "comm_overhead": b.comm_overhead,
-                             "utilization": flops / (b.compute_s * cluster.peak_bf16_flops),
-                             "effective_bandwidth_GBps": bus / b.exposed_comm_s / 1e9})
+                for w in bandwidth_scales:
+                    b = iteration_time(model, par, cluster, ScaledBandwidth(bw0.bw, w), util0.scaled(u))
+                    rows.append({"case": label, "cluster": cluster.name, "compute_scale": u,
+                                 "bandwidth_scale": w, **{t: getattr(b, t) for t in TERMS},
+                                 "total_s": b.total_s, "exposed_comm_s": b.exposed_comm_s,
+                                 "comm_overhead": b.comm_overhead,
+                                 "utilization": flops / (b.compute_s * cluster.peak_bf16_flops),
+                                 "effective_bandwidth_GBps": bus / b.exposed_comm_s / 1e9})
     return pd.DataFrame(rows)
 
 

@@ -144,10 +144,6 @@ class Utilization:
         if len(self.coef) != K:
             raise DataError(f"utilization: coef has {len(self.coef)} entries, expected {K} ({FEATURES})")
 
-    @property
-    def theta(self) -> np.ndarray:
-        return np.asarray(self.coef, dtype=np.float64)
-
     def work(self, X: np.ndarray) -> np.ndarray:
         """Seconds of GPU work of feature rows ``X``: ``θ_gemm·X_gemm + θ_mem·X_mem`` (divided by ``scale``)."""
         th = self.coef
