@@ -99,10 +99,11 @@ def sweep(cases: Mapping[str, tuple[str, Mapping[str, Any]]] = CASES, clusters: 
             model, par = load_model(mname), ParallelConfig(**kw)
             flops = hardware_flops(model, par)
             for u in compute_scales:
-                # bus bytes of the critical stage under the unscaled bandwidth: the same for every w
-                bus = _exposed_bus_bytes(model, par, cluster, bw0.bw, util0.scaled(u))
                 for w in bandwidth_scales:
-                    b = iteration_time(model, par, cluster, ScaledBandwidth(bw0.bw, w), util0.scaled(u))
+                    bw = ScaledBandwidth(bw0.bw, w)
+                    b = iteration_time(model, par, cluster, bw, util0.scaled(u))
+                    # bus bytes of the stage that is critical under these scales (it can change with w)
+                    bus = _exposed_bus_bytes(model, par, cluster, bw, util0.scaled(u))
                     rows.append({"case": label, "cluster": cluster.name, "compute_scale": u,
                                  "bandwidth_scale": w, **{t: getattr(b, t) for t in TERMS},
                                  "total_s": b.total_s, "exposed_comm_s": b.exposed_comm_s,
