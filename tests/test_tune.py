@@ -109,6 +109,14 @@ def test_rule_of_thumb() -> None:
     assert r["pp"] == fits["pp"].min()
 
 
+def test_rule_of_thumb_takes_the_largest_tp_the_model_accepts() -> None:
+    """8 heads in 2 query groups: TP 8 and 4 would split a query group; the rule falls back to TP 2."""
+    gqa = lc.ModelSpec(name="gqa", num_layers=4, hidden_size=512, ffn_hidden_size=2048, num_attention_heads=8,
+                       num_query_groups=2, vocab_size=32000, seq_length=1024)
+    r = rule_of_thumb(gqa, 16, A100, 16)
+    assert r["tp"] == 2
+
+
 @pytest.mark.parametrize("args, rule", [
     (("gpt3-175b", 8, 1536), "does not fit on 8 .* smallest power-of-two multiple of 8 GPUs on which a "
                              "configuration fits is 64"),

@@ -201,11 +201,13 @@ def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: i
     from ..overhead.iteration import RECOMPUTE_CODE
     from ..overhead.memory import memory_table
 
-    tp = max(t for t in divisors(cluster.gpus_per_node) if model.num_attention_heads % t == 0
-             and model.ffn_hidden_size % t == 0 and gpus % t == 0)
-    space = SearchSpace(tp=(tp,), micro_batch=(1,), vpp=(1,), sp=(False,))
-    cands = enumerate_candidates(model, gpus, global_batch, seq_len, space)
-    if cands.empty:
+    # the largest TP within a node that the tuner's own rules accept (heads, query groups, FFN, vocabulary...)
+    for tp in sorted(divisors(cluster.gpus_per_node), reverse=True):
+        space = SearchSpace(tp=(tp,), micro_batch=(1,), vpp=(1,), sp=(False,))
+        cands = enumerate_candidates(model, gpus, global_batch, seq_len, space)
+        if not cands.empty:
+            break
+    else:
         raise _no_split_error(model, gpus, global_batch)
     mem = memory_table(model, cands)["total_bytes"]
     order = cands.assign(total_bytes=mem, level=cands["recompute"].map(RECOMPUTE_CODE)).sort_values(
