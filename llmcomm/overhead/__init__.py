@@ -24,4 +24,5 @@ from .iteration import iteration_times as iteration_times
 from .memory import MemoryBreakdown as MemoryBreakdown
 from .memory import memory as memory
 from .memory import memory_table as memory_table
+from .memory import model_state as model_state
 from .utilization import Utilization as Utilization
