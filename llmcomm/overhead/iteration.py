@@ -86,6 +86,7 @@ class Breakdown:
     optimizer_s: float
     dp_comm_total_s: float = 0.0  # the gradient reduction before overlap
     critical_stage: str = ""
+    comm_bus_bytes: float = 0.0  # nccl-tests bus bytes: m × the critical stage's per-micro-batch calls + DP reduction
 
     @property
     def total_s(self) -> float:
@@ -797,7 +798,8 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
                           f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "
                           f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
     r = _evaluate(model, c, cluster, bw, ut, overlap_grad_reduce)
-    return Breakdown(**{t: float(r[t][0]) for t in (*TERMS, "dp_comm_total_s")}, critical_stage=str(r["critical"][0]))
+    return Breakdown(**{t: float(r[t][0]) for t in (*TERMS, "dp_comm_total_s", "comm_bus_bytes")},
+                     critical_stage=str(r["critical"][0]))
 
 
 def _single(model: ModelSpec, p: ParallelConfig) -> dict[str, np.ndarray]:

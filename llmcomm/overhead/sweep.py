@@ -100,25 +100,15 @@ def sweep(cases: Mapping[str, tuple[str, Mapping[str, Any]]] = CASES, clusters: 
             flops = hardware_flops(model, par)
             for u in compute_scales:
                 for w in bandwidth_scales:
-                    bw = ScaledBandwidth(bw0.bw, w)
-                    b = iteration_time(model, par, cluster, bw, util0.scaled(u))
-                    # bus bytes of the stage that is critical under these scales (it can change with w)
-                    bus = _exposed_bus_bytes(model, par, cluster, bw, util0.scaled(u))
+                    b = iteration_time(model, par, cluster, ScaledBandwidth(bw0.bw, w), util0.scaled(u))
                     rows.append({"case": label, "cluster": cluster.name, "compute_scale": u,
                                  "bandwidth_scale": w, **{t: getattr(b, t) for t in TERMS},
                                  "total_s": b.total_s, "exposed_comm_s": b.exposed_comm_s,
                                  "comm_overhead": b.comm_overhead,
                                  "utilization": flops / (b.compute_s * cluster.peak_bf16_flops),
-                                 "effective_bandwidth_GBps": bus / b.exposed_comm_s / 1e9})
+                                 # bus bytes of the stage critical under these very scales
+                                 "effective_bandwidth_GBps": b.comm_bus_bytes / b.exposed_comm_s / 1e9})
     return pd.DataFrame(rows)
-
-
-def _exposed_bus_bytes(model: ModelSpec, par: ParallelConfig, cluster: Cluster, bw: Any, util: Utilization
-                       ) -> float:
-    from .iteration import _evaluate, _single, _timer
-
-    r = _evaluate(model, _single(model, par), cluster, _timer(bw), util)
-    return float(r["comm_bus_bytes"][0])
 
 
 def regress(points: pd.DataFrame) -> Any:
