@@ -63,3 +63,19 @@ def test_failing_rank_stops_the_run_and_leaves_nothing(tmp_path: Path, mode: str
         assert "no progress" in msg and "iteration 1" in msg
     assert took < 60 + timeout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_rank_that_failed_first_is_named_not_the_peer_that_lost_it(tmp_path: Path) -> None:
+    """torch reports whichever process exited first; a peer that only lost its connection must not hide the
+    rank that raised (this race once made the 'raise' case above name rank 0)."""
+    from llmcomm.collect.launch import _first_failure
+    from llmcomm.collect.train import RunConfig, error_path
+
+    cfg = RunConfig(model={}, parallel={}, iters=1, out_dir=str(tmp_path))
+    error_path(tmp_path, 1).write_text("RuntimeError: injected fault on rank 1 at iteration 1\n")
+    error_path(tmp_path, 0).write_text("RuntimeError: Connection closed by peer\n")
+    msg = _first_failure(cfg, [12.5, 12.0], reported=0, reported_error="Connection closed by peer")
+    assert msg.startswith("rank 1 failed first") and "injected fault" in msg
+    # the reported rank failed first, or no other rank recorded a failure: torch's own message
+    assert _first_failure(cfg, [12.0, 12.5], 0, "boom") == "rank 0 failed:\nboom"
+    assert _first_failure(cfg, [0.0, 0.0], 1, "boom") == "rank 1 failed:\nboom"

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import LLMCommError
 from ..specs import ModelSpec, ParallelConfig
 from ..trace import Trace, concat, manifest_path, read_trace, routing_path
-from .train import RunConfig, run_rank
+from .train import RunConfig, error_path, run_rank
 
 
 class CollectError(LLMCommError):
@@ -45,7 +45,8 @@ def _spawn(cfg: RunConfig, world: int, timeout: float, progress: bool = False) -
     ctx = multiprocessing.get_context("spawn")
     heartbeat = ctx.Array("d", [time.time()] * world, lock=False)
     progress_of = ctx.Array("i", [-2] * world, lock=False)
-    pc = mp.start_processes(run_rank, args=(cfg, heartbeat, progress_of), nprocs=world, join=False,
+    failed_at = ctx.Array("d", [0.0] * world, lock=False)
+    pc = mp.start_processes(run_rank, args=(cfg, heartbeat, progress_of, failed_at), nprocs=world, join=False,
                             start_method="spawn")
     bar = tqdm(total=cfg.iters, desc=f"collect ({world} ranks)", unit=" iter", disable=not progress, leave=False)
     try:
@@ -55,7 +56,7 @@ def _spawn(cfg: RunConfig, world: int, timeout: float, progress: bool = False) -
                     return
                 bar.update(max(0, min(progress_of[r] for r in range(world))) - bar.n)  # iterations done
             except mp.ProcessRaisedException as e:
-                raise CollectError(f"rank {e.error_index} failed:\n{e}") from None
+                raise CollectError(_first_failure(cfg, failed_at, e.error_index, str(e))) from None
             except mp.ProcessExitedException as e:
                 raise CollectError(f"rank {e.error_index} exited with code {e.exit_code}") from None
             now = time.time()
@@ -76,6 +77,18 @@ def _spawn(cfg: RunConfig, world: int, timeout: float, progress: bool = False) -
             if p.is_alive():
                 p.kill()
                 p.join(1)
+
+
+def _first_failure(cfg: RunConfig, failed_at: Any, reported: int, reported_error: str) -> str:
+    """The message naming the rank that failed first: torch reports whichever process exited first, often a
+    peer that only lost its connection to the rank that raised; ``failed_at`` (set by each failing rank as it
+    raises) orders them, and the first one's traceback is read from its :func:`error_path`."""
+    times = {r: t for r, t in enumerate(failed_at) if t > 0}
+    first = min(times, key=times.get) if times else reported
+    text = error_path(cfg.out_dir, first)
+    if first == reported or not text.is_file():
+        return f"rank {reported} failed:\n{reported_error}"
+    return f"rank {first} failed first:\n{text.read_text(encoding='utf-8')}"
 
 
 def collect(model: str | ModelSpec, parallel: ParallelConfig, out: str | os.PathLike[str], *, iters: int,

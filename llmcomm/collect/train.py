@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -62,8 +63,16 @@ def _silence_torch_notices() -> None:
                             category=UserWarning)
 
 
-def run_rank(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
-    """Entry point of a spawned rank (``torch.multiprocessing`` passes ``rank`` first)."""
+def error_path(out_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where a failing rank leaves its traceback as text (the launcher names the rank that failed first)."""
+    return Path(out_dir) / f"rank{rank}.error.txt"
+
+
+def run_rank(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any, failed_at: Any) -> None:
+    """Entry point of a spawned rank (``torch.multiprocessing`` passes ``rank`` first). On an exception the
+    rank records when it failed (``failed_at[rank]``) and its traceback (:func:`error_path`) before raising on:
+    when one rank fails, its peers fail soon after on the broken connections, and the launcher reports the
+    first."""
     import torch
 
     _silence_torch_notices()
@@ -78,6 +87,10 @@ def run_rank(rank: int, cfg: RunConfig, heartbeat: Any, progress: Any) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=backstop)
     try:
         _train(rank, cfg, heartbeat, progress)
+    except BaseException:
+        failed_at[rank] = time.time()
+        error_path(cfg.out_dir, rank).write_text(traceback.format_exc(), encoding="utf-8")
+        raise
     finally:
         dist.destroy_process_group()
 
