@@ -38,6 +38,7 @@ figures-quick: $(BASE)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check llmcomm tests benchmarks notebooks
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q --durations=15
 
 test-fast: $(STAMP)
@@ -45,6 +46,7 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check llmcomm tests benchmarks notebooks
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench,scale]'

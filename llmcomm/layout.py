@@ -33,25 +33,10 @@ import pandas as pd
 from .errors import ConfigError
 from .specs import ParallelConfig
 from .vocab import GROUP_PARALLELISMS, LAYOUT_GROUP_KINDS, RANK_DIMS
+from .vocab import parse_order as parse_order  # re-exported: its home is llmcomm.vocab
 
 DIMS = RANK_DIMS
 PARALLELISMS = GROUP_PARALLELISMS
-
-
-def parse_order(order: str) -> tuple[str, ...]:
-    """``"tp-cp-ep-dp-pp"`` -> ``("tp", "cp", "dp", "pp")`` (fastest first); checks it is a permutation."""
-    toks = [t.strip().lower() for t in order.split("-") if t.strip()]
-    if "ep" in toks:
-        i = toks.index("ep")
-        if i + 1 >= len(toks) or toks[i + 1] != "dp":
-            raise ConfigError(f"order={order!r}: 'ep' must come immediately before 'dp'")
-        toks.pop(i)
-    for d in DIMS:  # dimensions left out of the order string are size-1 and placed slowest
-        if d not in toks:
-            toks.append(d)
-    if sorted(toks) != sorted(DIMS) or len(toks) != len(DIMS):
-        raise ConfigError(f"order={order!r} must be a permutation of {'-'.join(DIMS)} (ep optional before dp)")
-    return tuple(toks)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The communication matrix built block by block of source ranks, at GPU, node or rack level.
 
-Every event yields only the flows *leaving its own rank* (see :mod:`llmcomm.trace`), so the rows of the
+Every event yields only the flows *leaving its own rank* (see :mod:`llmcomm.flows`), so the rows of the
 matrix that belong to source ranks ``[lo, hi)`` depend only on those ranks' events. The builder therefore
 cuts the events table into blocks of consecutive source ranks, decomposes one block at a time into bare
 ``(src, dst, bytes)`` flows (no tag columns), sums them into that block's rows of the CSR matrix and
@@ -19,7 +19,7 @@ sequence of duplicates and scipy sums them in the same order: the ``"gpu"`` matr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -27,13 +27,10 @@ import pyarrow as pa
 import scipy.sparse as sp
 
 from .errors import ConfigError, TraceFormatError
+from .events import vocabulary_codes
+from .flows import flow_arrays
 from .group_refs import RefEvents
-from .ref_flows import ref_flow_arrays
-from .trace import vocabulary_codes
-from .vocab import OPS
-
-if TYPE_CHECKING:
-    from .trace import Trace
+from .vocab import ALGORITHMS, OPS
 
 LEVELS = ("gpu", "node", "rack")
 BLOCK_FLOWS = 4_000_000  # group members decomposed at once (~40 bytes each in the temporaries)
@@ -54,12 +51,15 @@ def level_unit(level: str, gpus_per_node: int = 8, nodes_per_rack: int | None = 
     return gpus_per_node * nodes_per_rack
 
 
-def flow_arrays(table: pa.Table, algorithm: str = "ring") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(src, dst, bytes)`` of :func:`llmcomm.trace.flows_from_table` without the tag columns."""
-    from .trace import flows_from_table
-
-    f = flows_from_table(table, algorithm, tags=False)
-    return f["src"].to_numpy(np.int64), f["dst"].to_numpy(np.int64), f["bytes"].to_numpy(np.float64)
+def flows_to_matrix(flows: pd.DataFrame, world_size: int) -> sp.csr_matrix:
+    """Sum flows (``src, dst, bytes``) into a sparse ``world × world`` CSR matrix (duplicates added)."""
+    if len(flows) and (flows["src"].max() >= world_size or flows["dst"].max() >= world_size):
+        raise TraceFormatError(f"flows reach rank {max(flows['src'].max(), flows['dst'].max())} "
+                               f">= world_size={world_size}")
+    m = sp.coo_matrix((flows["bytes"].to_numpy(np.float64),
+                       (flows["src"].to_numpy(np.int64), flows["dst"].to_numpy(np.int64))),
+                      shape=(world_size, world_size))
+    return m.tocsr()
 
 
 def _work_per_event(table: pa.Table | RefEvents, algorithm: str) -> np.ndarray:
@@ -102,15 +102,12 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: s
     """Sparse CSR matrix of bytes from source (row) to destination (column) at ``level``, built one block
     of source ranks at a time (see the module doc). Shape ``(k, k)`` with ``k = ceil(world_size / unit)``.
     ``table`` may hold its groups as references (:class:`llmcomm.group_refs.RefEvents`, a prediction):
-    the flows then come from :func:`llmcomm.ref_flows.ref_flow_arrays`, equal to the list path's."""
-    from .trace import ALGORITHMS
-
+    the flows then come from the references (:func:`llmcomm.flows.flow_arrays`), equal to the list path's."""
     if algorithm not in ALGORITHMS:
         raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     unit = level_unit(level, gpus_per_node, nodes_per_rack)
     k = -(-world_size // unit)
     rank = table.column("rank").to_numpy().astype(np.int64) if table.num_rows else np.zeros(0, np.int64)
-    refs = isinstance(table, RefEvents)
     if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
         raise TraceFormatError(f"events reach rank {int(rank.max())} >= world_size={world_size}")
     weight = _work_per_event(table, algorithm)
@@ -128,7 +125,7 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: s
             part = table.slice(int(a), int(b - a))
         else:  # ascending event indices keep the table's order inside the block
             part = table.take(np.sort(order[a:b]))
-        src, dst, byt = ref_flow_arrays(part, algorithm) if refs else flow_arrays(part, algorithm)
+        src, dst, byt = flow_arrays(part, algorithm)
         if len(dst) and (dst.max() >= world_size or dst.min() < 0):
             raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
         n_rows = (hi - lo + unit - 1) // unit
@@ -165,7 +162,16 @@ class _Growing:
         return self.buf
 
 
-def binned_flows(trace: Trace, algorithm: str = "direct", max_cells: int = 512) -> pd.DataFrame:
+class _MatrixSource(Protocol):
+    """What :func:`binned_flows` needs of a trace (:class:`llmcomm.trace.Trace` has it)."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    def matrix(self, algorithm: str = ..., world_size: int | None = ..., **kwargs: Any) -> sp.csr_matrix: ...
+
+
+def binned_flows(trace: _MatrixSource, algorithm: str = "direct", max_cells: int = 512) -> pd.DataFrame:
     """Flows summed over blocks of ``k = ceil(world / max_cells)`` consecutive ranks, as tidy
     ``src, dst, bytes`` with ``src``/``dst`` the first rank of each block: what :func:`llmcomm.plots.comm_matrix`
     draws (it bins by the same ``k``), built by the blocked builder at that level, so a 131,072-GPU job is drawn

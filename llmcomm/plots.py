@@ -316,7 +316,7 @@ def call_duration_spread(data: pd.DataFrame, *, x: str = "duration_us", y: str =
                          hue: str = "parallelism", ax: Axes | None = None, top: int = 10,
                          title: str | None = None) -> Axes:
     """Distribution of each ``y`` collective's duration ``x`` (µs, log-x) over all its calls, coloured by
-    ``hue`` (e.g. :func:`llmcomm.ingest.summary.call_sequence`); the ``top`` collectives with most calls."""
+    ``hue`` (e.g. :func:`llmcomm.analysis.repeatability.call_sequence`); the ``top`` collectives with most calls."""
     ax = axes_or_new(ax, (7, 0.45 * top + 1.2))
     order = data[y].value_counts().index[:top].tolist()
     d = data[data[y].isin(order) & (data[x] > 0)]

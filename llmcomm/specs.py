@@ -37,6 +37,7 @@ from .vocab import (
     POSITION_EMBEDDINGS,
     RECOMPUTE_MODES,
     dtype_bytes,
+    parse_order,
 )
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -514,8 +515,6 @@ class ParallelConfig:
             raise ConfigError("schedule='interleaved' needs vpp > 1")
         if self.fsdp and self.distributed_optimizer:
             raise ConfigError("fsdp and distributed_optimizer are alternatives; set one")
-        from .layout import parse_order  # local import: layout imports this module
-
         parse_order(self.order)
 
     def _check_vp_groups(self) -> None:

@@ -119,6 +119,24 @@ CALL_GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp
                     "pp")
 
 
+def parse_order(order: str) -> tuple[str, ...]:
+    """A rank order string (``ParallelConfig.order``, Megatron-LM ``--order``-style) as its dimensions, fastest
+    first: ``"tp-cp-ep-dp-pp"`` -> ``("tp", "cp", "dp", "pp")``; checks it is a permutation of ``RANK_DIMS``
+    (``ep`` optional, immediately before ``dp``: it subdivides ``dp`` and adds no dimension)."""
+    toks = [t.strip().lower() for t in order.split("-") if t.strip()]
+    if "ep" in toks:
+        i = toks.index("ep")
+        if i + 1 >= len(toks) or toks[i + 1] != "dp":
+            raise ConfigError(f"order={order!r}: 'ep' must come immediately before 'dp'")
+        toks.pop(i)
+    for d in RANK_DIMS:  # dimensions left out of the order string are size-1 and placed slowest
+        if d not in toks:
+            toks.append(d)
+    if sorted(toks) != sorted(RANK_DIMS) or len(toks) != len(RANK_DIMS):
+        raise ConfigError(f"order={order!r} must be a permutation of {'-'.join(RANK_DIMS)} (ep optional before dp)")
+    return tuple(toks)
+
+
 class Route(StrEnum):
     """Which way a predicted all-to-all moves tokens; its splits come from routing (``NONE``: not routed)."""
 

@@ -224,7 +224,7 @@ def test_context_parallel_ring_and_dp_cp_group():
 
 
 def test_valid_cases_name_the_broken_rule():
-    from llmcomm.predict.sweeps import valid_cases
+    from llmcomm.analysis.sweeps import valid_cases
 
     cases = {"fits": (TINY, {"tp": 2, "global_batch": 2}), "tp8": (TINY, {"tp": 8, "global_batch": 2}),
              "tp2 of 1.3b": ("gpt3-1.3b", {"tp": 2, "global_batch": 2})}
@@ -234,7 +234,7 @@ def test_valid_cases_name_the_broken_rule():
 
 
 def test_tp_closed_form_by_hand_and_against_the_prediction():
-    from llmcomm.predict.sweeps import tp_closed_form
+    from llmcomm.analysis.sweeps import tp_closed_form
 
     par = pc(tp=2, pp=2, global_batch=2)   # L = 4, m = 2, world 4
     c = tp_closed_form(TINY, par)
@@ -254,7 +254,7 @@ def test_tp_closed_form_by_hand_and_against_the_prediction():
 
 
 def test_tp_share_sweeps_skip_tp1_and_keep_interleaved_multiples():
-    from llmcomm.predict.sweeps import tp_share_sweeps
+    from llmcomm.analysis.sweeps import tp_share_sweeps
 
     cases = {"tp2": (TINY, {"tp": 2, "global_batch": 1}), "dp2": (TINY, {"dp": 2, "global_batch": 2}),
              "tp2 vpp +SP": (TINY, {"tp": 2, "pp": 2, "vpp": 2, "sp": True, "global_batch": 2})}

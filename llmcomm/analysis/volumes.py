@@ -72,7 +72,7 @@ def first_crossing(sweep: pd.DataFrame, threshold: float = 0.99) -> int | None:
 def first_crossings(sweeps: pd.DataFrame, threshold: float = 0.99, by: str = "configuration"
                     ) -> dict[str, int | None]:
     """:func:`first_crossing` of each ``by`` group of stacked sweeps (e.g.
-    :func:`llmcomm.predict.sweeps.tp_share_sweeps`), in order of first appearance."""
+    :func:`llmcomm.analysis.sweeps.tp_share_sweeps`), in order of first appearance."""
     return {label: first_crossing(sweeps[sweeps[by] == label], threshold) for label in pd.unique(sweeps[by])}
 
 

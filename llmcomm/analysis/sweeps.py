@@ -15,10 +15,11 @@ from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
-from ..analysis.volumes import bytes_by, tp_share
 from ..errors import ConfigError
+from ..predict import predict_traffic
 from ..specs import ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace
+from .volumes import bytes_by, tp_share
 
 Case = tuple[str | ModelSpec, dict]
 
@@ -46,8 +47,6 @@ def valid_cases(cases: Mapping[str, Case]) -> tuple[dict[str, Case], dict[str, s
 def predict_cases(cases: Mapping[str, tuple[str | ModelSpec, dict]], **kw) -> dict[str, Trace]:
     """``{label: (model, ParallelConfig keyword arguments)}`` -> ``{label: predicted Trace}``; ``kw`` go
     to :func:`~llmcomm.predict.predict_traffic`."""
-    from . import predict_traffic
-
     return {label: predict_traffic(_model(model), ParallelConfig(**parallel), **kw)
             for label, (model, parallel) in cases.items()}
 
@@ -59,8 +58,6 @@ def tp_share_vs_microbatches(model: ModelSpec, parallel: ParallelConfig, microba
 
     TP and PP bytes grow as ``m`` (per micro-batch terms) while DP bytes are per iteration, so the share
     is ``m·t / (m·t + m·p + d)``, rising towards ``t / (t + p)``."""
-    from . import predict_traffic
-
     rows = []
     for m in microbatches:
         swept = dataclasses.replace(parallel, global_batch=m * parallel.micro_batch * parallel.dp)
