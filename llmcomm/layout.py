@@ -267,8 +267,3 @@ def row_index(groups: np.ndarray, world_size: int) -> np.ndarray:
     idx = np.zeros(world_size, dtype=np.int64)
     idx[groups.ravel()] = np.repeat(np.arange(groups.shape[0]), groups.shape[1])
     return idx
-
-
-def layout(parallel: ParallelConfig, gpus_per_node: int = 8) -> Layout:
-    """Shorthand for :class:`Layout`."""
-    return Layout(parallel, gpus_per_node)

@@ -47,6 +47,7 @@ from .flows import split_arrays as split_arrays
 from .group_refs import RefEvents
 from .matrix import flows_to_matrix as flows_to_matrix
 from .matrix import matrix_from_table
+from .specs import ModelSpec, ParallelConfig, load_model
 from .trace_io import META_KEY as META_KEY
 from .trace_io import SCHEMA_VERSION as SCHEMA_VERSION
 from .trace_io import SCHEMA_VERSION_KEY as SCHEMA_VERSION_KEY
@@ -138,6 +139,31 @@ class Trace:
         g = pa.array(self.events["group"].array).flatten().to_numpy(zero_copy_only=False)
         hi = max(int(self.events["rank"].max()), int(self.events["peer"].max()), int(g.max()) if len(g) else -1)
         return hi + 1
+
+    # -- metadata ---------------------------------------------------------------------------------
+    def model_spec(self) -> ModelSpec:
+        """The model the trace ran, from its metadata: ``meta['model_spec']`` (a recorded run's spec dict),
+        else ``meta['model']`` (a spec dict, as a prediction stores it, or a catalogue name). Raises
+        :class:`ConfigError` naming the field when there is none or it does not describe a model."""
+        spec = self.meta.get("model_spec")
+        if isinstance(spec, Mapping):
+            return ModelSpec.from_dict(spec, origin="the trace's meta['model_spec']")
+        name = self.meta.get("model")
+        if isinstance(name, Mapping):
+            return ModelSpec.from_dict(name, origin="the trace's meta['model']")
+        if isinstance(name, str):
+            return load_model(name)
+        raise ConfigError("the trace's metadata names no model (no 'model' or 'model_spec')")
+
+    def parallel_config(self) -> ParallelConfig:
+        """The parallel configuration the trace ran under, from ``meta['parallel']``. Raises
+        :class:`ConfigError` naming the field when it is missing or breaks a rule of :class:`ParallelConfig`."""
+        parallel = self.meta.get("parallel")
+        if isinstance(parallel, ParallelConfig):
+            return parallel
+        if isinstance(parallel, Mapping):
+            return ParallelConfig.from_dict(parallel, origin="the trace's meta['parallel']")
+        raise ConfigError("the trace's metadata has no parallel configuration (no 'parallel')")
 
     # -- persistence ------------------------------------------------------------------------------
     def write(self, path: str | os.PathLike[str]) -> Path:

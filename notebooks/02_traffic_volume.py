@@ -45,7 +45,7 @@ threshold = 0.99
 import matplotlib.pyplot as plt
 
 import llmcomm as lc
-from llmcomm.analysis import (
+from llmcomm.analysis.api import (
     describe_crossing,
     first_crossings,
     largest_parallelism,

@@ -246,7 +246,7 @@ def test_tp_closed_form_by_hand_and_against_the_prediction():
     assert c.iteration_tp_bytes == 2 * 2 * 74112 and c.iteration_tp_sp_bytes == 2 * 2 * 184704
     # the predictor agrees: TP bytes of the iteration, and SP's per-micro-batch TP+SP bytes
     assert vol(predict_traffic(TINY, par), parallelism="tp") == c.iteration_tp_bytes
-    from llmcomm.analysis import tp_microbatch_bytes
+    from llmcomm.analysis.api import tp_microbatch_bytes
 
     assert tp_microbatch_bytes(predict_traffic(TINY, pc(tp=2, pp=2, sp=True, global_batch=2))) == \
         c.iteration_tp_sp_bytes

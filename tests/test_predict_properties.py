@@ -88,7 +88,7 @@ def _tied(model, p) -> int:
 @given(configs())
 @SETTINGS
 def test_support_is_the_union_of_layout_groups(p):
-    from llmcomm.analysis import support_violations
+    from llmcomm.analysis.api import support_violations
 
     t = predict_traffic(TINY, p)
     assert support_violations(t).empty

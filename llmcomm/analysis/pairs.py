@@ -52,12 +52,11 @@ def support_violations(data: TraceOrEvents, algorithm: str = "direct") -> pd.Dat
     parallelism in the trace's layout (see the module docstring). Empty when every byte flows inside a
     group — finding F1's "determined by the parallel config and the rank mapping"."""
     from ..layout import Layout
-    from ..specs import ParallelConfig
 
     trace = trace_of(data)
     if "parallel" not in trace.meta:
         raise AnalysisError("trace meta has no field 'parallel': the layout that defines the groups is unknown")
-    layout = Layout(ParallelConfig.from_dict(trace.meta["parallel"]), int(trace.meta.get("gpus_per_node", 8)))
+    layout = Layout(trace.parallel_config(), int(trace.meta.get("gpus_per_node", 8)))
     flows = trace.flows(algorithm)
     flows = flows[flows["bytes"] > 0]
     violations = []

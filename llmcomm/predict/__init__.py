@@ -30,7 +30,7 @@ AUTO_AGGREGATE_ROWS = 500_000
 __all__ = ["predict_traffic", "audit_table", "Context"]
 
 
-def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: Cluster | None = None,
+def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, *, cluster: Cluster | None = None,
                     framework: str = "megatron", routing: pd.DataFrame | np.ndarray | None = None,
                     aggregate: bool | None = None) -> Trace:
     """Predict one training iteration's communication of ``model`` under ``parallel``.

@@ -140,7 +140,7 @@ def _write_matrix(trace: Trace, model_name: str, gpn: int, path: Path, fmt: str)
 
 def summary_text(trace: Trace, gpus_per_node: int = 8) -> str:
     """The summary ``predict`` prints: bytes per parallelism, per phase, per pair class, and the TP share."""
-    from ..analysis import bytes_by, pair_classes, tp_share
+    from ..analysis.api import bytes_by, pair_classes, tp_share
     from ..units import format_bytes
 
     def table(df: pd.DataFrame, keys: list[str]) -> list[str]:
