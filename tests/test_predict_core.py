@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TINY
 
-from llmcomm import ConfigError, ModelSpec, ParallelConfig
+from llmcomm import ConfigError, ParallelConfig
 from llmcomm.predict import predict_traffic
 from llmcomm.predict.schedule import interleaved, one_f_one_b
 
-TINY = ModelSpec(name="tiny", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
-                 vocab_size=1000, seq_length=32, tied_embeddings=True)
 H, S = 64, 32
 A = 1 * S * H * 2  # b·s·h·bf16 = 4096
 CE = S * 4  # b·s fp32
