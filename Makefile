@@ -39,6 +39,7 @@ figures-quick: $(BASE)
 test: $(STAMP)
 	$(VENV)/bin/ruff check llmcomm tests benchmarks notebooks
 	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 	$(PY) -m pytest -q --durations=15
 
 test-fast: $(STAMP)
@@ -47,6 +48,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check llmcomm tests benchmarks notebooks
 	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench,scale]'

@@ -54,12 +54,12 @@ def _load(manifest: Path) -> dict[str, Entry]:
     out: dict[str, Entry] = {}
     for i, row in enumerate(doc.get("files") or []):
         try:
-            e = Entry(**row)
+            entry = Entry(**row)
         except TypeError as err:
             raise DataError(f"{manifest}: entry {i} is malformed: {err}") from None
-        if len(e.sha256) != 64:
-            raise DataError(f"{manifest}: entry {e.name!r} has no 64-digit sha256")
-        out[e.name] = e
+        if len(entry.sha256) != 64:
+            raise DataError(f"{manifest}: entry {entry.name!r} has no 64-digit sha256")
+        out[entry.name] = entry
     return out
 
 

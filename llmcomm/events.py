@@ -28,7 +28,6 @@ from .vocab import (
     TIME_COLUMNS,
 )
 
-DEFAULTS = EVENT_DEFAULTS  # the defaults of the optional columns (``llmcomm.trace.DEFAULTS``)
 VALIDATE_ROWS = 50_000  # rows validated at once
 
 
@@ -43,7 +42,7 @@ def events_to_table(events: pd.DataFrame, origin: str = "<events>") -> pa.Table:
     """The events DataFrame as an Arrow table in exactly ``EVENTS_SCHEMA``; missing optional columns take
     their defaults. Raises :class:`TraceFormatError` naming the column and the rule."""
     df = events
-    missing = [c for c in EVENT_COLUMNS if c not in df.columns and c not in DEFAULTS]
+    missing = [c for c in EVENT_COLUMNS if c not in df.columns and c not in EVENT_DEFAULTS]
     if missing:
         raise TraceFormatError(f"{origin}: events lack required column(s) {missing}")
     extra = [c for c in df.columns if c not in EVENT_COLUMNS]
@@ -54,8 +53,8 @@ def events_to_table(events: pd.DataFrame, origin: str = "<events>") -> pa.Table:
     for f in EVENTS_SCHEMA:
         if f.name in df.columns:
             col = df[f.name]
-            if DEFAULTS.get(f.name) is not None and not pa.types.is_list(f.type) and col.isna().any():
-                col = col.fillna(DEFAULTS[f.name])
+            if EVENT_DEFAULTS.get(f.name) is not None and not pa.types.is_list(f.type) and col.isna().any():
+                col = col.fillna(EVENT_DEFAULTS[f.name])
             try:
                 if isinstance(col.dtype, pd.ArrowDtype):
                     arr = pa.array(col.array).cast(f.type)
@@ -78,7 +77,7 @@ def events_to_table(events: pd.DataFrame, origin: str = "<events>") -> pa.Table:
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
                 raise TraceFormatError(f"{origin}: column {f.name!r} cannot be read as {f.type}: {e}") from None
         else:
-            default = DEFAULTS[f.name]
+            default = EVENT_DEFAULTS[f.name]
             arr = pa.nulls(n, type=f.type) if default is None else pa.array(np.full(n, default), type=f.type) \
                 if not isinstance(default, str) else pa.array([default] * n, type=f.type)
         if not f.nullable and arr.null_count:

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from .errors import TraceFormatError
 from .events import vocabulary_codes
 from .group_refs import RefEvents
-from .vocab import ALGORITHMS, EVENTS_SCHEMA, OPS
+from .vocab import ALGORITHMS, EVENTS_SCHEMA, OPS, AlgorithmName
 
 FLOW_TAGS = ("iteration", "microbatch", "layer", "phase", "parallelism", "op")
 
@@ -188,7 +188,7 @@ class _Rows:
         return row[keep], members[keep].astype(np.int64), position[keep]
 
 
-def _flows(events: pa.Table | RefEvents, algorithm: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _flows(events: pa.Table | RefEvents, algorithm: AlgorithmName) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(src, dst, bytes, row)``: every flow of ``events`` under ``algorithm`` and the row it comes from (the
     rules of the module doc, in its order)."""
     if algorithm not in ALGORITHMS:
@@ -248,14 +248,14 @@ def _all_to_all(events: pa.Table | RefEvents, r: _Rows, rows: np.ndarray) -> tup
 
 
 # --------------------------------------------------------------------------------------- public
-def flow_arrays(events: pa.Table | RefEvents, algorithm: str = "ring") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def flow_arrays(events: pa.Table | RefEvents, algorithm: AlgorithmName = "ring") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(src, dst, bytes)`` of every flow of ``events`` (an events table or a :class:`RefEvents`) under
     ``algorithm`` (``ring`` or ``direct``), without the tag columns."""
     src, dst, nbytes, _ = _flows(events, algorithm)
     return src, dst, nbytes
 
 
-def flows_from_table(events: pa.Table | RefEvents, algorithm: str = "ring", tags: bool = True) -> pd.DataFrame:
+def flows_from_table(events: pa.Table | RefEvents, algorithm: AlgorithmName = "ring", tags: bool = True) -> pd.DataFrame:
     """Vectorized flow decomposition of an events table or a :class:`RefEvents` (see the module docstring
     for the rules): ``src, dst`` (int64), ``bytes`` (float64) plus, unless ``tags=False``, each flow's event
     tags (``FLOW_TAGS``)."""

@@ -32,11 +32,7 @@ import pandas as pd
 
 from .errors import ConfigError
 from .specs import ParallelConfig
-from .vocab import GROUP_PARALLELISMS, LAYOUT_GROUP_KINDS, RANK_DIMS
-from .vocab import parse_order as parse_order  # re-exported: its home is llmcomm.vocab
-
-DIMS = RANK_DIMS
-PARALLELISMS = GROUP_PARALLELISMS
+from .vocab import GROUP_PARALLELISMS, LAYOUT_GROUP_KINDS, RANK_DIMS, parse_order
 
 
 @dataclass(frozen=True)
@@ -140,7 +136,7 @@ class Layout:
         (see :meth:`size`) and ``emb`` (first and last stage of each PP group; the PP group itself when
         ``pp == 1``).
         """
-        if parallelism in DIMS:
+        if parallelism in RANK_DIMS:
             g = np.moveaxis(self._grid, self._axis(parallelism), -1).reshape(-1, self.size(parallelism))
         elif parallelism in ("ep", "edp") and self._expert_grid_differs:
             g = self._expert_groups((parallelism,))
@@ -150,7 +146,7 @@ class Layout:
             slow, fast = (ax_d, ax_c) if self.order.index("cp") < self.order.index("dp") else (ax_c, ax_d)
             rest = [a for a in range(self._grid.ndim) if a not in (slow, fast)]
             arr = np.transpose(self._grid, rest + [slow, fast])
-            arr = arr.reshape(arr.shape[: len(rest)] + (-1,))
+            arr = arr.reshape((*arr.shape[: len(rest)], -1))
             ep = self.parallel.ep
             arr = arr.reshape(arr.shape[:-1] + (arr.shape[-1] // ep, ep))
             if parallelism == "edp":
@@ -231,14 +227,14 @@ class Layout:
     def group_table(self) -> pd.DataFrame:
         """:attr:`coords` plus, per parallelism, the id of the group each rank belongs to (``tp_group``...)."""
         out = self.coords.copy()
-        for p in PARALLELISMS:
+        for p in GROUP_PARALLELISMS:
             out[f"{p}_group"] = self.group_index(p)
         return out
 
     def membership(self) -> pd.DataFrame:
         """Long table ``rank, parallelism, group_id, position`` for every parallelism with size > 1."""
         frames = []
-        for p in PARALLELISMS:
+        for p in GROUP_PARALLELISMS:
             if self.size(p) == 1:
                 continue
             g = self.groups(p)

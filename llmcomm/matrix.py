@@ -19,7 +19,7 @@ sequence of duplicates and scipy sums them in the same order: the ``"gpu"`` matr
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 import pandas as pd
@@ -30,13 +30,14 @@ from .errors import ConfigError, TraceFormatError
 from .events import vocabulary_codes
 from .flows import flow_arrays
 from .group_refs import RefEvents
-from .vocab import ALGORITHMS, OPS
+from .vocab import ALGORITHMS, OPS, AlgorithmName
 
-LEVELS = ("gpu", "node", "rack")
+MatrixLevel = Literal["gpu", "node", "rack"]
+LEVELS: tuple[str, ...] = get_args(MatrixLevel)
 BLOCK_FLOWS = 4_000_000  # group members decomposed at once (~40 bytes each in the temporaries)
 
 
-def level_unit(level: str, gpus_per_node: int = 8, nodes_per_rack: int | None = None) -> int:
+def level_unit(level: MatrixLevel, gpus_per_node: int = 8, nodes_per_rack: int | None = None) -> int:
     """GPUs per matrix index at ``level``: 1, ``gpus_per_node`` or ``gpus_per_node · nodes_per_rack``."""
     if level not in LEVELS:
         raise ConfigError(f"level={level!r} is not one of {list(LEVELS)}")
@@ -62,7 +63,7 @@ def flows_to_matrix(flows: pd.DataFrame, world_size: int) -> sp.csr_matrix:
     return m.tocsr()
 
 
-def _work_per_event(table: pa.Table | RefEvents, algorithm: str) -> np.ndarray:
+def _work_per_event(table: pa.Table | RefEvents, algorithm: AlgorithmName) -> np.ndarray:
     """Work (and memory) an event costs the decomposition: its group size (the flat group members it
     expands to, an upper bound of its flows under either algorithm), at least 1. With referenced groups
     under the ring algorithm only all-to-alls expand; every other row costs one flow."""
@@ -96,7 +97,7 @@ def blocks(rank: np.ndarray, weight: np.ndarray, world_size: int, unit: int,
     return out
 
 
-def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: str = "direct", *, level: str = "gpu",
+def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: AlgorithmName = "direct", *, level: MatrixLevel = "gpu",
                       gpus_per_node: int = 8, nodes_per_rack: int | None = None,
                       block_flows: int = BLOCK_FLOWS) -> sp.csr_matrix:
     """Sparse CSR matrix of bytes from source (row) to destination (column) at ``level``, built one block
@@ -147,7 +148,7 @@ class _Growing:
     pages rather than copying), so the blocks never exist twice, as a list + concatenate would."""
 
     def __init__(self, dtype: type) -> None:
-        self.buf = np.zeros(0, dtype)
+        self.buf: np.ndarray = np.zeros(0, dtype)
         self.n = 0
 
     def extend(self, values: np.ndarray) -> None:
@@ -168,10 +169,10 @@ class _MatrixSource(Protocol):
     @property
     def world_size(self) -> int: ...
 
-    def matrix(self, algorithm: str = ..., world_size: int | None = ..., **kwargs: Any) -> sp.csr_matrix: ...
+    def matrix(self, algorithm: AlgorithmName = ..., world_size: int | None = ..., **kwargs: Any) -> sp.csr_matrix: ...
 
 
-def binned_flows(trace: _MatrixSource, algorithm: str = "direct", max_cells: int = 512) -> pd.DataFrame:
+def binned_flows(trace: _MatrixSource, algorithm: AlgorithmName = "direct", max_cells: int = 512) -> pd.DataFrame:
     """Flows summed over blocks of ``k = ceil(world / max_cells)`` consecutive ranks, as tidy
     ``src, dst, bytes`` with ``src``/``dst`` the first rank of each block: what :func:`llmcomm.plots.comm_matrix`
     draws (it bins by the same ``k``), built by the blocked builder at that level, so a 131,072-GPU job is drawn

@@ -29,13 +29,18 @@ import yaml
 
 from .errors import ConfigError
 from .paths import data_dir
-from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
 from .vocab import (
     MOE_TOKEN_DISPATCHERS,
     NORMALIZATIONS,
     PIPELINE_SCHEDULES,
     POSITION_EMBEDDINGS,
     RECOMPUTE_MODES,
+    DispatcherName,
+    DtypeName,
+    NormalizationName,
+    PositionEmbeddingName,
+    RecomputeName,
+    ScheduleName,
     dtype_bytes,
     parse_order,
 )
@@ -108,8 +113,8 @@ class ModelSpec:
     tied_embeddings: bool = True  # output layer shares the input embedding
     add_bias_linear: bool = False  # biases on the linear layers (GPT-2/3 style)
     add_qkv_bias: bool = False  # biases only on Q, K, V (Qwen2 style)
-    normalization: str = "LayerNorm"  # or "RMSNorm"
-    position_embedding_type: str = "rope"  # "learned_absolute" adds max_position_embeddings·h parameters
+    normalization: NormalizationName = "LayerNorm"
+    position_embedding_type: PositionEmbeddingName = "rope"  # "learned_absolute" adds max_position_embeddings·h parameters
     max_position_embeddings: int | None = None
     num_experts: int = 0  # 0 for a dense model
     moe_router_topk: int = 0
@@ -413,15 +418,15 @@ class ParallelConfig:
     micro_batch: int = 1
     global_batch: int | None = None  # None -> micro_batch · dp (one micro-batch per rank)
     seq_len: int | None = None  # None -> the model's seq_length
-    act_dtype: str = "bf16"
-    grad_reduce_dtype: str = "fp32"
-    param_dtype: str = "bf16"
+    act_dtype: DtypeName = "bf16"
+    grad_reduce_dtype: DtypeName = "fp32"
+    param_dtype: DtypeName = "bf16"
     distributed_optimizer: bool = False
     fsdp: bool = False
-    recompute: str = "none"
-    schedule: str = "1f1b"
+    recompute: RecomputeName = "none"
+    schedule: ScheduleName = "1f1b"
     order: str = DEFAULT_ORDER
-    moe_token_dispatcher_type: str = "alltoall"
+    moe_token_dispatcher_type: DispatcherName = "alltoall"
     etp: int | None = None  # expert tensor-parallel size; None -> tp (Megatron's default)
     overlap_grad_reduce: bool = False
     bucket_size: int | None = None  # DDP bucket, elements; None -> max(40M, 1M·dp) with overlap_grad_reduce

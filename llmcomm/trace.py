@@ -33,7 +33,6 @@ import pyarrow.compute as pc
 import scipy.sparse as sp
 
 from .errors import ConfigError
-from .events import DEFAULTS as DEFAULTS
 from .events import VALIDATE_ROWS as VALIDATE_ROWS
 from .events import events_to_table as events_to_table
 from .events import table_to_events as table_to_events
@@ -45,8 +44,8 @@ from .flows import flows_from_table as flows_from_table
 from .flows import reduction_factor as reduction_factor
 from .flows import split_arrays as split_arrays
 from .group_refs import RefEvents
+from .matrix import MatrixLevel, matrix_from_table
 from .matrix import flows_to_matrix as flows_to_matrix
-from .matrix import matrix_from_table
 from .specs import ModelSpec, ParallelConfig, load_model
 from .trace_io import META_KEY as META_KEY
 from .trace_io import SCHEMA_VERSION as SCHEMA_VERSION
@@ -61,7 +60,7 @@ from .trace_io import read_trace_file, trace_file_path, write_trace_file
 from .trace_io import routing_path as routing_path
 from .trace_io import trace_metadata as trace_metadata
 from .trace_io import write_events_table as write_events_table
-from .vocab import EVENT_COLUMNS, OPS, PARALLELISM_TAGS, PHASES
+from .vocab import EVENT_COLUMNS, EVENT_DEFAULTS, OPS, PARALLELISM_TAGS, PHASES, AlgorithmName
 from .vocab import EVENTS_SCHEMA as EVENTS_SCHEMA
 from .vocab import ROUTING_KEY as _ROUTING_KEY
 from .vocab import ROUTING_SCHEMA as ROUTING_SCHEMA
@@ -93,6 +92,7 @@ class Trace:
     def events(self) -> pd.DataFrame:
         """The events table as a DataFrame (written out from the group references on first use)."""
         if self._events is None:
+            assert self._ref_events is not None  # exactly one of the two is set (__init__)
             self._events = table_to_events(self._ref_events.to_table())
             self._ref_events = None
         return self._events
@@ -118,7 +118,7 @@ class Trace:
                     routing: pd.DataFrame | None = None, origin: str = "<events>") -> Trace:
         """Normalize any DataFrame with the event columns (defaults filled) into a checked Trace."""
         if len(events.columns) == 0:
-            events = pd.DataFrame({c: [] for c in EVENT_COLUMNS if c not in DEFAULTS})
+            events = pd.DataFrame({c: [] for c in EVENT_COLUMNS if c not in EVENT_DEFAULTS})
         table = events_to_table(events, origin)
         validate_events(table, origin)
         return cls(table_to_events(table), dict(meta or {}), routing)
@@ -187,7 +187,7 @@ class Trace:
             vals = [val] if isinstance(val, (str, int, np.integer)) else list(val)
             vocab = _VOCABULARIES.get(col)
             bad = [v for v in vals if vocab is not None and v not in vocab]
-            if bad:
+            if bad and vocab is not None:
                 raise ConfigError(f"select: {col}={bad[0]!r} is not one of {', '.join(vocab)}")
             if refs is not None:
                 mask &= pc.is_in(refs.table.column(col), value_set=pa.array(vals)).to_numpy(zero_copy_only=False)
@@ -197,13 +197,13 @@ class Trace:
             return Trace(meta=self.meta, routing=self.routing, ref_events=refs.filter(mask))
         return Trace(self.events[mask].reset_index(drop=True), dict(self.meta), self.routing)
 
-    def flows(self, algorithm: str = "ring", **filters: Any) -> pd.DataFrame:
+    def flows(self, algorithm: AlgorithmName = "ring", **filters: Any) -> pd.DataFrame:
         """Flows ``src, dst, bytes`` (float64, bytes × count) plus the event's tags; see the module doc."""
         t = self.select(**filters) if filters else self
         # a prediction: from the group references, no member lists
         return flows_from_table(t.ref_events if t.ref_events is not None else t.to_table(), algorithm)
 
-    def matrix(self, algorithm: str = "direct", world_size: int | None = None, *, level: str = "gpu",
+    def matrix(self, algorithm: AlgorithmName = "direct", world_size: int | None = None, *, level: MatrixLevel = "gpu",
                gpus_per_node: int | None = None, nodes_per_rack: int | None = None,
                **filters: Any) -> sp.csr_matrix:
         """Sparse ``world × world`` matrix of bytes from ``src`` (row) to ``dst`` (column).
@@ -253,7 +253,9 @@ class Trace:
         return Trace(df, dict(self.meta), self.routing)
 
     def __len__(self) -> int:
-        return self._ref_events.num_rows if self._ref_events is not None else len(self._events)
+        if self._ref_events is not None:
+            return self._ref_events.num_rows
+        return len(self.events)
 
     def __repr__(self) -> str:
         return f"Trace({len(self)} events, source={self.meta.get('source', '?')!r}, world={self.world_size})"
@@ -274,15 +276,12 @@ def open_trace(name: str | os.PathLike[str]) -> Trace:
     return read_trace(trace_file_path(name))
 
 
-ROUTING_KEY = list(_ROUTING_KEY)
-
-
 def concat(traces: Sequence[Trace], meta: Mapping[str, Any] | None = None) -> Trace:
     """One trace of the events of several (e.g. one per rank), with their routing counts merged and sorted
     by ``iteration, microbatch, layer, src_rank, expert``. ``meta`` defaults to the first trace's."""
     df = pd.concat([t.events for t in traces], ignore_index=True) if traces else pd.DataFrame()
     routings = [t.routing for t in traces if t.routing is not None]
-    routing = (pd.concat(routings, ignore_index=True).sort_values(ROUTING_KEY, ignore_index=True) if routings
+    routing = (pd.concat(routings, ignore_index=True).sort_values(list(_ROUTING_KEY), ignore_index=True) if routings
                else None)
     if meta is None:
         meta = dict(traces[0].meta) if traces else {}

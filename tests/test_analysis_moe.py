@@ -372,7 +372,7 @@ def _moe_run(load: np.ndarray):
 
 
 def test_uniformity_over_training_and_dispatch_split() -> None:
-    from llmcomm.specs import DTYPE_BYTES
+    from llmcomm.vocab import DTYPE_BYTES
 
     even = _moe_run(np.full((6, 4), 8))
     skew = _moe_run(np.array([[8, 8, 8, 8]] * 3 + [[32, 0, 0, 0]] * 3))

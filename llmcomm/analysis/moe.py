@@ -57,7 +57,7 @@ import pandas as pd
 from ..errors import AnalysisError, DataError
 from ..layout import Layout
 from ..specs import ModelSpec, ParallelConfig
-from ..vocab import DTYPE_BYTES, ROUTING_COLUMNS
+from ..vocab import DTYPE_BYTES, ROUTING_COLUMNS, AlgorithmName
 from .repeatability import in_issue_order, repeatability
 from .temporal import autocorrelation
 
@@ -154,7 +154,7 @@ def routing_matrices(trace: Any, *, per_microbatch: bool = False) -> pd.DataFram
     return ep_matrices(trace.routing, par, spec.num_experts, per_microbatch=per_microbatch, bytes_per_token=bpt)
 
 
-def iteration_matrices(trace: Any, algorithm: str = "direct", **filters: Any) -> pd.DataFrame:
+def iteration_matrices(trace: Any, algorithm: AlgorithmName = "direct", **filters: Any) -> pd.DataFrame:
     """The whole communication matrix of each iteration of any trace (dense or MoE): cells ``iteration,
     src, dst, value`` (bytes of :meth:`llmcomm.trace.Trace.flows`; ``direct`` leaves out what a rank sends
     itself)."""
@@ -409,9 +409,9 @@ def predict_next(stack: np.ndarray, method: str, *, alpha: float = 0.3, window: 
         if window < 1:
             raise AnalysisError(f"window={window} must be >= 1")
         c = np.concatenate([np.zeros((1, *m.shape[1:])), np.cumsum(m, axis=0)])
-        t = np.arange(1, T)
-        lo = np.maximum(0, t - window)
-        p[1:] = (c[t] - c[lo]) / (t - lo)[:, None, None]
+        steps = np.arange(1, T)
+        lo = np.maximum(0, steps - window)
+        p[1:] = (c[steps] - c[lo]) / (steps - lo)[:, None, None]
     else:
         raise AnalysisError(f"method={method!r} is not one of uniform, last, ema, window")
     return p

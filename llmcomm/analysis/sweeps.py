@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..predict import predict_traffic
 from ..specs import ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace
+from ..vocab import AlgorithmName
 from .volumes import bytes_by, tp_share
 
 Case = tuple[str | ModelSpec, dict]
@@ -52,7 +53,7 @@ def predict_cases(cases: Mapping[str, tuple[str | ModelSpec, dict]], **kw) -> di
 
 
 def tp_share_vs_microbatches(model: ModelSpec, parallel: ParallelConfig, microbatches: Iterable[int],
-                             algorithm: str | None = None) -> pd.DataFrame:
+                             algorithm: AlgorithmName | None = None) -> pd.DataFrame:
     """TP share of the bytes for each number of micro-batches ``m`` (global batch = m · micro_batch · dp):
     columns ``microbatches``, bytes of ``tp``, ``pp``, ``dp``, ``ep``, and ``tp_share``.
 

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..trace import Trace
+from ..vocab import AlgorithmName
 from . import alltoall, moe, pairs, repeatability, temporal, volumes
 from .events import TraceOrEvents, trace_of
 
@@ -22,28 +23,28 @@ class TraceAnalysis:
         self.trace: Trace = trace_of(data)
 
     # -- F2: volumes --------------------------------------------------------------------------------------
-    def bytes_by(self, by: Iterable[str] = ("parallelism",), algorithm: str | None = None) -> pd.DataFrame:
+    def bytes_by(self, by: Iterable[str] = ("parallelism",), algorithm: AlgorithmName | None = None) -> pd.DataFrame:
         """:func:`llmcomm.analysis.volumes.bytes_by`: bytes per group of ``by`` with each group's share."""
         return volumes.bytes_by(self.trace, by, algorithm)
 
-    def tp_share(self, algorithm: str | None = None) -> float:
+    def tp_share(self, algorithm: AlgorithmName | None = None) -> float:
         """:func:`llmcomm.analysis.volumes.tp_share`: the TP (and SP) share of the bytes."""
         return volumes.tp_share(self.trace, algorithm)
 
     # -- F1: pairs and matrices ---------------------------------------------------------------------------
-    def pair_classes(self, gpus_per_node: int = 8, algorithm: str = "ring") -> pd.DataFrame:
+    def pair_classes(self, gpus_per_node: int = 8, algorithm: AlgorithmName = "ring") -> pd.DataFrame:
         """:func:`llmcomm.analysis.pairs.pair_classes`: bytes inside a node and across nodes."""
         return pairs.pair_classes(self.trace, gpus_per_node, algorithm)
 
-    def support_violations(self, algorithm: str = "direct") -> pd.DataFrame:
+    def support_violations(self, algorithm: AlgorithmName = "direct") -> pd.DataFrame:
         """:func:`llmcomm.analysis.pairs.support_violations`: matrix entries outside every group."""
         return pairs.support_violations(self.trace, algorithm)
 
-    def diagonal_offsets(self, algorithm: str = "direct", **filters: Any) -> list[int]:
+    def diagonal_offsets(self, algorithm: AlgorithmName = "direct", **filters: Any) -> list[int]:
         """:func:`llmcomm.analysis.pairs.diagonal_offsets`: the rank offsets the matrix's lines lie on."""
         return pairs.diagonal_offsets(self.trace, algorithm, **filters)
 
-    def matrix_asymmetry(self, algorithm: str = "direct", **filters: Any) -> float:
+    def matrix_asymmetry(self, algorithm: AlgorithmName = "direct", **filters: Any) -> float:
         """:func:`llmcomm.analysis.pairs.matrix_asymmetry`."""
         return pairs.matrix_asymmetry(self.trace, algorithm, **filters)
 
@@ -86,7 +87,7 @@ class TraceAnalysis:
         """:func:`llmcomm.analysis.moe.routing_matrices`."""
         return moe.routing_matrices(self.trace, per_microbatch=per_microbatch)
 
-    def iteration_matrices(self, algorithm: str = "direct", **filters: Any) -> pd.DataFrame:
+    def iteration_matrices(self, algorithm: AlgorithmName = "direct", **filters: Any) -> pd.DataFrame:
         """:func:`llmcomm.analysis.moe.iteration_matrices`."""
         return moe.iteration_matrices(self.trace, algorithm, **filters)
 

@@ -15,6 +15,7 @@ from ..predict import predict_traffic
 from ..specs import ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace
 from ..units import format_bytes
+from ..vocab import FrameworkName
 from .comparison import Comparison
 
 KEY = ("phase", "op", "group", "peer", "bytes")
@@ -200,7 +201,7 @@ def _pairs(meas: Trace, pred: Trace, world: int) -> pd.DataFrame:
 
 # -------------------------------------------------------------------------------------------- entry
 def compare(measured: Trace, predicted: Trace | None = None, *, model: ModelSpec | str | None = None,
-            parallel: ParallelConfig | Mapping[str, Any] | None = None, framework: str = "megatron",
+            parallel: ParallelConfig | Mapping[str, Any] | None = None, framework: FrameworkName = "megatron",
             iteration: int | None = None) -> Comparison:
     """Align ``measured`` with ``predicted`` (predicted here from the model and configuration when not given)
     call by call per rank; see the module docstring for the key and the tables.

@@ -401,9 +401,10 @@ def _call_from_rpc(event: dict, origin: str, rank: int, world: int | None, group
     if op == "all_to_all":
         split = _alltoall_split(args, origin, group, n_in, elem_size, nbytes)
     elif op in ("send", "recv"):
-        peer = _peer_of(args, origin, op, rank, group)
-        if peer is None:
+        found = _peer_of(args, origin, op, rank, group)
+        if found is None:
             return None  # a point-to-point record without its peer: not representable
+        peer = found
     ts = _num(event.get("ts"), origin, "ts")
     return {"op": op, "bytes": nbytes, "dtype": dtype, "group": group, "split": split, "peer": peer,
             "desc": args.get("Process Group Description") or args.get("Process Group Name"),

@@ -3,6 +3,7 @@
 is the module)."""
 
 from .bandwidth import Bandwidth as Bandwidth
+from .bandwidth import BandwidthModel as BandwidthModel
 from .bandwidth import against_measured as against_measured
 from .bandwidth import effective_bandwidth as effective_bandwidth
 from .bandwidth import fit_sweeps as fit_sweeps
@@ -31,6 +32,7 @@ from .utilization import Utilization as Utilization
 __all__ = [
     "against_measured",
     "Bandwidth",
+    "BandwidthModel",
     "Breakdown",
     "bus_bandwidth",
     "effective_bandwidth",

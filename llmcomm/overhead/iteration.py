@@ -51,8 +51,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from ..specs import DTYPE_BYTES, Cluster, ModelSpec, ParallelConfig, validate
-from ..vocab import PIPELINE_SCHEDULES
+from ..specs import Cluster, ModelSpec, ParallelConfig, validate
+from ..vocab import DTYPE_BYTES, PIPELINE_SCHEDULES
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .memory import model_state

@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace
+from ..vocab import FrameworkName
 from . import expand, program, torch_rules
 from .audit import audit_table
 from .calls import Context
@@ -31,7 +32,7 @@ __all__ = ["predict_traffic", "audit_table", "Context"]
 
 
 def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, *, cluster: Cluster | None = None,
-                    framework: str = "megatron", routing: pd.DataFrame | np.ndarray | None = None,
+                    framework: FrameworkName = "megatron", routing: pd.DataFrame | np.ndarray | None = None,
                     aggregate: bool | None = None) -> Trace:
     """Predict one training iteration's communication of ``model`` under ``parallel``.
 
@@ -85,7 +86,7 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, *, cluster
     return Trace(meta=meta, routing=routing if isinstance(routing, pd.DataFrame) else None, ref_events=events)
 
 
-def _check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str) -> None:
+def _check_supported(model: ModelSpec, parallel: ParallelConfig, framework: FrameworkName) -> None:
     """Rules of Megatron-LM the predictor relies on, beyond :func:`llmcomm.specs.validate`."""
     if framework == "megatron" and model.is_moe and parallel.tp > 1 and parallel.ep > 1 and not parallel.sp:
         raise ConfigError("tp>1 with ep>1 needs sp=True (Megatron-LM: 'When using expert parallelism and "

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from ..specs import ModelSpec, ParallelConfig, dtype_bytes, load_model, validate
+from ..specs import ModelSpec, ParallelConfig, load_model, validate
+from ..vocab import dtype_bytes
 from . import cp, dp, ep, pp, scalars, tp
 from .batch import batch_broadcast
 from .calls import Call, Context

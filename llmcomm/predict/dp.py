@@ -29,7 +29,8 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..specs import LayerParams, dtype_bytes
+from ..specs import LayerParams
+from ..vocab import OpName, PhaseName, dtype_bytes
 from .calls import Call, Context
 
 
@@ -105,7 +106,7 @@ def grad_sync(ctx: Context, params: StageParams) -> list[Call]:
     if ctx.parallel.fsdp:
         return []
     gb, _, gdt, _ = _sizes(ctx)
-    op = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
+    op: OpName = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
     out = []
     if ctx.parallel.dp * ctx.parallel.cp > 1 and params.dense:
         out.append(Call("optimizer", "dp", op, _dp_kind(ctx), params.dense * gb, gdt))
@@ -127,7 +128,7 @@ def param_gather(ctx: Context, params: StageParams) -> list[Call]:
     return out
 
 
-def fsdp_unit_forward(ctx: Context, dense: int, expert: int, layer: int, mb: int, phase: str = "forward"
+def fsdp_unit_forward(ctx: Context, dense: int, expert: int, layer: int, mb: int, phase: PhaseName = "forward"
                       ) -> list[Call]:
     """FSDP: all-gather of one unit's parameters (``dense·p`` over dp, ``expert·p`` over edp)."""
     if not ctx.parallel.fsdp:
@@ -251,7 +252,7 @@ def buckets(ctx: Context, stage: int, chunk: int) -> list[Bucket]:
     return [b for _, b in sorted(out, key=lambda x: x[0])]
 
 
-def _bucket_call(ctx: Context, b: Bucket, phase: str, op: str, mb: int) -> Call | None:
+def _bucket_call(ctx: Context, b: Bucket, phase: PhaseName, op: OpName, mb: int) -> Call | None:
     gb, pb, gdt, pdt = _sizes(ctx)
     p = ctx.parallel
     if b.expert and p.expert_dp == 1 or not b.expert and p.dp * p.cp == 1:
@@ -266,7 +267,7 @@ def overlapped_grad_sync(ctx: Context, bucket_list: list[Bucket], layer: int, mb
     of the bucket group, core/distributed/distributed_data_parallel.py); ``finish_grad_sync`` then only waits."""
     if not ctx.parallel.overlap_grad_reduce or ctx.parallel.fsdp or mb != ctx.num_microbatches - 1:
         return []
-    op = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
+    op: OpName = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
     calls = [_bucket_call(ctx, b, "backward", op, mb) for b in bucket_list if b.layer == layer]
     return [c for c in calls if c is not None]
 
