@@ -563,6 +563,11 @@ class ParallelConfig:
     moe_router_enable_expert_bias: bool = False  # DeepSeek-V3's aux-loss-free balancing (expert bias update)
     cross_entropy_loss_fusion: bool = False  # --cross-entropy-loss-fusion: two all-reduces instead of three
     calculate_per_token_loss: bool = False  # --calculate-per-token-loss: num_tokens broadcast + all-reduce
+    # uneven pipelines (--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split)
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):
@@ -688,6 +693,57 @@ class ParallelConfig:
         v = self.moe_router_load_balancing_type
         return tuple(v) if isinstance(v, (list, tuple)) else (v,)
 
+    @property
+    def uneven_pipeline(self) -> bool:
+        """Whether the layers are split over the pipeline unevenly (see :meth:`virtual_stage_layers`)."""
+        return (self.num_layers_in_first_pipeline_stage is not None or self.num_layers_in_last_pipeline_stage
+                is not None or self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split)
+
+    def virtual_stage_layers(self, num_layers: int) -> list[int]:
+        """Transformer layers of each virtual stage ``vs = chunk·pp + stage``, as Megatron-LM's
+        ``get_num_layers_to_build`` (core/transformer/transformer_block.py ~76-205) assigns them:
+
+        * ``num_layers_in_first/last_pipeline_stage``: those stages hold that many (split evenly over their
+          ``vpp`` chunks), the other stages share the rest evenly;
+        * ``account_for_embedding/loss_in_pipeline_split``: the embedding (loss) counts as one layer, so
+          ``L + 1 [+ 1]`` must divide by ``pp·vpp`` and the first (last) virtual stage builds one layer fewer;
+        * otherwise ``L / (pp·vpp)`` each.
+
+        Layers are numbered in virtual-stage order (Megatron's ``get_transformer_layer_offset``; the offsets
+        under uneven interleaving are taken as the running sum of these counts). Raises :class:`ConfigError`
+        naming the broken rule."""
+        pp, v = self.pp, self.vpp
+        first, last = self.num_layers_in_first_pipeline_stage, self.num_layers_in_last_pipeline_stage
+        acc_e, acc_l = self.account_for_embedding_in_pipeline_split, self.account_for_loss_in_pipeline_split
+        if first is not None or last is not None:
+            if acc_e or acc_l:
+                raise ConfigError("num_layers_in_first/last_pipeline_stage cannot be combined with "
+                                  "account_for_embedding/loss_in_pipeline_split (Megatron-LM get_num_layers_to_build)")
+            rest, left = num_layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+            if rest < 0 or (left > 0 and rest % left) or (left == 0 and rest):
+                raise ConfigError(f"with uneven first/last stages the {rest} remaining layers must divide over the "
+                                  f"{left} other stages (Megatron-LM get_num_layers_to_build)")
+            per_stage = [rest // left if left else 0] * pp
+            if first is not None:
+                per_stage[0] = first
+            if last is not None:
+                per_stage[-1] = last
+        else:
+            n = num_layers + int(acc_e) + int(acc_l)
+            if n % pp:
+                what = f"num_layers={num_layers}" + (" (+1 embedding)" if acc_e else "") + (" (+1 loss)" if acc_l else "")
+                raise ConfigError(f"pp={pp} does not divide {what}")
+            per_stage = [n // pp] * pp
+        if any(k % v for k in per_stage):
+            raise ConfigError(f"vpp={v} does not divide the layers of every pipeline stage {per_stage}")
+        counts = [per_stage[vs % pp] // v for vs in range(pp * v)]
+        counts[0] -= int(acc_e)
+        counts[-1] -= int(acc_l)
+        if sum(counts) != num_layers or min(counts) < 1:
+            raise ConfigError(f"the pipeline split {counts} (layers per virtual stage) must give every virtual stage "
+                              f"at least one of the {num_layers} layers")
+        return counts
+
     def _check_vp_groups(self) -> None:
         """Megatron-LM ``forward_backward_pipelining_with_interleaving`` (core/pipeline_parallel/schedules.py):
         the micro-batch group ``n`` must satisfy ``pp <= n <= m``, and the last group ``m % n`` must be 0 or
@@ -781,7 +837,9 @@ def validate(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster | None
     if model.ffn_hidden_size % parallel.tp:
         raise ConfigError(f"tp={parallel.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}")
     chunks = parallel.pp * parallel.vpp
-    if model.num_layers % chunks:
+    if parallel.uneven_pipeline:
+        parallel.virtual_stage_layers(model.num_layers)
+    elif model.num_layers % chunks:
         raise ConfigError(
             f"pp*vpp={chunks} does not divide num_layers={model.num_layers}"
             if parallel.vpp > 1 else f"pp={parallel.pp} does not divide num_layers={model.num_layers}"

@@ -803,6 +803,9 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
         raise ConfigError("only the alltoall MoE token dispatcher is modelled by the iteration-time formulation")
     if parallel.expert_tp != parallel.tp and model.is_moe:
         raise ConfigError("an expert tensor-parallel size (etp) other than tp is not modelled")
+    if parallel.uneven_pipeline:
+        raise ConfigError("uneven pipeline splits (num_layers_in_first/last_pipeline_stage, account_for_*) are not "
+                          "modelled by the iteration-time formulation")
     overlap_grad_reduce = overlap_grad_reduce or parallel.overlap_grad_reduce
     validate(model, parallel)
     if cluster.num_gpus is not None and parallel.world_size > cluster.num_gpus:

@@ -121,9 +121,15 @@ class Context:
         return tokens * self.model.hidden_size * self.act
 
     # -- layers and stages --------------------------------------------------------------------------
-    @property
-    def layers_per_chunk(self) -> int:
-        return self.model.num_layers // (self.pp * self.vpp)
+    @cached_property
+    def _layer_offsets(self) -> list[int]:
+        """First global layer of each virtual stage (and the total at the end):
+        :meth:`ParallelConfig.virtual_stage_layers` summed."""
+        counts = self.parallel.virtual_stage_layers(self.model.num_layers)
+        out = [0]
+        for n in counts:
+            out.append(out[-1] + n)
+        return out
 
     @property
     def last_virtual(self) -> int:
@@ -134,9 +140,10 @@ class Context:
         return chunk * self.pp + stage
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
-        """Global layer indices of model chunk ``chunk`` on stage ``stage``."""
-        start = self.virtual_stage(stage, chunk) * self.layers_per_chunk
-        return range(start, start + self.layers_per_chunk)
+        """Global layer indices of model chunk ``chunk`` on stage ``stage`` (even split, or Megatron's uneven
+        one: :meth:`ParallelConfig.virtual_stage_layers`)."""
+        vs = self.virtual_stage(stage, chunk)
+        return range(self._layer_offsets[vs], self._layer_offsets[vs + 1])
 
     def stage_layers(self, stage: int) -> list[int]:
         return [la for c in range(self.vpp) for la in self.chunk_layers(stage, c)]
