@@ -328,18 +328,33 @@ class ModelSpec:
         return self._count(active=False)
 
     def num_active_parameters(self) -> int:
-        """Parameters touched per token: only ``moe_router_topk`` experts of each MoE layer."""
+        """Parameters touched per token: only ``moe_router_topk`` experts of each MoE layer (multi-token
+        prediction layers left out, as published activated counts do)."""
         return self._count(active=True)
 
     def _count(self, active: bool) -> int:
         """Embedding + output layer + final norm + Σ layers (one dense and one MoE layer size, each times
-        its count)."""
+        its count) + the multi-token-prediction layers (:meth:`mtp_parameters`)."""
         pattern = self.moe_layer_pattern()
         layers = sum(
             pattern.count(is_moe) * self.layer_parameters(pattern.index(is_moe), active)
             for is_moe in (False, True) if is_moe in pattern
         )
-        return self.embedding_parameters() + self.output_parameters() + self.norm_parameters() + layers
+        # the MTP layers count in the total (the job holds and trains them) but not in the activated count:
+        # published activated counts are the main model's (DeepSeek-V3's 37B excludes its 14B MTP module)
+        return (self.embedding_parameters() + self.output_parameters() + self.norm_parameters() + layers
+                + (0 if active else self.mtp_parameters()))
+
+    def mtp_parameters(self, active: bool = False) -> int:
+        """Parameters of the ``mtp_num_layers`` multi-token-prediction layers: each ``enorm``, ``hnorm`` and
+        ``final_layernorm`` (3 norms), ``eh_proj`` (``2h → h``, no bias) and one transformer layer built like the
+        decoder's last (``MultiTokenPredictionLayer``, core/transformer/multi_token_prediction.py ~1157-1250);
+        the embedding and output layer are the main model's (shared)."""
+        if not self.mtp_num_layers:
+            return 0
+        h = self.hidden_size
+        one = 3 * self.norm_parameters() + 2 * h * h + self.layer_parameters(self.num_layers - 1, active)
+        return self.mtp_num_layers * one
 
     # -- FLOPs ---------------------------------------------------------------------------------------
     def forward_flops(self, seq_length: int | None = None, vocab_size: int | None = None) -> TokenFlops:

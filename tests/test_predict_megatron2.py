@@ -510,3 +510,77 @@ def test_qk_layernorm_is_all_reduced_over_tp_without_sp():
     t = predict_traffic(m, ParallelConfig(tp=2, global_batch=1))
     ev = t.select(rank=0, phase="optimizer", parallelism="tp").events
     assert list(ev["bytes"]) == [4 * 2 * 2 * 16]  # fp32 · layers · (q, k) · head_dim
+
+
+# ------------------------------------------------------------------------------------ 9: today's architectures
+def test_deepseek_v3_parameters_by_hand():
+    """DeepSeek-V3 (arXiv:2412.19437 Sec. 4.2) in Megatron-LM's MLA layout (multi_latent_attention.py
+    ~505-630): 671B in the main model, 11.6B in the MTP layer (its embedding and head shared), 37B activated."""
+    m = load_model("deepseek-v3")
+    h, a, ql, kvl, dq, dr, dv = 7168, 128, 1536, 512, 128, 64, 128
+    att = h * ql + ql + ql * a * (dq + dr) + h * (kvl + dr) + kvl + kvl * a * (dq + dv) + a * dv * h
+    assert m.attention_parameter_split(1) == (att - h * ql - ql - h * (kvl + dr) - kvl,
+                                              h * ql + ql + h * (kvl + dr) + kvl)
+    expert = 3 * h * 2048
+    dense_layer = att + 2 * h + 3 * h * 18432
+    moe_layer = att + 2 * h + 256 * expert + expert + h * 256
+    main = 3 * dense_layer + 58 * moe_layer + 2 * 129280 * h + h
+    mtp = 3 * h + 2 * h * h + moe_layer
+    assert m.num_parameters() == main + mtp
+    assert round(main / 1e9) == 671 and round(mtp / 1e9, 1) == 11.6
+    active = 3 * dense_layer + 58 * (moe_layer - 248 * expert) + 2 * 129280 * h + h
+    assert m.num_active_parameters() == active and abs(active / 37e9 - 1) < 0.02
+
+
+def test_mla_changes_tp_and_cp_bytes():
+    """With SP the MLA block gathers its compressed activations (T·(d_rope + q_lora + kv_lora)) instead of A
+    (multi_latent_attention.py ~645-875); the CP ring carries the up-projected K and V of every head:
+    T_cp·(a/tp)·(d_qk + d_rope + d_v) per step (TE context_parallel.py ~1690)."""
+    m = dataclasses.replace(load_model("deepseek-v3"), mtp_num_layers=0)
+    p = ParallelConfig(tp=2, cp=2, ep=8, dp=8, sp=True, global_batch=8)
+    a = audit_table(m, p)
+    T = 4096 // 2
+    att = a[(a["scope"] == "micro-batch") & a["origin"].str.contains("linear_qkv")]
+    fwd = att[att["phase"] == "forward"]
+    assert list(zip(fwd["op"], fwd["bytes"], strict=True)) == [
+        ("all_gather", T * 64 * 2), ("all_gather", T * 1536 * 2), ("all_gather", T * 512 * 2),
+        ("reduce_scatter", T * 7168 * 2)]
+    bwd = att[att["phase"] == "backward"]
+    assert list(zip(bwd["op"], bwd["bytes"], strict=True)) == [
+        ("all_gather", T * 7168 * 2), ("all_gather", T * 512 * 2), ("reduce_scatter", T * 512 * 2),
+        ("all_gather", T * 1536 * 2), ("reduce_scatter", T * 1536 * 2), ("reduce_scatter", T * 64 * 2)]
+    ring = a[a["parallelism"] == "cp"]
+    assert set(ring["bytes"]) == {T * (128 // 2) * (128 + 64 + 128) * 2}
+    with pytest.raises(ConfigError, match="mtp_num_layers"):
+        audit_table("deepseek-v3", p)
+    with pytest.raises(ConfigError, match="multi_latent_attention with tp>1 and sp=False"):
+        audit_table(dataclasses.replace(m, num_experts=0, moe_router_topk=0, num_shared_experts=0,
+                                        moe_layer_freq=1), ParallelConfig(tp=2, dp=2, global_batch=2))
+
+
+def test_moe_parallel_folding_ep_spans_tp_and_dp():
+    """Megatron-Core's parallel folding: the expert grid (etp-ep-edp-pp, parallel_state.py
+    expert_decoder_rank_generator) is laid out apart from the attention grid, so with etp = 1 the EP group
+    of Qwen3-235B's published ep 32 with tp 4 · dp 16 · pp 2 spans 4 TP x 8 DP ranks."""
+    p = ParallelConfig(tp=4, etp=1, ep=32, dp=16, pp=2, sp=True, global_batch=32)
+    lay = Layout(p)
+    ep0 = set(lay.group_of(0, "ep"))
+    assert ep0 == set(range(32)) and set(lay.group_of(0, "tp")) <= ep0 and len(ep0 & set(lay.group_of(0, "dp"))) == 8
+    a = audit_table("qwen3-235b-a22b", p, stages=[0])
+    a2a = a[a["op"] == "all_to_all"]
+    assert len(a2a) and (a2a["group"] == "ep").all()
+
+
+def test_gpt_oss_and_qwen3_attention_options():
+    """GPT-OSS: TE refuses sliding windows and sinks under cp_comm_type p2p (context_parallel.py ~5054-5067);
+    the sinks are one TP-split logit per head. Qwen3: q/k norms of d each per layer, all-reduced over TP."""
+    oss = load_model("gpt-oss-120b")
+    assert oss.attention_parameter_split(4)[0] - dataclasses.replace(
+        oss, softmax_type="vanilla").attention_parameter_split(4)[0] == 64 // 4
+    with pytest.raises(ConfigError, match="sliding-window attention or attention sinks"):
+        audit_table(oss, ParallelConfig(tp=4, cp=2, ep=8, dp=8, sp=True, global_batch=8))
+    q3 = load_model("qwen3-30b-a3b")
+    assert q3.attention_parameter_split(2)[1] == 2 * 128
+    with pytest.raises(ConfigError, match="hybrid Mamba"):
+        audit_table(dataclasses.replace(q3, hybrid_override_pattern="M-M-"), ParallelConfig(tp=2, sp=True,
+                                                                                           global_batch=1))

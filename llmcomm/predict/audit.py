@@ -23,6 +23,7 @@ from ..specs import ModelSpec, ParallelConfig, dtype_bytes, load_model, validate
 from . import cp, dp, ep, pp, scalars, tp
 from .batch import batch_broadcast
 from .calls import Call, Context
+from .support import check_supported
 
 COLUMNS = ("stage", "scope", "origin", "generator", "phase", "parallelism", "op", "group", "bytes", "dtype",
            "calls_per_microbatch", "calls_per_iteration", "bytes_per_iteration")
@@ -169,6 +170,7 @@ def audit_table(model: ModelSpec | str, parallel: ParallelConfig, stages: list[i
     if isinstance(model, str):
         model = load_model(model)
     validate(model, parallel)
+    check_supported(model, parallel)
     ctx = Context(model, parallel, "megatron")
     rows = [r for s in (range(parallel.pp) if stages is None else stages) for r in _stage_rows(ctx, s)]
     if not rows:
