@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from llmcomm.errors import DataError, UsageError
-from llmcomm.overhead import iteration as it
 from llmcomm.overhead import nemo_rows, validation
 from llmcomm.specs import data_dir
 
@@ -45,18 +44,19 @@ def test_refusals_name_the_missing_mechanism(nemo):
 
 
 def test_rows_start_predicting_once_the_formulation_accepts_their_settings(monkeypatch):
-    """No list of supported mechanisms lives in validation: a column added to the formulation's candidates is
-    enough (simulated here by adding the names; iteration_times ignores columns it does not read)."""
-    extra = {k: None for k in ("fp8", "fp8_recipe", "fp8_param_gather", "tp_comm_overlap", "overlap_param_gather",
-                               "attention_backend")}
-    monkeypatch.setattr(it, "CANDIDATE_DEFAULTS", {**it.CANDIDATE_DEFAULTS, **extra})
-    t, s = validation.validate("nemo-h100")
-    row = t[(t["container"] == "26.04") & (t["model"] == "LLAMA3_70B")].iloc[0]
-    assert np.isfinite(row["predicted_s"]) and row["refused"] == ""
-    assert s["predicted"] >= 5
-    # cp is refused by iteration_times itself, with its own words
-    r = t[(t["container"] == "26.06") & (t["model"] == "LLAMA3.1_405B")]["refused"].iloc[0]
-    assert "account_for_embedding_in_pipeline_split" in r
+    """No list of supported mechanisms lives in validation: the settings the formulation accepts are read from
+    it (its candidate columns / ParallelConfig fields); once they include a row's settings, the row's plan has
+    nothing missing and carries them as columns (simulated by widening the accepted set)."""
+    extra = {"fp8", "fp8_recipe", "fp8_param_gather", "tp_comm_overlap", "overlap_param_gather", "attention_backend"}
+    rows = nemo_rows.read()
+    row = rows[(rows["container"] == "26.04") & (rows["model"] == "LLAMA3_70B")].iloc[0]
+    _, _, missing, _ = validation._plan(row, ())
+    assert {m.split("=")[0] for m in missing} == extra
+    wider = validation._accepted() | extra
+    monkeypatch.setattr(validation, "_accepted", lambda: wider)
+    _, cand, missing, _ = validation._plan(row, ())
+    assert missing == [] and cand["fp8"] == "hybrid" and cand["tp_comm_overlap"] is True
+    assert cand["tp"] == 4 and cand["pp"] == 8 and cand["vpp"] == 5 and cand["dp"] == 2
 
 
 def test_relax_is_a_named_diagnostic():

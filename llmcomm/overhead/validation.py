@@ -91,9 +91,15 @@ def validate(name: str, *, relax: tuple[str, ...] = (), bandwidth: Any = None,
 
 
 def _accepted() -> frozenset[str]:
-    """Settings the formulation takes: its candidate columns, and ``overlap_grad_reduce`` (a keyword of
-    ``iteration_times`` for all rows, or a column once it is one)."""
-    return ALWAYS_COLUMNS | frozenset(it.CANDIDATE_DEFAULTS) | {"overlap_grad_reduce"}
+    """Settings the formulation takes: the candidate columns of ``iteration_times`` (its
+    ``CANDIDATE_DEFAULTS`` where it has them, and the :class:`~llmcomm.specs.ParallelConfig` fields a table of
+    configurations is named by), and ``overlap_grad_reduce`` (a keyword of ``iteration_times``)."""
+    import dataclasses
+
+    from ..specs import ParallelConfig
+
+    fields = {f.name for f in dataclasses.fields(ParallelConfig)}
+    return ALWAYS_COLUMNS | frozenset(getattr(it, "CANDIDATE_DEFAULTS", {})) | fields | {"overlap_grad_reduce"}
 
 
 def _plan(row: pd.Series, relax: tuple[str, ...]) -> tuple[nemo_rows.RowSettings, dict[str, Any], list[str],
@@ -109,7 +115,7 @@ def _plan(row: pd.Series, relax: tuple[str, ...]) -> tuple[nemo_rows.RowSettings
         if k in relax:
             relaxed.append(f"{k}={v}")
             continue
-        if k == "overlap_grad_reduce" and k not in it.CANDIDATE_DEFAULTS:
+        if k == "overlap_grad_reduce" and k not in getattr(it, "CANDIDATE_DEFAULTS", {}):
             continue  # passed as iteration_times' keyword
         if k in accepted or k in ("cp", "fsdp"):  # cp and fsdp: iteration_times names its own rule
             cand[k] = v
