@@ -60,5 +60,8 @@ def _no_partial_distopt(model: ModelSpec, parallel: ParallelConfig) -> None:
         raise ConfigError(
             "num_distributed_optimizer_instances > 1 is not predicted: its reduce-scatter runs over the intra-"
             "instance partial data-parallel group and an all-reduce over the inter-instance group "
-            "(param_and_grad_buffer.py start_grad_sync ~700-745; groups built in parallel_state.py ~918-1014), "
-            "groups the layout does not build")
+            "(param_and_grad_buffer.py start_grad_sync ~700-745; intra groups: slices of the dp-cp ranks, "
+            "parallel_state.py ~984-1014; the dense buckets' inter-instance all-reduce uses the expert grid's "
+            "inter-partial group, get_inter_distributed_optimizer_instance_group ~2457-2467, built by "
+            "create_hierarchical_groups ~1474-1496; the norm's intra_dist_opt_group ~1564-1577), groups the layout "
+            "does not build")
