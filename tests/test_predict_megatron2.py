@@ -231,6 +231,26 @@ def gpt67_hand() -> dict:
             "buckets": {0: b0, 1: b1}}
 
 
+def gpt67_plain_hand() -> dict:
+    """Case 5 without the distributed optimizer: the default layout (param_and_grad_buffer.py ~954-1000) does
+    not split the shared embedding, so stage 0's last bucket is the attention rest + positions + the word
+    embedding, and stage 1 is one bucket; all-reduces, no parameter all-gather, the norm over mp."""
+    h, V, P = 4096, 50304, 2048
+    layer = 12 * h * h + 13 * h
+    fc2, fc1, qkv, rest = h + 4 * h * h, 4 * h + 4 * h * h, 2 * h + 3 * h + 3 * h * h, 2 * h + h + h * h
+    vh = V * h
+    b0 = [(fc2, 1), (fc1, 16), (qkv, 16), (rest + fc2, 15), (rest + P * h + vh, 1)]
+    b1 = [(16 * layer + 2 * h + vh, 1)]
+    emb = ("tied_embedding", "all_reduce", "emb", F32 * vh, "fp32", 1)
+    tail = [("rerun", "all_reduce", "world", 4, "int32", 1), ("grad_norm", "all_reduce", "mp", 4, "fp32", 1),
+            ("train_step", "all_reduce", "mp", 4, "int32", 1), ("train_step", "all_reduce", "mp", 4, "fp32", 1)]
+
+    def rows(b: list[tuple[int, int]]) -> list:
+        return [("buckets", "all_reduce", "dp", F32 * n, "fp32", c) for n, c in b] + [emb] + tail
+
+    return {"it": {0: rows(b0), 1: rows(b1) + [("train_step", "all_reduce", "dp", 8, "fp32", 1)]}, "totals": {}}
+
+
 HAND = {
     "llama3-405b": (CASES["llama3-405b"], llama405_hand()),
     "deepseek-moe-16b": (CASES["deepseek-moe-16b"], deepseek_moe_hand("alltoall")),
@@ -241,6 +261,8 @@ HAND = {
         CASES["qwen2-57b-a14b"][1], moe_token_dispatcher_type="allgather")), qwen2_hand("allgather")),
     "mixtral-8x7b": (CASES["mixtral-8x7b"], mixtral_hand()),
     "gpt3-6.7b": (CASES["gpt3-6.7b"], gpt67_hand()),
+    "gpt3-6.7b/no-distopt": ((CASES["gpt3-6.7b"][0], dataclasses.replace(
+        CASES["gpt3-6.7b"][1], distributed_optimizer=False)), gpt67_plain_hand()),
 }
 
 
@@ -270,7 +292,7 @@ def test_print_per_iteration_totals_by_parallelism(audits, capsys):
     """The per-iteration bytes by parallelism of one rank per stage (``pytest -s`` shows them)."""
     rows = []
     for name, ((_, parallel), hand) in HAND.items():
-        for stage in sorted(hand["totals"]):
+        for stage in sorted(hand["totals"]) or sorted(hand["it"]):
             rows.append({"case": name, "stage": stage, "microbatches": parallel.num_microbatches,
                          **totals(audits[name], stage)})
     table = pd.DataFrame(rows).fillna(0).set_index(["case", "stage"])
