@@ -32,8 +32,8 @@ Modules: :mod:`.align` (inputs, alignment, :func:`compare`), :mod:`.comparison` 
 :mod:`.report` (the one builder of its Markdown and HTML reports), :mod:`.load` (:func:`load_measured`).
 """
 
-from .align import KEY, WORK_PHASES, compare
+from .align import KEY, WORK_PHASES, compare, trace_framework
 from .comparison import Comparison
 from .load import load_measured
 
-__all__ = ["KEY", "WORK_PHASES", "Comparison", "compare", "load_measured"]
+__all__ = ["KEY", "WORK_PHASES", "Comparison", "compare", "load_measured", "trace_framework"]

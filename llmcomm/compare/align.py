@@ -15,7 +15,7 @@ from ..predict import predict_traffic
 from ..specs import ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace
 from ..units import format_bytes
-from ..vocab import FrameworkName
+from ..vocab import FRAMEWORKS, FrameworkName
 from .comparison import Comparison
 
 KEY = ("phase", "op", "group", "peer", "bytes")
@@ -23,6 +23,20 @@ WORK_PHASES = ("forward", "backward", "optimizer")
 
 
 # ------------------------------------------------------------------------------------------ inputs
+def trace_framework(meta: Mapping[str, Any]) -> FrameworkName | None:
+    """Whose calls a trace holds, from its metadata: ``meta['framework']`` where recorded; a trace that
+    ``llmcomm collect`` wrote (``source`` ``recorded`` with the kit's ``run_config``, also the curated traces
+    written before the field existed) ran the kit's torch-native workload: ``torch``. ``None``: unknown."""
+    fw = meta.get("framework")
+    if fw in FRAMEWORKS:
+        return fw
+    if isinstance(fw, str) and fw:
+        raise ConfigError(f"the trace's meta['framework'] = {fw!r} is not one of {FRAMEWORKS}")
+    if meta.get("source") == "recorded" and isinstance(meta.get("run_config"), Mapping):
+        return "torch"
+    return None
+
+
 def _resolve_model(measured: Trace, model: ModelSpec | str | None) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
@@ -31,7 +45,8 @@ def _resolve_model(measured: Trace, model: ModelSpec | str | None) -> ModelSpec:
     try:
         return measured.model_spec()
     except ConfigError as e:
-        raise ConfigError(f"{e}; pass model=NAME (a catalogue name, a YAML path or a ModelSpec)") from None
+        raise ConfigError(f"{e}; give --model NAME (Python: model=NAME; a catalogue name, a YAML path or a "
+                          "ModelSpec)") from None
 
 
 def _resolve_parallel(measured: Trace, parallel: ParallelConfig | Mapping[str, Any] | None) -> ParallelConfig:
@@ -40,8 +55,8 @@ def _resolve_parallel(measured: Trace, parallel: ParallelConfig | Mapping[str, A
     if isinstance(parallel, Mapping):
         return ParallelConfig.from_dict(parallel, origin="parallel=")
     if measured.meta.get("parallel") is None:
-        raise ConfigError("the trace's metadata has no parallel configuration; pass parallel= (a ParallelConfig "
-                          "or a dict such as {'tp': 2, 'dp': 4})")
+        raise ConfigError("the trace's metadata has no parallel configuration; give it as --tp/--pp/--dp/... "
+                          "(Python: parallel= a ParallelConfig or a dict such as {'tp': 2, 'dp': 4})")
     return measured.parallel_config()
 
 
@@ -201,16 +216,18 @@ def _pairs(meas: Trace, pred: Trace, world: int) -> pd.DataFrame:
 
 # -------------------------------------------------------------------------------------------- entry
 def compare(measured: Trace, predicted: Trace | None = None, *, model: ModelSpec | str | None = None,
-            parallel: ParallelConfig | Mapping[str, Any] | None = None, framework: FrameworkName = "megatron",
+            parallel: ParallelConfig | Mapping[str, Any] | None = None, framework: FrameworkName | None = None,
             iteration: int | None = None) -> Comparison:
     """Align ``measured`` with ``predicted`` (predicted here from the model and configuration when not given)
-    call by call per rank; see the module docstring for the key and the tables.
+    call by call per rank; see the module docstring for the key and the tables. ``framework`` (whose calls to
+    predict) defaults to the trace's own (:func:`trace_framework`), else ``megatron``.
 
     Raises :class:`ConfigError` when the model or configuration is unknown, does not fit, or does not match
     the trace's world size, and :class:`DataError` when the trace marks no iteration."""
     if not isinstance(measured, Trace):
         raise ConfigError(f"compare: measured must be a Trace (read it with llmcomm.read_trace or "
                           f"llmcomm.ingest_trace), got {type(measured).__name__}")
+    framework = framework or trace_framework(measured.meta) or "megatron"
     spec = _resolve_model(measured, model)
     par = _resolve_parallel(measured, parallel)
     validate(spec, par)

@@ -55,6 +55,7 @@ from ..specs import Cluster, ModelSpec, ParallelConfig, validate
 from ..vocab import DTYPE_BYTES, PIPELINE_SCHEDULES
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
+from .capacity import check_fits
 from .memory import model_state
 
 # ParallelConfig fields the predictor models (issue 24) and this formulation does not: refused by
@@ -804,7 +805,9 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
     """The :class:`Breakdown` of one configuration (the formulation of the module docstring). Raises
     :class:`ConfigError` when the model and configuration break a rule, when the cluster has fewer GPUs than
     the configuration needs, or when the model state alone (weights, gradients and optimizer state of the
-    stage holding the most, :func:`llmcomm.overhead.memory.model_state`) exceeds the GPU memory."""
+    stage holding the most, :func:`llmcomm.overhead.memory.model_state`) exceeds the GPU memory; warns with
+    :class:`~llmcomm.overhead.capacity.MemoryWarning` when activations included it does
+    (:func:`llmcomm.overhead.capacity.check_fits`)."""
     if parallel.cp > 1 or parallel.fsdp:
         raise ConfigError("cp > 1 and fsdp are not modelled by the iteration-time formulation")
     if parallel.moe_token_dispatcher_type != "alltoall" and model.is_moe:
@@ -827,6 +830,7 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
         raise ConfigError(f"{model.name} under tp={parallel.tp} pp={parallel.pp} needs {state / 1e9:.1f} GB "
                           f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "
                           f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
+    check_fits(model, parallel, cluster)  # activations too: a MemoryWarning with the numbers
     r = _evaluate(model, c, cluster, bw, ut, overlap_grad_reduce)
     return Breakdown(**{t: float(r[t][0]) for t in (*TERMS, "dp_comm_total_s", "comm_bus_bytes")},
                      critical_stage=str(r["critical"][0]))
