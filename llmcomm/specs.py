@@ -53,8 +53,16 @@ RERUN_MODES = ("disabled", "validate_results", "report_stats")  # megatron/train
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")  # TopKRouter (sinkhorn not modelled)
 
 
+def _literal_str(hint: Any) -> bool:
+    """A ``Literal`` of strings (a closed set of :mod:`llmcomm.vocab`): read as ``str`` here, its values are
+    checked by the spec's own validation, which names them."""
+    return typing.get_origin(hint) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(hint))
+
+
 def _expected(hint: Any) -> str:
     """How a field's annotation reads in an error message."""
+    if _literal_str(hint):
+        hint = str
     if hint is bool:
         return "true or false (a YAML boolean, unquoted)"
     if hint is int:
@@ -76,6 +84,8 @@ def _expected(hint: Any) -> str:
 def _type_ok(v: Any, hint: Any) -> bool:
     """Whether ``v`` (as YAML or JSON loaded it) has the annotated type: booleans only ``true``/``false`` (not
     the string ``"false"``, not 0/1), integers not booleans nor floats (2048.0 is refused), numbers finite."""
+    if _literal_str(hint):
+        hint = str
     if hint is bool:
         return isinstance(v, bool)
     if hint is int:

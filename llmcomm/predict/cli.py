@@ -66,7 +66,7 @@ def warn_surprises(parallel: ParallelConfig, gpus_per_node: int, cluster: Cluste
         return
     share = f"{crossing} of {len(groups)} TP groups"
     if trace is not None:
-        from ..analysis import pair_classes
+        from ..analysis.api import pair_classes
 
         pc = pair_classes(trace, gpus_per_node)
         tp = pc[pc["parallelism"] == "tp"]
