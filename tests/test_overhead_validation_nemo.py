@@ -111,7 +111,7 @@ def test_recipe_file_cites_every_setting_it_states(external):
     doc = yaml.safe_load((data_dir() / nemo_rows.RECIPES).read_text())
     rows = pd.read_csv(external(nemo_rows.FILE), dtype={"container": str})
     assert len(doc["rows"]) == len(rows)
-    cite = re.compile(r"^(src|scripts)/[\w/.]+\.py(:\d+)?")
+    cite = re.compile(r"^(src|scripts|launcher_scripts)/[\w/.]+\.(py|yaml)(:\d+)?")
     read = 0
     for r in doc["rows"]:
         assert r["status"] in ("read", "partial", "not_read")

@@ -213,14 +213,75 @@ def mb_row(r):
     return out
 
 
+NFL_DIR = ""  # a clone of NVIDIA/NeMo-Framework-Launcher (set by --launcher-git-dir)
+NFL_REPO = "NVIDIA/NeMo-Framework-Launcher"
+NFL_TAG = "24.07"
+NFL_CONFIGS = {"GPT3-5B": "gpt3/5b", "GPT3-20B": "gpt3/20b", "GPT3-175B": "gpt3/175b", "LLAMA2-7B": "llama/llama2_7b",
+               "LLAMA2-13B": "llama/llama2_13b", "LLAMA2-70B": "llama/llama2_70b", "LLAMA3-8B": "llama/llama3_8b",
+               "LLAMA3-70B": "llama/llama3_70b", "Nemotron-8B": "nemotron/nemotron_8b",
+               "Nemotron-22B": "nemotron/nemotron_22b", "Nemotron-340B": "nemotron/nemotron_340b"}
+NFL_KEYS = {  # NeMo 1.0 config key (under model.) -> Megatron-LM name
+    "ub_tp_comm_overlap": "tp_comm_overlap", "optim.overlap_grad_sync": "overlap_grad_reduce",
+    "optim.overlap_param_sync": "overlap_param_gather", "optim.grad_sync_dtype": "grad_sync_dtype",
+    "activations_checkpoint_granularity": "recompute_granularity", "activations_checkpoint_method": "recompute_method",
+    "activations_checkpoint_num_layers": "recompute_num_layers", "sequence_parallel": "sequence_parallel",
+    "use_flash_attention": "use_flash_attention", "fp8": "fp8_enabled", "fp8_hybrid": "fp8_hybrid",
+    "fp8_e4m3": "fp8_e4m3", "overlap_p2p_comm": "overlap_p2p_comm", "fsdp": "fsdp", "optim.name": "optimizer",
+    "megatron_amp_O2": "megatron_amp_O2", "tp_comm_overlap_cfg": "tp_comm_overlap_cfg",
+}
+NFL_SIZES = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+             "virtual_pipeline_model_parallel_size": "vp", "context_parallel_size": "cp", "micro_batch_size": "mbs",
+             "global_batch_size": "gbs"}
+
+
+def yaml_lines(text):
+    """dotted key -> (value, 1-based line) of a YAML mapping, from the composed node tree (no tags executed)."""
+    out = {}
+
+    def walk(node, prefix):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{prefix}{k.value}"
+                if isinstance(v, yaml.ScalarNode):
+                    out[key] = (yaml.safe_load(v.value) if v.value not in ("", "~") else None, v.start_mark.line + 1)
+                walk(v, key + ".")
+
+    walk(yaml.compose(text), "")
+    return out
+
+
 def nemo_row(r):
-    return {"status": "not_read",
-            "recipe_source": {"repo": "NVIDIA/NeMo", "rule": "NeMo 24.07 (NeMo 1.0): its performance runs used the "
-                              "NeMo-Framework-Launcher training configs; NeMo's scripts/llm/performance starts with NeMo 2.0"},
-            "unknown": {"all": "not read: TP comm overlap, recompute, FP8 recipe and gradient dtype of the 24.07 rows "
-                               "are unknown here"}}
-
-
+    model = r["model"]
+    base = {"recipe_source": {"repo": NFL_REPO, "tag": NFL_TAG, "rule": "NeMo 24.07 (NeMo 1.0) trains with the "
+                              "NeMo-Framework-Launcher's training configs; read at the launcher's 24.07 tag"}}
+    if model not in NFL_CONFIGS or not NFL_DIR:
+        return {**base, "status": "not_read", "unknown": {"all": "no launcher config mapped for this model"}}
+    path = f"launcher_scripts/conf/training/{NFL_CONFIGS[model]}.yaml"
+    text = subprocess.run(["git", "-C", NFL_DIR, "show", f"{NFL_TAG}:{path}"], capture_output=True, text=True,
+                          check=True).stdout
+    kv = yaml_lines(text)
+    s, unknown, checks = {}, {}, {}
+    for key, name in NFL_KEYS.items():
+        hit = kv.get(f"model.{key}")
+        if hit is not None:
+            s[name] = {"value": hit[0], "cite": f"{path}:{hit[1]}"}
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if "tp_overlap@model.ub_tp_comm_overlap_cfg" in line:
+            s["tp_comm_overlap_cfg"] = {"value": line.split(":", 1)[1].strip(), "cite": f"{path}:{line_no}"}
+    for key, col in NFL_SIZES.items():
+        v, line = kv.get(f"model.{key}", (None, None))
+        t = r[col]
+        tv = None if t in ("", "n/a") else int(float(t))
+        checks[col] = {"table": tv, "recipe": v, "agree": tv == v or (tv in (None, 1) and v in (None, 1)),
+                       "cite": f"{path}:{line}" if line else "not in the config"}
+    fp8_on = s.get("fp8_enabled", {}).get("value")
+    if fp8_on is not True:
+        unknown["fp8"] = (f"the config states fp8: {fp8_on} ({s.get('fp8_enabled', {}).get('cite', path)}) while the "
+                          "table's heading says FP8: the published run set FP8 (and its format) outside this file")
+    if not all(c["agree"] for c in checks.values()):
+        unknown["run_overrides"] = ("the table's sizes differ from this config (see checks): the published run "
+                                    "overrode it; settings here are the config's, which the run may also have overridden")
+    return {**base, "status": "partial", "config_file": path, "settings": s, "unknown": unknown, "checks": checks}
 
 def src(commit, path):
     return subprocess.run(["git", "-C", GIT_DIR, "show", f"{commit}:{path}"], capture_output=True, text=True, check=True).stdout
@@ -311,9 +372,11 @@ def main(csv_path, out_path):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--git-dir", required=True, help="a clone (or bare mirror) of NVIDIA-NeMo/Megatron-Bridge")
+    ap.add_argument("--launcher-git-dir", default="", help="a clone of NVIDIA/NeMo-Framework-Launcher (24.07 rows)")
     ap.add_argument("csv", help="nemo/h100_pretraining.csv (llmcomm.data.path)")
     ap.add_argument("out", help="where to write the YAML")
     args = ap.parse_args()
     GIT_DIR = args.git_dir
+    NFL_DIR = args.launcher_git_dir
     main(args.csv, args.out)
     sys.exit(0)

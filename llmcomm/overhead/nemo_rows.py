@@ -52,12 +52,16 @@ OFF: dict[str, Any] = {
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
     "pp_layout": None, "cp": 1, "fsdp": False, "attention_backend": "unfused",
     "cpu_offloading_num_layers": None, "fp8_dot_product_attention": None, "moe_a2a_overlap": False,
+    "overlap_p2p_comm": False,
 }
 # settings with no effect on the formulation's terms (said so, not silently dropped)
 IGNORED = {
     "cuda_graph_impl": "CUDA graphs remove host launch cost; the formulation's launch floor is fitted, not modelled",
     "cuda_graph_scope": "see cuda_graph_impl", "nccl_ub": "NCCL user buffers: no modelled effect",
     "tp_comm_overlap_cfg": "the userbuffers configuration of tp_comm_overlap", "sequence_parallel": "sp column",
+    "megatron_amp_O2": "NeMo 1.0: bf16 parameters with fp32 main weights, the formulation's default",
+    "fp8_enabled": "NeMo 1.0 config's fp8 switch; the table's precision decides (unknown where they disagree)",
+    "fp8_hybrid": "see fp8_enabled", "fp8_e4m3": "see fp8_enabled",
 }
 
 
@@ -180,6 +184,16 @@ def settings(row: pd.Series) -> RowSettings:
     if prec.startswith("FP8") and "fp8" not in out.setting:
         out.unknown.setdefault("fp8", "the table says FP8; the recipe's FP8 format was not read")
         out.setting["fp8"] = "unknown"
+    # NeMo 1.0 names (24.07 rows) -> Megatron's
+    opt = out.setting.pop("optimizer", None)
+    if opt is not None:
+        out.setting["distributed_optimizer"] = opt == "distributed_fused_adam"
+    gsd = out.setting.pop("grad_sync_dtype", None)
+    if gsd is not None:
+        out.setting["grad_reduce_in_fp32"] = str(gsd) in ("fp32", "float32")
+    flash = out.setting.pop("use_flash_attention", None)
+    if flash is not None:
+        out.setting["attention_backend"] = "flash" if flash else None  # False: Transformer Engine chooses
     # the kit's columns for settings the formulation already has under its own names
     g = out.setting.pop("grad_reduce_in_fp32", None)
     if g is not None:
@@ -188,6 +202,10 @@ def settings(row: pd.Series) -> RowSettings:
     if d is not None:
         out.columns["distributed_optimizer"] = bool(d)
     gran = out.setting.pop("recompute_granularity", None)
+    if gran is None or out.setting.get("recompute_num_layers") == 0:
+        for k in ("recompute_method", "recompute_num_layers"):  # without a granularity Megatron recomputes nothing
+            if k in out.setting:
+                out.ignored[k] = f"{k}={out.setting.pop(k)!r} has no effect: recompute granularity is {gran!r}"
     if gran is not None or "recompute_granularity" in s:
         if gran == "full" and out.setting.get("recompute_num_layers") is None:
             out.columns["recompute"] = "full"
