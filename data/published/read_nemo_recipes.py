@@ -91,12 +91,7 @@ def mb_row(r):
     fam, stem, recipe, libfn = MODELS[model]
     prec_tab = r["precision"] or ""
     if cont == "25.09":
-        out["status"] = "partial"
-        unknown["precision"] = "the 25.09 table prints no precision; its recipe YAML holds bf16, fp8_ds and fp8_cs variants"
-        unknown["recipe"] = ("25.09 recipes are YAML perf matrices (scripts/performance/configs/*/*.yaml) over the "
-                             "library recipes; not read further here")
-        out["settings"], out["unknown"] = s, unknown
-        return out
+        return {**out, **perf_matrix_2509(r, commit, model)}
     prec = PREC.get(prec_tab)
     if prec is None:
         unknown["precision"] = f"precision {prec_tab!r} not mapped"
@@ -248,6 +243,59 @@ def yaml_lines(text):
 
     walk(yaml.compose(text), "")
     return out
+
+
+PM_2509 = {"LLAMA3_8B": "llama3/llama3_8b", "LLAMA3_70B": "llama3/llama3_70b", "LLAMA3.1_405B": "llama31/llama31_405b",
+           "DeepSeekV3": "deepseek/deepseek_v3", "Qwen3_30B_a3B": "qwen3/qwen3_30b_a3b",
+           "Qwen3_235B_a22B": "qwen3/qwen3_235b_a22b"}
+PM_SIZES = {"tp": "tp", "pp": "pp", "cp": "cp", "vp": "vp", "ep": "ep", "mbs": "mbs", "gbs": "gbs"}
+
+
+def perf_matrix_2509(r, commit, model):
+    """25.09: scripts/performance/configs/<family>/<model>_llm_pretrain.yaml holds a perf_matrix per GPU and GPU
+    count with a common block and one block per precision; the table prints no precision, so the precisions whose
+    sizes (and FSDP) match the table's row are listed, and settings are recorded only where they all agree."""
+    path = f"scripts/performance/configs/{PM_2509[model]}_llm_pretrain.yaml"
+    try:
+        kv = yaml_lines(src(commit, path))
+    except Exception as e:  # noqa: BLE001
+        return {"status": "not_read", "unknown": {"all": f"cannot read {path}: {type(e).__name__}"}}
+    pre = f"perf_matrix.h100.num_gpus_{int(r['num_gpus'])}."
+    variants = sorted({k[len(pre):].split(".")[0] for k in kv if k.startswith(pre)} - {"common"})
+    table = {c: (None if r[c] in ("", "n/a") else int(float(r[c]))) for c in PM_SIZES.values()}
+    fsdp_t = bool(float(r["fsdp"] or 0) > 0)
+    match, cites = [], {}
+    for v in variants:
+        def get(key, v=v):
+            for blk in (v, "common"):
+                hit = kv.get(f"{pre}{blk}.{key}")
+                if hit is not None:
+                    return hit[0], f"{path}:{hit[1]}"
+            return None, None
+        ok = True
+        for key, col in PM_SIZES.items():
+            val, c = get(key)
+            tv = table[col]
+            if not (val == tv or (tv in (None, 1) and val in (None, 1))):
+                ok = False
+            cites[(v, key)] = c
+        f = get("use_megatron_fsdp")[0] or get("fsdp")[0] or False
+        ok = ok and bool(f) == fsdp_t
+        if ok:
+            match.append(v)
+    res = {"status": "partial", "perf_matrix": {"file": path, "variants": variants, "matching_table": match,
+                                                "rule": "precision blocks whose tp/pp/cp/vp/ep/mbs/gbs and FSDP equal "
+                                                        "the table's row"}}
+    unknown = {"recipe": "library recipe defaults (overlap, optimizer, recompute) of 25.09 not read"}
+    fp8 = [v for v in match if v.startswith("fp8")]
+    if match and len(fp8) == len(match):
+        res["settings"] = {"fp8": {"value": "unknown", "cite": f"{path} (only FP8 blocks {match} match the row)"}}
+        unknown["fp8"] = f"the row matches the FP8 blocks {match} of the perf matrix; which FP8 recipe ran is not stated"
+    else:
+        unknown["precision"] = (f"the 25.09 table prints no precision and the perf matrix blocks matching the row "
+                                f"are {match or 'none'}")
+    res["unknown"] = unknown
+    return res
 
 
 def nemo_row(r):
