@@ -37,13 +37,15 @@ NEED = ("source_file", "container", "precision", "model", "num_gpus", "gbs", "mb
 # the table's model names -> the kit's catalogue (data/models); other models are not in the catalogue
 CATALOGUE = {"GPT3-175B": "gpt3-175b", "LLAMA2-7B": "llama2-7b", "LLAMA2-13B": "llama2-13b",
              "LLAMA2-70B": "llama2-70b", "LLAMA3-8B": "llama3-8b", "LLAMA3_8B": "llama3-8b",
-             "LLAMA3-70B": "llama3-70b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3-405b"}
+             "LLAMA3-70B": "llama3-70b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3.1-405b",
+             "Nemotron-340B": "nemotron4-340b", "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
+             "GPT OSS 120B": "gpt-oss-120b", "DeepSeekV3": "deepseek-v3"}
 NOT_EXPRESSIBLE = {
     "Nemotron_3_Nano": "hybrid Mamba-Transformer MoE: Mamba layers are not expressible in ModelSpec",
-    "DeepSeekV3": "multi-head latent attention and multi-token prediction are not expressible in ModelSpec",
 }
 # Megatron-LM / Megatron-Bridge recipe field -> the name the kit uses for it (Megatron's argument names)
-RECIPE_NAMES = {"use_megatron_fsdp": "fsdp", "use_distributed_optimizer": "distributed_optimizer"}
+RECIPE_NAMES = {"use_megatron_fsdp": "fsdp", "use_distributed_optimizer": "distributed_optimizer",
+                "expert_tensor_parallel_size": "etp"}
 # what the formulation does when a setting is absent: a row whose setting has this value needs no mechanism
 OFF: dict[str, Any] = {
     "fp8": None, "fp8_recipe": None, "fp8_param_gather": False, "first_last_layers_bf16": False,
@@ -52,7 +54,7 @@ OFF: dict[str, Any] = {
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
     "pp_layout": None, "cp": 1, "fsdp": False, "attention_backend": "unfused",
     "cpu_offloading_num_layers": None, "fp8_dot_product_attention": None, "moe_a2a_overlap": False,
-    "overlap_p2p_comm": False,
+    "overlap_p2p_comm": False, "etp": None,
 }
 # settings with no effect on the formulation's terms (said so, not silently dropped)
 IGNORED = {

@@ -20,6 +20,7 @@ column and the summary say which, and the default is none.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,8 @@ def validate(name: str, *, relax: tuple[str, ...] = (), bandwidth: Any = None,
 def _accepted() -> frozenset[str]:
     """Settings the formulation takes: the candidate columns of ``iteration_times`` (its
     ``CANDIDATE_DEFAULTS`` where it has them, and the :class:`~llmcomm.specs.ParallelConfig` fields a table of
-    configurations is named by), and ``overlap_grad_reduce`` (a keyword of ``iteration_times``)."""
+    configurations is named by, less those it declares ``UNMODELLED_FIELDS``), and ``overlap_grad_reduce`` (a
+    keyword of ``iteration_times``)."""
     import dataclasses
 
     from ..specs import ParallelConfig
@@ -177,7 +179,8 @@ def _refusal_kind(msg: str) -> str:
     parts = []
     for part in msg.split("; "):
         if part.startswith("not in the formulation:"):
-            parts.append(", ".join(sorted({m.split("=")[0].strip() for m in part.split(":", 1)[1].split(",")})))
+            names = re.findall(r"(?:^|, )(\w+)=", part.split(":", 1)[1].strip())
+            parts.append(", ".join(sorted(set(names))))
         else:
             parts.append(part)
     return " + ".join(parts)
