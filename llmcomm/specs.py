@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
+from . import rules
 from .errors import ConfigError
 from .paths import data_dir
 from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
@@ -155,10 +157,17 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         return sum(self.moe_layer_pattern())
 
-    def padded_vocab_size(self, tp: int = 1, divisible_by: int = 128) -> int:
-        """Megatron pads the vocabulary to a multiple of ``divisible_by · tp``."""
+    def padded_vocab_size(self, tp: Any = 1, divisible_by: int = 128) -> Any:
+        """Megatron pads the vocabulary to a multiple of ``divisible_by · tp`` (``--make-vocab-size-divisible-by``,
+        ``megatron/training/tokenizer/tokenizer.py`` ``_vocab_size_with_padding``); ``tp`` a number or an array."""
         m = divisible_by * tp
-        return int(math.ceil(self.vocab_size / m) * m)
+        padded = -(-self.vocab_size // m) * m
+        return int(padded) if np.ndim(padded) == 0 else padded
+
+    def attention_projection_parameters(self) -> int:
+        """Weights of one layer's attention projections: ``h·a·d (Q) + 2·h·g·d (K, V) + a·d·h (out)``."""
+        h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
+        return h * a * d + 2 * h * g * d + a * d * h
 
     # -- parameter counts ------------------------------------------------------------------------
     def _mlp_matrices(self) -> int:
@@ -187,7 +196,7 @@ class ModelSpec:
         k = self._mlp_matrices()
         etp = tp if etp is None else etp
         replicated = 2 * self.norm_parameters()
-        sharded = (h * a * d + 2 * h * g * d + a * d * h) // tp
+        sharded = self.attention_projection_parameters() // tp
         if self.add_bias_linear or self.add_qkv_bias:
             sharded += (a * d + 2 * g * d) // tp
         if self.add_bias_linear:
@@ -256,11 +265,11 @@ class ModelSpec:
         """
         s = self.seq_length if seq_length is None else seq_length
         V = self.vocab_size if vocab_size is None else vocab_size
-        h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
+        h, a, d = self.hidden_size, self.num_attention_heads, self.head_dim
         k = self._mlp_matrices()
         n_moe = self.num_moe_layers
         n_dense = self.num_layers - n_moe
-        proj = h * a * d + 2 * h * g * d + a * d * h
+        proj = self.attention_projection_parameters()
         dense_mlp = k * h * self.ffn_hidden_size
         fe = self.expert_ffn_hidden_size
         moe_mlp = (self.moe_router_topk + self.num_shared_experts) * k * h * fe + h * self.num_experts
@@ -477,9 +486,6 @@ class ParallelConfig:
                 raise ConfigError(f"{f}={v!r} must be a positive integer or None")
         if not isinstance(self.moe_aux_loss_coeff, (int, float)) or self.moe_aux_loss_coeff < 0:
             raise ConfigError(f"moe_aux_loss_coeff={self.moe_aux_loss_coeff!r} must be a number >= 0")
-        if self.pipe_partitioned and self.sp:
-            raise ConfigError("pipe_partitioned (DeepSpeed's pipeline engine) with sp=True is not modelled: SP "
-                              "already splits the pipeline tensor over TP")
         if self.moe_token_dispatcher_type not in MOE_TOKEN_DISPATCHERS:
             raise ConfigError(f"moe_token_dispatcher_type={self.moe_token_dispatcher_type!r} is not one of "
                               f"{MOE_TOKEN_DISPATCHERS} (Megatron-LM's --moe-token-dispatcher-type)")
@@ -491,46 +497,10 @@ class ParallelConfig:
             raise ConfigError(f"recompute={self.recompute!r} is not one of {RECOMPUTE_MODES}")
         if self.schedule not in PIPELINE_SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r} is not one of {PIPELINE_SCHEDULES}")
-        if self.global_batch % (self.micro_batch * self.dp):
-            raise ConfigError(
-                f"micro_batch*dp={self.micro_batch * self.dp} does not divide global_batch={self.global_batch}"
-            )
-        if self.sp and self.tp == 1:
-            raise ConfigError("sp=True needs tp > 1 (sequence parallelism splits over the TP group)")
-        expert_grid = self.expert_tp * self.ep * self.pp
-        if self.world_size % expert_grid:
-            raise ConfigError(
-                f"world size {self.world_size} is not divisible by etp*ep*pp={expert_grid} (Megatron-LM "
-                "parallel_state.initialize_model_parallel: world_size must be divisible by "
-                "expert_tensor_parallel_size * expert_model_parallel_size * pipeline_model_parallel_size)")
-        if self.vpp > 1:
-            if self.pp < 2:
-                raise ConfigError(f"vpp={self.vpp} (interleaved schedule) needs pp >= 2, got pp={self.pp}")
-            self._check_vp_groups()
-        if self.vpp > 1 and self.schedule != "interleaved":
-            raise ConfigError(f"vpp={self.vpp} needs schedule='interleaved' (virtual pipeline stages are "
-                              f"interleaved 1F1B), got schedule={self.schedule!r}")
-        if self.schedule == "interleaved" and self.vpp == 1:
-            raise ConfigError("schedule='interleaved' needs vpp > 1")
-        if self.fsdp and self.distributed_optimizer:
-            raise ConfigError("fsdp and distributed_optimizer are alternatives; set one")
+        rules.check(None, self, ("config",))  # the cross-field rules, each with its Megatron-LM source
         from .layout import parse_order  # local import: layout imports this module
 
         parse_order(self.order)
-
-    def _check_vp_groups(self) -> None:
-        """Megatron-LM ``forward_backward_pipelining_with_interleaving`` (core/pipeline_parallel/schedules.py):
-        the micro-batch group ``n`` must satisfy ``pp <= n <= m``, and the last group ``m % n`` must be 0 or
-        at least ``pp``; ``m % pp != 0`` is allowed otherwise."""
-        m, n, p = self.num_microbatches, self.vp_group_size, self.pp
-        if not p <= n <= m:
-            raise ConfigError(
-                f"microbatch_group_size_per_vp_stage={n} must lie in [pp={p}, num_microbatches={m}] "
-                "(Megatron-LM's interleaved schedule)")
-        if 0 < m % n < p:
-            raise ConfigError(
-                f"num_microbatches={m} % microbatch_group_size_per_vp_stage={n} = {m % n} must be 0 or >= "
-                f"pp={p} (Megatron-LM's interleaved schedule: the last micro-batch group)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -603,28 +573,9 @@ def load_cluster(name_or_path: str | os.PathLike[str], num_nodes: int | None = N
 
 # ------------------------------------------------------------------------------------ cross-checking
 def validate(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster | None = None) -> None:
-    """Check that ``parallel`` can run ``model`` (on ``cluster``); raise :class:`ConfigError` naming the rule."""
-    if model.num_attention_heads % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide num_attention_heads={model.num_attention_heads}")
-    if model.query_groups % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide num_query_groups={model.query_groups}")
-    if model.ffn_hidden_size % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}")
-    chunks = parallel.pp * parallel.vpp
-    if model.num_layers % chunks:
-        raise ConfigError(
-            f"pp*vpp={chunks} does not divide num_layers={model.num_layers}"
-            if parallel.vpp > 1 else f"pp={parallel.pp} does not divide num_layers={model.num_layers}"
-        )
-    if parallel.ep > 1 and not model.is_moe:
-        raise ConfigError(f"ep={parallel.ep} needs an MoE model; {model.name} has num_experts=0")
-    if model.is_moe and model.num_experts % parallel.ep:
-        raise ConfigError(f"ep={parallel.ep} does not divide num_experts={model.num_experts}")
-    s = parallel.sequence_length(model)
-    if parallel.cp > 1 and s % (2 * parallel.cp):
-        raise ConfigError(f"2*cp={2 * parallel.cp} does not divide seq_len={s}")
-    if parallel.sp and (s // parallel.cp) % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide seq_len/cp={s // parallel.cp} (needed by sp)")
+    """Check that ``parallel`` can run ``model`` (on ``cluster``); raise :class:`ConfigError` naming the rule
+    (the ``job`` rules of :mod:`llmcomm.rules`, each with its Megatron-LM source)."""
+    rules.check(model, parallel, ("job",))
     if cluster is not None and cluster.num_gpus is not None and cluster.num_gpus != parallel.world_size:
         raise ConfigError(
             f"tp*pp*dp*cp={parallel.world_size} but the cluster {cluster.name} has {cluster.num_gpus} GPUs"

@@ -227,6 +227,8 @@ OPS = _values(Op)
 ALGORITHMS = _values(Algorithm)
 ROUTES = _values(Route)
 RECOMPUTE_MODES = _values(Recompute)
+# recomputation as an ordered code (none < selective < full): the cost model's arrays and the tuner's pruning
+RECOMPUTE_CODE: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 PIPELINE_SCHEDULES = _values(PipelineSchedule)
 FRAMEWORKS = _values(Framework)
 MOE_TOKEN_DISPATCHERS = _values(MoeTokenDispatcher)

@@ -46,7 +46,10 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
+from .. import step
+from ..parallel_table import ParallelTable
 from ..specs import ModelSpec, ParallelConfig, validate
+from ..step import layer_activation_bytes as layer_activation_bytes  # the step description's; public here too
 from ..vocab import dtype_bytes
 
 COLUMNS = ("weights", "gradients", "optimizer", "activations")
@@ -89,27 +92,6 @@ def model_state_bytes(dense: np.ndarray, expert: np.ndarray, *, dp_cp: np.ndarra
     return held * param_bytes, held * grad_bytes, optimizer
 
 
-def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: np.ndarray, micro_batch: np.ndarray,
-                           tp: np.ndarray, sp: np.ndarray, recompute: np.ndarray, act_bytes: np.ndarray
-                           ) -> np.ndarray:
-    """Activation bytes one transformer layer keeps per micro-batch on one GPU (module doc). ``seq`` is the
-    sequence per CP rank; ``recompute`` holds ``"none"``/``"selective"``/``"full"``; arrays broadcast."""
-    recompute = np.asarray(recompute)
-    sp_div = np.where(np.asarray(sp, dtype=bool), tp, 1)
-    tokens = seq * micro_batch
-    scale = np.asarray(act_bytes) / 2
-    h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
-    f = model.expert_ffn_hidden_size if moe_layer else model.ffn_hidden_size
-    experts = (model.moe_router_topk + model.num_shared_experts) if moe_layer else 1
-    f_up = 2 * f if model.gated_mlp else f
-    replicated = 4 * h + 2 * h + h + 2 * h + h
-    sharded = 2 * a * d + 4 * g * d + 2 * a * d + experts * (2 * f_up + 2 * f) \
-        + np.where(recompute == "selective", 0, 5 * a * seq)
-    kept = scale * tokens * (replicated / sp_div + sharded / tp)
-    full = scale * tokens * 2 * h / sp_div
-    return np.where(recompute == "full", full, kept)
-
-
 def chunks_in_flight(stage: int | np.ndarray, *, pp: np.ndarray, vpp: np.ndarray, microbatches: np.ndarray,
                      gpipe: np.ndarray) -> np.ndarray:
     """Model chunks (of ``L/(pp·v)`` layers) whose activations stage ``stage`` holds at its peak."""
@@ -118,9 +100,6 @@ def chunks_in_flight(stage: int | np.ndarray, *, pp: np.ndarray, vpp: np.ndarray
     return np.where(np.asarray(gpipe, dtype=bool), microbatches * vpp, np.where(vpp > 1, interleaved, one_f_one_b))
 
 
-PARALLEL_COLUMNS = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "micro_batch", "global_batch", "seq_len",
-                    "recompute", "distributed_optimizer", "fsdp", "schedule", "act_dtype", "grad_reduce_dtype",
-                    "param_dtype")
 _SHAPE = ("tp", "pp", "ep", "vpp")
 
 
@@ -139,7 +118,7 @@ def _stage_parameters(model: ModelSpec, tp: int, pp: int, ep: int, vpp: int) -> 
     return out
 
 
-def memory_table(model: ModelSpec, candidates: pd.DataFrame, **fixed: object) -> pd.DataFrame:
+def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **fixed: object) -> pd.DataFrame:
     """Memory of the most loaded stage for every row of ``candidates`` (columns named as :class:`ParallelConfig`
     fields; ``fixed`` supplies the rest, e.g. ``seq_len=2048``; unset fields take ParallelConfig's defaults).
 
@@ -147,27 +126,16 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame, **fixed: object) ->
     with numpy over the rows. Returns ``weights_bytes, gradients_bytes, optimizer_bytes, activations_bytes,
     total_bytes, stage`` (the stage that sets the peak). Rows are not validated here (the tuner enumerates valid
     ones; :func:`memory` validates)."""
-    defaults = ParallelConfig()
-    n = len(candidates)
-
-    def col(name: str) -> np.ndarray:
-        if name in candidates.columns:
-            return candidates[name].to_numpy()
-        value = fixed.get(name, getattr(defaults, name))
-        return np.full(n, value)
-
-    tp, pp, dp, ep, cp, vpp = (col(c).astype(np.int64) for c in ("tp", "pp", "dp", "ep", "cp", "vpp"))
-    mb = col("micro_batch").astype(np.int64)
-    gb = col("global_batch")
-    gb = np.where(pd.isna(gb), mb * dp, gb).astype(np.int64)
-    seq_len = col("seq_len")
-    seq = np.where(pd.isna(seq_len), model.seq_length, seq_len).astype(float) / cp
-    microbatches = gb // (mb * dp)
-    byte_of = np.vectorize(dtype_bytes, otypes=[float])
-    act, pbytes, gbytes = (byte_of(col(c)) for c in ("act_dtype", "param_dtype", "grad_reduce_dtype"))
-    sp, recompute = col("sp").astype(bool), col("recompute").astype(str)
-    gpipe = col("schedule").astype(str) == "gpipe"
-    dist_opt, fsdp = col("distributed_optimizer").astype(bool), col("fsdp").astype(bool)
+    tab = (candidates if isinstance(candidates, ParallelTable)
+         else ParallelTable.from_frame(candidates, model, required=(), **fixed))
+    n = len(tab)
+    tp, pp, dp, ep, cp, vpp, mb = tab.tp, tab.pp, tab.dp, tab.ep, tab.cp, tab.vpp, tab.micro_batch
+    seq = tab.sequence_length(model).astype(float) / cp
+    microbatches = tab.num_microbatches
+    act, pbytes, gbytes = (tab.dtype_bytes(c).astype(float) for c in ("act_dtype", "param_dtype", "grad_reduce_dtype"))
+    sp, recompute = tab.sp, tab.recompute.astype(str)
+    gpipe = tab.schedule == "gpipe"
+    dist_opt, fsdp = tab.distributed_optimizer, tab.fsdp
     layer_kw = dict(seq=seq, micro_batch=mb, tp=tp, sp=sp, recompute=recompute, act_bytes=act)
     per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) for moe in (False, True)}
     sbh = seq * mb * model.hidden_size
@@ -178,9 +146,7 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame, **fixed: object) ->
         params = _stage_parameters(model, int(t), int(p), int(e), int(v))
         layers_per_chunk = model.num_layers // (p * v)
         for r in range(p):
-            stage_layers = [c * p * layers_per_chunk + r * layers_per_chunk + i
-                            for c in range(v) for i in range(layers_per_chunk)]
-            moe_share = pattern[stage_layers].mean()
+            moe_share = pattern[step.stage_layers(model.num_layers, p, v, r)].mean()
             mean_layer = (1 - moe_share) * per_layer[False][rows] + moe_share * per_layer[True][rows]
             chunks = chunks_in_flight(r, pp=p, vpp=v, microbatches=microbatches[rows], gpipe=gpipe[rows])
             activations = chunks * layers_per_chunk * mean_layer
@@ -196,7 +162,8 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame, **fixed: object) ->
             better = total > best[rows, 4]
             idx = rows[better]
             best[idx] = np.column_stack([w, g, o, activations, total, np.full(len(rows), r)])[better]
-    out = pd.DataFrame(best, columns=[f"{c}_bytes" for c in (*COLUMNS, "total")] + ["stage"], index=candidates.index)
+    index = candidates.index if isinstance(candidates, pd.DataFrame) else None
+    out = pd.DataFrame(best, columns=[f"{c}_bytes" for c in (*COLUMNS, "total")] + ["stage"], index=index)
     out["stage"] = out["stage"].astype(np.int64)
     return out
 
@@ -218,6 +185,6 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
 def memory(model: ModelSpec, parallel: ParallelConfig) -> MemoryBreakdown:
     """The most loaded pipeline stage's memory for one configuration (validated first)."""
     validate(model, parallel)
-    row = memory_table(model, pd.DataFrame([{c: getattr(parallel, c) for c in PARALLEL_COLUMNS}])).iloc[0]
+    row = memory_table(model, ParallelTable.from_parallel(parallel, model)).iloc[0]
     return MemoryBreakdown(int(row["stage"]), row["weights_bytes"], row["gradients_bytes"], row["optimizer_bytes"],
                            row["activations_bytes"])

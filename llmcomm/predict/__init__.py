@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .. import rules
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
@@ -87,6 +88,5 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
 
 def _check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str) -> None:
     """Rules of Megatron-LM the predictor relies on, beyond :func:`llmcomm.specs.validate`."""
-    if framework == "megatron" and model.is_moe and parallel.tp > 1 and parallel.ep > 1 and not parallel.sp:
-        raise ConfigError("tp>1 with ep>1 needs sp=True (Megatron-LM: 'When using expert parallelism and "
-                          "tensor parallelism, sequence parallelism must be used')")
+    if framework == "megatron":
+        rules.check(model, parallel, ("megatron",))

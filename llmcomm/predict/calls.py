@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from .. import step
 from ..errors import ConfigError
 from ..specs import ModelSpec, ParallelConfig
 from ..vocab import CALL_GROUP_KINDS, FRAMEWORKS, dtype_bytes
@@ -123,11 +124,10 @@ class Context:
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
         """Global layer indices of model chunk ``chunk`` on stage ``stage``."""
-        start = self.virtual_stage(stage, chunk) * self.layers_per_chunk
-        return range(start, start + self.layers_per_chunk)
+        return step.chunk_layers(self.model.num_layers, self.pp, self.vpp, stage, chunk)
 
     def stage_layers(self, stage: int) -> list[int]:
-        return [la for c in range(self.vpp) for la in self.chunk_layers(stage, c)]
+        return step.stage_layers(self.model.num_layers, self.pp, self.vpp, stage)
 
     @cached_property
     def moe_pattern(self) -> tuple[bool, ...]:
