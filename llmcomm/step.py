@@ -208,10 +208,11 @@ def placement(t: Any, gpus_per_node: int) -> dict[str, tuple[np.ndarray, np.ndar
     ranks per node)}``, one layout per distinct shape (``tp, cp, dp, pp, ep, etp, order``)."""
     n = len(t)
     out = {k: (np.ones(n, np.int64), np.ones(n, np.int64)) for k in (*PLACED_KINDS, "p2p")}
-    if n == 1:
-        order_codes, order_names = np.zeros(1, np.int64), [str(t.order[0])]
-    else:
-        order_codes, order_names = pd.factorize(t.order)
+    if n == 1:  # one configuration: no grouping
+        d = _shape_placement(int(t.tp[0]), int(t.cp[0]), int(t.dp[0]), int(t.pp[0]), int(t.ep[0]),
+                             int(t.expert_tp[0]), str(t.order[0]), gpus_per_node)
+        return {kind: (np.array([size], np.int64), np.array([k], np.int64)) for kind, (size, k) in d.items()}
+    order_codes, order_names = pd.factorize(t.order)
     inv, uniq = factorize([t.tp, t.cp, t.dp, t.pp, t.ep, t.expert_tp, order_codes])
     per = [_shape_placement(*u[:6], str(order_names[u[6]]), gpus_per_node) for u in uniq]
     for kind in out:
