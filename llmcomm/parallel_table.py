@@ -29,9 +29,10 @@ from .vocab import DTYPE_BYTES, RECOMPUTE_CODE
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ParallelConfig))
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
 INT_FIELDS = ("tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch", "global_batch", "seq_len")
-OPTIONAL_INT_FIELDS = ("etp", "bucket_size", "microbatch_group_size_per_vp_stage")  # None -> -1 in the arrays
+OPTIONAL_INT_FIELDS = ("etp", "bucket_size", "microbatch_group_size_per_vp_stage", "decoder_first_pipeline_num_layers",
+                       "decoder_last_pipeline_num_layers")  # None -> -1 in the arrays
 BOOL_FIELDS = ("sp", "distributed_optimizer", "fsdp", "overlap_grad_reduce", "create_attention_mask_in_dataloader",
-               "pipe_partitioned")
+               "pipe_partitioned", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 FLOAT_FIELDS = ("moe_aux_loss_coeff",)
 STR_FIELDS = ("act_dtype", "grad_reduce_dtype", "param_dtype", "recompute", "schedule", "order",
               "moe_token_dispatcher_type")

@@ -53,6 +53,73 @@ def _seq(model: Model, p: Any) -> Any:
     return p.sequence_length(model)
 
 
+def _opt(v: Any) -> Any:
+    """An optional layer count as an integer (array): ``None`` (a ParallelConfig) or ``-1`` (a table) -> ``-1``."""
+    return -1 if v is None else v
+
+
+def _first_last(p: Any) -> tuple[Any, Any]:
+    return np.asarray(_opt(p.decoder_first_pipeline_num_layers)), np.asarray(_opt(p.decoder_last_pipeline_num_layers))
+
+
+def _uneven(p: Any) -> Any:
+    f, la = _first_last(p)
+    return np.logical_or(f >= 0, la >= 0)
+
+
+def _accounts(p: Any) -> Any:
+    return np.logical_or(p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
+
+
+def _even_total(m: Model, p: Any) -> Any:
+    """``L + [embedding] + [loss]``: the layers the even split divides."""
+    return (m.num_layers + np.asarray(p.account_for_embedding_in_pipeline_split, dtype=np.int64)
+            + np.asarray(p.account_for_loss_in_pipeline_split, dtype=np.int64))
+
+
+def _middle_stages(p: Any) -> Any:
+    f, la = _first_last(p)
+    return p.pp - (f >= 0).astype(np.int64) - (la >= 0).astype(np.int64)
+
+
+def _rest(m: Model, p: Any) -> Any:
+    f, la = _first_last(p)
+    return m.num_layers - np.maximum(f, 0) - np.maximum(la, 0)
+
+
+def _per_middle(m: Model, p: Any) -> Any:
+    k = _middle_stages(p)
+    return np.where(k > 0, _rest(m, p) // np.maximum(k, 1), 0)
+
+
+def _leftover_bad(m: Model, p: Any) -> Any:
+    k, rest = _middle_stages(p), _rest(m, p)
+    return np.logical_or(rest < 0, np.where(k > 0, rest % np.maximum(k, 1) != 0, rest != 0))
+
+
+def _uneven_vpp_bad(m: Model, p: Any) -> Any:
+    f, la = _first_last(p)
+    v = p.vpp
+    return np.logical_or.reduce([np.logical_and(f >= 0, f % v != 0), np.logical_and(la >= 0, la % v != 0),
+                                 np.logical_and(_middle_stages(p) > 0, _per_middle(m, p) % v != 0)])
+
+
+def _smallest_chunk(m: Model, p: Any) -> Any:
+    """The fewest layers any model chunk holds (:func:`llmcomm.step.pipeline_split`), for splits the other rules
+    accept."""
+    f, la = _first_last(p)
+    v = p.vpp
+    per_chunk = _even_total(m, p) // (p.pp * v)
+    emb = np.asarray(p.account_for_embedding_in_pipeline_split, dtype=np.int64)
+    loss = np.asarray(p.account_for_loss_in_pipeline_split, dtype=np.int64)
+    single = (p.pp * v == 1)
+    even = np.where(single, per_chunk - emb - loss, per_chunk - np.maximum(emb, loss))
+    big = np.iinfo(np.int64).max
+    uneven = np.minimum.reduce([np.where(f >= 0, f // v, big), np.where(la >= 0, la // v, big),
+                                np.where(_middle_stages(p) > 0, _per_middle(m, p) // v, big)])
+    return np.where(_uneven(p), uneven, even)
+
+
 RULES: tuple[Rule, ...] = (
     # ------------------------------------------------------------------------------------ config
     Rule("positive-sizes", "config", "kit: every size is a positive integer (ParallelConfig.validate's type checks)",
@@ -116,10 +183,36 @@ RULES: tuple[Rule, ...] = (
          "world_size))",
          lambda m, p: m.ffn_hidden_size % p.tp != 0,
          lambda m, r: f"tp={r.tp} does not divide ffn_hidden_size={m.ffn_hidden_size}"),
-    Rule("pp-layers", "job", "megatron/training/arguments.py:998 (interleaved: arguments.py:969, 973)",
-         lambda m, p: m.num_layers % (p.pp * p.vpp) != 0,
-         lambda m, r: (f"pp*vpp={r.pp * r.vpp} does not divide num_layers={m.num_layers}" if r.vpp > 1
-                       else f"pp={r.pp} does not divide num_layers={m.num_layers}")),
+    Rule("pp-layers", "job",
+         "megatron/core/transformer/transformer_block.py:158 (L + embedding + loss over pp) and :178 (over vpp); "
+         "megatron/training/arguments.py:998",
+         lambda m, p: np.logical_and(np.logical_not(_uneven(p)), _even_total(m, p) % (p.pp * p.vpp) != 0),
+         lambda m, r: (f"pp*vpp={r.pp * r.vpp} does not divide num_layers + embedding + loss = {_even_total(m, r)}"
+                       if _accounts(r) else f"pp*vpp={r.pp * r.vpp} does not divide num_layers={m.num_layers}"
+                       if r.vpp > 1 else f"pp={r.pp} does not divide num_layers={m.num_layers}")),
+    Rule("uneven-without-account", "job", "megatron/core/transformer/transformer_block.py:112",
+         lambda m, p: np.logical_and(_uneven(p), _accounts(p)),
+         lambda m, r: "decoder_first/last_pipeline_num_layers cannot be combined with "
+                      "account_for_embedding/loss_in_pipeline_split (Megatron-LM: no standalone embedding or loss "
+                      "stage with uneven pipeline stages)"),
+    Rule("uneven-needs-pp", "job", "kit: uneven stages split a pipeline; with pp = 1 there is nothing to split",
+         lambda m, p: np.logical_and(_uneven(p), p.pp < 2),
+         lambda m, r: f"decoder_first/last_pipeline_num_layers need pp >= 2, got pp={r.pp}"),
+    Rule("uneven-leftover", "job", "megatron/core/transformer/transformer_block.py:133",
+         lambda m, p: np.logical_and(_uneven(p), _leftover_bad(m, p)),
+         lambda m, r: f"num_layers={m.num_layers} minus decoder_first/last_pipeline_num_layers="
+                      f"{_opt(r.decoder_first_pipeline_num_layers)}/{_opt(r.decoder_last_pipeline_num_layers)} "
+                      f"must split evenly over the {_middle_stages(r)} middle stage(s) (and be 0 without any)"),
+    Rule("uneven-vpp", "job", "megatron/core/transformer/transformer_block.py:178",
+         lambda m, p: np.logical_and(_uneven(p), _uneven_vpp_bad(m, p)),
+         lambda m, r: f"vpp={r.vpp} must divide the layers of every pipeline stage (first "
+                      f"{_opt(r.decoder_first_pipeline_num_layers)}, last {_opt(r.decoder_last_pipeline_num_layers)}, "
+                      f"middle {_per_middle(m, r)})"),
+    Rule("chunk-nonempty", "job",
+         "kit: every model chunk holds a layer (Megatron allows an empty one, transformer_block.py:196; the "
+         "predictor's programs start a chunk's calls at its first layer)",
+         lambda m, p: _smallest_chunk(m, p) < 1,
+         lambda m, r: f"a model chunk would hold {int(_smallest_chunk(m, r))} layers; every chunk needs at least one"),
     Rule("ep-needs-moe", "job", "megatron/training/arguments.py:1656",
          lambda m, p: np.logical_and(p.ep > 1, not m.is_moe),
          lambda m, r: f"ep={r.ep} needs an MoE model; {m.name} has num_experts=0"),
@@ -156,6 +249,12 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: np.logical_and(m.is_moe, p.expert_tp != p.tp),
          lambda m, r: f"etp={r.expert_tp}: an expert tensor-parallel size other than tp={r.tp} is not modelled "
                       "by the iteration-time formulation"),
+    Rule("cost-account-interleaved", "cost",
+         "kit: with vpp > 1 the embedding/loss slot makes one chunk's gradient buffer smaller than the others, "
+         "which the closed-form DP calls do not write",
+         lambda m, p: np.logical_and(_accounts(p), p.vpp > 1),
+         lambda m, r: "account_for_embedding/loss_in_pipeline_split with vpp > 1 is not modelled by the "
+                      "iteration-time formulation"),
     Rule("cost-interleaved-microbatches", "cost",
          "kit: the formulation's interleaved bubble assumes whole micro-batch groups of pp (Megatron allows more, "
          "schedules.py:1172)",

@@ -437,6 +437,12 @@ class ParallelConfig:
     create_attention_mask_in_dataloader: bool = True
     moe_aux_loss_coeff: float = 0.0  # Megatron's default; > 0 adds the router's token-count all-reduce
     pipe_partitioned: bool = False  # DeepSpeed's PipelineEngine (Megatron-DeepSpeed); Megatron-LM: False
+    # uneven pipeline stages (Megatron-LM --decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-
+    # in-pipeline-split; llmcomm.step.pipeline_split): None/False is the even split of num_layers over pp·vpp
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self) -> None:
         if self.global_batch is None:
@@ -480,7 +486,8 @@ class ParallelConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{f}={v!r} must be a positive integer")
-        for f in ("etp", "bucket_size", "microbatch_group_size_per_vp_stage"):
+        for f in ("etp", "bucket_size", "microbatch_group_size_per_vp_stage", "decoder_first_pipeline_num_layers",
+                  "decoder_last_pipeline_num_layers"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(f"{f}={v!r} must be a positive integer or None")

@@ -54,39 +54,106 @@ CLASSES = ("first", "mid", "last")
 
 
 # --------------------------------------------------------------------------------------- layer assignment
-def chunk_layers(num_layers: int, pp: int, vpp: int, stage: int, chunk: int) -> range:
-    """Global layer indices of model chunk ``chunk`` on pipeline stage ``stage`` (virtual stage
-    ``chunk·pp + stage``, ``num_layers/(pp·vpp)`` layers each)."""
-    per = num_layers // (pp * vpp)
-    start = (chunk * pp + stage) * per
-    return range(start, start + per)
+@lru_cache(maxsize=4096)
+def pipeline_split(num_layers: int, pp: int, vpp: int, first: int | None = None, last: int | None = None,
+                   embedding: bool = False, loss: bool = False) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """``split[stage][chunk] = (first layer, layer count)`` as Megatron-LM assigns them
+    (``megatron/core/transformer/transformer_block.py:76`` ``get_num_layers_to_build`` and
+    ``transformer_layer.py:65`` ``get_transformer_layer_offset``):
+
+    * even: ``N = L + [embedding] + [loss]`` (``account_for_embedding/loss_in_pipeline_split``: the embedding and
+      the loss count as one layer each), ``n = N/pp`` per stage, ``n/v`` per chunk; virtual stage ``vs = c·pp + r``
+      starts at layer ``vs·n/v``, minus 1 after the first virtual stage when the embedding is counted; the first
+      (last) virtual stage builds one layer fewer for the embedding (loss);
+    * uneven (``decoder_first/last_pipeline_num_layers`` ``F``, ``La``): the first (last) stage holds ``F`` (``La``)
+      layers, ``F/v`` per chunk; the ``M`` middle stages share the rest equally, ``(L − F − La)/M``; chunk ``c``
+      starts at ``c·(F/v + (L − F − La)/v + La/v)`` plus, past stage 0, ``F/v + (middle rank)·(per-middle/v)``.
+
+    Arguments are assumed valid (:mod:`llmcomm.rules`); with the defaults this is ``vs·L/(pp·v)`` onward."""
+    if first is None and last is None:
+        n_total = num_layers + int(embedding) + int(loss)
+        per_chunk = n_total // pp // vpp
+        out = []
+        for r in range(pp):
+            row = []
+            for c in range(vpp):
+                vs = c * pp + r
+                start = vs * per_chunk - (1 if embedding and vs > 0 else 0)
+                count = per_chunk - (1 if embedding and vs == 0 else 0) - (1 if loss and vs == pp * vpp - 1 else 0)
+                row.append((start, count))
+            out.append(tuple(row))
+        return tuple(out)
+    f, la = first or 0, last or 0
+    middle_stages = pp - (first is not None) - (last is not None)
+    middle = num_layers - f - la
+    per_middle = middle // middle_stages if middle_stages > 0 else 0
+    fc, lc, mc = f // vpp, la // vpp, middle // vpp
+    total = fc + mc + lc
+    out = []
+    for r in range(pp):
+        if r == 0 and first is not None:
+            count = f
+        elif r == pp - 1 and last is not None:
+            count = la
+        else:
+            count = per_middle
+        mid_rank = r - (first is not None)
+        row = []
+        for c in range(vpp):
+            start = c * total if r == 0 else c * total + fc + mid_rank * (mc // middle_stages if middle_stages else 0)
+            row.append((start, count // vpp))
+        out.append(tuple(row))
+    return tuple(out)
 
 
-def stage_layers(num_layers: int, pp: int, vpp: int, stage: int) -> list[int]:
+def _split_of(parallel: Any, num_layers: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    p = parallel
+    return pipeline_split(num_layers, p.pp, p.vpp, p.decoder_first_pipeline_num_layers,
+                          p.decoder_last_pipeline_num_layers, p.account_for_embedding_in_pipeline_split,
+                          p.account_for_loss_in_pipeline_split)
+
+
+def chunk_layers(num_layers: int, parallel: Any, stage: int, chunk: int) -> range:
+    """Global layer indices of model chunk ``chunk`` on pipeline stage ``stage`` (:func:`pipeline_split`;
+    ``parallel`` a :class:`ParallelConfig`)."""
+    start, count = _split_of(parallel, num_layers)[stage][chunk]
+    return range(start, start + count)
+
+
+def stage_layers(num_layers: int, parallel: Any, stage: int) -> list[int]:
     """Every layer of stage ``stage``, chunk by chunk."""
-    return [la for c in range(vpp) for la in chunk_layers(num_layers, pp, vpp, stage, c)]
+    return [la for c in range(parallel.vpp) for la in chunk_layers(num_layers, parallel, stage, c)]
 
 
 @lru_cache(maxsize=512)
-def _stage_moe_counts(model: ModelSpec, pp: int, vpp: int) -> tuple[int, ...]:
-    """MoE layers held by each stage."""
+def _stage_counts(model: ModelSpec, split: tuple[tuple[tuple[int, int], ...], ...]) -> tuple[tuple[int, int], ...]:
+    """(layers, MoE layers) held by each stage of a :func:`pipeline_split`."""
     pat = model.moe_layer_pattern()
-    return tuple(sum(pat[la] for la in stage_layers(model.num_layers, pp, vpp, r)) for r in range(pp))
+    return tuple((sum(n for _, n in row), sum(pat[la] for s0, n in row for la in range(s0, s0 + n))) for row in split)
 
 
-def stage_classes(model: ModelSpec, pp: np.ndarray, vpp: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+UNEVEN = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+          "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+
+
+def stage_classes(model: ModelSpec, pp: np.ndarray, vpp: np.ndarray, uneven: dict[str, np.ndarray] | None = None
+                  ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{class: (dense layers, MoE layers)}`` of the first stage, the middle stage with the most MoE layers (the
-    slowest of the middle ones) and the last stage, per configuration."""
+    slowest of the middle ones) and the last stage, per configuration; ``uneven``: the arrays of :data:`UNEVEN`
+    (``-1`` for an unset layer count), absent for even splits."""
     n = len(pp)
     out = {c: (np.zeros(n, np.int64), np.zeros(n, np.int64)) for c in CLASSES}
-    for p_, v_ in set(zip(pp.tolist(), vpp.tolist(), strict=True)):
-        sel = (pp == p_) & (vpp == v_)
-        moe = _stage_moe_counts(model, p_, v_)
-        held = model.num_layers // p_
-        picks = {"first": moe[0], "last": moe[-1], "mid": max(moe[1:-1]) if p_ > 2 else 0}
-        for c, k in picks.items():
-            out[c][0][sel] = held - k
-            out[c][1][sel] = k
+    u = uneven or {}
+    cols = [pp, vpp] + [np.asarray(u.get(k, np.full(n, -1 if "num" in k else 0)), np.int64) for k in UNEVEN]
+    inv, uniq = factorize(cols)
+    for j, (p_, v_, f, la, e, lo) in enumerate(uniq):
+        sel = inv == j
+        counts = _stage_counts(model, pipeline_split(model.num_layers, p_, v_, None if f < 0 else f,
+                                                     None if la < 0 else la, bool(e), bool(lo)))
+        mid = max(counts[1:-1], key=lambda x: (x[1], x[0])) if p_ > 2 else (0, 0)
+        for c, (held, moe) in {"first": counts[0], "last": counts[-1], "mid": mid}.items():
+            out[c][0][sel] = held - moe
+            out[c][1][sel] = moe
     return out
 
 
@@ -166,64 +233,79 @@ def stage_parameters(model: ModelSpec, tp: np.ndarray, ep: np.ndarray, etp: np.n
 PLACED_KINDS = ("tp", "dp", "pp", "ep", "edp", "tpep", "mp", "world", "emb")
 
 
+def class_stages(cls: str, pp: int) -> list[int]:
+    """The pipeline stages a stage class stands for: ``first`` stage 0, ``last`` stage ``pp − 1``, ``mid`` every
+    stage between them."""
+    return [0] if cls == "first" else [pp - 1] if cls == "last" else list(range(1, pp - 1))
+
+
 @lru_cache(maxsize=4096)
-def _placement(parallel: ParallelConfig, gpus_per_node: int) -> tuple[tuple[int, int], ...]:
+def _placement(parallel: ParallelConfig, gpus_per_node: int) -> dict[str, dict[str, tuple[int, int]]]:
     from .layout import Layout  # layout imports specs only; imported here to keep this module light
 
     lay = Layout(parallel, gpus_per_node)
-    out = []
-    for kind in PLACED_KINDS:
-        g = lay.groups(kind)
-        nodes = np.sort(g // gpus_per_node, axis=1)
-        spans = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
-        size = g.shape[1]
-        out.append((size, -(-size // int(spans.max()))))
-    return tuple(out)
+    stage = lay.coords["pp"].to_numpy()
+    pp_groups = lay.groups("pp")  # (pp groups, stages): column r holds stage r's ranks
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for cls in CLASSES:
+        stages = class_stages(cls, parallel.pp) or [0]
+        ranks = np.flatnonzero(np.isin(stage, stages))
+        d = {}
+        for kind in PLACED_KINDS:
+            g = lay.group_rows(kind, ranks)
+            nodes = np.sort(g // gpus_per_node, axis=1)
+            spans = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
+            size = g.shape[1]
+            d[kind] = (size, -(-size // int(spans.max())))
+        pairs = [(r, q) for r in stages for q in (r - 1, r + 1) if 0 <= q < parallel.pp]
+        same = all((pp_groups[:, r] // gpus_per_node == pp_groups[:, q] // gpus_per_node).all() for r, q in pairs)
+        d["p2p"] = (2, 2 if same else 1)
+        out[cls] = d
+    return out
 
 
-def ranks_per_node(parallel: ParallelConfig, gpus_per_node: int) -> dict[str, tuple[int, int]]:
-    """``{kind: (group size, ranks per node)}`` for :data:`PLACED_KINDS` under ``parallel.order`` on nodes of
-    ``gpus_per_node`` consecutive ranks (:class:`~llmcomm.layout.Layout`). Ranks per node is
-    ``ceil(size / nodes)`` with ``nodes`` the most nodes one group of the kind spans (the convention of the
-    bandwidth fits, :func:`llmcomm.overhead.bandwidth.regimes`). ``p2p`` is a pipeline send's pair: 2 ranks,
-    both on one node when every pipeline group sits on one node, else 1 per node (a send between stages is timed
-    as inter-node as soon as the pipeline spans nodes)."""
-    d = dict(zip(PLACED_KINDS, _placement(parallel, gpus_per_node), strict=True))
-    size, k = d["pp"]
-    d["p2p"] = (2, 2 if k == size else 1)
-    return d
+def ranks_per_node(parallel: ParallelConfig, gpus_per_node: int, cls: str = "first") -> dict[str, tuple[int, int]]:
+    """``{kind: (group size, ranks per node)}`` for :data:`PLACED_KINDS` of the groups that hold the ranks of stage
+    class ``cls`` (:func:`class_stages`) under ``parallel.order`` on nodes of ``gpus_per_node`` consecutive ranks
+    (:class:`~llmcomm.layout.Layout`). Ranks per node is ``ceil(size / nodes)`` with ``nodes`` the most nodes one
+    such group spans (the convention of the bandwidth fits, :func:`llmcomm.overhead.bandwidth.regimes`). ``p2p``
+    is a pipeline send's pair: 2 ranks, both on one node when every send and receive of the class's stages stays
+    inside a node, else 1 per node."""
+    return _placement(parallel, gpus_per_node)[cls]
 
 
 @lru_cache(maxsize=4096)
 def _shape_placement(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, order: str, gpus_per_node: int
                      ) -> dict[str, tuple[int, int]]:
+    """``{"<kind>@<class>": (size, ranks per node)}`` of one shape."""
     from .specs import ParallelConfig
 
     shape = ParallelConfig(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, etp=etp, order=order, global_batch=dp)
-    return ranks_per_node(shape, gpus_per_node)
+    return {f"{kind}@{cls}": v for cls, d in _placement(shape, gpus_per_node).items() for kind, v in d.items()}
 
 
 def placement(t: Any, gpus_per_node: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """:func:`ranks_per_node` for every row of a :class:`~llmcomm.parallel_table.ParallelTable`: ``{kind: (sizes,
-    ranks per node)}``, one layout per distinct shape (``tp, cp, dp, pp, ep, etp, order``)."""
+    """:func:`ranks_per_node` for every row of a :class:`~llmcomm.parallel_table.ParallelTable` and every stage class:
+    ``{"<kind>@<class>": (sizes, ranks per node)}``, one layout per distinct shape (``tp, cp, dp, pp, ep, etp,
+    order``)."""
     n = len(t)
-    out = {k: (np.ones(n, np.int64), np.ones(n, np.int64)) for k in (*PLACED_KINDS, "p2p")}
     if n == 1:  # one configuration: no grouping
         d = _shape_placement(int(t.tp[0]), int(t.cp[0]), int(t.dp[0]), int(t.pp[0]), int(t.ep[0]),
                              int(t.expert_tp[0]), str(t.order[0]), gpus_per_node)
-        return {kind: (np.array([size], np.int64), np.array([k], np.int64)) for kind, (size, k) in d.items()}
+        return {key: (np.array([size], np.int64), np.array([k], np.int64)) for key, (size, k) in d.items()}
     order_codes, order_names = pd.factorize(t.order)
     inv, uniq = factorize([t.tp, t.cp, t.dp, t.pp, t.ep, t.expert_tp, order_codes])
     per = [_shape_placement(*u[:6], str(order_names[u[6]]), gpus_per_node) for u in uniq]
-    for kind in out:
-        lut = np.array([d[kind] for d in per], np.int64).reshape(-1, 2)
-        out[kind] = (lut[inv, 0], lut[inv, 1])
+    out = {}
+    for key in per[0] if per else ():
+        lut = np.array([d[key] for d in per], np.int64).reshape(-1, 2)
+        out[key] = (lut[inv, 0], lut[inv, 1])
     return out
 
 
 def factorize(keys: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]]:
-    """Rows grouped by the tuple of non-negative integer ``keys``: ``(code of each row, distinct tuples)``, by
-    hashing (``pandas.factorize``) one mixed-radix key, not by sorting."""
+    """Rows grouped by the tuple of integer ``keys``: ``(code of each row, distinct tuples)``, by hashing
+    (``pandas.factorize``) one mixed-radix key (each key shifted to start at 0), not by sorting."""
     n = len(keys[0])
     if n == 0:
         return np.zeros(0, np.int64), []
@@ -231,7 +313,8 @@ def factorize(keys: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]
         return np.zeros(n, np.int64), [tuple(int(k[0]) for k in keys)]
     key = np.zeros(n, np.int64)
     for k in keys:
-        key = key * (int(k.max()) + 1) + k
+        lo = int(k.min())
+        key = key * (int(k.max()) - lo + 1) + (k - lo)
     codes, uniq_keys = pd.factorize(key)
     first = np.zeros(len(uniq_keys), np.int64)
     first[codes[::-1]] = np.arange(n - 1, -1, -1)  # the first row of each group
@@ -397,7 +480,7 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
             vs = c * p.pp + r
             first, last = vs == 0, vs == p.pp * p.vpp - 1
             layers = []
-            for la in chunk_layers(model.num_layers, p.pp, p.vpp, r, c):
+            for la in chunk_layers(model.num_layers, p, r, c):
                 moe = pattern[la]
                 f_eff = ((model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size if moe
                          else model.ffn_hidden_size)

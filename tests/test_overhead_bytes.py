@@ -12,7 +12,7 @@ import pytest
 from llmcomm import step
 from llmcomm.errors import ConfigError
 from llmcomm.layout import Layout
-from llmcomm.overhead.iteration import arrays, candidate_table, comm_items
+from llmcomm.overhead.iteration import arrays, candidate_table, comm_items, for_class
 from llmcomm.parallel_table import ParallelTable
 from llmcomm.predict import program
 from llmcomm.predict.calls import Context
@@ -30,12 +30,17 @@ def _placed(lay: Layout, ranks: np.ndarray, kind: str) -> tuple[int, int]:
     return g.shape[1], -(-g.shape[1] // int(spans.max()))
 
 
-def predictor_stage(model, parallel, stage):
+def predictor_stage(model, parallel, stage, cls):
+    """The predictor's calls of ``stage``, keyed with the group size and ranks per node of the groups that hold the
+    ranks of the stages class ``cls`` stands for (all middle stages for ``mid``); a send or receive is intra-node
+    when every pipeline neighbour pair of those stages shares a node."""
     ctx = Context(model, parallel)
     lay = Layout(parallel, GPN)
-    ranks = lay.coords["rank"].to_numpy()[lay.coords["pp"].to_numpy() == stage]
+    stages = step.class_stages(cls, parallel.pp)
+    ranks = lay.coords["rank"].to_numpy()[np.isin(lay.coords["pp"].to_numpy(), stages)]
     pp_groups = lay.groups("pp")
-    same_node_sends = bool((np.ptp(pp_groups // GPN, axis=1) == 0).all())  # every pipeline group on one node
+    pairs = [(r, q) for r in stages for q in (r - 1, r + 1) if 0 <= q < parallel.pp]
+    same_node_sends = all((pp_groups[:, r] // GPN == pp_groups[:, q] // GPN).all() for r, q in pairs)
     out: Counter = Counter()
     for call in program.stage_program(ctx, stage):
         if call.op in ("send", "recv"):
@@ -51,10 +56,10 @@ def predictor_stage(model, parallel, stage):
 def closed_form(model, parallel, cls):
     t = candidate_table(model, ParallelTable.from_parallel(parallel, model))
     c = arrays(model, t, GPN)
-    layers = step.stage_classes(model, c["pp"], c["vpp"])[cls]
+    layers = step.stage_classes(model, c["pp"], c["vpp"], {k: c[k] for k in step.UNEVEN})[cls]
     m = parallel.num_microbatches
     out: Counter = Counter()
-    for it in comm_items(model, c, cls, layers):
+    for it in comm_items(model, for_class(c, cls), cls, layers):
         n = int(it.count[0]) * (m if it.per == "microbatch" else 1)
         if n:
             key = (it.parallelism, it.op, it.phase, int(it.size[0]), int(it.rpn[0]))
@@ -84,6 +89,14 @@ def configs(seed: int, count: int):
                   act_dtype=rng.choice(["bf16", "fp16"]), create_attention_mask_in_dataloader=rng.random() < 0.5,
                   moe_aux_loss_coeff=rng.choice([0.0, 0.01]) if model.is_moe else 0.0, order=rng.choice(ORDERS))
         kw["pipe_partitioned"] = not kw["sp"] and rng.random() < 0.3  # DeepSpeed's pipeline engine
+        if pp >= 2 and rng.random() < 0.3:  # uneven stages (Megatron's --decoder-first/last-pipeline-num-layers)
+            if rng.random() < 0.5:
+                kw["account_for_embedding_in_pipeline_split"] = rng.random() < 0.7
+                kw["account_for_loss_in_pipeline_split"] = rng.random() < 0.7
+            else:
+                per = model.num_layers // pp
+                kw["decoder_first_pipeline_num_layers"] = rng.choice([None, max(vpp, per - vpp)])
+                kw["decoder_last_pipeline_num_layers"] = rng.choice([None, max(vpp, per - vpp), per + vpp])
         try:  # only the kit's own rule errors: a configuration the rules refuse is drawn again
             p = ParallelConfig(**kw)
             validate(model, p)
@@ -101,7 +114,7 @@ def _mid_stage(model, parallel) -> int:
     return 1 + int(np.argmax(moe))
 
 
-@pytest.mark.parametrize("model,parallel", configs(0, 120), ids=lambda x: getattr(x, "name", None) or "")
+@pytest.mark.parametrize("model,parallel", configs(1, 120), ids=lambda x: getattr(x, "name", None) or "")
 def test_closed_form_equals_predictor(model, parallel):
     stages = {"first": 0, "last": parallel.pp - 1}
     if parallel.pp >= 3:
@@ -109,13 +122,13 @@ def test_closed_form_equals_predictor(model, parallel):
     for cls, r in stages.items():
         if cls == "last" and parallel.pp == 1:
             continue
-        want = predictor_stage(model, parallel, r)
+        want = predictor_stage(model, parallel, r, cls)
         got = closed_form(model, parallel, cls)
         assert +got == +want, (cls, parallel, set(got.items()) ^ set(want.items()))
 
 
 def test_many_configurations_counted():
-    cfgs = configs(0, 120)
+    cfgs = configs(1, 120)
     assert len(cfgs) == 120
     assert any(p.pp >= 2 and p.vpp > 1 for _, p in cfgs)
     assert any(p.pp >= 3 for _, p in cfgs)
@@ -126,5 +139,7 @@ def test_many_configurations_counted():
     assert any(m.is_moe and p.moe_aux_loss_coeff > 0 and p.tp > 1 for m, p in cfgs)
     assert any(m.position_embedding_type == "learned_absolute" and p.sp for m, p in cfgs)
     assert any(p.pipe_partitioned and p.tp > 1 and p.pp >= 3 for _, p in cfgs)
+    assert any(p.decoder_first_pipeline_num_layers or p.decoder_last_pipeline_num_layers for _, p in cfgs)
+    assert any(p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split for _, p in cfgs)
     for order in ORDERS:  # every order, with groups that span nodes
         assert any(p.order == order and p.world_size > GPN for _, p in cfgs), order

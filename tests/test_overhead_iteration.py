@@ -180,7 +180,7 @@ def test_order_changes_the_cost():
     crit = {"first": "first", "mid": "mid", "last": "last"}[b.critical_stage]
     m = 64 // 4
     want = sum(int(i.count[0]) * float(bw.time(i.op, i.nbytes[0], 2, 1)) for i in
-               t.comm_items(model, c, crit, layers[crit]) if i.term == "tp" and i.count[0] > 0)
+               t.comm_items(model, t.for_class(c, crit), crit, layers[crit]) if i.term == "tp" and i.count[0] > 0)
     assert b.tp_comm_s == pytest.approx(m * want, rel=1e-9)
 
 
@@ -247,14 +247,14 @@ def test_pipe_partitioned_splits_p2p_over_tp_and_adds_the_gathers():
     gradient, and the full tensor is rebuilt by a TP all-gather (forward: on arrival; backward: own output
     and the received gradient). Off (Megatron-LM), nothing changes."""
     from llmcomm.overhead import measured
-    from llmcomm.overhead.iteration import arrays, candidate_table, comm_items
+    from llmcomm.overhead.iteration import arrays, candidate_table, comm_items, for_class
 
     model = measured.model(2048, 16, 24, 1024)
     base = {"tp": 4, "pp": 4, "dp": 1, "micro_batch": 2, "global_batch": 8}
     items = {}
     for flag in (False, True):
         c = arrays(model, candidate_table(model, pd.DataFrame([base | {"pipe_partitioned": flag}])), 8)
-        items[flag] = comm_items(model, c, "mid", (np.array([6]), np.array([0])))
+        items[flag] = comm_items(model, for_class(c, "mid"), "mid", (np.array([6]), np.array([0])))
     A = 2 * 1024 * 2048 * 2
     sends = {f: [int(i.nbytes[0]) for i in its if i.op == "send" and i.count[0] > 0] for f, its in items.items()}
     assert sends[False] == [A, A] and sends[True] == [A // 4, A // 4]

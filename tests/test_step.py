@@ -23,9 +23,63 @@ from llmcomm.tune.space import enumerate_candidates
 
 def test_chunk_layers_by_hand():
     # 8 layers, pp 2, vpp 2: virtual stages 0..3 of 2 layers; stage 1 holds chunks 1 and 3
-    assert list(step.chunk_layers(8, 2, 2, 1, 0)) == [2, 3]
-    assert list(step.chunk_layers(8, 2, 2, 1, 1)) == [6, 7]
-    assert step.stage_layers(8, 2, 2, 0) == [0, 1, 4, 5]
+    p = ParallelConfig(pp=2, vpp=2, global_batch=2)
+    assert list(step.chunk_layers(8, p, 1, 0)) == [2, 3]
+    assert list(step.chunk_layers(8, p, 1, 1)) == [6, 7]
+    assert step.stage_layers(8, p, 0) == [0, 1, 4, 5]
+
+
+def test_uneven_pipeline_split_by_hand():
+    """Megatron-LM's uneven stages (transformer_block.py get_num_layers_to_build, transformer_layer.py
+    get_transformer_layer_offset), worked by hand."""
+    # LLaMA-3 405B's 126 layers on 16 stages, embedding and loss counted as a layer each: 128/16 = 8 per stage,
+    # stage 0 builds 7 (the embedding's slot), stage 15 builds 7 (the loss's)
+    split = step.pipeline_split(126, 16, 1, None, None, True, True)
+    assert split[0] == ((0, 7),) and split[1] == ((7, 8),) and split[15] == ((119, 7),)
+    # 10 layers, pp 4, first 1 and last 3: middle stages 3 each -> [0], [1..3], [4..6], [7..9]
+    assert [r[0] for r in step.pipeline_split(10, 4, 1, 1, 3)] == [(0, 1), (1, 3), (4, 3), (7, 3)]
+    # interleaved: 12 layers, pp 2, vpp 2, first 4 -> last stage (the middle one) 8: chunks of 2 and 4;
+    # total per virtual round 2 + 4 = 6: stage 0 [0,1] [6,7]; stage 1 [2..5] [8..11]
+    assert step.pipeline_split(12, 2, 2, 4, None) == (((0, 2), (6, 2)), ((2, 4), (8, 4)))
+    # every layer exactly once
+    for args in ((126, 16, 1, None, None, True, True), (10, 4, 1, 1, 3), (12, 2, 2, 4, None), (31, 4, 2, None, None,
+                                                                                                  True, False)):
+        layers = sorted(la for row in step.pipeline_split(*args) for s0, n in row for la in range(s0, s0 + n))
+        assert layers == list(range(args[0])), args
+
+
+@pytest.mark.parametrize("kw, rule", [
+    (dict(pp=4, decoder_first_pipeline_num_layers=1, decoder_last_pipeline_num_layers=2), "must split evenly"),
+    (dict(pp=4, decoder_first_pipeline_num_layers=2, account_for_loss_in_pipeline_split=True), "cannot be combined"),
+    (dict(pp=4, account_for_embedding_in_pipeline_split=True), r"pp\*vpp=4 does not divide num_layers \+ embedding"),
+    (dict(pp=1, decoder_first_pipeline_num_layers=8), "need pp >= 2"),
+])
+def test_uneven_rules(kw, rule):
+    model = lc.load_model("llama2-7b")  # 32 layers
+    with pytest.raises(ConfigError, match=rule):
+        lc.validate(model, ParallelConfig(global_batch=8, **kw))
+
+
+def test_uneven_stages_in_predictor_memory_and_time():
+    """LLaMA-2 7B's 32 layers on pp 3 (not divisible) with first 10 and last 10: the predictor sends each stage's
+    layers' gradients, memory counts them, and the cost model accepts it; the first stage's DP gradient bytes are
+    10 layers + the embedding."""
+    from llmcomm.overhead import iteration_time
+    from llmcomm.overhead.memory import memory
+
+    model = lc.load_model("llama2-7b")
+    p = ParallelConfig(tp=2, pp=3, dp=2, global_batch=8, decoder_first_pipeline_num_layers=10,
+                       decoder_last_pipeline_num_layers=10)
+    assert [len(step.stage_layers(32, p, r)) for r in range(3)] == [10, 12, 10]
+    ctx = Context(model, p)
+    want = 10 * model.layer_parameter_split(0, 2).dense + model.padded_vocab_size(2) * model.hidden_size // 2
+    assert pdp.stage_parameters(ctx, 0).dense == want
+    tr = lc.predict_traffic(model, p)
+    dp_bytes = tr.select(rank=0, parallelism="dp", op="all_reduce").events["bytes"].max()
+    assert dp_bytes == want * 4  # fp32 gradients
+    b = iteration_time(model, p, lc.load_cluster("a100-80g-hdr200"))
+    assert b.critical_stage == "mid" and b.total_s > 0
+    assert memory(model, p).stage in (0, 1)
 
 
 def test_stage_classes_pick_the_middle_stage_with_most_moe_layers():

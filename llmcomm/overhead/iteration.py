@@ -141,11 +141,21 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["moe_aux_loss_coeff"] = t.moe_aux_loss_coeff
     c["act_is_fp16"] = (t.act_dtype == "fp16").astype(np.int64)
     c["recompute"] = t.recompute_code
+    for k in step.UNEVEN:  # the pipeline split (llmcomm.step.pipeline_split)
+        c[k] = np.asarray(getattr(t, k), np.int64)
     for f in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
         c[f] = t.dtype_bytes(f)
-    for kind, (size, k) in step.placement(t, gpus_per_node).items():
-        c[f"n_{kind}"], c[f"k_{kind}"] = size, k
+    for key, (_, k) in step.placement(t, gpus_per_node).items():
+        c["k_" + key] = k  # k_<kind>@<class>: ranks per node of the class's groups (for_class picks them)
     return c
+
+
+def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
+    """:func:`arrays` with the ranks per node of stage class ``cls`` as ``k_<kind>`` (what :func:`comm_items`
+    reads)."""
+    out = {k: v for k, v in c.items() if "@" not in k}
+    out.update({k.split("@")[0]: v for k, v in c.items() if k.endswith("@" + cls)})
+    return out
 
 
 @dataclass
@@ -409,11 +419,12 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
     n = len(c["tp"])
     peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
     pp = c["pp"]
-    layers = step.stage_classes(model, pp, c["vpp"])
+    layers = step.stage_classes(model, pp, c["vpp"], {k: c[k] for k in step.UNEVEN})
     if isinstance(bandwidth, _Timer):
         bandwidth.reset()
     # the three stage classes stacked as 3n rows: one pass over the formulas instead of three
-    c3 = {k: np.concatenate([v, v, v]) for k, v in c.items()}
+    per = [for_class(c, cls) for cls in CLASSES]
+    c3 = {k: np.concatenate([p[k] for p in per]) for k in per[0]}
     edges = [step.holds_edges(cls, pp) for cls in CLASSES]
     hf3 = np.concatenate([e[0] for e in edges])
     hl3 = np.concatenate([e[1] for e in edges])

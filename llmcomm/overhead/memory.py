@@ -100,22 +100,28 @@ def chunks_in_flight(stage: int | np.ndarray, *, pp: np.ndarray, vpp: np.ndarray
     return np.where(np.asarray(gpipe, dtype=bool), microbatches * vpp, np.where(vpp > 1, interleaved, one_f_one_b))
 
 
-_SHAPE = ("tp", "pp", "ep", "vpp")
-
-
 @lru_cache(maxsize=256)
-def _stage_parameters(model: ModelSpec, tp: int, pp: int, ep: int, vpp: int) -> np.ndarray:
+def _stage_parameters(model: ModelSpec, shape: ParallelConfig) -> np.ndarray:
     """``(pp, 2)`` dense and expert parameters one GPU of each stage holds (the predictor's
-    :func:`~llmcomm.predict.dp.stage_parameters`, which depends on tp, pp, ep and vpp only; cached per shape,
-    read-only)."""
+    :func:`~llmcomm.predict.dp.stage_parameters`, which depends on :func:`_shape` only; cached, read-only)."""
     from ..predict.calls import Context
     from ..predict.dp import stage_parameters
 
-    shape = ParallelConfig(tp=tp, pp=pp, ep=ep, dp=ep, vpp=vpp, global_batch=pp * ep)
     ctx = Context(model, shape, "megatron")
-    out = np.array([[sp.dense, sp.expert] for sp in (stage_parameters(ctx, r) for r in range(pp))], dtype=float)
+    out = np.array([[sp.dense, sp.expert] for sp in (stage_parameters(ctx, r) for r in range(shape.pp))], dtype=float)
     out.flags.writeable = False
     return out
+
+
+def _shape(tp: int, pp: int, ep: int, vpp: int, etp: int, first: int, last: int, emb: bool, loss: bool
+           ) -> ParallelConfig:
+    """The smallest configuration with a stage layout and parameter split (tp, pp, ep, vpp, etp, the pipeline
+    split) of a row: dp = ep·etp so that every expert grid fits."""
+    dp = ep * etp
+    return ParallelConfig(tp=tp, pp=pp, ep=ep, dp=dp, vpp=vpp, etp=etp, global_batch=pp * dp,
+                          decoder_first_pipeline_num_layers=None if first < 0 else first,
+                          decoder_last_pipeline_num_layers=None if last < 0 else last,
+                          account_for_embedding_in_pipeline_split=emb, account_for_loss_in_pipeline_split=loss)
 
 
 def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **fixed: object) -> pd.DataFrame:
@@ -140,13 +146,18 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
     per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) for moe in (False, True)}
     sbh = seq * mb * model.hidden_size
     best = np.full((n, 6), -np.inf)
-    shapes = pd.DataFrame({"tp": tp, "pp": pp, "ep": ep, "vpp": vpp})
+    keys = [tp, pp, ep, vpp, tab.expert_tp, *(np.asarray(getattr(tab, k), np.int64) for k in step.UNEVEN)]
+    inv, uniq = step.factorize(keys)
     pattern = np.asarray(model.moe_layer_pattern())
-    for (t, p, e, v), rows in shapes.groupby(list(_SHAPE), sort=False).indices.items():
-        params = _stage_parameters(model, int(t), int(p), int(e), int(v))
-        layers_per_chunk = model.num_layers // (p * v)
+    for j, key in enumerate(uniq):
+        rows = np.flatnonzero(inv == j)
+        shape = _shape(*key[:7], bool(key[7]), bool(key[8]))
+        t, p, v = shape.tp, shape.pp, shape.vpp
+        params = _stage_parameters(model, shape)
         for r in range(p):
-            moe_share = pattern[step.stage_layers(model.num_layers, p, v, r)].mean()
+            held = step.stage_layers(model.num_layers, shape, r)
+            layers_per_chunk = len(held) / v  # chunks of a stage hold equal layers but for the embedding/loss slots
+            moe_share = pattern[held].mean() if held else 0.0
             mean_layer = (1 - moe_share) * per_layer[False][rows] + moe_share * per_layer[True][rows]
             chunks = chunks_in_flight(r, pp=p, vpp=v, microbatches=microbatches[rows], gpipe=gpipe[rows])
             activations = chunks * layers_per_chunk * mean_layer
@@ -155,7 +166,7 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
             if r == p - 1:
                 activations = activations + 4 * sbh[rows] / t * (1 + model.padded_vocab_size(int(t)) / model.hidden_size)
             w, g, o = model_state_bytes(params[r, 0], params[r, 1], dp_cp=dp[rows] * cp[rows],
-                                        expert_dp=dp[rows] * cp[rows] // e, param_bytes=pbytes[rows],
+                                        expert_dp=tab.expert_dp[rows], param_bytes=pbytes[rows],
                                         grad_bytes=gbytes[rows], distributed_optimizer=dist_opt[rows],
                                         fsdp=fsdp[rows])
             total = w + g + o + activations
@@ -172,9 +183,13 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
     """``(weights, gradients, optimizer)`` bytes per GPU of the pipeline stage that holds the most model state,
     for one configuration (no activations; not validated): :func:`model_state_bytes` over the stages'
     parameters, without the table machinery of :func:`memory_table` (a fast check for one configuration)."""
-    params = _stage_parameters(model, parallel.tp, parallel.pp, parallel.ep, parallel.vpp)
+    params = _stage_parameters(model, _shape(parallel.tp, parallel.pp, parallel.ep, parallel.vpp, parallel.expert_tp,
+                                             *(-1 if x is None else x for x in (parallel.decoder_first_pipeline_num_layers,
+                                                                                parallel.decoder_last_pipeline_num_layers)),
+                                             parallel.account_for_embedding_in_pipeline_split,
+                                             parallel.account_for_loss_in_pipeline_split))
     dp_cp = parallel.dp * parallel.cp
-    w, g, o = model_state_bytes(params[:, 0], params[:, 1], dp_cp=dp_cp, expert_dp=dp_cp // parallel.ep,
+    w, g, o = model_state_bytes(params[:, 0], params[:, 1], dp_cp=dp_cp, expert_dp=parallel.expert_dp,
                                 param_bytes=dtype_bytes(parallel.param_dtype),
                                 grad_bytes=dtype_bytes(parallel.grad_reduce_dtype),
                                 distributed_optimizer=parallel.distributed_optimizer, fsdp=parallel.fsdp)

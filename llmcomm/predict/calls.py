@@ -110,9 +110,6 @@ class Context:
         return tokens * self.model.hidden_size * self.act
 
     # -- layers and stages --------------------------------------------------------------------------
-    @property
-    def layers_per_chunk(self) -> int:
-        return self.model.num_layers // (self.pp * self.vpp)
 
     @property
     def last_virtual(self) -> int:
@@ -124,10 +121,10 @@ class Context:
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
         """Global layer indices of model chunk ``chunk`` on stage ``stage``."""
-        return step.chunk_layers(self.model.num_layers, self.pp, self.vpp, stage, chunk)
+        return step.chunk_layers(self.model.num_layers, self.parallel, stage, chunk)
 
     def stage_layers(self, stage: int) -> list[int]:
-        return step.stage_layers(self.model.num_layers, self.pp, self.vpp, stage)
+        return step.stage_layers(self.model.num_layers, self.parallel, stage)
 
     @cached_property
     def moe_pattern(self) -> tuple[bool, ...]:
