@@ -24,7 +24,7 @@ import pandas as pd
 
 from .errors import ConfigError
 from .specs import ModelSpec, ParallelConfig
-from .vocab import DTYPE_BYTES, RECOMPUTE_CODE
+from .vocab import ATTENTION_BACKENDS, DTYPE_BYTES, FUSED_ATTENTION_BACKENDS, RECOMPUTE_CODE
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ParallelConfig))
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
@@ -35,7 +35,7 @@ BOOL_FIELDS = ("sp", "distributed_optimizer", "fsdp", "overlap_grad_reduce", "cr
                "pipe_partitioned", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 FLOAT_FIELDS = ("moe_aux_loss_coeff",)
 STR_FIELDS = ("act_dtype", "grad_reduce_dtype", "param_dtype", "recompute", "schedule", "order",
-              "moe_token_dispatcher_type")
+              "moe_token_dispatcher_type", "attention_backend")
 assert set(FIELDS) == set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS + STR_FIELDS), FIELDS
 
 
@@ -238,6 +238,12 @@ class ParallelTable:
     def dtype_bytes(self, field: str) -> np.ndarray:
         """Bytes per element of a dtype column (``act_dtype``, ``grad_reduce_dtype``, ``param_dtype``)."""
         return _codes(self.columns[field], DTYPE_BYTES, field).astype(np.int64)
+
+    @property
+    def fused_attention(self) -> np.ndarray:
+        """Rows whose attention runs as one fused kernel (:data:`llmcomm.vocab.FUSED_ATTENTION_BACKENDS`)."""
+        return _codes(self.attention_backend, {b: b in FUSED_ATTENTION_BACKENDS for b in ATTENTION_BACKENDS},
+                      "attention_backend").astype(bool)
 
     @property
     def recompute_code(self) -> np.ndarray:

@@ -31,8 +31,8 @@ import yaml
 from . import rules
 from .errors import ConfigError
 from .paths import data_dir
-from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
 from .vocab import (
+    ATTENTION_BACKENDS,
     MOE_TOKEN_DISPATCHERS,
     NORMALIZATIONS,
     PIPELINE_SCHEDULES,
@@ -40,6 +40,7 @@ from .vocab import (
     RECOMPUTE_MODES,
     dtype_bytes,
 )
+from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
@@ -443,6 +444,7 @@ class ParallelConfig:
     decoder_last_pipeline_num_layers: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    attention_backend: str = "auto"  # Megatron-LM's --attention-backend (llmcomm.vocab.AttentionBackend)
 
     def __post_init__(self) -> None:
         if self.global_batch is None:
@@ -502,6 +504,9 @@ class ParallelConfig:
             dtype_bytes(getattr(self, f))
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute={self.recompute!r} is not one of {RECOMPUTE_MODES}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention_backend={self.attention_backend!r} is not one of {ATTENTION_BACKENDS} "
+                              "(Megatron-LM's --attention-backend)")
         if self.schedule not in PIPELINE_SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r} is not one of {PIPELINE_SCHEDULES}")
         rules.check(None, self, ("config",))  # the cross-field rules, each with its Megatron-LM source

@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from .specs import LayerParams, ModelSpec, ParallelConfig
-from .vocab import dtype_bytes
+from .vocab import FUSED_ATTENTION_BACKENDS, dtype_bytes
 
 CLASSES = ("first", "mid", "last")
 
@@ -323,10 +323,11 @@ def factorize(keys: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]
 
 # ------------------------------------------------------------------------------------------ activations
 def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: Any, micro_batch: Any, tp: Any, sp: Any,
-                           recompute: Any, act_bytes: Any) -> np.ndarray:
+                           recompute: Any, act_bytes: Any, fused_attention: Any = False) -> np.ndarray:
     """Activation bytes one transformer layer keeps per micro-batch on one GPU (Korthikanti et al. 2023, Table 2,
     generalized; the formula is in :mod:`llmcomm.overhead.memory`'s docstring). ``seq`` is the sequence per CP
-    rank; ``recompute`` holds ``"none"``/``"selective"``/``"full"``; arguments broadcast."""
+    rank; ``recompute`` holds ``"none"``/``"selective"``/``"full"``; ``fused_attention``: no ``5·a·s`` score
+    tensors (a fused kernel keeps only its log-sum-exp, ``b·a·s`` fp32, negligible); arguments broadcast."""
     recompute = np.asarray(recompute)
     sp_div = np.where(np.asarray(sp, dtype=bool), tp, 1)
     tokens = seq * micro_batch
@@ -337,7 +338,7 @@ def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: Any, micro
     f_up = 2 * f if model.gated_mlp else f
     replicated = 4 * h + 2 * h + h + 2 * h + h
     sharded = 2 * a * d + 4 * g * d + 2 * a * d + experts * (2 * f_up + 2 * f) \
-        + np.where(recompute == "selective", 0, 5 * a * seq)
+        + np.where((recompute == "selective") | np.asarray(fused_attention, dtype=bool), 0, 5 * a * seq)
     kept = scale * tokens * (replicated / sp_div + sharded / tp)
     full = scale * tokens * 2 * h / sp_div
     return np.where(recompute == "full", full, kept)
@@ -371,16 +372,19 @@ class AttentionCore:
     kv_len: int
     head_dim: int
     causal: bool = True
+    fused: bool = False  # one kernel (attention_backend flash/fused/auto): no score traffic
 
     @property
     def flops(self) -> int:
-        """``Q·Kᵀ`` and ``scores·V`` over the full score matrix (the causal half is not subtracted)."""
-        return 4 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+        """``Q·Kᵀ`` and ``scores·V``: over the full score matrix unfused (Megatron's convention), the causal half
+        with a fused kernel (it skips the masked blocks)."""
+        full = 4 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+        return full // 2 if self.fused and self.causal else full
 
     def score_bytes(self, act_bytes: int = 2) -> int:
         """Unfused score traffic: softmax input/output, dropout mask and output, 5 tensors of ``b·heads·s²`` read
-        and written (in ``act_bytes`` elements; 2 as the utilization model counts)."""
-        return 2 * 5 * self.batch * self.heads * self.q_len * self.kv_len * act_bytes // 2
+        and written (in ``act_bytes`` elements; 2 as the utilization model counts); 0 fused."""
+        return 0 if self.fused else 2 * 5 * self.batch * self.heads * self.q_len * self.kv_len * act_bytes // 2
 
 
 @dataclass(frozen=True)
@@ -465,7 +469,8 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
     T = p.micro_batch * s // p.cp
     h = model.hidden_size
     fw = tp if p.sp else 1
-    core = AttentionCore(p.micro_batch, model.num_attention_heads // tp, s // p.cp, s, model.head_dim, True)
+    core = AttentionCore(p.micro_batch, model.num_attention_heads // tp, s // p.cp, s, model.head_dim, True,
+                         p.attention_backend in FUSED_ATTENTION_BACKENDS)
     pattern = model.moe_layer_pattern()
     ctx = None
     if calls:
@@ -485,7 +490,8 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
                 f_eff = ((model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size if moe
                          else model.ffn_hidden_size)
                 act = layer_activation_bytes(model, moe, seq=s / p.cp, micro_batch=p.micro_batch, tp=tp, sp=p.sp,
-                                             recompute=p.recompute, act_bytes=dtype_bytes(p.act_dtype))
+                                             recompute=p.recompute, act_bytes=dtype_bytes(p.act_dtype),
+                                             fused_attention=core.fused)
                 layers.append(LayerStep(
                     la, moe, layer_gemms(model, p, moe), core,
                     int(2 * 16 * T * h // fw + 2 * 2 * T * f_eff // tp),

@@ -17,7 +17,8 @@ CLUSTER = Cluster(name="test", gpus_per_node=8, gpu="NVIDIA H100 test", peak_bf1
 MODEL = ModelSpec(name="small", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
                   vocab_size=128, add_bias_linear=True, position_embedding_type="learned_absolute",
                   max_position_embeddings=32, seq_length=32)
-PAR = ParallelConfig(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4, recompute="full")
+# hand-worked with the full score matrix: attention_backend unfused (test_attention_backend_by_hand: fused)
+PAR = ParallelConfig(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4, recompute="full", attention_backend="unfused")
 GEMM_ONLY = Utilization(coef=(1.0, 0.0, 0.0, 0.0, 0.0))
 
 
@@ -102,8 +103,8 @@ def test_utilization_curves_saturate_below_the_limit():
 
 
 def test_recompute_modes_order_and_selective_is_attention_core():
-    rows = pd.DataFrame([{"tp": 2, "pp": 2, "dp": 2, "global_batch": 8, "recompute": r}
-                         for r in ("none", "selective", "full")])
+    rows = pd.DataFrame([{"tp": 2, "pp": 2, "dp": 2, "global_batch": 8, "recompute": r,
+                          "attention_backend": "unfused"} for r in ("none", "selective", "full")])
     out = iteration_times(MODEL, rows, CLUSTER, StubBandwidth(), GEMM_ONLY)
     none, sel, full = out["recompute_s"]
     assert none == 0 < sel < full
@@ -127,7 +128,8 @@ def test_schedules_bubble():
 
 def test_single_equals_vectorized_and_frame():
     b = iteration_time(MODEL, PAR, CLUSTER, StubBandwidth(), GEMM_ONLY)
-    row = pd.DataFrame([{"tp": 2, "pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 4, "recompute": "full"}])
+    row = pd.DataFrame([{"tp": 2, "pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 4, "recompute": "full",
+                         "attention_backend": "unfused"}])
     v = iteration_times(MODEL, row, CLUSTER, StubBandwidth(), GEMM_ONLY).iloc[0]
     for t in TERMS:
         assert v[t] == pytest.approx(getattr(b, t), rel=1e-12)
@@ -261,3 +263,28 @@ def test_pipe_partitioned_splits_p2p_over_tp_and_adds_the_gathers():
     gathers = [(i.phase, int(i.count[0])) for i in items[True] if i.op == "all_gather" and i.parallelism == "pp"]
     assert sorted(gathers) == [("backward", 2), ("forward", 1)]
     assert not any(i.parallelism == "pp" and i.op == "all_gather" and i.count[0] for i in items[False])
+
+
+def test_attention_backend_by_hand():
+    """Fused attention (Megatron-LM's attention_backend flash/fused/auto) counts the causal half of the core's
+    FLOPs and moves no score bytes; unfused counts the full score matrix and 2·5·b·(a/tp)·s² bytes. On MODEL (4
+    layers, h 64, 4 heads of 16, s 32, tp 2, pp 2: 2 layers per stage), with θ_gemm = θ_mem = 1 and no launch
+    floor, the forward pass of a stage differs by 2 layers · (F_attn/2 / peak + score bytes / HBM)."""
+    both = Utilization(coef=(1.0, 1.0, 0.0, 0.0, 0.0))
+    hbm = 3.35e12  # CLUSTER's "H100" entry in utilization.HBM_BANDWIDTH
+    kw = dict(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4)
+    un = iteration_time(MODEL, ParallelConfig(**kw, attention_backend="unfused"), CLUSTER, StubBandwidth(), both)
+    fu = iteration_time(MODEL, ParallelConfig(**kw, attention_backend="flash"), CLUSTER, StubBandwidth(), both)
+    b, s, a, d, tp = 1, 32, 4, 16, 2
+    f_attn = 4.0 * b * s * s * a * d / tp
+    score = 2.0 * 5.0 * b * (a / tp) * s * s
+    m = 2  # micro-batches
+    assert un.forward_s - fu.forward_s == pytest.approx(m * 2 * (f_attn / 2 / 1e12 + score / hbm), rel=1e-9)
+    assert un.backward_s - fu.backward_s == pytest.approx(2 * (un.forward_s - fu.forward_s), rel=1e-9)
+    auto = iteration_time(MODEL, ParallelConfig(**kw), CLUSTER, StubBandwidth(), both)  # Megatron's default: auto
+    assert auto.total_s == fu.total_s and un.tp_comm_s == fu.tp_comm_s
+    from llmcomm.overhead.memory import memory
+
+    mu, mf = memory(MODEL, ParallelConfig(**kw, attention_backend="unfused")), memory(MODEL, ParallelConfig(**kw))
+    # 5·a·s bytes per token of each layer's score tensors (/tp), 16-bit: 2 layers · in-flight micro-batches
+    assert mu.activations > mf.activations and mu.weights == mf.weights

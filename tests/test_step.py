@@ -122,7 +122,8 @@ def test_describe_matches_the_utilization_features():
     wise + score bytes = its memory feature · HBM bandwidth (dense and MoE layers, SP on and off)."""
     for name, par in (("llama2-7b", dict(tp=2, pp=2, dp=1, global_batch=2, sp=True, micro_batch=1)),
                       ("gpt3-1.3b", dict(tp=4, pp=1, dp=2, global_batch=4, micro_batch=2)),
-                      ("tiny-moe", dict(tp=2, pp=1, dp=2, ep=2, sp=True, global_batch=2))):
+                      ("tiny-moe", dict(tp=2, pp=1, dp=2, ep=2, sp=True, global_batch=2)),
+                      ("llama2-7b", dict(tp=2, pp=1, dp=1, global_batch=1, attention_backend="unfused"))):
         model, p = lc.load_model(name), ParallelConfig(**par)
         st = step.describe(model, p)
         s, tp = p.sequence_length(model), p.tp
@@ -132,7 +133,7 @@ def test_describe_matches_the_utilization_features():
                      if layer.moe else model.ffn_hidden_size)
             X, _ = U.layer_features(np.array([p.micro_batch]), np.array([s]), np.array([tp]), model.hidden_size,
                                     model.num_attention_heads, model.query_groups, model.head_dim, f_eff, k, 1.0,
-                                    1.0, np.array([tp if p.sp else 1]))
+                                    1.0, np.array([tp if p.sp else 1]), np.array([layer.core.fused]))
             router = 2.0 * p.micro_batch * s * model.hidden_size * model.num_experts if layer.moe else 0.0
             # the router GEMM is replicated over TP: full FLOPs on every rank (iteration._compute adds it so too)
             assert layer.gemm_flops + layer.core.flops == pytest.approx(X[0, U.I["gemm"]] + router, rel=1e-12)

@@ -141,6 +141,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["moe_aux_loss_coeff"] = t.moe_aux_loss_coeff
     c["act_is_fp16"] = (t.act_dtype == "fp16").astype(np.int64)
     c["recompute"] = t.recompute_code
+    c["fused_attention"] = t.fused_attention
     for k in step.UNEVEN:  # the pipeline split (llmcomm.step.pipeline_split)
         c[k] = np.asarray(getattr(t, k), np.int64)
     for f in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
@@ -358,11 +359,12 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     k = 3 if model.gated_mlp else 2
     nd, nm = layers
     fw = np.where(c["sp"], tp, 1)
-    Ld, Cd = U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak, hbm, fw)
+    fz = c["fused_attention"]
+    Ld, Cd = U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak, hbm, fw, fz)
     Lm, Cm = np.zeros_like(Ld), np.zeros_like(Cd)
     if model.is_moe:
         fe = (model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size
-        Lm, Cm = U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw)
+        Lm, Cm = U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw, fz)
         Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP)
     E = (holds_first[:, None] * U.embedding_features(b, s, h, hbm)
          + holds_last[:, None] * U.output_features(b, s, tp, h, model.padded_vocab_size(tp), peak, hbm))

@@ -26,6 +26,7 @@ from .. import rules
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import ModelSpec
+from ..vocab import ATTENTION_BACKENDS
 from ..vocab import RECOMPUTE_MODES as RECOMPUTE
 
 
@@ -48,6 +49,7 @@ class SearchSpace:
     sp: tuple[bool, ...] = (False, True)
     recompute: tuple[str, ...] = RECOMPUTE
     distributed_optimizer: tuple[bool, ...] = (False, True)
+    attention_backend: tuple[str, ...] = ("auto",)  # Megatron-LM's default; ("unfused",) for pre-2022 recipes
     max_micro_batch: int = 16
     max_vpp: int = 8
 
@@ -55,6 +57,9 @@ class SearchSpace:
         bad = [r for r in self.recompute if r not in RECOMPUTE]
         if bad:
             raise ConfigError(f"space: recompute values {bad} are not in {RECOMPUTE}")
+        bad = [b for b in self.attention_backend if b not in ATTENTION_BACKENDS]
+        if bad or not self.attention_backend:
+            raise ConfigError(f"space: attention_backend values {bad} are not in {ATTENTION_BACKENDS}")
         for f in ("tp", "pp", "ep", "micro_batch", "vpp"):
             v = getattr(self, f)
             if v is not None and (not v or any(not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
@@ -76,7 +81,8 @@ def _allowed(values: Sequence[int], chosen: tuple[int, ...] | None) -> list[int]
 
 
 SCOPES = ("config", "job", "megatron", "cost")  # the rules (llmcomm.rules) every configuration of the space keeps
-DIMENSIONS = ("tp", "pp", "dp", "ep", "micro_batch", "vpp", "sp", "recompute", "distributed_optimizer")
+DIMENSIONS = ("tp", "pp", "dp", "ep", "micro_batch", "vpp", "sp", "recompute", "distributed_optimizer",
+              "attention_backend")
 
 
 def splits(model: ModelSpec, gpus: int, global_batch: int, tp: tuple[int, ...] | None = None,
@@ -112,8 +118,9 @@ def enumerate_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len
         vpps = _allowed([v for v in divisors(L // pp) if v <= space.max_vpp and (v == 1 or pp >= 2)], space.vpp)
         for mb, v in itertools.product(mbs, vpps):
             m = per_replica // mb
-            for sp, rec, do in itertools.product(space.sp, space.recompute, space.distributed_optimizer):
-                rows.append((tp, pp, dp, ep, mb, v, sp, rec, do, m))
+            for sp, rec, do, ab in itertools.product(space.sp, space.recompute, space.distributed_optimizer,
+                                                     space.attention_backend):
+                rows.append((tp, pp, dp, ep, mb, v, sp, rec, do, ab, m))
     cols = [*DIMENSIONS, "num_microbatches"]
     df = pd.DataFrame(rows, columns=cols)
     df["global_batch"] = global_batch
