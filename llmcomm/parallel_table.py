@@ -28,15 +28,33 @@ from .vocab import ATTENTION_BACKENDS, DTYPE_BYTES, FUSED_ATTENTION_BACKENDS, RE
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ParallelConfig))
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
-INT_FIELDS = ("tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch", "global_batch", "seq_len")
-OPTIONAL_INT_FIELDS = ("etp", "bucket_size", "microbatch_group_size_per_vp_stage", "decoder_first_pipeline_num_layers",
-                       "decoder_last_pipeline_num_layers")  # None -> -1 in the arrays
+INT_FIELDS = ("tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch", "global_batch", "seq_len",
+              "num_distributed_optimizer_instances")
+OPTIONAL_INT_FIELDS = ("etp", "bucket_size", "microbatch_group_size_per_vp_stage", "num_layers_in_first_pipeline_stage",
+                       "num_layers_in_last_pipeline_stage", "ddp_num_buckets")  # None -> -1 in the arrays
 BOOL_FIELDS = ("sp", "distributed_optimizer", "fsdp", "overlap_grad_reduce", "create_attention_mask_in_dataloader",
-               "pipe_partitioned", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+               "pipe_partitioned", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+               "moe_router_enable_expert_bias", "cross_entropy_loss_fusion", "calculate_per_token_loss")
 FLOAT_FIELDS = ("moe_aux_loss_coeff",)
 STR_FIELDS = ("act_dtype", "grad_reduce_dtype", "param_dtype", "recompute", "schedule", "order",
-              "moe_token_dispatcher_type", "attention_backend")
-assert set(FIELDS) == set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS + STR_FIELDS), FIELDS
+              "moe_token_dispatcher_type", "attention_backend", "rerun_mode")
+OBJECT_FIELDS = ("moe_router_dtype", "moe_router_load_balancing_type")  # None or a string, a string or a tuple
+assert set(FIELDS) == set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS + STR_FIELDS
+                          + OBJECT_FIELDS), sorted(set(FIELDS) ^ set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS
+                                                                   + FLOAT_FIELDS + STR_FIELDS + OBJECT_FIELDS))
+
+
+def _objects(values: Any, n: int) -> np.ndarray:
+    """An object array of ``n`` values (a value repeated when not a sequence of n), without numpy turning tuples
+    into a second axis."""
+    out = np.empty(n, dtype=object)
+    if isinstance(values, (list, np.ndarray, pd.Series)) and len(values) == n:
+        for i, v in enumerate(values):
+            out[i] = tuple(v) if isinstance(v, list) else v
+    else:
+        for i in range(n):
+            out[i] = values
+    return out
 
 
 def _codes(values: np.ndarray, table: Mapping[str, Any], field: str) -> np.ndarray:
@@ -120,6 +138,8 @@ class ParallelTable:
                     cols[f] = s.fillna(DEFAULTS[f]).to_numpy(bool) if s.isna().any() else s.to_numpy(bool)
             elif f in FLOAT_FIELDS:
                 cols[f] = np.full(n, float(const)) if v is None else pd.Series(v).fillna(DEFAULTS[f]).to_numpy(np.float64)
+            elif f in OBJECT_FIELDS:
+                cols[f] = _objects(const if v is None else list(v), n)
             else:
                 cols[f] = (np.full(n, const, dtype=object) if v is None
                            else pd.Series(v).fillna(DEFAULTS[f]).astype(str).to_numpy(dtype=object))
@@ -135,6 +155,9 @@ class ParallelTable:
         cols: dict[str, np.ndarray] = {}
         for f in FIELDS:
             v = columns.get(f, DEFAULTS[f])
+            if f in OBJECT_FIELDS:
+                cols[f] = _objects(v if np.ndim(v) == 0 or isinstance(v, tuple) else list(v), n)
+                continue
             if v is None:
                 v = -1
             dtype = (np.int64 if f in INT_FIELDS or f in OPTIONAL_INT_FIELDS else bool if f in BOOL_FIELDS
@@ -156,6 +179,8 @@ class ParallelTable:
                 cols[f] = np.array(vals, bool)
             elif f in FLOAT_FIELDS:
                 cols[f] = np.array(vals, np.float64)
+            elif f in OBJECT_FIELDS:
+                cols[f] = _objects(vals, len(vals))
             else:
                 cols[f] = np.array(vals, dtype=object)
         return cls._finish(cols, model)

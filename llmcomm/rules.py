@@ -59,7 +59,7 @@ def _opt(v: Any) -> Any:
 
 
 def _first_last(p: Any) -> tuple[Any, Any]:
-    return np.asarray(_opt(p.decoder_first_pipeline_num_layers)), np.asarray(_opt(p.decoder_last_pipeline_num_layers))
+    return np.asarray(_opt(p.num_layers_in_first_pipeline_stage)), np.asarray(_opt(p.num_layers_in_last_pipeline_stage))
 
 
 def _uneven(p: Any) -> Any:
@@ -118,6 +118,30 @@ def _smallest_chunk(m: Model, p: Any) -> Any:
     uneven = np.minimum.reduce([np.where(f >= 0, f // v, big), np.where(la >= 0, la // v, big),
                                 np.where(_middle_stages(p) > 0, _per_middle(m, p) // v, big)])
     return np.where(_uneven(p), uneven, even)
+
+
+# ParallelConfig fields the predictor models (issue 24) and the iteration-time formulation does not: refused at a
+# non-default value (rule "cost-unmodelled"), and not counted as accepted by llmcomm.overhead.validation
+COST_UNMODELLED_FIELDS = ("rerun_mode", "ddp_num_buckets", "num_distributed_optimizer_instances", "moe_router_dtype",
+                          "moe_router_load_balancing_type", "moe_router_enable_expert_bias",
+                          "cross_entropy_loss_fusion", "calculate_per_token_loss")
+
+
+def _non_default(p: Any, field: str) -> Any:
+    """Where ``field`` differs from ``ParallelConfig``'s default (a table holds ``-1`` for an unset integer)."""
+    from .specs import ParallelConfig  # specs imports this module
+
+    d = ParallelConfig.__dataclass_fields__[field].default
+    v = getattr(p, field)
+    if isinstance(v, np.ndarray):
+        if v.dtype == object:
+            return np.array([x != d for x in v], dtype=bool)
+        return v != (-1 if d is None else d)
+    return v != d
+
+
+def _unmodelled(p: Any) -> Any:
+    return np.logical_or.reduce([np.asarray(_non_default(p, f), dtype=bool) for f in COST_UNMODELLED_FIELDS])
 
 
 RULES: tuple[Rule, ...] = (
@@ -192,21 +216,21 @@ RULES: tuple[Rule, ...] = (
                        if r.vpp > 1 else f"pp={r.pp} does not divide num_layers={m.num_layers}")),
     Rule("uneven-without-account", "job", "megatron/core/transformer/transformer_block.py:112",
          lambda m, p: np.logical_and(_uneven(p), _accounts(p)),
-         lambda m, r: "decoder_first/last_pipeline_num_layers cannot be combined with "
+         lambda m, r: "num_layers_in_first/last_pipeline_stage cannot be combined with "
                       "account_for_embedding/loss_in_pipeline_split (Megatron-LM: no standalone embedding or loss "
                       "stage with uneven pipeline stages)"),
     Rule("uneven-needs-pp", "job", "kit: uneven stages split a pipeline; with pp = 1 there is nothing to split",
          lambda m, p: np.logical_and(_uneven(p), p.pp < 2),
-         lambda m, r: f"decoder_first/last_pipeline_num_layers need pp >= 2, got pp={r.pp}"),
+         lambda m, r: f"num_layers_in_first/last_pipeline_stage need pp >= 2, got pp={r.pp}"),
     Rule("uneven-leftover", "job", "megatron/core/transformer/transformer_block.py:133",
          lambda m, p: np.logical_and(_uneven(p), _leftover_bad(m, p)),
-         lambda m, r: f"num_layers={m.num_layers} minus decoder_first/last_pipeline_num_layers="
-                      f"{_opt(r.decoder_first_pipeline_num_layers)}/{_opt(r.decoder_last_pipeline_num_layers)} "
+         lambda m, r: f"num_layers={m.num_layers} minus num_layers_in_first/last_pipeline_stage="
+                      f"{_opt(r.num_layers_in_first_pipeline_stage)}/{_opt(r.num_layers_in_last_pipeline_stage)} "
                       f"must split evenly over the {_middle_stages(r)} middle stage(s) (and be 0 without any)"),
     Rule("uneven-vpp", "job", "megatron/core/transformer/transformer_block.py:178",
          lambda m, p: np.logical_and(_uneven(p), _uneven_vpp_bad(m, p)),
          lambda m, r: f"vpp={r.vpp} must divide the layers of every pipeline stage (first "
-                      f"{_opt(r.decoder_first_pipeline_num_layers)}, last {_opt(r.decoder_last_pipeline_num_layers)}, "
+                      f"{_opt(r.num_layers_in_first_pipeline_stage)}, last {_opt(r.num_layers_in_last_pipeline_stage)}, "
                       f"middle {_per_middle(m, r)})"),
     Rule("chunk-nonempty", "job",
          "kit: every model chunk holds a layer (Megatron allows an empty one, transformer_block.py:196; the "
@@ -229,11 +253,15 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: np.logical_and(p.sp, (_seq(m, p) // p.cp) % p.tp != 0),
          lambda m, r: f"tp={r.tp} does not divide seq_len/cp={r.sequence_length(m) // r.cp} (needed by sp)"),
     # ----------------------------------------------------------------------------------- megatron
-    Rule("moe-tp-needs-sp", "megatron", "megatron/core/model_parallel_config.py:560",
-         lambda m, p: np.logical_and(m.is_moe, np.logical_and(np.logical_and(p.tp > 1, p.ep > 1),
-                                                              np.logical_not(p.sp))),
-         lambda m, r: "tp>1 with ep>1 needs sp=True (Megatron-LM: 'When using expert parallelism and tensor "
-                      "parallelism, sequence parallelism must be used')"),
+    Rule("moe-tp-needs-sp", "megatron",
+         "megatron/core/transformer/moe/moe_layer.py:638 (MoELayer.forward raises in training; "
+         "model_parallel_config.py:560 only warns, for ep > 1)",
+         lambda m, p: np.logical_and(m.is_moe, np.logical_and(p.tp > 1, np.logical_not(p.sp))),
+         lambda m, r: "an MoE model with tp>1 needs sp=True: Megatron-LM's MoELayer.forward raises in training when "
+                      "attention TP is > 1 without sequence parallelism ('During training, performance may degrade "
+                      "if MoE and tensor parallelism are enabled without also enabling sequence parallelism'; with "
+                      "ep>1: 'When using expert parallelism and tensor parallelism, sequence parallelism must be "
+                      "used')"),
     # --------------------------------------------------------------------------------------- cost
     Rule("cost-cp", "cost", "kit: context parallelism is not in the formulation yet",
          lambda m, p: p.cp > 1,
@@ -255,6 +283,10 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: np.logical_and(_accounts(p), p.vpp > 1),
          lambda m, r: "account_for_embedding/loss_in_pipeline_split with vpp > 1 is not modelled by the "
                       "iteration-time formulation"),
+    Rule("cost-unmodelled", "cost", "kit: the predictor's calls for these options are not in comm_items",
+         lambda m, p: _unmodelled(p),
+         lambda m, r: f"{', '.join(f for f in COST_UNMODELLED_FIELDS if _non_default(r, f))}: not modelled by the "
+                      "iteration-time formulation (the predictor's calls for them are not in comm_items)"),
     Rule("cost-interleaved-microbatches", "cost",
          "kit: the formulation's interleaved bubble assumes whole micro-batch groups of pp (Megatron allows more, "
          "schedules.py:1172)",
@@ -293,6 +325,27 @@ class _Row:
 
     def sequence_length(self, model: Model) -> int:
         return int(self._t.sequence_length(model)[self._i])
+
+
+SPLIT_RULES = ("pp-layers", "uneven-without-account", "uneven-needs-pp", "uneven-leftover", "uneven-vpp",
+               "chunk-nonempty")
+
+
+class _Layers:
+    """A model that is only its layer count (the pipeline-split rules read nothing else)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self.name = f"{num_layers} layers"
+
+
+def check_split(num_layers: int, p: Any) -> None:
+    """The pipeline-split rules (:data:`SPLIT_RULES`) for ``num_layers`` layers and one configuration."""
+    m = _Layers(num_layers)
+    for name in SPLIT_RULES:
+        r = BY_NAME[name]
+        if _any(r.bad(m, p)):
+            raise ConfigError(r.message(m, p))
 
 
 def violations(model: Model, table: Any, scopes: Sequence[str]) -> dict[str, np.ndarray]:

@@ -65,7 +65,7 @@ def pipeline_split(num_layers: int, pp: int, vpp: int, first: int | None = None,
       the loss count as one layer each), ``n = N/pp`` per stage, ``n/v`` per chunk; virtual stage ``vs = c·pp + r``
       starts at layer ``vs·n/v``, minus 1 after the first virtual stage when the embedding is counted; the first
       (last) virtual stage builds one layer fewer for the embedding (loss);
-    * uneven (``decoder_first/last_pipeline_num_layers`` ``F``, ``La``): the first (last) stage holds ``F`` (``La``)
+    * uneven (``num_layers_in_first/last_pipeline_stage``, Megatron's ``--decoder-first/last-pipeline-num-layers``, ``F``, ``La``): the first (last) stage holds ``F`` (``La``)
       layers, ``F/v`` per chunk; the ``M`` middle stages share the rest equally, ``(L − F − La)/M``; chunk ``c``
       starts at ``c·(F/v + (L − F − La)/v + La/v)`` plus, past stage 0, ``F/v + (middle rank)·(per-middle/v)``.
 
@@ -108,8 +108,8 @@ def pipeline_split(num_layers: int, pp: int, vpp: int, first: int | None = None,
 
 def _split_of(parallel: Any, num_layers: int) -> tuple[tuple[tuple[int, int], ...], ...]:
     p = parallel
-    return pipeline_split(num_layers, p.pp, p.vpp, p.decoder_first_pipeline_num_layers,
-                          p.decoder_last_pipeline_num_layers, p.account_for_embedding_in_pipeline_split,
+    return pipeline_split(num_layers, p.pp, p.vpp, p.num_layers_in_first_pipeline_stage,
+                          p.num_layers_in_last_pipeline_stage, p.account_for_embedding_in_pipeline_split,
                           p.account_for_loss_in_pipeline_split)
 
 
@@ -132,7 +132,7 @@ def _stage_counts(model: ModelSpec, split: tuple[tuple[tuple[int, int], ...], ..
     return tuple((sum(n for _, n in row), sum(pat[la] for s0, n in row for la in range(s0, s0 + n))) for row in split)
 
 
-UNEVEN = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+UNEVEN = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
           "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 
 
@@ -230,7 +230,7 @@ def stage_parameters(model: ModelSpec, tp: np.ndarray, ep: np.ndarray, etp: np.n
 
 
 # --------------------------------------------------------------------------------------------- placement
-PLACED_KINDS = ("tp", "dp", "pp", "ep", "edp", "tpep", "mp", "world", "emb")
+PLACED_KINDS = ("tp", "dp", "pp", "ep", "edp", "tpep", "mp", "world", "emb", "tpeppp")
 
 
 def class_stages(cls: str, pp: int) -> list[int]:

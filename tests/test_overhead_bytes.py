@@ -95,8 +95,8 @@ def configs(seed: int, count: int):
                 kw["account_for_loss_in_pipeline_split"] = rng.random() < 0.7
             else:
                 per = model.num_layers // pp
-                kw["decoder_first_pipeline_num_layers"] = rng.choice([None, max(vpp, per - vpp)])
-                kw["decoder_last_pipeline_num_layers"] = rng.choice([None, max(vpp, per - vpp), per + vpp])
+                kw["num_layers_in_first_pipeline_stage"] = rng.choice([None, max(vpp, per - vpp)])
+                kw["num_layers_in_last_pipeline_stage"] = rng.choice([None, max(vpp, per - vpp), per + vpp])
         try:  # only the kit's own rule errors: a configuration the rules refuse is drawn again
             p = ParallelConfig(**kw)
             validate(model, p)
@@ -139,7 +139,7 @@ def test_many_configurations_counted():
     assert any(m.is_moe and p.moe_aux_loss_coeff > 0 and p.tp > 1 for m, p in cfgs)
     assert any(m.position_embedding_type == "learned_absolute" and p.sp for m, p in cfgs)
     assert any(p.pipe_partitioned and p.tp > 1 and p.pp >= 3 for _, p in cfgs)
-    assert any(p.decoder_first_pipeline_num_layers or p.decoder_last_pipeline_num_layers for _, p in cfgs)
+    assert any(p.num_layers_in_first_pipeline_stage or p.num_layers_in_last_pipeline_stage for _, p in cfgs)
     assert any(p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split for _, p in cfgs)
     for order in ORDERS:  # every order, with groups that span nodes
         assert any(p.order == order and p.world_size > GPN for _, p in cfgs), order

@@ -119,8 +119,8 @@ def _shape(tp: int, pp: int, ep: int, vpp: int, etp: int, first: int, last: int,
     split) of a row: dp = ep·etp so that every expert grid fits."""
     dp = ep * etp
     return ParallelConfig(tp=tp, pp=pp, ep=ep, dp=dp, vpp=vpp, etp=etp, global_batch=pp * dp,
-                          decoder_first_pipeline_num_layers=None if first < 0 else first,
-                          decoder_last_pipeline_num_layers=None if last < 0 else last,
+                          num_layers_in_first_pipeline_stage=None if first < 0 else first,
+                          num_layers_in_last_pipeline_stage=None if last < 0 else last,
                           account_for_embedding_in_pipeline_split=emb, account_for_loss_in_pipeline_split=loss)
 
 
@@ -185,8 +185,8 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
     for one configuration (no activations; not validated): :func:`model_state_bytes` over the stages'
     parameters, without the table machinery of :func:`memory_table` (a fast check for one configuration)."""
     params = _stage_parameters(model, _shape(parallel.tp, parallel.pp, parallel.ep, parallel.vpp, parallel.expert_tp,
-                                             *(-1 if x is None else x for x in (parallel.decoder_first_pipeline_num_layers,
-                                                                                parallel.decoder_last_pipeline_num_layers)),
+                                             *(-1 if x is None else x for x in (parallel.num_layers_in_first_pipeline_stage,
+                                                                                parallel.num_layers_in_last_pipeline_stage)),
                                              parallel.account_for_embedding_in_pipeline_split,
                                              parallel.account_for_loss_in_pipeline_split))
     dp_cp = parallel.dp * parallel.cp

@@ -92,6 +92,18 @@ class Context:
         return self.tokens // self.tp if self.sp else self.tokens
 
     @property
+    def probs_dtype(self) -> str:
+        """The routing probabilities' dtype: ``moe_router_dtype`` (``--moe-router-dtype``), else the activation
+        dtype (``topk_routing_with_score_function`` returns ``probs.type_as(logits)``, the router's logits are in
+        the router dtype: core/transformer/moe/router.py)."""
+        return self.parallel.moe_router_dtype or self.parallel.act_dtype
+
+    @property
+    def probs_bytes(self) -> int:
+        """Bytes per routing-probability element (:attr:`probs_dtype`)."""
+        return dtype_bytes(self.probs_dtype)
+
+    @property
     def act_bytes(self) -> int:
         """``b · s · h · act / cp``: the full activation buffer of a TP collective."""
         return self.tokens * self.model.hidden_size * self.act
