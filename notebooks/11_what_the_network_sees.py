@@ -91,7 +91,8 @@ moe = predict_traffic(load_model(moe_model), ParallelConfig(**moe_config))
 Lm = link_loads(moe, load_topology(topology).for_world(moe.world_size), placement)
 print(topo.describe())
 tiers = pd.concat([L.tiers.assign(job=model), Lm.tiers.assign(job=moe_model)])
-tiers.assign(bytes=tiers["bytes"].map(format_bytes), max_bytes=tiers["max_bytes"].map(format_bytes),
+tiers.assign(bytes=tiers["bytes"].map(format_bytes), up_bytes=tiers["up_bytes"].map(format_bytes),
+             max_bytes=tiers["max_bytes"].map(format_bytes),
              max_busy_ms=1e3 * tiers["max_busy_s"]).drop(columns=["mean_bytes", "max_busy_s"])
 
 # %%
@@ -264,12 +265,13 @@ out.check("aicb_round_trip_exact", back.exact, value=len(written), expect="every
 # ## Result
 
 # %%
+up_bytes = L.tiers.set_index("tier")["up_bytes"]
 agg_share = {lab: float(wi[(wi["scenario"] == lab) & (wi["reach"] == topo.tier_names[-1])]["share"].iloc[0])
              for lab in (c["label"] for c in cases)}
 out.say(
     f"**Result.** GPT-3 175B on {dense.world_size:,} GPUs of Llama 3's fat-tree ({placement}, Megatron's order) puts "
-    f"{format_bytes(L.tier_bytes()['nvlink'])} per iteration on NVLink, {format_bytes(L.tier_bytes()['host'])} "
-    f"through the NICs and {format_bytes(L.tier_bytes()[agg])} on the aggregation uplinks; TP never leaves the "
+    f"{format_bytes(up_bytes['nvlink'])} per iteration onto NVLink, {format_bytes(up_bytes['host'])} "
+    f"into the NICs and {format_bytes(up_bytes[agg])} up the aggregation uplinks; TP never leaves the "
     f"server, and with PP outermost {100 * r[('pp', topo.tier_names[-1])]:.0f}% of PP's bytes cross pods. The "
     f"busiest NIC needs {1e3 * L.tiers.set_index('tier').loc['host', 'max_busy_s']:.0f} ms at line rate per "
     f"iteration. Hashing each connection to one uplink (seed {ecmp_seed}, {qps} QP) makes the busiest ToR "
@@ -279,10 +281,10 @@ out.say(
     f"aggregation uplink needs {1e3 * pk[(cases[1]['label'], agg)]:.0f} ms per iteration at 1:7 and "
     f"{1e3 * pk[(cases[2]['label'], agg)]:.0f} ms at full bisection, against a predicted iteration of "
     f"{t_iter:.2f} s; a random placement raises it to {1e3 * pk[(cases[4]['label'], agg)]:.0f} ms. "
-    f"A rail-only network would relay off-rail {100 * rails_all['off_rail_share'].iloc[0]:.3g}% of the scale-out "
+    f"A rail-only network would relay off-rail {100 * rails_all['off_rail_share'].iloc[0]:.2g}% of the scale-out "
     f"bytes of {list(rail_cases)[0]}, {100 * rails_all['off_rail_share'].iloc[1]:.0f}% of {list(rail_cases)[1]} "
     f"(its DP rings hop from GPU 6 of one server to GPU 0 of the next), "
-    f"{100 * rails_all['off_rail_share'].iloc[2]:.3g}% of {list(rail_cases)[2]} and "
+    f"{100 * rails_all['off_rail_share'].iloc[2]:.2g}% of {list(rail_cases)[2]} and "
     f"{100 * rails_all['off_rail_share'].iloc[3]:.0f}% of {list(rail_cases)[3]} (its expert all-to-alls join GPUs "
     f"of different local index). The predicted timeline issues the recorded run's calls in the same order on all "
     f"{len(cmp_t)} ranks; the gaps between calls rank alike (Spearman "

@@ -254,8 +254,9 @@ def _sampled(topo: Topology, src: np.ndarray, dst: np.ndarray, w: np.ndarray, rc
 
 
 def tier_summary(links: pd.DataFrame, topo: Topology) -> pd.DataFrame:
-    """Per link tier: links in the cluster (both directions), links used, total / mean / peak bytes, peak
-    ``busy_s`` and the share of the tier's capacity the peak link reaches relative to the mean."""
+    """Per link tier: links in the cluster (both directions), links used, total bytes over all its links and
+    directions (``bytes``) and over its up direction (``up_bytes``: each byte once per hop it climbs), mean and
+    peak bytes per link, peak ``busy_s`` and ``imbalance`` (peak / mean over the links used)."""
     rows = []
     counts = {"nvlink": topo.gpus, "host": topo.gpus * topo.planes}
     for k in range(len(topo.tiers) - 1):
@@ -263,7 +264,8 @@ def tier_summary(links: pd.DataFrame, topo: Topology) -> pd.DataFrame:
     for tier in topo.link_tiers:
         d = links[links["tier"] == tier]
         b = d["bytes"].to_numpy()
-        rows.append({"tier": tier, "links": 2 * counts[tier], "used": len(d), "bytes": float(b.sum()),
+        up = float(d.loc[d["direction"] == "up", "bytes"].sum())
+        rows.append({"tier": tier, "links": 2 * counts[tier], "used": len(d), "bytes": float(b.sum()), "up_bytes": up,
                      "mean_bytes": float(b.mean()) if len(b) else 0.0, "max_bytes": float(b.max()) if len(b) else 0.0,
                      "max_busy_s": float(d["busy_s"].max()) if len(d) else 0.0,
                      "imbalance": float(b.max() / b.mean()) if len(b) and b.mean() > 0 else float("nan")})
