@@ -543,7 +543,11 @@ class ParallelConfig:
 # ------------------------------------------------------------------------------------------- cluster
 @dataclass(frozen=True)
 class Cluster:
-    """GPUs, nodes and links. Bandwidths are per GPU, one direction, in bytes/s."""
+    """GPUs, nodes and links. Bandwidths are per GPU, one direction, in bytes/s; FLOP/s are dense (no
+    sparsity). The optional figures (``None``: not stated for this cluster) are datasheet values: the FP8
+    Tensor Core peak, the HBM bandwidth, the SM count; ``nic`` names the network adapter and ``fabric`` the
+    inter-node fabric (e.g. ``hdr200-ib``), by which :mod:`llmcomm.overhead.bandwidth` says what measured data,
+    if any, its inter-node efficiency comes from."""
 
     name: str
     gpus_per_node: int
@@ -555,12 +559,21 @@ class Cluster:
     num_nodes: int | None = None  # None: as many as a configuration needs
     source: str = ""
     notes: str = ""
+    peak_fp8_flops: float | None = None  # dense FP8 Tensor Core peak; None: no FP8 (A100) or not stated
+    hbm_bandwidth: float | None = None  # GPU memory bandwidth, bytes/s
+    sm_count: int | None = None
+    nic: str = ""
+    fabric: str = ""
 
     def __post_init__(self) -> None:
         for f in ("gpus_per_node", "peak_bf16_flops", "gpu_memory_bytes", "intra_node_bandwidth",
                   "inter_node_bandwidth"):
             if getattr(self, f) <= 0:
                 raise ConfigError(f"cluster {self.name}: {f}={getattr(self, f)!r} must be > 0")
+        for f in ("peak_fp8_flops", "hbm_bandwidth", "sm_count"):
+            v = getattr(self, f)
+            if v is not None and not v > 0:
+                raise ConfigError(f"cluster {self.name}: {f}={v!r} must be > 0 (or absent)")
         if self.num_nodes is not None and self.num_nodes < 1:
             raise ConfigError(f"cluster {self.name}: num_nodes={self.num_nodes} must be >= 1")
 
@@ -594,7 +607,8 @@ def load_cluster(name_or_path: str | os.PathLike[str], num_nodes: int | None = N
     if not isinstance(d, dict):
         raise ConfigError(f"{p}: a cluster file must hold a mapping of Cluster fields")
     try:
-        d = {k: (float(v) if k.endswith(("bandwidth", "flops", "bytes")) else v) for k, v in d.items()}
+        d = {k: (float(v) if k.endswith(("bandwidth", "flops", "bytes")) and v is not None else v)
+             for k, v in d.items()}
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{p}: {e}") from None
     c = _from_fields(Cluster, d, str(p), "cluster")
