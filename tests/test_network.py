@@ -297,3 +297,45 @@ def test_missing_fields_and_unknown_name(tmp_path):
         load_topology(str(p))
     with pytest.raises(ConfigError, match="not found; known: "):
         load_topology("no-such-topology")
+
+
+# ---------------------------------------------------------------------------------------- what-if
+def test_off_rail_counts_scale_out_bytes_between_rails():
+    from llmcomm.network.whatif import off_rail_table
+
+    topo = rail()
+    # 0 -> 4: rail 0 to rail 0 (other server); 0 -> 5: rail 0 to rail 1 (other server); 0 -> 1: same server
+    pf = PairFlows(np.array([0, 0, 0]), np.array([4, 5, 1]), np.array([S, 3 * S, 5 * S]), np.array([0, 1, 1], np.int8),
+                   ("dp", "ep"))
+    t = off_rail_table(pf, topo).set_index("parallelism")
+    assert t.loc["dp", "off_rail_share"] == 0.0 and t.loc["ep", "off_rail_bytes"] == 3 * S
+    assert t.loc["all", "scale_out_bytes"] == 4 * S and t.loc["all", "off_rail_share"] == 0.75
+
+
+def test_scenarios_oversubscription_and_order():
+    from llmcomm.network.whatif import scenarios, with_oversubscription
+
+    spec = {"name": "three", "gpus_per_server": 4, "scale_up_gpus": 4, "nvlink_bandwidth": 100.0,
+            "nic_bandwidth": 10.0, "tiers": [{"name": "tor", "servers": 2, "uplinks": 4},
+                                             {"name": "pod", "servers": 4, "switches": 2, "uplinks": 4,
+                                              "oversubscription": 4},
+                                             {"name": "core", "servers": 8, "switches": 2}]}
+    topo = topology_from_dict(spec, "three.yaml")
+    full = with_oversubscription(topo, {"pod": 1})
+    assert full.port_bandwidth(1) == pytest.approx(4 * topo.port_bandwidth(1))
+    with pytest.raises(ConfigError, match="not tiers below the top"):
+        with_oversubscription(topo, {"core": 2})
+    model = ModelSpec(name="m", num_layers=4, hidden_size=256, ffn_hidden_size=1024, num_attention_heads=8,
+                      vocab_size=1000, seq_length=128)
+    par = ParallelConfig(tp=4, pp=2, dp=4, micro_batch=1, global_batch=8)
+    tab, loads = scenarios(model, par, topo, [
+        {"label": "pp out", "order": "tp-cp-ep-dp-pp"}, {"label": "dp out", "order": "tp-cp-pp-dp"},
+        {"label": "dp out, 1:1", "order": "tp-cp-pp-dp", "oversubscription": {"pod": 1}}])
+    peak = tab[tab["link_tier"] == "pod-core"].set_index("scenario")["peak_busy_s"]
+    assert peak["dp out"] == pytest.approx(4 * peak["dp out, 1:1"])
+    r = loads["dp out"].reach.set_index(["parallelism", "reach"])["bytes"]
+    assert r[("pp", "core")] == 0 and r[("dp", "core")] > 0  # DP outermost: DP crosses pods, PP stays in
+    r = loads["pp out"].reach.set_index(["parallelism", "reach"])["bytes"]
+    assert r[("pp", "core")] > 0 and r[("dp", "core")] == 0
+    with pytest.raises(ConfigError, match="unknown key"):
+        scenarios(model, par, topo, [{"orderr": "tp-pp-dp"}])

@@ -82,3 +82,19 @@ def test_demand_over_time_conserves_the_iteration_bytes():
     assert set(f.columns) == {"tier", "over_capacity_share", "max_peak_demand"}
     with pytest.raises(Exception, match="timed trace"):
         link_demand(t, "dgx-superpod-h100")
+
+
+@pytest.mark.parametrize(("schedule", "vpp"), [("interleaved", 2), ("gpipe", 1)])
+def test_other_schedules(schedule, vpp):
+    m = load_model("tiny-gpt")
+    par = ParallelConfig(tp=2, pp=2, vpp=vpp, schedule=schedule, micro_batch=1, global_batch=4)
+    t = predict_traffic(m, par, aggregate=False)
+    tl = predicted_timeline(t, m, par)
+    ev = tl.events
+    assert ev["t_start_ns"].notna().all()
+    per_layer, t_emb, t_out = layer_pass_times(m, par, load_cluster("h100-80g-ndr400"))
+    per_stage = par.num_microbatches * 3 * per_layer.sum() / par.pp
+    busy = (tl.compute["t_end_ns"] - tl.compute["t_start_ns"]).groupby(tl.compute["stage"]).sum() / 1e9
+    assert busy.to_numpy() == pytest.approx(per_stage + np.array([3 * par.num_microbatches * t_emb,
+                                                                  3 * par.num_microbatches * t_out]), rel=1e-6)
+    assert tl.iteration_s >= busy.max()

@@ -152,7 +152,7 @@ class Topology:
         """One line: name, GPUs, tiers with domain sizes and oversubscription."""
         parts = [f"scale-up {self.scale_up_gpus} GPUs"]
         for k, t in enumerate(self.tiers):
-            ov = f", 1:{t.oversubscription:g} up" if k < len(self.tiers) - 1 and t.oversubscription != 1 else ""
+            ov = f", 1:{t.oversubscription:.3g} up" if k < len(self.tiers) - 1 and t.oversubscription != 1 else ""
             parts.append(f"{t.name} {t.servers * self.gpus_per_server:,} GPUs{ov}")
         rails = ", rail-optimized" if self.rail_optimized else ""
         planes = f", {self.planes} planes" if self.planes > 1 else ""

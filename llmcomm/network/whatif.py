@@ -24,7 +24,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..specs import ModelSpec, ParallelConfig, load_model
 from . import routing as R
-from .loads import LinkLoads, link_loads, pair_flows
+from .loads import LinkLoads, PairFlows, link_loads, pair_flows
 from .topology import Topology, load_topology
 
 SCENARIO_KEYS = ("label", "order", "placement", "topology", "oversubscription", "pxn", "ecmp", "seed", "parallel")
@@ -90,6 +90,11 @@ def off_rail(model: ModelSpec | str, parallel: ParallelConfig, topology: Topolog
     trace = predict_traffic(spec, parallel)
     topo = load_topology(topology).for_world(trace.world_size)
     pf, _ = pair_flows(trace, topo, placement, algorithm=algorithm)
+    return off_rail_table(pf, topo)
+
+
+def off_rail_table(pf: PairFlows, topo: Topology) -> pd.DataFrame:
+    """:func:`off_rail` of placed pair flows."""
     out = R.scale_up_domain(topo, pf.src) != R.scale_up_domain(topo, pf.dst)
     cross = out & (R.rail(topo, pf.src) != R.rail(topo, pf.dst))
     n = len(pf.parallelisms)
