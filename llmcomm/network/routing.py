@@ -11,7 +11,10 @@
    first moved over NVLink to the GPU of the source's server on the destination's rail, which sends it
    rail-aligned; NCCL does this for point-to-point traffic by default (``NCCL_PXN_DISABLE=0``,
    ``NCCL_P2P_PXN_LEVEL=2``: NCCL ``src/graph/paths.cc`` and ``src/graph/search.cc``, ``ncclTopoGetNetDev``).
-   With ``pxn=False`` cross-rail traffic goes up to the spine, as the DGX SuperPOD RA describes.
+   The rule is applied here to every cross-rail scale-out flow, ring steps of collectives included (NCCL
+   builds its rings from its topology search and picks their NICs itself; a ring step between GPUs of
+   different local index is an approximation either way). With ``pxn=False`` cross-rail traffic goes up to
+   the spine, as the DGX SuperPOD RA describes.
 4. **ECMP** over the tiers above tier 1, two ways:
 
    * ``expected``: every flow splits evenly over its equal-cost choices, so each uplink of a tier-1 switch
