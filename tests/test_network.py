@@ -339,3 +339,39 @@ def test_scenarios_oversubscription_and_order():
     assert r[("pp", "core")] > 0 and r[("dp", "core")] == 0
     with pytest.raises(ConfigError, match="unknown key"):
         scenarios(model, par, topo, [{"orderr": "tp-pp-dp"}])
+
+
+@pytest.mark.parametrize("spec", TOPOS, ids=lambda d: d["name"])
+def test_sampled_paths_are_connected(spec):
+    """Every hashed path climbs inside the source's domains, turns at one top switch and descends inside the
+    destination's domains through links that switch really has (port mod switches = the switch)."""
+    topo = topology_from_dict(spec, f"{spec['name']}.yaml")
+    pf = random_flows(np.random.default_rng(4), 4000, topo.gpus)
+    src, dst = pf.src, pf.dst
+    rch = R.reach(topo, src, dst)
+    qp = np.zeros(len(src), np.int64)
+    plane, up, down = R.sample_paths(topo, src, dst, qp, rch, seed=3)
+    assert ((plane >= 0) & (plane < topo.planes)).all()
+    top_up, top_down = {}, {}
+    for k in range(len(topo.tiers) - 1):
+        idx, lower, port = up[k]
+        dom = lower // topo.switches_per_domain(k)
+        assert np.array_equal(dom, R.domain(topo, src[idx], k) if k else R.domain(topo, src[idx], 0))
+        assert ((port >= 0) & (port < topo.tiers[k].uplinks)).all()
+        upper = R.upper_switch(topo, k, lower, port)
+        last = rch[idx] == k + 2
+        top_up.update(zip(idx[last].tolist(), upper[last].tolist()))
+        idx, lower, port = down[k]
+        assert np.array_equal(lower // topo.switches_per_domain(k), R.domain(topo, dst[idx], k))
+        if k == 0:
+            assert np.array_equal(lower, R.tier0_switch(topo, dst[idx]))
+        upper = R.upper_switch(topo, k, lower, port)
+        last = rch[idx] == k + 2
+        top_down.update(zip(idx[last].tolist(), upper[last].tolist()))
+    assert top_up == top_down and len(top_up) == int((rch >= 2).sum())
+    for k in range(len(topo.tiers) - 2):  # each hop starts where the one below it ended
+        for hops in (up, down):
+            i0, lo0, p0 = hops[k]
+            i1, lo1, _ = hops[k + 1]
+            ends = dict(zip(i0.tolist(), R.upper_switch(topo, k, lo0, p0).tolist()))
+            assert all(ends[i] == j for i, j in zip(i1.tolist(), lo1.tolist(), strict=True))
