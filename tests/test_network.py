@@ -360,18 +360,18 @@ def test_sampled_paths_are_connected(spec):
         assert ((port >= 0) & (port < topo.tiers[k].uplinks)).all()
         upper = R.upper_switch(topo, k, lower, port)
         last = rch[idx] == k + 2
-        top_up.update(zip(idx[last].tolist(), upper[last].tolist()))
+        top_up.update(zip(idx[last].tolist(), upper[last].tolist(), strict=True))
         idx, lower, port = down[k]
         assert np.array_equal(lower // topo.switches_per_domain(k), R.domain(topo, dst[idx], k))
         if k == 0:
             assert np.array_equal(lower, R.tier0_switch(topo, dst[idx]))
         upper = R.upper_switch(topo, k, lower, port)
         last = rch[idx] == k + 2
-        top_down.update(zip(idx[last].tolist(), upper[last].tolist()))
+        top_down.update(zip(idx[last].tolist(), upper[last].tolist(), strict=True))
     assert top_up == top_down and len(top_up) == int((rch >= 2).sum())
     for k in range(len(topo.tiers) - 2):  # each hop starts where the one below it ended
         for hops in (up, down):
             i0, lo0, p0 = hops[k]
             i1, lo1, _ = hops[k + 1]
-            ends = dict(zip(i0.tolist(), R.upper_switch(topo, k, lo0, p0).tolist()))
+            ends = dict(zip(i0.tolist(), R.upper_switch(topo, k, lo0, p0).tolist(), strict=True))
             assert all(ends[i] == j for i, j in zip(i1.tolist(), lo1.tolist(), strict=True))
