@@ -80,6 +80,10 @@ def test_network_command(capsys, tmp_path):
     assert rc == 0
     assert "bytes per iteration by link tier" in text and "hottest 3 links" in text and "leaf-spine" in text
     assert len(pd.read_parquet(out)) > 0
+    aicb = tmp_path / "w.csv"
+    rc = main(["network", "tiny-gpt", "--topology", "llama3-24k", "--tp", "2", "--pp", "2", "--aicb-out", str(aicb)])
+    assert rc == 0 and aicb.read_text().startswith("[rank0 ~ rank3]\ncomm_type,")
+    assert main(["network", str(out), "--topology", "llama3-24k", "--aicb-out", str(aicb)]) == 2
     rc = main(["network", "tiny-gpt", "--topology", "no-such", "--tp", "2"])
     assert rc == 1
 

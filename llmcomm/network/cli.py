@@ -45,6 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--algorithm", default="ring", choices=("ring", "direct"), help="how collectives become flows")
     p.add_argument("--top", type=int, default=10, help="hottest links to print")
     p.add_argument("--flows-out", default=None, help="write the flow list (src, dst, bytes, start) as .parquet/.csv")
+    p.add_argument("--aicb-out", default=None,
+                   help="write rank --aicb-rank's calls as an AICB workload .csv (a predicted MODEL only; the "
+                        "prediction is expanded to one row per call, which for large jobs takes memory)")
+    p.add_argument("--aicb-rank", type=int, default=0, help="the rank --aicb-out writes")
     p.set_defaults(func=run, fsdp=False, pipe_partitioned=False)
 
 
@@ -55,15 +59,18 @@ def _trace(args: argparse.Namespace):  # noqa: ANN202 - a Trace
     if path.suffix == ".parquet":
         return read_trace(path)
     from ..predict import predict_traffic
-    from ..predict.cli import parallel_from_args
     from ..specs import load_model
 
-    par = parallel_from_args(args)
-    if args.order:
-        import dataclasses
+    return predict_traffic(load_model(args.model), _parallel(args))
 
-        par = dataclasses.replace(par, order=args.order)
-    return predict_traffic(load_model(args.model), par)
+
+def _parallel(args: argparse.Namespace):  # noqa: ANN202 - a ParallelConfig
+    import dataclasses
+
+    from ..predict.cli import parallel_from_args
+
+    par = parallel_from_args(args)
+    return dataclasses.replace(par, order=args.order) if args.order else par
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
 
     flows_out = check_file(args.flows_out, option="--flows-out", suffixes=(".parquet", ".csv"),
                            writes="a flow list") if args.flows_out else None
+    aicb_out = check_file(args.aicb_out, option="--aicb-out", suffixes=(".csv",), writes="an AICB workload") \
+        if args.aicb_out else None
+    if aicb_out is not None and Path(args.model).suffix == ".parquet":
+        from ..errors import UsageError
+
+        raise UsageError("--aicb-out writes a prediction; give a catalogue MODEL, not a trace file")
     trace = _trace(args)
     topo = load_topology(args.topology).for_world(trace.world_size)
     loads = link_loads(trace, topo, args.placement, algorithm=args.algorithm, ecmp=args.ecmp, pxn=not args.no_pxn,
@@ -102,4 +115,13 @@ def run(args: argparse.Namespace) -> int:
         write_flow_list(trace, flows_out, topology=topo, placement=args.placement, seed=args.seed,
                         algorithm=args.algorithm)
         print(f"\nflows: {flows_out}")
+    if aicb_out is not None:
+        from ..predict import predict_traffic
+        from ..specs import load_model
+        from .export import write_aicb
+
+        full = predict_traffic(load_model(args.model), _parallel(args), aggregate=False)  # one row per call
+        dropped = write_aicb(full, aicb_out, rank=args.aicb_rank)
+        print(f"AICB workload (rank {args.aicb_rank}): {aicb_out}; {len(dropped)} calls on groups AICB cannot name "
+              "left out")
     return 0
