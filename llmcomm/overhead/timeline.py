@@ -47,6 +47,8 @@ from .bandwidth import Bandwidth
 if TYPE_CHECKING:
     from ..predict.calls import Context
 
+MAX_STAGE_CALLS = 2_000_000  # calls of the simulated ranks (one per stage), stepped through in Python
+
 
 @dataclass(frozen=True)
 class Timeline:
@@ -116,6 +118,10 @@ def predicted_timeline(trace: Trace, model: ModelSpec | str | None = None, paral
     stage_of = lay.coords["pp"].to_numpy()
     reps = [lay.rank_of(pp=r) for r in range(p)]
     rows_of = {r: np.nonzero(ev["rank"].to_numpy() == reps[r])[0] for r in range(p)}
+    n_calls = sum(len(v) for v in rows_of.values())
+    if n_calls > MAX_STAGE_CALLS:
+        raise ConfigError(f"predicted_timeline: {n_calls:,} calls on the {p} simulated ranks exceed {MAX_STAGE_CALLS:,}; "
+                          "use fewer micro-batches or layers")
     # per stage: items (kind, payload) in order
     items: list[list[tuple]] = []
     for r in range(p):
