@@ -98,7 +98,7 @@ def _accepted() -> frozenset[str]:
 
     from ..specs import ParallelConfig
 
-    fields = {f.name for f in dataclasses.fields(ParallelConfig)}
+    fields = {f.name for f in dataclasses.fields(ParallelConfig)} - set(getattr(it, "UNMODELLED_FIELDS", ()))
     return ALWAYS_COLUMNS | frozenset(getattr(it, "CANDIDATE_DEFAULTS", {})) | fields | {"overlap_grad_reduce"}
 
 
