@@ -662,13 +662,15 @@ class Cluster:
 
 
 def _yaml_number(v: Any) -> Any:
-    """A number written as ``1e9`` (PyYAML, following YAML 1.1, reads it as a string without a dot) as a
-    float; anything else unchanged, for the type check to judge."""
+    """A number of a float field as a float: also ``1e9`` (PyYAML, following YAML 1.1, reads it as a string
+    without a dot) and an integer; anything else unchanged, for the type check to judge."""
     if isinstance(v, str):
         try:
             return float(v)
         except ValueError:
             return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
     return v
 
 
