@@ -9,6 +9,7 @@ import pytest
 import llmcomm as lc
 from llmcomm.catalogue import matches_published, significant_digits
 from llmcomm.specs import ModelSpec, ParallelConfig, validate
+from llmcomm.specs import data_dir as specs_data_dir
 
 CATALOGUE = lc.list_models()
 REQUIRED = [
@@ -131,6 +132,25 @@ def test_cluster_catalogue() -> None:
     assert dataclasses.replace(c, num_nodes=2).num_gpus == 16
     with pytest.raises(lc.ConfigError, match="not found"):
         lc.load_cluster("tpu-v5")
+
+
+def test_cluster_datasheet_figures() -> None:
+    """H100 SXM, H200 and B200 carry their dense peaks (FP8 twice BF16), HBM and NIC, each cited in the file."""
+    h100, h200, b200 = (lc.load_cluster(n) for n in ("h100-80g-ndr400", "h200-141g-ndr400", "b200-180g-ndr400"))
+    assert h100.peak_bf16_flops == h200.peak_bf16_flops == 989.4e12 and h100.sm_count == h200.sm_count == 132
+    for c in (h100, h200, b200):
+        assert c.peak_fp8_flops == pytest.approx(2 * c.peak_bf16_flops, rel=1e-3) and c.fabric == "ndr400-ib" and c.nic
+    assert (h100.hbm_bandwidth, h200.hbm_bandwidth, b200.hbm_bandwidth) == (3.35e12, 4.8e12, 8.0e12)
+    assert b200.intra_node_bandwidth == 2 * h100.intra_node_bandwidth and b200.gpu_memory_bytes == 180e9
+    assert lc.load_cluster("a100-40g-hdr200").peak_fp8_flops is None  # Ampere has no FP8 Tensor Cores
+    for name in lc.list_clusters():
+        text = (specs_data_dir() / "clusters" / f"{name}.yaml").read_text()
+        for line in text.splitlines():
+            if line.split(":")[0] in ("peak_bf16_flops", "peak_fp8_flops", "hbm_bandwidth", "intra_node_bandwidth",
+                                      "inter_node_bandwidth"):
+                assert "#" in line, f"{name}: {line!r} cites no source"
+    with pytest.raises(lc.ConfigError, match="hbm_bandwidth"):
+        dataclasses.replace(h100, hbm_bandwidth=0.0)
 
 
 def test_padded_vocab() -> None:

@@ -25,6 +25,7 @@ from . import expand, program, torch_rules
 from .audit import audit_table
 from .calls import Context
 from .ep import peer_tokens, routing_counts
+from .support import check_supported as _check_supported
 
 AUTO_AGGREGATE_ROWS = 500_000
 
@@ -74,7 +75,7 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
         if not calls:
             continue
         parts.append(expand.stage_table(lay, r, calls, call_counts, iteration, d_tokens, model.hidden_size * ctx.act,
-                                        ctx.act))
+                                        ctx.probs_bytes))
     events = expand.to_ref_events(lay, parts)
     if parts:
         order = np.argsort(events.ints("rank"), kind="stable")
@@ -86,10 +87,3 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
             "gpus_per_node": lay.gpus_per_node, "aggregated": bool(aggregate), "iteration": iteration,
             "cluster": cluster.name if cluster is not None else None}
     return Trace(meta=meta, routing=routing if isinstance(routing, pd.DataFrame) else None, ref_events=events)
-
-
-def _check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str) -> None:
-    """Rules of Megatron-LM the predictor relies on, beyond :func:`llmcomm.specs.validate`."""
-    if framework == "megatron" and model.is_moe and parallel.tp > 1 and parallel.ep > 1 and not parallel.sp:
-        raise ConfigError("tp>1 with ep>1 needs sp=True (Megatron-LM: 'When using expert parallelism and "
-                          "tensor parallelism, sequence parallelism must be used')")
