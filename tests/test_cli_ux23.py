@@ -151,8 +151,11 @@ def test_a_log_without_intra_node_rows_leaves_tp_to_the_shipped_calibration(exte
     for a, b in zip(bw.regime("all_reduce", 8, 8), shipped.regime("all_reduce", 8, 8), strict=True):
         np.testing.assert_array_equal(a, b)  # not the datasheet figures the 16-GPU log used to leave it to
     bw.regime("all_reduce", 16, 8)
-    src = bw.sources().set_index(["op", "group_size", "ranks_per_node"])["source"]
-    assert src[("all_reduce", 8, 8)] == SHIPPED and src[("all_reduce", 16, 8)] == USER
+    bw.regime("send", 2, 1)
+    by = bw.sources().set_index(["op", "group_size", "ranks_per_node"])
+    assert by.loc[("all_reduce", 8, 8), "source"] == SHIPPED and by.loc[("all_reduce", 16, 8), "source"] == USER
+    assert by.loc[("all_reduce", 16, 8), "detail"] == "measured"
+    assert by.loc[("send", 2, 1), "detail"] == "carried from your all_reduce over 16 ranks (8/node)"
 
 
 # -- 5, 6: work bounded up front --------------------------------------------------------------------------
