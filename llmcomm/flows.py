@@ -255,6 +255,13 @@ def flow_arrays(events: pa.Table | RefEvents, algorithm: AlgorithmName = "ring")
     return src, dst, nbytes
 
 
+def flow_event_arrays(events: pa.Table | RefEvents, algorithm: AlgorithmName = "ring"
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(src, dst, bytes, row)``: the flows of :func:`flows_from_table` (same order) with the row of ``events``
+    each comes from, so a flow can carry its event's columns (its start time, for a flow list)."""
+    return _flows(events, algorithm)
+
+
 def flows_from_table(events: pa.Table | RefEvents, algorithm: AlgorithmName = "ring", tags: bool = True) -> pd.DataFrame:
     """Vectorized flow decomposition of an events table or a :class:`RefEvents` (see the module docstring
     for the rules): ``src, dst`` (int64), ``bytes`` (float64) plus, unless ``tags=False``, each flow's event

@@ -51,7 +51,6 @@ from .vocab import (
     dtype_bytes,
     parse_order,
 )
-from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 RERUN_MODES = ("disabled", "validate_results", "report_stats")  # megatron/training/config/resilience_config.py
@@ -879,13 +878,13 @@ def _yaml_number(v: Any) -> Any:
     """A number written as ``1e9`` (PyYAML, following YAML 1.1, reads it as a string without a dot) as a
     float, and an integer as a float (as the fields are floats); anything else unchanged (``None`` too), for
     the type check to judge."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return float(v)
     if isinstance(v, str):
         try:
             return float(v)
         except ValueError:
             return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
     return v
 
 

@@ -40,6 +40,7 @@ from .events import validate_columns as validate_columns
 from .events import validate_events as validate_events
 from .events import vocabulary_codes as vocabulary_codes
 from .flows import FLOW_TAGS as FLOW_TAGS
+from .flows import flow_event_arrays as flow_event_arrays
 from .flows import flows_from_table as flows_from_table
 from .flows import reduction_factor as reduction_factor
 from .flows import split_arrays as split_arrays
