@@ -50,6 +50,7 @@ from ..atomic import atomic_path
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import ParallelConfig
+from ..vocab import AlgorithmName
 from .placement import Placement, place
 from .topology import Topology, load_topology
 
@@ -139,7 +140,7 @@ def write_aicb(trace: Trace, path: str | os.PathLike[str], rank: int = 0,
 
 
 def flow_list(trace: Trace, *, topology: Topology | str | None = None, placement: Placement = "contiguous",
-              seed: int = 0, algorithm: str = "ring", start_ns: np.ndarray | pd.Series | None = None) -> pd.DataFrame:
+              seed: int = 0, algorithm: AlgorithmName = "ring", start_ns: np.ndarray | pd.Series | None = None) -> pd.DataFrame:
     """The flow list of the module doc. ``start_ns`` (one value per event row, e.g. a predicted timeline's
     starts) overrides the events' own ``t_start_ns``."""
     from ..flows import flow_event_arrays
