@@ -398,7 +398,7 @@ def effective_bandwidth_lines(data: pd.DataFrame, *, x: str = "bytes", y: str = 
     order (e.g. :func:`llmcomm.overhead.effective_bandwidth`); one line style per ``style`` value (e.g. how the
     group is placed on nodes; solid, dashed, dotted in order of appearance). Each line is drawn a little thinner
     than the one before, so that a line lying on an earlier one leaves it visible at its edges. ``note`` is
-    written at the right, between the lines of the lowest regime and the rest. ``kwargs`` go to ``ax.plot``."""
+    written under the axis. ``kwargs`` go to ``ax.plot``."""
     ax = axes_or_new(ax, (6.5, 4))
     order = list(pd.unique(data[hue]))
     colors = sns.color_palette("tab10", len(order))
@@ -413,7 +413,7 @@ def effective_bandwidth_lines(data: pd.DataFrame, *, x: str = "bytes", y: str = 
     ax.xaxis.set_major_formatter(FuncFormatter(byte_ticks))
     ax.xaxis.set_minor_formatter(NullFormatter())
     if note:
-        ax.text(0.99, 0.3, note, transform=ax.transAxes, ha="right", va="center", fontsize=6.5, color="0.3")
+        ax.text(0.0, -0.2, note, transform=ax.transAxes, ha="left", va="top", fontsize=7, color="0.3")
     ax.legend(fontsize=7, loc="upper left", title=style.replace("_", " ") + ": line style" if style else None,
               title_fontsize=7)
     return ax
@@ -704,7 +704,7 @@ def utilization_curves(data: pd.DataFrame, *, x: str = "hidden", y: str = "utili
                     fontsize=7, color="0.2", xytext=(-2, 0), textcoords="offset points")
     ax.set(xlabel=f"{'hidden size' if x == 'hidden' else x} (log scale)",
            ylabel="achieved FLOP/s of a layer pass / peak", ylim=(0, 1.05), title=title or "")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 0.94))  # below the limit line
     return ax
 
 

@@ -242,8 +242,8 @@ placement = {label: "one node" if n == per_node else f"{per_node} GPU{'s' if per
              for label, _, n, per_node in regimes}
 ax = plots.effective_bandwidth_lines(eff.assign(placement=eff["label"].map(placement)), x="bytes", y="busbw",
                                      hue="label", style="placement", title=f"effective bus bandwidth, {cl.name} (shipped calibration)",
-                                     note="steps: where the fit changes message-size piece (up to three per regime,\n"
-                                          "fitted independently, so neighbouring pieces need not join)")
+                                     note="steps: where the fit changes message-size piece (up to three per regime, fitted "
+                                          "independently,\nso neighbouring pieces need not join)")
 out.figure(ax, "effective_bandwidth_factors")
 
 m = load_model(model)

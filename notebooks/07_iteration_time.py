@@ -101,6 +101,7 @@ out.check("multi_node_mape_bound", summ["mape"] <= mape_bound, value=summ["mape"
 ax = plots.predicted_vs_measured(pred.rename(columns={"group": "model"}), x="time_s", y="predicted_s", hue="model",
                                  title=f"vTrain multi-node runs, {len(pred)} (not fitted on)")
 out.figure(ax, "validation_multi_node")
+out.value("multi_groups", summ["groups"])  # per model: rows, MAPE, median and worst error, Spearman
 
 # %% [markdown]
 # Where the error is: mean signed error by model and TP degree (negative: predicted too fast).
