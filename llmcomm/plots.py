@@ -1,9 +1,12 @@
 """Figures with one house style, in seaborn's calling convention.
 
 Every function takes its data first (a tidy DataFrame), then keyword-only ``x=``, ``y=``, ``hue=`` (column
-names, never hard-coded) and ``ax=None``, in that order, then its own options; it draws on ``ax`` (a new
-figure when None) and returns the Axes. :func:`comm_matrix_grid` draws several panels and returns the
-Figure (like seaborn's figure-level functions it has no ``ax``). None touches global state except
+names, never hard-coded) and ``ax=None``, in that order, then its own options, and passes any other keyword
+(``**kwargs``) on to the matplotlib or seaborn call that draws its main artists; it draws on ``ax`` (a new
+figure when None) and returns the Axes. :func:`comm_matrix_grid`, :func:`comparison_matrices` and
+:func:`overhead_surface` draw several panels and return the Figure (like seaborn's figure-level functions they
+have no ``ax``). Shared encodings: one colour per parallelism (:data:`PARALLELISM_COLORS`) and per iteration term
+(:data:`TERM_COLORS`), byte ticks from :func:`llmcomm.units.format_bytes`, log axes labelled by :func:`log_axis`. None touches global state except
 :func:`apply_style`, which notebooks call once; the matplotlib backend is left to the caller
 (``MPLBACKEND``, set by the Makefile and the tests).
 """
@@ -45,6 +48,49 @@ def apply_style() -> None:
 def axes_or_new(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
     """``ax``, or the axes of a new figure of ``figsize`` inches when it is ``None`` (seaborn's ``ax=None``)."""
     return ax if ax is not None else plt.subplots(figsize=figsize)[1]
+
+
+def byte_ticks(n: float, _pos: object = None) -> str:
+    """Tick label of a byte count: :func:`llmcomm.units.format_bytes` in its compact form with a space
+    (``"512 B"``, ``"1 KiB"``, ``"1.5 GiB"``); a matplotlib ``FuncFormatter`` function."""
+    return format_bytes(n, compact=True, sep=" ")
+
+
+def plain_number(v: float, _pos: object = None) -> str:
+    """Tick label of a number without exponent notation: ``0.05``, ``3``, ``1,024``."""
+    return format(v, ",.10g")
+
+
+def log_axis(ax: Axes, axis: str = "x", *, base: float = 10) -> None:
+    """Make ``axis`` of ``ax`` logarithmic with labels that do not overlap: plain numbers (``3``, ``10``, ``20``)
+    at 1-2-5 steps when the axis spans under 1.5 decades of the current limits, 1-2-5 or powers only beyond, and
+    no labels on minor ticks (matplotlib labels minor ticks of a short log axis as "3×10⁰", which collide)."""
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=base)
+    lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    decades = np.log(hi / lo) / np.log(base) if lo > 0 and hi > lo else 0.0
+    subs = (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
+    if base == 10 and decades < 0.7:
+        subs = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+    a.set_major_locator(LogLocator(base=base, subs=subs))
+    a.set_major_formatter(FuncFormatter(plain_number))
+    a.set_minor_locator(LogLocator(base=base, subs="auto"))
+    a.set_minor_formatter(NullFormatter())
+
+
+def natural_order(values: Sequence[object]) -> list[object]:
+    """``values`` (unique, in order) sorted by their leading number when they all start with one (``"3.6B"`` before
+    ``"18.4B"``), else as given."""
+    uniq = list(pd.unique(pd.Series(list(values), dtype=object)))
+
+    def lead(v: object) -> float | None:
+        m = re.match(r"\s*([-+]?\d+(?:\.\d+)?)", str(v))
+        return float(m.group(1)) if m else None
+
+    keys = [lead(v) for v in uniq]
+    if all(k is not None for k in keys):
+        return [v for _, v in sorted(zip(keys, uniq, strict=True), key=lambda kv: kv[0])]
+    return uniq
 
 
 def layout_grid(data: pd.DataFrame, *, x: str = "rank", y: str = "node", hue: str = "tp_group",
@@ -114,6 +160,23 @@ def _matrix_panel(ax: Axes, dense: np.ndarray, k: int, world_size: int, gpus_per
     ax.grid(False)
     ax.set_title(title or "communication matrix")
     return im
+
+
+def _floor_cells(dense: np.ndarray, floor: float | None, top: float) -> tuple[np.ndarray, float]:
+    """Cells of ``dense`` below ``floor × top`` as NaN (not drawn); returns the matrix and the largest hidden cell
+    (0 if none)."""
+    if not floor or not np.isfinite(top):
+        return dense, 0.0
+    hide = np.isfinite(dense) & (dense < floor * top)
+    hidden = float(np.nanmax(np.where(hide, dense, np.nan))) if hide.any() else 0.0
+    return np.where(hide, np.nan, dense), hidden
+
+
+def _floor_note(floor: float | None, hidden: float) -> str:
+    if not floor or hidden <= 0:
+        return ""
+    size = f"{hidden:.2g} B" if hidden < 2**10 else byte_ticks(hidden)
+    return f"\nwhite: none, or < {floor:g} × the largest (≤ {size})"
 
 
 def comm_matrix(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue: str = "bytes",
@@ -417,6 +480,8 @@ def effective_bandwidth_lines(data: pd.DataFrame, *, x: str = "bytes", y: str = 
     ax.legend(fontsize=7, loc="upper left", title=style.replace("_", " ") + ": line style" if style else None,
               title_fontsize=7)
     return ax
+
+
 def a2a_matrix_heatmap(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue: str = "bytes",
                        ax: Axes | None = None, unit: float = 2**10, label: str = "KiB",
                        title: str | None = None, **kwargs: Any) -> Axes:
@@ -593,64 +658,6 @@ def published_speedups(data: pd.DataFrame, *, x: str = "model", y: Sequence[str]
     ax.set(title=title or "", ylabel="predicted speed-up (×)", xlabel="")
     sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=7, title_fontsize=8)
     return ax
-
-
-def byte_ticks(n: float, _pos: object = None) -> str:
-    """Tick label of a byte count: :func:`llmcomm.units.format_bytes` in its compact form with a space
-    (``"512 B"``, ``"1 KiB"``, ``"1.5 GiB"``); a matplotlib ``FuncFormatter`` function."""
-    return format_bytes(n, compact=True, sep=" ")
-
-
-def plain_number(v: float, _pos: object = None) -> str:
-    """Tick label of a number without exponent notation: ``0.05``, ``3``, ``1,024``."""
-    return format(v, ",.10g")
-
-
-def log_axis(ax: Axes, axis: str = "x", *, base: float = 10) -> None:
-    """Make ``axis`` of ``ax`` logarithmic with labels that do not overlap: plain numbers (``3``, ``10``, ``20``)
-    at 1-2-5 steps when the axis spans under 1.5 decades of the current limits, 1-2-5 or powers only beyond, and
-    no labels on minor ticks (matplotlib labels minor ticks of a short log axis as "3×10⁰", which collide)."""
-    a = ax.xaxis if axis == "x" else ax.yaxis
-    (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=base)
-    lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
-    decades = np.log(hi / lo) / np.log(base) if lo > 0 and hi > lo else 0.0
-    subs = (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
-    if base == 10 and decades < 0.7:
-        subs = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
-    a.set_major_locator(LogLocator(base=base, subs=subs))
-    a.set_major_formatter(FuncFormatter(plain_number))
-    a.set_minor_locator(LogLocator(base=base, subs="auto"))
-    a.set_minor_formatter(NullFormatter())
-
-
-def natural_order(values: Sequence[object]) -> list[object]:
-    """``values`` (unique, in order) sorted by their leading number when they all start with one (``"3.6B"`` before
-    ``"18.4B"``), else as given."""
-    uniq = list(pd.unique(pd.Series(list(values), dtype=object)))
-
-    def lead(v: object) -> float | None:
-        m = re.match(r"\s*([-+]?\d+(?:\.\d+)?)", str(v))
-        return float(m.group(1)) if m else None
-
-    keys = [lead(v) for v in uniq]
-    if all(k is not None for k in keys):
-        return [v for _, v in sorted(zip(keys, uniq, strict=True), key=lambda kv: kv[0])]
-    return uniq
-
-
-def _floor_cells(dense: np.ndarray, floor: float | None, top: float) -> tuple[np.ndarray, float]:
-    """Cells of ``dense`` below ``floor × top`` as NaN (not drawn); returns the matrix and the largest hidden cell
-    (0 if none)."""
-    if not floor or not np.isfinite(top):
-        return dense, 0.0
-    hide = np.isfinite(dense) & (dense < floor * top)
-    hidden = float(np.nanmax(np.where(hide, dense, np.nan))) if hide.any() else 0.0
-    return np.where(hide, np.nan, dense), hidden
-
-
-def _floor_note(floor: float | None, hidden: float) -> str:
-    return (f"\nwhite: no traffic, or under {floor:g} of the largest cell (hidden: up to {byte_ticks(hidden)})"
-            if floor and hidden > 0 else "")
 
 
 def predicted_vs_measured(data: pd.DataFrame, *, x: str = "time_s", y: str = "predicted_s", hue: str | None = None,

@@ -121,11 +121,11 @@ def test_matrix_floor_hides_scalar_calls_and_says_so() -> None:
     fig = plots.comm_matrix_grid(flows, col="panel", world_size=32)
     img = fig.axes[0].images[0].get_array()
     assert int(np.isfinite(img).sum()) == 31  # only the PP pairs are drawn
-    assert "hidden: up to" in fig.axes[-1].get_ylabel()
+    assert "× the largest (≤ 0.25 B)" in fig.axes[-1].get_ylabel()
     full = plots.comm_matrix_grid(flows, col="panel", world_size=32, floor=None)
     assert int(np.isfinite(full.axes[0].images[0].get_array()).sum()) == 32 * 31
     ax = plots.comm_matrix(pp, world_size=32)  # nothing below the floor: no note
-    assert "hidden" not in ax.figure.axes[-1].get_ylabel()
+    assert "largest" not in ax.figure.axes[-1].get_ylabel()
 
 
 def test_published_speedup_legend_names_no_raw_column() -> None:
