@@ -88,7 +88,9 @@ class GroupKind(StrEnum):
     gradient group, ``cp·dp``); ``emb``: first and last pipeline stage (Megatron's embedding group, tied
     weights); ``mp``: Megatron's model-parallel group (``tp × pp``); ``tpcp``: ``tp × cp`` (the router's
     aux-loss group); ``etp``: expert tensor parallel; ``tpep``: expert tensor × expert parallel (Megatron's
-    ``tp_ep`` group); ``world``: every rank; ``p2p`` / ``cp_p2p``: the pair ``[rank, peer]`` with the peer in
+    ``tp_ep`` group); ``tpeppp``: expert tensor × expert × pipeline parallel (Megatron's ``tp-ep-pp`` expert
+    group, the expert optimizer's gradient-statistics group); ``tpdpcp``: ``tp × dp × cp`` (the global aux loss
+    and the expert-bias update); ``world``: every rank; ``p2p`` / ``cp_p2p``: the pair ``[rank, peer]`` with the peer in
     the rank's PP / CP group."""
 
     TP = "tp"
@@ -103,6 +105,8 @@ class GroupKind(StrEnum):
     TPCP = "tpcp"
     ETP = "etp"
     TPEP = "tpep"
+    TPEPPP = "tpeppp"
+    TPDPCP = "tpdpcp"
     WORLD = "world"
     P2P = "p2p"
     CP_P2P = "cp_p2p"
@@ -111,12 +115,12 @@ class GroupKind(StrEnum):
 RANK_DIMS = ("tp", "cp", "dp", "pp")  # the world is their product, ordered by ParallelConfig.order
 GROUP_PARALLELISMS = (*RANK_DIMS, "ep")  # parallelisms with a group of their own (Layout.membership)
 # what Layout.groups builds
-LAYOUT_GROUP_KINDS = (*GROUP_PARALLELISMS, "edp", "dpcp", "emb", "mp", "tpcp", "etp", "tpep", "world")
+LAYOUT_GROUP_KINDS = (*GROUP_PARALLELISMS, "edp", "dpcp", "emb", "mp", "tpcp", "etp", "tpep", "world", "tpeppp", "tpdpcp")
 PAIR_GROUP_KINDS = ("p2p", "cp_p2p")  # [rank, peer] pairs, built per call
 # the group kinds a predictor Call names (llmcomm.predict.calls), in the order expand encodes them; "pp" is the
 # whole pipeline group (collectives over it, not send/recv)
 CALL_GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world",
-                    "pp")
+                    "pp", "tpeppp", "tpdpcp")
 
 
 class Route(StrEnum):

@@ -63,7 +63,7 @@ def test_every_term_by_hand():
     first = 2 * layer + 256 * 64 // 2 + 32 * 64  # + word embedding shard + learned positions
     last = 2 * layer + 128 + 256 * 64 // 2  # + final norm + the last stage's copy of the tied embedding
     emb = call(256 * 64 // 2 * 4)
-    scalars = 3 * call(4)  # gradient norm over tp·pp, train_step's two scalars over tp·pp
+    scalars = 4 * call(4)  # gradient norm over tp·pp, train_step's two over tp·pp, the rerun int32 over the world
     dp_first = call(first * 4) + emb + scalars
     dp_last = call(last * 4) + emb + scalars + call(8)  # + the loss report over DP
     assert b.dp_comm_total_s == pytest.approx(max(dp_first, dp_last), rel=1e-12)

@@ -55,7 +55,16 @@ from ..specs import DTYPE_BYTES, Cluster, ModelSpec, ParallelConfig, validate
 from ..vocab import PIPELINE_SCHEDULES
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
+from .capacity import check_fits
 from .memory import model_state
+
+# ParallelConfig fields the predictor models (issue 24) and this formulation does not: refused by
+# iteration_time at a non-default value, and not counted as accepted by llmcomm.overhead.validation
+UNMODELLED_FIELDS = ("rerun_mode", "ddp_num_buckets", "num_distributed_optimizer_instances", "moe_router_dtype",
+                     "moe_router_load_balancing_type", "moe_router_enable_expert_bias", "cross_entropy_loss_fusion",
+                     "calculate_per_token_loss", "num_layers_in_first_pipeline_stage",
+                     "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
+                     "account_for_loss_in_pipeline_split")
 
 ADAM_BYTES_PER_PARAM = 40  # read fp32 grad, master, m, v (16) + write master, m, v, half copy (14)
 #                           + fp16->fp32 gradient copy (6) + gradient-norm read (4)
@@ -398,6 +407,10 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tpc("all_gather", "backward", A, 2 * (v - la) * pon, "pp")
     # once per iteration
     dense, expert, repl = params or _stage_params(model, c, nd, nm, holds_first, holds_last)
+    # experts share the dense buffer unless ep > 1 (etp = tp here; llmcomm.predict.dp.experts_in_own_buffer)
+    fold = ep == 1
+    dense, expert = np.where(fold, dense + expert, dense), np.where(fold, 0, expert)
+    eopt = ((ep > 1) & (expert > 0)).astype(np.int64)  # the stage has an expert optimizer (chained)
     rpn_dp = ranks_per_node(dp, tp, gpus_per_node)
     dpon = (dp > 1).astype(np.int64)
     edp = dp // ep
@@ -410,7 +423,11 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     edge = holds_first * emb_params + holds_last * out_params
     has_edge = (holds_first | holds_last).astype(np.int64)
     chunk_layers = (dense - edge) // v
-    chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge, has_edge))
+    # DistOpt + tied embeddings + pp > 1: the shared embedding (first stage) and its copy (last) are a bucket of
+    # their own (llmcomm.predict.dp.buckets); the rest of that chunk is another
+    shared = (c["distributed_optimizer"] & model.tied_embeddings & (pp > 1) & (holds_first | holds_last))
+    sh = shared.astype(np.int64)
+    chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge - sh * vh, has_edge), (vh, has_edge * sh))
     for op, cnt in (("all_reduce", 1 - dist), ("reduce_scatter", dist)):
         for nb, k_ in chunk_sizes:
             items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration"))
@@ -421,11 +438,12 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
     items.append(CommItem("dp", "pp", "all_reduce", "optimizer", vh * gby, tied.astype(np.int64), 2 * one,
                           rpn_pp, "iteration"))
+    passes = 1 + eopt  # each chained DistOpt all-gathers every bucket (llmcomm.predict.dp.param_gather_passes)
     for nb, k_ in chunk_sizes:
-        items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpon, dp, rpn_dp,
-                              "iteration"))
-    items.append(CommItem("dp", "dp", "all_gather", "optimizer", expert // v * pby, v * dist * edpon, edp, rpn_edp,
-                          "iteration"))
+        items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpon * passes, dp,
+                              rpn_dp, "iteration"))
+    items.append(CommItem("dp", "dp", "all_gather", "optimizer", expert // v * pby, v * dist * edpon * passes, edp,
+                          rpn_edp, "iteration"))
     # per-iteration scalars (llmcomm.predict.scalars): fp16 found_inf + gradient norm over the gradient-statistics
     # group (world with the distributed optimizer, else tp·pp), train_step's two over tp·pp, the loss report over
     # DP on the last stage, MoE load-balancing metrics over pp, [tp], dp
@@ -434,8 +452,17 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     rpn_gs = np.where(gs <= gpus_per_node, gs, np.minimum(tp, gpus_per_node))
     rpn_mp = np.where(mp <= gpus_per_node, mp, np.minimum(tp, gpus_per_node))
     fp16 = (act == 2) & (c["act_is_fp16"] > 0)
-    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, (gs > 1) * (1 + fp16), gs, rpn_gs,
-                          "iteration"))
+    # fp16 found_inf per chained optimizer; the norm once over a shared group (DistOpt: the world), else once
+    # per optimizer (the expert one over etp·ep·pp); the rerun state machine's int32 over the world
+    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one,
+                          (gs > 1) * (1 + fp16 * (1 + eopt * dist)), gs, rpn_gs, "iteration"))
+    eg = tp * ep * pp
+    rpn_eg = np.where(eg <= gpus_per_node, eg, np.minimum(tp * ep, gpus_per_node))
+    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, (eg > 1) * eopt * (1 - dist) * (1 + fp16),
+                          eg, rpn_eg, "iteration"))
+    rpn_w = np.minimum(world, gpus_per_node)
+    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, (world > 1).astype(np.int64), world,
+                          rpn_w, "iteration"))
     items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, 2 * (mp > 1), mp, rpn_mp, "iteration"))
     items.append(CommItem("dp", "dp", "all_reduce", "optimizer", 8 * one, la * dpon, dp, rpn_dp, "iteration"))
     if model.is_moe:
@@ -778,13 +805,19 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
     """The :class:`Breakdown` of one configuration (the formulation of the module docstring). Raises
     :class:`ConfigError` when the model and configuration break a rule, when the cluster has fewer GPUs than
     the configuration needs, or when the model state alone (weights, gradients and optimizer state of the
-    stage holding the most, :func:`llmcomm.overhead.memory.model_state`) exceeds the GPU memory."""
+    stage holding the most, :func:`llmcomm.overhead.memory.model_state`) exceeds the GPU memory; warns with
+    :class:`~llmcomm.overhead.capacity.MemoryWarning` when activations included it does
+    (:func:`llmcomm.overhead.capacity.check_fits`)."""
     if parallel.cp > 1 or parallel.fsdp:
         raise ConfigError("cp > 1 and fsdp are not modelled by the iteration-time formulation")
     if parallel.moe_token_dispatcher_type != "alltoall" and model.is_moe:
         raise ConfigError("only the alltoall MoE token dispatcher is modelled by the iteration-time formulation")
     if parallel.expert_tp != parallel.tp and model.is_moe:
         raise ConfigError("an expert tensor-parallel size (etp) other than tp is not modelled")
+    changed = [f for f in UNMODELLED_FIELDS if getattr(parallel, f) != ParallelConfig.__dataclass_fields__[f].default]
+    if changed:
+        raise ConfigError(f"{', '.join(changed)}: not modelled by the iteration-time formulation (the predictor's "
+                          "calls for them are not in comm_items)")
     overlap_grad_reduce = overlap_grad_reduce or parallel.overlap_grad_reduce
     validate(model, parallel)
     if cluster.num_gpus is not None and parallel.world_size > cluster.num_gpus:
@@ -797,6 +830,7 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
         raise ConfigError(f"{model.name} under tp={parallel.tp} pp={parallel.pp} needs {state / 1e9:.1f} GB "
                           f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "
                           f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
+    check_fits(model, parallel, cluster)  # activations too: a MemoryWarning with the numbers
     r = _evaluate(model, c, cluster, bw, ut, overlap_grad_reduce)
     return Breakdown(**{t: float(r[t][0]) for t in (*TERMS, "dp_comm_total_s", "comm_bus_bytes")},
                      critical_stage=str(r["critical"][0]))

@@ -69,8 +69,11 @@ CALIBRATION = "calibration/utilization.json"
 
 
 def hbm_bandwidth(cluster: Cluster) -> float:
-    """The GPU memory bandwidth of ``cluster.gpu`` from :data:`HBM_BANDWIDTH` (longest matching key);
-    unknown GPUs: A100-40GB's bandwidth scaled by the ratio of peak FLOP/s (stated rule)."""
+    """The GPU memory bandwidth of ``cluster``: its own ``hbm_bandwidth`` (datasheet, in the cluster file) when
+    given, else that of ``cluster.gpu`` from :data:`HBM_BANDWIDTH` (longest matching key); unknown GPUs:
+    A100-40GB's bandwidth scaled by the ratio of peak FLOP/s (stated rule)."""
+    if cluster.hbm_bandwidth is not None:
+        return float(cluster.hbm_bandwidth)
     best = max((k for k in HBM_BANDWIDTH if k in cluster.gpu), key=len, default=None)
     if best is not None:
         return HBM_BANDWIDTH[best]

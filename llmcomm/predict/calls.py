@@ -91,6 +91,18 @@ class Context:
         return self.tokens // self.tp if self.sp else self.tokens
 
     @property
+    def probs_dtype(self) -> str:
+        """The routing probabilities' dtype: ``moe_router_dtype`` (``--moe-router-dtype``), else the activation
+        dtype (``topk_routing_with_score_function`` returns ``probs.type_as(logits)``, the router's logits are in
+        the router dtype: core/transformer/moe/router.py)."""
+        return self.parallel.moe_router_dtype or self.parallel.act_dtype
+
+    @property
+    def probs_bytes(self) -> int:
+        """Bytes per routing-probability element (:attr:`probs_dtype`)."""
+        return dtype_bytes(self.probs_dtype)
+
+    @property
     def act_bytes(self) -> int:
         """``b · s · h · act / cp``: the full activation buffer of a TP collective."""
         return self.tokens * self.model.hidden_size * self.act
@@ -109,9 +121,15 @@ class Context:
         return tokens * self.model.hidden_size * self.act
 
     # -- layers and stages --------------------------------------------------------------------------
-    @property
-    def layers_per_chunk(self) -> int:
-        return self.model.num_layers // (self.pp * self.vpp)
+    @cached_property
+    def _layer_offsets(self) -> list[int]:
+        """First global layer of each virtual stage (and the total at the end):
+        :meth:`ParallelConfig.virtual_stage_layers` summed."""
+        counts = self.parallel.virtual_stage_layers(self.model.num_layers)
+        out = [0]
+        for n in counts:
+            out.append(out[-1] + n)
+        return out
 
     @property
     def last_virtual(self) -> int:
@@ -122,9 +140,10 @@ class Context:
         return chunk * self.pp + stage
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
-        """Global layer indices of model chunk ``chunk`` on stage ``stage``."""
-        start = self.virtual_stage(stage, chunk) * self.layers_per_chunk
-        return range(start, start + self.layers_per_chunk)
+        """Global layer indices of model chunk ``chunk`` on stage ``stage`` (even split, or Megatron's uneven
+        one: :meth:`ParallelConfig.virtual_stage_layers`)."""
+        vs = self.virtual_stage(stage, chunk)
+        return range(self._layer_offsets[vs], self._layer_offsets[vs + 1])
 
     def stage_layers(self, stage: int) -> list[int]:
         return [la for c in range(self.vpp) for la in self.chunk_layers(stage, c)]

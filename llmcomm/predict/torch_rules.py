@@ -44,9 +44,19 @@ def _check(ctx: Context) -> None:
                       ("recompute", p.recompute != "none"), ("cp", p.cp > 1),
                       ("overlap_grad_reduce", p.overlap_grad_reduce), ("etp", p.expert_tp != p.tp),
                       ("moe_token_dispatcher_type", p.moe_token_dispatcher_type != "alltoall"),
-                      ("moe_aux_loss_coeff", p.moe_aux_loss_coeff > 0), ("pipe_partitioned", p.pipe_partitioned)):
+                      ("moe_aux_loss_coeff", p.moe_aux_loss_coeff > 0), ("pipe_partitioned", p.pipe_partitioned),
+                      ("moe_router_dtype", p.moe_router_dtype is not None),
+                      ("moe_router_enable_expert_bias", p.moe_router_enable_expert_bias),
+                      ("calculate_per_token_loss", p.calculate_per_token_loss)):
         if bad:
             raise ConfigError(f"framework='torch': {flag} is not used by the collector's torch workloads")
+    m = ctx.model
+    for flag, bad in (("multi_latent_attention", m.multi_latent_attention), ("qk_layernorm", m.qk_layernorm),
+                      ("moe_shared_expert_gate", m.moe_shared_expert_gate), ("mtp_num_layers", m.mtp_num_layers),
+                      ("softmax_type", m.softmax_type != "vanilla"), ("hybrid_override_pattern",
+                                                                     bool(m.hybrid_override_pattern))):
+        if bad:
+            raise ConfigError(f"framework='torch': model field {flag} is not used by the collector's torch workloads")
 
 
 def _tp(ctx: Context, phase: str, op: str, nbytes: int, layer: int, mb: int) -> Call:
