@@ -192,8 +192,9 @@ def _deferred_interrupt() -> Iterator[None]:
 
 def _publish(stage: Path, out_dir: Path, name: str) -> None:
     """Move one notebook's staged outputs into ``out_dir``: its figure folder replaces ``out_dir/<name>`` by
-    one rename (files whose bytes did not change keep the old file and its time stamp), then its results JSON
-    replaces ``out_dir/results/<name>.json``. Ctrl-C waits until both are in place."""
+    one rename (files whose bytes did not change keep the old file and its time stamp; files the notebook no
+    longer writes go), then its results JSON replaces ``out_dir/results/<name>.json``. Ctrl-C waits until both
+    are in place."""
     new_figs, new_res = stage / name, stage / "results" / f"{name}.json"
     dest_figs, dest_res = out_dir / name, out_dir / "results" / f"{name}.json"
     with _deferred_interrupt():

@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
+from . import rules
 from .errors import ConfigError
 from .paths import data_dir
-from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
 from .vocab import (
+    ATTENTION_BACKENDS,
     MOE_TOKEN_DISPATCHERS,
     NORMALIZATIONS,
     PIPELINE_SCHEDULES,
@@ -41,6 +43,7 @@ from .vocab import (
     RECOMPUTE_MODES,
     dtype_bytes,
 )
+from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 RERUN_MODES = ("disabled", "validate_results", "report_stats")  # megatron/training/config/resilience_config.py
@@ -318,10 +321,17 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         return sum(self.moe_layer_pattern())
 
-    def padded_vocab_size(self, tp: int = 1, divisible_by: int = 128) -> int:
-        """Megatron pads the vocabulary to a multiple of ``divisible_by · tp``."""
+    def padded_vocab_size(self, tp: Any = 1, divisible_by: int = 128) -> Any:
+        """Megatron pads the vocabulary to a multiple of ``divisible_by · tp`` (``--make-vocab-size-divisible-by``,
+        ``megatron/training/tokenizer/tokenizer.py`` ``_vocab_size_with_padding``); ``tp`` a number or an array."""
         m = divisible_by * tp
-        return int(math.ceil(self.vocab_size / m) * m)
+        padded = -(-self.vocab_size // m) * m
+        return int(padded) if np.ndim(padded) == 0 else padded
+
+    def attention_projection_parameters(self) -> int:
+        """Weights of one layer's attention projections: ``h·a·d (Q) + 2·h·g·d (K, V) + a·d·h (out)``."""
+        h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
+        return h * a * d + 2 * h * g * d + a * d * h
 
     # -- parameter counts ------------------------------------------------------------------------
     def _mlp_matrices(self) -> int:
@@ -665,6 +675,7 @@ class ParallelConfig:
     num_layers_in_last_pipeline_stage: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    attention_backend: str = "auto"  # Megatron-LM's --attention-backend (llmcomm.vocab.AttentionBackend)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):
@@ -710,15 +721,13 @@ class ParallelConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{f}={v!r} must be a positive integer")
-        for f in ("etp", "bucket_size", "microbatch_group_size_per_vp_stage"):
+        for f in ("etp", "bucket_size", "microbatch_group_size_per_vp_stage", "num_layers_in_first_pipeline_stage",
+                  "num_layers_in_last_pipeline_stage"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(f"{f}={v!r} must be a positive integer or None")
         if not isinstance(self.moe_aux_loss_coeff, (int, float)) or self.moe_aux_loss_coeff < 0:
             raise ConfigError(f"moe_aux_loss_coeff={self.moe_aux_loss_coeff!r} must be a number >= 0")
-        if self.pipe_partitioned and self.sp:
-            raise ConfigError("pipe_partitioned (DeepSpeed's pipeline engine) with sp=True is not modelled: SP "
-                              "already splits the pipeline tensor over TP")
         if self.moe_token_dispatcher_type not in MOE_TOKEN_DISPATCHERS:
             raise ConfigError(f"moe_token_dispatcher_type={self.moe_token_dispatcher_type!r} is not one of "
                               f"{MOE_TOKEN_DISPATCHERS} (Megatron-LM's --moe-token-dispatcher-type)")
@@ -728,31 +737,12 @@ class ParallelConfig:
             dtype_bytes(getattr(self, f))
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute={self.recompute!r} is not one of {RECOMPUTE_MODES}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention_backend={self.attention_backend!r} is not one of {ATTENTION_BACKENDS} "
+                              "(Megatron-LM's --attention-backend)")
         if self.schedule not in PIPELINE_SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r} is not one of {PIPELINE_SCHEDULES}")
-        if self.global_batch % (self.micro_batch * self.dp):
-            raise ConfigError(
-                f"micro_batch*dp={self.micro_batch * self.dp} does not divide global_batch={self.global_batch}"
-            )
-        if self.sp and self.tp == 1:
-            raise ConfigError("sp=True needs tp > 1 (sequence parallelism splits over the TP group)")
-        expert_grid = self.expert_tp * self.ep * self.pp
-        if self.world_size % expert_grid:
-            raise ConfigError(
-                f"world size {self.world_size} is not divisible by etp*ep*pp={expert_grid} (Megatron-LM "
-                "parallel_state.initialize_model_parallel: world_size must be divisible by "
-                "expert_tensor_parallel_size * expert_model_parallel_size * pipeline_model_parallel_size)")
-        if self.vpp > 1:
-            if self.pp < 2:
-                raise ConfigError(f"vpp={self.vpp} (interleaved schedule) needs pp >= 2, got pp={self.pp}")
-            self._check_vp_groups()
-        if self.vpp > 1 and self.schedule != "interleaved":
-            raise ConfigError(f"vpp={self.vpp} needs schedule='interleaved' (virtual pipeline stages are "
-                              f"interleaved 1F1B), got schedule={self.schedule!r}")
-        if self.schedule == "interleaved" and self.vpp == 1:
-            raise ConfigError("schedule='interleaved' needs vpp > 1")
-        if self.fsdp and self.distributed_optimizer:
-            raise ConfigError("fsdp and distributed_optimizer are alternatives; set one")
+        rules.check(None, self, ("config",))  # the cross-field rules, each with its Megatron-LM source
         self._check_recipe_options()
         from .layout import parse_order  # local import: layout imports this module
 
@@ -797,63 +787,18 @@ class ParallelConfig:
                 is not None or self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split)
 
     def virtual_stage_layers(self, num_layers: int) -> list[int]:
-        """Transformer layers of each virtual stage ``vs = chunk·pp + stage``, as Megatron-LM's
-        ``get_num_layers_to_build`` (core/transformer/transformer_block.py ~76-205) assigns them:
-
-        * ``num_layers_in_first/last_pipeline_stage``: those stages hold that many (split evenly over their
-          ``vpp`` chunks), the other stages share the rest evenly;
-        * ``account_for_embedding/loss_in_pipeline_split``: the embedding (loss) counts as one layer, so
-          ``L + 1 [+ 1]`` must divide by ``pp·vpp`` and the first (last) virtual stage builds one layer fewer;
-        * otherwise ``L / (pp·vpp)`` each.
-
-        Layers are numbered in virtual-stage order (Megatron's ``get_transformer_layer_offset``; the offsets
-        under uneven interleaving are taken as the running sum of these counts). Raises :class:`ConfigError`
+        """Transformer layers of each virtual stage ``vs = chunk·pp + stage`` as Megatron-LM assigns them
+        (:func:`llmcomm.step.pipeline_split`, the one home of the split), after the split's rules
+        (:mod:`llmcomm.rules`, scope ``job``: Megatron's divisibility asserts). Raises :class:`ConfigError`
         naming the broken rule."""
-        pp, v = self.pp, self.vpp
-        first, last = self.num_layers_in_first_pipeline_stage, self.num_layers_in_last_pipeline_stage
-        acc_e, acc_l = self.account_for_embedding_in_pipeline_split, self.account_for_loss_in_pipeline_split
-        if first is not None or last is not None:
-            if acc_e or acc_l:
-                raise ConfigError("num_layers_in_first/last_pipeline_stage cannot be combined with "
-                                  "account_for_embedding/loss_in_pipeline_split (Megatron-LM get_num_layers_to_build)")
-            rest, left = num_layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
-            if rest < 0 or (left > 0 and rest % left) or (left == 0 and rest):
-                raise ConfigError(f"with uneven first/last stages the {rest} remaining layers must divide over the "
-                                  f"{left} other stages (Megatron-LM get_num_layers_to_build)")
-            per_stage = [rest // left if left else 0] * pp
-            if first is not None:
-                per_stage[0] = first
-            if last is not None:
-                per_stage[-1] = last
-        else:
-            n = num_layers + int(acc_e) + int(acc_l)
-            if n % pp:
-                what = f"num_layers={num_layers}" + (" (+1 embedding)" if acc_e else "") + (" (+1 loss)" if acc_l else "")
-                raise ConfigError(f"pp={pp} does not divide {what}")
-            per_stage = [n // pp] * pp
-        if any(k % v for k in per_stage):
-            raise ConfigError(f"vpp={v} does not divide the layers of every pipeline stage {per_stage}")
-        counts = [per_stage[vs % pp] // v for vs in range(pp * v)]
-        counts[0] -= int(acc_e)
-        counts[-1] -= int(acc_l)
-        if sum(counts) != num_layers or min(counts) < 1:
-            raise ConfigError(f"the pipeline split {counts} (layers per virtual stage) must give every virtual stage "
-                              f"at least one of the {num_layers} layers")
-        return counts
+        from . import step  # step imports this module
 
-    def _check_vp_groups(self) -> None:
-        """Megatron-LM ``forward_backward_pipelining_with_interleaving`` (core/pipeline_parallel/schedules.py):
-        the micro-batch group ``n`` must satisfy ``pp <= n <= m``, and the last group ``m % n`` must be 0 or
-        at least ``pp``; ``m % pp != 0`` is allowed otherwise."""
-        m, n, p = self.num_microbatches, self.vp_group_size, self.pp
-        if not p <= n <= m:
-            raise ConfigError(
-                f"microbatch_group_size_per_vp_stage={n} must lie in [pp={p}, num_microbatches={m}] "
-                "(Megatron-LM's interleaved schedule)")
-        if 0 < m % n < p:
-            raise ConfigError(
-                f"num_microbatches={m} % microbatch_group_size_per_vp_stage={n} = {m % n} must be 0 or >= "
-                f"pp={p} (Megatron-LM's interleaved schedule: the last micro-batch group)")
+        rules.check_split(num_layers, self)
+        split = step.pipeline_split(num_layers, self.pp, self.vpp, self.num_layers_in_first_pipeline_stage,
+                                    self.num_layers_in_last_pipeline_stage,
+                                    self.account_for_embedding_in_pipeline_split,
+                                    self.account_for_loss_in_pipeline_split)
+        return [split[vs % self.pp][vs // self.pp][1] for vs in range(self.pp * self.vpp)]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -919,13 +864,13 @@ def _yaml_number(v: Any) -> Any:
     """A number written as ``1e9`` (PyYAML, following YAML 1.1, reads it as a string without a dot) as a
     float, and an integer as a float (as the fields are floats); anything else unchanged (``None`` too), for
     the type check to judge."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return float(v)
     if isinstance(v, str):
         try:
             return float(v)
         except ValueError:
             return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
     return v
 
 
@@ -950,34 +895,9 @@ def load_cluster(name_or_path: str | os.PathLike[str], num_nodes: int | None = N
 
 # ------------------------------------------------------------------------------------ cross-checking
 def validate(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster | None = None) -> None:
-    """Check that ``parallel`` can run ``model`` (on ``cluster``); raise :class:`ConfigError` naming the rule."""
-    if model.num_attention_heads % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide num_attention_heads={model.num_attention_heads}")
-    if model.query_groups % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide num_query_groups={model.query_groups}")
-    if model.ffn_hidden_size % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}")
-    chunks = parallel.pp * parallel.vpp
-    if parallel.uneven_pipeline:
-        parallel.virtual_stage_layers(model.num_layers)
-    elif model.num_layers % chunks:
-        raise ConfigError(
-            f"pp*vpp={chunks} does not divide num_layers={model.num_layers}"
-            if parallel.vpp > 1 else f"pp={parallel.pp} does not divide num_layers={model.num_layers}"
-        )
-    if parallel.ep > 1 and not model.is_moe:
-        raise ConfigError(f"ep={parallel.ep} needs an MoE model; {model.name} has num_experts=0")
-    if model.is_moe and model.num_experts % parallel.ep:
-        raise ConfigError(f"ep={parallel.ep} does not divide num_experts={model.num_experts}")
-    s = parallel.sequence_length(model)
-    mpe = model.max_position_embeddings
-    if model.position_embedding_type == "learned_absolute" and mpe is not None and s > mpe:
-        raise ConfigError(f"seq_len={s} exceeds {model.name}'s max_position_embeddings={mpe}: learned absolute "
-                          "positions have no embedding beyond it")
-    if parallel.cp > 1 and s % (2 * parallel.cp):
-        raise ConfigError(f"2*cp={2 * parallel.cp} does not divide seq_len={s}")
-    if parallel.sp and (s // parallel.cp) % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide seq_len/cp={s // parallel.cp} (needed by sp)")
+    """Check that ``parallel`` can run ``model`` (on ``cluster``); raise :class:`ConfigError` naming the rule
+    (the ``job`` rules of :mod:`llmcomm.rules`, each with its Megatron-LM source)."""
+    rules.check(model, parallel, ("job",))
     if cluster is not None and cluster.num_gpus is not None and cluster.num_gpus != parallel.world_size:
         raise ConfigError(
             f"tp*pp*dp*cp={parallel.world_size} but the cluster {cluster.name} has {cluster.num_gpus} GPUs"

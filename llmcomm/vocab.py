@@ -191,6 +191,19 @@ class PipelineSchedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+class AttentionBackend(StrEnum):
+    """Megatron-LM's ``--attention-backend`` (``megatron/core/transformer/enums.py:51`` ``AttnBackend``; default
+    ``auto``, ``transformer_config.py:151``). ``flash`` and ``fused`` are TransformerEngine's fused kernels (the
+    score matrix never reaches HBM; ``auto`` lets TE choose one of them); ``unfused`` and ``local`` materialize
+    the scores (softmax, dropout) in HBM."""
+
+    FLASH = "flash"
+    FUSED = "fused"
+    UNFUSED = "unfused"
+    LOCAL = "local"
+    AUTO = "auto"
+
+
 class Framework(StrEnum):
     """Whose calls a prediction describes: Megatron-LM's, or torch's parallel APIs in ``llmcomm.collect``."""
 
@@ -231,7 +244,11 @@ OPS = _values(Op)
 ALGORITHMS = _values(Algorithm)
 ROUTES = _values(Route)
 RECOMPUTE_MODES = _values(Recompute)
+# recomputation as an ordered code (none < selective < full): the cost model's arrays and the tuner's pruning
+RECOMPUTE_CODE: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 PIPELINE_SCHEDULES = _values(PipelineSchedule)
+ATTENTION_BACKENDS = _values(AttentionBackend)
+FUSED_ATTENTION_BACKENDS = ("flash", "fused", "auto")  # one kernel: no score traffic, causal FLOPs halved
 FRAMEWORKS = _values(Framework)
 MOE_TOKEN_DISPATCHERS = _values(MoeTokenDispatcher)
 NORMALIZATIONS = _values(Normalization)

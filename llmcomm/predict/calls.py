@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from .. import step
 from ..errors import ConfigError
 from ..specs import ModelSpec, ParallelConfig
 from ..vocab import CALL_GROUP_KINDS, FRAMEWORKS, dtype_bytes
@@ -121,15 +122,6 @@ class Context:
         return tokens * self.model.hidden_size * self.act
 
     # -- layers and stages --------------------------------------------------------------------------
-    @cached_property
-    def _layer_offsets(self) -> list[int]:
-        """First global layer of each virtual stage (and the total at the end):
-        :meth:`ParallelConfig.virtual_stage_layers` summed."""
-        counts = self.parallel.virtual_stage_layers(self.model.num_layers)
-        out = [0]
-        for n in counts:
-            out.append(out[-1] + n)
-        return out
 
     @property
     def last_virtual(self) -> int:
@@ -140,13 +132,11 @@ class Context:
         return chunk * self.pp + stage
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
-        """Global layer indices of model chunk ``chunk`` on stage ``stage`` (even split, or Megatron's uneven
-        one: :meth:`ParallelConfig.virtual_stage_layers`)."""
-        vs = self.virtual_stage(stage, chunk)
-        return range(self._layer_offsets[vs], self._layer_offsets[vs + 1])
+        """Global layer indices of model chunk ``chunk`` on stage ``stage``."""
+        return step.chunk_layers(self.model.num_layers, self.parallel, stage, chunk)
 
     def stage_layers(self, stage: int) -> list[int]:
-        return [la for c in range(self.vpp) for la in self.chunk_layers(stage, c)]
+        return step.stage_layers(self.model.num_layers, self.parallel, stage)
 
     @cached_property
     def moe_pattern(self) -> tuple[bool, ...]:

@@ -32,6 +32,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .. import step
 from ..specs import LayerParams, dtype_bytes
 from .calls import Call, Context
 
@@ -55,20 +56,10 @@ def layer_parameters(ctx: Context, layer: int) -> LayerParams:
 
 
 def edge_parameters(ctx: Context, stage: int) -> tuple[int, int]:
-    """``(params, replicated)`` of the non-layer parts a stage holds: embedding, final norm, output layer."""
-    m, tp = ctx.model, ctx.tp
-    vh = m.padded_vocab_size(tp) * m.hidden_size // tp
-    p = repl = 0
-    if ctx.holds_embedding(stage):
-        p += vh
-        if m.position_embedding_type == "learned_absolute":
-            p += (m.max_position_embeddings or m.seq_length) * m.hidden_size
-    if ctx.holds_output(stage):
-        repl += m.norm_parameters()
-        p += m.norm_parameters()
-        if not m.tied_embeddings or ctx.pp > 1:
-            p += vh
-    return p, repl
+    """``(params, replicated)`` of the non-layer parts a stage holds: embedding, final norm, output layer
+    (:func:`llmcomm.step.edge_parameters`)."""
+    p, repl = step.edge_parameters(ctx.model, ctx.tp, ctx.pp, ctx.holds_embedding(stage), ctx.holds_output(stage))
+    return int(p), int(repl)
 
 
 def _parameters(ctx: Context, stage: int, layers: Iterable[int], edges: bool) -> StageParams:
@@ -223,7 +214,7 @@ def chunk_tensors(ctx: Context, stage: int, chunk: int) -> list[Tensor]:
     language_module.py ~270-290)."""
     m, tp = ctx.model, ctx.tp
     vs = ctx.virtual_stage(stage, chunk)
-    vh = m.padded_vocab_size(tp) * m.hidden_size // tp
+    vh = step.embedding_shard(m, tp)
     shared = m.tied_embeddings and ctx.pp > 1
     out: list[Tensor] = []
     if vs == 0:

@@ -4,6 +4,7 @@ check per rule, each raising :class:`~llmcomm.errors.ConfigError` that names the
 
 from __future__ import annotations
 
+from .. import rules
 from ..errors import ConfigError
 from ..specs import ModelSpec, ParallelConfig
 
@@ -18,13 +19,8 @@ def check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str =
 
 
 def _moe_needs_sp(model: ModelSpec, parallel: ParallelConfig) -> None:
-    if model.is_moe and parallel.tp > 1 and not parallel.sp:
-        raise ConfigError(
-            "an MoE model with tp>1 needs sp=True: Megatron-LM's MoELayer.forward raises in training when "
-            "attention TP is > 1 without sequence parallelism ('During training, performance may degrade if MoE "
-            "and tensor parallelism are enabled without also enabling sequence parallelism', "
-            "megatron/core/transformer/moe/moe_layer.py ~636-640; model_parallel_config.py ~560-565 only warns, "
-            "for ep>1)")
+    """The ``megatron`` rules of :mod:`llmcomm.rules` (an MoE model with tp > 1 needs SP, written once there)."""
+    rules.check(model, parallel, ("megatron",))
 
 
 def _mla_needs_sp(model: ModelSpec, parallel: ParallelConfig) -> None:

@@ -93,7 +93,7 @@ def _block_params(ctx: Context, layer: int) -> tuple[int, int]:
     m, t = ctx.model, ctx.tp
     h, a, g, d = m.hidden_size, m.num_attention_heads, m.query_groups, m.head_dim
     k = 3 if m.gated_mlp else 2
-    dense = (h * a * d + 2 * h * g * d + a * d * h) // t + 2 * m.norm_parameters()
+    dense = m.attention_projection_parameters() // t + 2 * m.norm_parameters()
     if m.add_bias_linear or m.add_qkv_bias:
         dense += (a * d + 2 * g * d) // t + (h if m.add_bias_linear else 0)
     if not ctx.moe_pattern[layer]:

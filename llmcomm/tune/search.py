@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..bounds import check_tune_candidates, check_tune_gpus
 from ..errors import ConfigError
+from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
-from .space import SearchSpace, divisors, enumerate_candidates, splits
-
-CONFIG_COLUMNS = ["tp", "pp", "dp", "ep", "micro_batch", "vpp", "sp", "recompute", "distributed_optimizer"]
+from .space import DIMENSIONS, SearchSpace, divisors, enumerate_candidates, splits
 
 
 @dataclass(frozen=True)
@@ -61,28 +61,23 @@ class TuneResult:
         return to_parallel(self.best)
 
     def top(self, n: int = 10) -> pd.DataFrame:
-        cols = [*CONFIG_COLUMNS, "total_s", "comm_overhead", "tflops_per_gpu", "total_bytes"]
+        cols = [*DIMENSIONS, "total_s", "comm_overhead", "tflops_per_gpu", "total_bytes"]
         return self.table.head(n)[cols]
 
 
 def to_parallel(row: pd.Series | dict) -> ParallelConfig:
-    """A candidate row as a :class:`ParallelConfig`."""
-    r = dict(row)
-    return ParallelConfig(
-        tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), ep=int(r.get("ep", 1)), vpp=int(r.get("vpp", 1)),
-        sp=bool(r.get("sp", False)), micro_batch=int(r["micro_batch"]), global_batch=int(r["global_batch"]),
-        seq_len=int(r["seq_len"]) if r.get("seq_len") is not None else None,
-        recompute=str(r.get("recompute", "none")), distributed_optimizer=bool(r.get("distributed_optimizer", False)),
-        schedule="interleaved" if int(r.get("vpp", 1)) > 1 else "1f1b")
+    """A candidate row (columns named as :class:`ParallelConfig` fields; others ignored) as a validated
+    :class:`ParallelConfig` (:meth:`llmcomm.parallel_table.ParallelTable.row`)."""
+    return ParallelTable.from_frame(pd.DataFrame([dict(row)]), required=("tp", "pp", "dp")).row(0)
 
 
 # ------------------------------------------------------------------------------------------- rules
 def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
     """Rows whose recomputation is above the least one that fits among rows equal in everything else."""
-    from ..overhead.iteration import RECOMPUTE_CODE  # none < selective < full, the formulation's own code
+    from ..vocab import RECOMPUTE_CODE  # none < selective < full
 
     level = cands["recompute"].map(RECOMPUTE_CODE).to_numpy()
-    key = [c for c in CONFIG_COLUMNS if c != "recompute"]
+    key = [c for c in DIMENSIONS if c != "recompute"]
     least = pd.Series(level, index=cands.index).groupby([cands[c] for c in key], sort=False).transform("min")
     return level > least.to_numpy()
 
@@ -148,6 +143,7 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(gpus, (int, np.integer)) or gpus < 1:
         raise ConfigError(f"gpus={gpus!r} must be a positive integer")
+    check_tune_gpus(int(gpus))  # llmcomm.bounds: refused with the limit, not enumerated for minutes
     if not isinstance(global_batch, (int, np.integer)) or global_batch < 1:
         raise ConfigError(f"global_batch={global_batch!r} must be a positive integer")
     if cluster.num_gpus is not None and cluster.num_gpus < gpus:
@@ -156,6 +152,7 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     s = seq_len or model.seq_length
     cands = enumerate_candidates(model, gpus, global_batch, s, space)
     enumerated = len(cands)
+    check_tune_candidates(enumerated)
     if enumerated == 0:
         raise _no_split_error(model, gpus, global_batch)
     mem = memory_table(model, cands)
@@ -203,8 +200,8 @@ def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: i
     """The configuration a Megatron-LM user would start from: TP = GPUs per node, the smallest PP that fits in
     memory, micro-batch 1, no recomputation unless needed (then selective, then full), no distributed optimizer
     unless needed."""
-    from ..overhead.iteration import RECOMPUTE_CODE
     from ..overhead.memory import memory_table
+    from ..vocab import RECOMPUTE_CODE
 
     # the largest TP within a node that the tuner's own rules accept (heads, query groups, FFN, vocabulary...)
     for tp in sorted(divisors(cluster.gpus_per_node), reverse=True):
