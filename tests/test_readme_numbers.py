@@ -22,7 +22,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = yaml.safe_load((ROOT / "tests" / "readme_numbers.yaml").read_text(encoding="utf-8"))
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-SECTIONS = [("## What reproduces which finding", "## The figures"), ("## The figures", "## Data")]
+# (start, ends): the section runs to the first of its end markers found. Notebook 11's section (network) is not
+# tied yet: its numbers come from another branch's notebook and are left to it.
+SECTIONS = [("## What reproduces which finding", ("## The figures",)), ("## The figures", ("### 11 ", "## Data"))]
 # a number standing alone: not part of a name (GPT-3, tp8, 175B, 8x7B, file names) and not glued to a letter
 NUMBER = re.compile(r"(?<![\w.\-/·⁻^'])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w]|\.\d|,\d)")
 OPS = {"min": lambda v: min(_values(v)), "max": lambda v: max(_values(v)), "neg": lambda v: -v, "abs": abs}
@@ -65,10 +67,12 @@ def rendered(entry: dict) -> str:
 
 def checked_text() -> str:
     parts = []
-    for start, end in SECTIONS:
+    for start, ends in SECTIONS:
         i = README.index(start)
-        block = README[i:README.index(end, i + len(start))]
-        parts.append("\n".join(line for line in block.splitlines() if not line.startswith("#")))  # headings
+        stop = min(j for j in (README.find(e, i + len(start)) for e in ends) if j >= 0)
+        block = README[i:stop]
+        parts.append("\n".join(line for line in block.splitlines()  # headings and notebook 11's table rows out
+                                if not line.startswith("#") and "11_what_the_network_sees" not in line))
     return "\n".join(parts)
 
 
