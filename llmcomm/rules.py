@@ -247,8 +247,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: _seq(m, p) < 1,
          lambda m, r: f"seq_len={r.sequence_length(m)} must be a positive integer"),
     Rule("learned-positions", "job",
-         "megatron/core/models/common/embeddings/language_model_embedding.py (a learned position table of "
-         "max_position_embeddings rows: positions beyond it have no embedding)",
+         "kit: a learned absolute position table has max_position_embeddings rows (Megatron-LM's "
+         "LanguageModelEmbedding): positions beyond it have no embedding",
          lambda m, p: np.logical_and(
              np.logical_and(m.position_embedding_type == "learned_absolute", m.max_position_embeddings is not None),
              _seq(m, p) > (m.max_position_embeddings or 0)),
@@ -269,7 +269,7 @@ RULES: tuple[Rule, ...] = (
                       "attention TP is > 1 without sequence parallelism ('During training, performance may degrade "
                       "if MoE and tensor parallelism are enabled without also enabling sequence parallelism'; with "
                       "ep>1: 'When using expert parallelism and tensor parallelism, sequence parallelism must be "
-                      "used')"),
+                      "used'; megatron/core/transformer/moe/moe_layer.py ~636-640)"),
     # --------------------------------------------------------------------------------------- cost
     Rule("cost-cp", "cost", "kit: context parallelism is not in the formulation yet",
          lambda m, p: p.cp > 1,
