@@ -247,6 +247,14 @@ RULES: tuple[Rule, ...] = (
     Rule("positive-sequence", "job", "kit: the sequence is a positive integer",
          lambda m, p: _seq(m, p) < 1,
          lambda m, r: f"seq_len={r.sequence_length(m)} must be a positive integer"),
+    Rule("learned-positions", "job",
+         "megatron/core/models/common/embeddings/language_model_embedding.py (a learned position table of "
+         "max_position_embeddings rows: positions beyond it have no embedding)",
+         lambda m, p: np.logical_and(
+             np.logical_and(m.position_embedding_type == "learned_absolute", m.max_position_embeddings is not None),
+             _seq(m, p) > (m.max_position_embeddings or 0)),
+         lambda m, r: f"seq_len={r.sequence_length(m)} exceeds {m.name}'s max_position_embeddings="
+                      f"{m.max_position_embeddings}: learned absolute positions have no embedding beyond it"),
     Rule("cp-sequence", "job", "megatron/core/utils.py:2551 (get_batch_on_this_cp_rank: 2·cp chunks)",
          lambda m, p: np.logical_and(p.cp > 1, _seq(m, p) % (2 * p.cp) != 0),
          lambda m, r: f"2*cp={2 * r.cp} does not divide seq_len={r.sequence_length(m)}"),

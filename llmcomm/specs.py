@@ -18,8 +18,11 @@ For GPT-3 this reduces to Megatron's ``12·L·h²·(1 + 13/(12h) + (V+s)/(12·L�
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,9 +50,68 @@ RERUN_MODES = ("disabled", "validate_results", "report_stats")  # megatron/train
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")  # TopKRouter (sinkhorn not modelled)
 
 
+def _expected(hint: Any) -> str:
+    """How a field's annotation reads in an error message."""
+    if hint is bool:
+        return "true or false (a YAML boolean, unquoted)"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is str:
+        return "a string"
+    if hint is type(None):
+        return "null"
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_expected(a) for a in args)
+    if origin is tuple:
+        return f"a list of {_expected(args[0]).replace('an ', '').replace('a ', '')}s"
+    return str(hint)
+
+
+def _type_ok(v: Any, hint: Any) -> bool:
+    """Whether ``v`` (as YAML or JSON loaded it) has the annotated type: booleans only ``true``/``false`` (not
+    the string ``"false"``, not 0/1), integers not booleans nor floats (2048.0 is refused), numbers finite."""
+    if hint is bool:
+        return isinstance(v, bool)
+    if hint is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if hint is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if hint is str:
+        return isinstance(v, str)
+    if hint is type(None):
+        return v is None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_type_ok(v, a) for a in args)
+    if origin is tuple:
+        return isinstance(v, (list, tuple)) and all(_type_ok(x, args[0]) for x in v)
+    return True
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_field_types(cls: type, d: Mapping[str, Any], origin: str, what: str) -> None:
+    """Every value of ``d`` has the type its field of ``cls`` is annotated with (:func:`_type_ok`); the first
+    that has not is a :class:`ConfigError` naming ``origin``, the field, the value and the type expected."""
+    hints = _field_types(cls)
+    label = f"{what} {d['name']}" if isinstance(d.get("name"), str) else what
+    for name, v in d.items():
+        hint = hints.get(name)
+        if hint is not None and not _type_ok(v, hint):
+            got = "a string" if isinstance(v, str) else type(v).__name__
+            raise ConfigError(f"{origin}: {label}: {name}={v!r} must be {_expected(hint)}, got {got}")
+
+
 def _from_fields(cls: type, d: Mapping[str, Any], origin: str, what: str) -> Any:
-    """``cls(**d)`` for a frozen spec dataclass; unknown or missing fields and failed validation become a
-    :class:`ConfigError` that names ``origin`` and the field."""
+    """``cls(**d)`` for a frozen spec dataclass; unknown or missing fields, a value of the wrong type
+    (:func:`check_field_types`) and failed validation become a :class:`ConfigError` that names ``origin`` and
+    the field."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - known)
     if unknown:
@@ -57,6 +119,7 @@ def _from_fields(cls: type, d: Mapping[str, Any], origin: str, what: str) -> Any
     missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in d]
     if missing:
         raise ConfigError(f"{origin}: missing required {what} field(s) {missing}")
+    check_field_types(cls, d, origin, what)
     try:
         return cls(**dict(d))
     except (ConfigError, TypeError) as e:  # TypeError: e.g. a list where a number belongs
@@ -416,6 +479,25 @@ class ModelSpec:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"model {self.name}: {f}={v!r} must be a positive integer")
+        for f in ("num_query_groups", "kv_channels", "max_position_embeddings", "moe_ffn_hidden_size"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ConfigError(f"model {self.name}: {f}={v!r} must be a positive integer or unset")
+        for f in ("num_experts", "moe_router_topk", "num_shared_experts"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"model {self.name}: {f}={v!r} must be an integer >= 0")
+        for f in ("published_parameters", "published_active_parameters"):
+            v = getattr(self, f)
+            if v is not None and not v > 0:
+                raise ConfigError(f"model {self.name}: {f}={v!r} must be > 0 or unset")
+        if isinstance(self.moe_layer_freq, tuple) and set(self.moe_layer_freq) - {0, 1}:
+            raise ConfigError(f"model {self.name}: moe_layer_freq as a list holds 0 (dense) or 1 (MoE) per layer, "
+                              f"got {sorted(set(self.moe_layer_freq) - {0, 1})}")
+        mpe = self.max_position_embeddings
+        if self.position_embedding_type == "learned_absolute" and mpe is not None and self.seq_length > mpe:
+            raise ConfigError(f"model {self.name}: seq_length={self.seq_length} exceeds max_position_embeddings="
+                              f"{mpe}: learned absolute positions have no embedding beyond it")
         if self.num_attention_heads % self.query_groups:
             raise ConfigError(
                 f"model {self.name}: num_query_groups={self.query_groups} does not divide "
@@ -778,6 +860,20 @@ class Cluster:
         return dataclasses.asdict(self)
 
 
+def _yaml_number(v: Any) -> Any:
+    """A number written as ``1e9`` (PyYAML, following YAML 1.1, reads it as a string without a dot) as a
+    float, and an integer as a float (as the fields are floats); anything else unchanged (``None`` too), for
+    the type check to judge."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return v
+
+
 def list_clusters() -> list[str]:
     return sorted(p.stem for p in (data_dir() / "clusters").glob("*.yaml"))
 
@@ -792,11 +888,7 @@ def load_cluster(name_or_path: str | os.PathLike[str], num_nodes: int | None = N
     d = read_yaml(p)
     if not isinstance(d, dict):
         raise ConfigError(f"{p}: a cluster file must hold a mapping of Cluster fields")
-    try:
-        d = {k: (float(v) if k.endswith(("bandwidth", "flops", "bytes")) and v is not None else v)
-             for k, v in d.items()}
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{p}: {e}") from None
+    d = {k: (_yaml_number(v) if k.endswith(("bandwidth", "flops", "bytes")) else v) for k, v in d.items()}
     c = _from_fields(Cluster, d, str(p), "cluster")
     return c if num_nodes is None else c.with_nodes(num_nodes)
 

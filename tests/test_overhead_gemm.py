@@ -189,3 +189,16 @@ def test_a100_is_the_utilization_fit_at_its_bound() -> None:
     assert isinstance(a, G.UtilizationGemm)
     assert a.at_bound and a.theta_gemm == 1.0  # the finding: the vTrain fit puts matmuls at 100 % of peak
     assert float(a.efficiency(4096, 4096, 4096)) == pytest.approx(1.0)
+
+
+def test_scalar_vector_and_deduplicated_paths_agree(h100):
+    rng = np.random.default_rng(0)
+    m, n, k = (rng.integers(1, 70000, 300) for _ in range(3))
+    b = rng.integers(1, 5, 300)
+    th = h100.fits["bf16"].params
+    vec = G.tile_time(th, b, m, n, k, sms=132, peak=989.4e12, hbm=3.35e12, e_in=2, e_out=2)
+    one = [G.tile_time_scalar(th, *map(float, x), 132, 989.4e12, 3.35e12, 2, 2) for x in zip(b, m, n, k, strict=True)]
+    np.testing.assert_allclose(vec, one, rtol=1e-12)
+    many = h100.time(np.tile(m[:40], 10), np.tile(n[:40], 10), np.tile(k[:40], 10))  # repeated shapes: deduplicated
+    few = np.concatenate([h100.time(m[i:i + 8], n[i:i + 8], k[i:i + 8]) for i in range(0, 40, 8)])  # scalar path
+    np.testing.assert_allclose(many, np.tile(few, 10), rtol=1e-12)

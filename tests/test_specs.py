@@ -173,7 +173,7 @@ def test_bad_model_file_names_file_field_and_rule(tmp_path) -> None:
 
     f = tmp_path / "broken.yaml"
     f.write_text(yaml.safe_dump(d))
-    with pytest.raises(lc.ConfigError, match=r"broken.yaml: model llama2-7b: num_layers='many' must be a positive integer"):
+    with pytest.raises(lc.ConfigError, match=r"broken.yaml: model llama2-7b: num_layers='many' must be an integer, got a string"):
         lc.load_model(f)
     c = tmp_path / "cl.yaml"
     c.write_text("name: x\ngpus_per_node: 8\ngpu: g\npeak_bf16_flops: -1\ngpu_memory_bytes: 1\n"

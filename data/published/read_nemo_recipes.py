@@ -1,5 +1,9 @@
-"""Generate data/published/nemo_h100_recipes.yaml (python data/published/read_nemo_recipes.py --git-dir CLONE CSV OUT): each DGX-H100 row's recipe settings read (with ast, never
-executed) from Megatron-Bridge's scripts/performance at the commit that published the row."""
+"""Generate data/published/nemo_h100_recipes.yaml: each DGX-H100 row's recipe settings, read (never executed) from
+Megatron-Bridge's scripts/performance at the commit that published the row, or (NeMo 24.07) from
+NeMo-Framework-Launcher's training configs at its 24.07 tag.
+
+    python data/published/read_nemo_recipes.py --git-dir MB_CLONE --launcher-git-dir NFL_CLONE CSV OUT
+"""
 import argparse
 import ast
 import csv
@@ -91,12 +95,7 @@ def mb_row(r):
     fam, stem, recipe, libfn = MODELS[model]
     prec_tab = r["precision"] or ""
     if cont == "25.09":
-        out["status"] = "partial"
-        unknown["precision"] = "the 25.09 table prints no precision; its recipe YAML holds bf16, fp8_ds and fp8_cs variants"
-        unknown["recipe"] = ("25.09 recipes are YAML perf matrices (scripts/performance/configs/*/*.yaml) over the "
-                             "library recipes; not read further here")
-        out["settings"], out["unknown"] = s, unknown
-        return out
+        return {**out, **perf_matrix_2509(r, commit, model)}
     prec = PREC.get(prec_tab)
     if prec is None:
         unknown["precision"] = f"precision {prec_tab!r} not mapped"
@@ -213,14 +212,128 @@ def mb_row(r):
     return out
 
 
+NFL_DIR = ""  # a clone of NVIDIA/NeMo-Framework-Launcher (set by --launcher-git-dir)
+NFL_REPO = "NVIDIA/NeMo-Framework-Launcher"
+NFL_TAG = "24.07"
+NFL_CONFIGS = {"GPT3-5B": "gpt3/5b", "GPT3-20B": "gpt3/20b", "GPT3-175B": "gpt3/175b", "LLAMA2-7B": "llama/llama2_7b",
+               "LLAMA2-13B": "llama/llama2_13b", "LLAMA2-70B": "llama/llama2_70b", "LLAMA3-8B": "llama/llama3_8b",
+               "LLAMA3-70B": "llama/llama3_70b", "Nemotron-8B": "nemotron/nemotron_8b",
+               "Nemotron-22B": "nemotron/nemotron_22b", "Nemotron-340B": "nemotron/nemotron_340b"}
+NFL_KEYS = {  # NeMo 1.0 config key (under model.) -> Megatron-LM name
+    "ub_tp_comm_overlap": "tp_comm_overlap", "optim.overlap_grad_sync": "overlap_grad_reduce",
+    "optim.overlap_param_sync": "overlap_param_gather", "optim.grad_sync_dtype": "grad_sync_dtype",
+    "activations_checkpoint_granularity": "recompute_granularity", "activations_checkpoint_method": "recompute_method",
+    "activations_checkpoint_num_layers": "recompute_num_layers", "sequence_parallel": "sequence_parallel",
+    "use_flash_attention": "use_flash_attention", "fp8": "fp8_enabled", "fp8_hybrid": "fp8_hybrid",
+    "fp8_e4m3": "fp8_e4m3", "overlap_p2p_comm": "overlap_p2p_comm", "fsdp": "fsdp", "optim.name": "optimizer",
+    "megatron_amp_O2": "megatron_amp_O2", "tp_comm_overlap_cfg": "tp_comm_overlap_cfg",
+}
+NFL_SIZES = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+             "virtual_pipeline_model_parallel_size": "vp", "context_parallel_size": "cp", "micro_batch_size": "mbs",
+             "global_batch_size": "gbs"}
+
+
+def yaml_lines(text):
+    """dotted key -> (value, 1-based line) of a YAML mapping, from the composed node tree (no tags executed)."""
+    out = {}
+
+    def walk(node, prefix):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{prefix}{k.value}"
+                if isinstance(v, yaml.ScalarNode):
+                    out[key] = (yaml.safe_load(v.value) if v.value not in ("", "~") else None, v.start_mark.line + 1)
+                walk(v, key + ".")
+
+    walk(yaml.compose(text), "")
+    return out
+
+
+PM_2509 = {"LLAMA3_8B": "llama3/llama3_8b", "LLAMA3_70B": "llama3/llama3_70b", "LLAMA3.1_405B": "llama31/llama31_405b",
+           "DeepSeekV3": "deepseek/deepseek_v3", "Qwen3_30B_a3B": "qwen3/qwen3_30b_a3b",
+           "Qwen3_235B_a22B": "qwen3/qwen3_235b_a22b"}
+PM_SIZES = {"tp": "tp", "pp": "pp", "cp": "cp", "vp": "vp", "ep": "ep", "mbs": "mbs", "gbs": "gbs"}
+
+
+def perf_matrix_2509(r, commit, model):
+    """25.09: scripts/performance/configs/<family>/<model>_llm_pretrain.yaml holds a perf_matrix per GPU and GPU
+    count with a common block and one block per precision; the table prints no precision, so the precisions whose
+    sizes (and FSDP) match the table's row are listed, and settings are recorded only where they all agree."""
+    path = f"scripts/performance/configs/{PM_2509[model]}_llm_pretrain.yaml"
+    try:
+        kv = yaml_lines(src(commit, path))
+    except Exception as e:  # noqa: BLE001
+        return {"status": "not_read", "unknown": {"all": f"cannot read {path}: {type(e).__name__}"}}
+    pre = f"perf_matrix.h100.num_gpus_{int(r['num_gpus'])}."
+    variants = sorted({k[len(pre):].split(".")[0] for k in kv if k.startswith(pre)} - {"common"})
+    table = {c: (None if r[c] in ("", "n/a") else int(float(r[c]))) for c in PM_SIZES.values()}
+    fsdp_t = bool(float(r["fsdp"] or 0) > 0)
+    match, cites = [], {}
+    for v in variants:
+        def get(key, v=v):
+            for blk in (v, "common"):
+                hit = kv.get(f"{pre}{blk}.{key}")
+                if hit is not None:
+                    return hit[0], f"{path}:{hit[1]}"
+            return None, None
+        ok = True
+        for key, col in PM_SIZES.items():
+            val, c = get(key)
+            tv = table[col]
+            if not (val == tv or (tv in (None, 1) and val in (None, 1))):
+                ok = False
+            cites[(v, key)] = c
+        f = get("use_megatron_fsdp")[0] or get("fsdp")[0] or False
+        ok = ok and bool(f) == fsdp_t
+        if ok:
+            match.append(v)
+    res = {"status": "partial", "perf_matrix": {"file": path, "variants": variants, "matching_table": match,
+                                                "rule": "precision blocks whose tp/pp/cp/vp/ep/mbs/gbs and FSDP equal "
+                                                        "the table's row"}}
+    unknown = {"recipe": "library recipe defaults (overlap, optimizer, recompute) of 25.09 not read"}
+    fp8 = [v for v in match if v.startswith("fp8")]
+    if match and len(fp8) == len(match):
+        res["settings"] = {"fp8": {"value": "unknown", "cite": f"{path} (only FP8 blocks {match} match the row)"}}
+        unknown["fp8"] = f"the row matches the FP8 blocks {match} of the perf matrix; which FP8 recipe ran is not stated"
+    else:
+        unknown["precision"] = (f"the 25.09 table prints no precision and the perf matrix blocks matching the row "
+                                f"are {match or 'none'}")
+    res["unknown"] = unknown
+    return res
+
+
 def nemo_row(r):
-    return {"status": "not_read",
-            "recipe_source": {"repo": "NVIDIA/NeMo", "rule": "NeMo 24.07 (NeMo 1.0): its performance runs used the "
-                              "NeMo-Framework-Launcher training configs; NeMo's scripts/llm/performance starts with NeMo 2.0"},
-            "unknown": {"all": "not read: TP comm overlap, recompute, FP8 recipe and gradient dtype of the 24.07 rows "
-                               "are unknown here"}}
-
-
+    model = r["model"]
+    base = {"recipe_source": {"repo": NFL_REPO, "tag": NFL_TAG, "rule": "NeMo 24.07 (NeMo 1.0) trains with the "
+                              "NeMo-Framework-Launcher's training configs; read at the launcher's 24.07 tag"}}
+    if model not in NFL_CONFIGS or not NFL_DIR:
+        return {**base, "status": "not_read", "unknown": {"all": "no launcher config mapped for this model"}}
+    path = f"launcher_scripts/conf/training/{NFL_CONFIGS[model]}.yaml"
+    text = subprocess.run(["git", "-C", NFL_DIR, "show", f"{NFL_TAG}:{path}"], capture_output=True, text=True,
+                          check=True).stdout
+    kv = yaml_lines(text)
+    s, unknown, checks = {}, {}, {}
+    for key, name in NFL_KEYS.items():
+        hit = kv.get(f"model.{key}")
+        if hit is not None:
+            s[name] = {"value": hit[0], "cite": f"{path}:{hit[1]}"}
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if "tp_overlap@model.ub_tp_comm_overlap_cfg" in line:
+            s["tp_comm_overlap_cfg"] = {"value": line.split(":", 1)[1].strip(), "cite": f"{path}:{line_no}"}
+    for key, col in NFL_SIZES.items():
+        v, line = kv.get(f"model.{key}", (None, None))
+        t = r[col]
+        tv = None if t in ("", "n/a") else int(float(t))
+        checks[col] = {"table": tv, "recipe": v, "agree": tv == v or (tv in (None, 1) and v in (None, 1)),
+                       "cite": f"{path}:{line}" if line else "not in the config"}
+    fp8_on = s.get("fp8_enabled", {}).get("value")
+    if fp8_on is not True:
+        unknown["fp8"] = (f"the config states fp8: {fp8_on} ({s.get('fp8_enabled', {}).get('cite', path)}) while the "
+                          "table's heading says FP8: the published run set FP8 (and its format) outside this file")
+    if not all(c["agree"] for c in checks.values()):
+        unknown["run_overrides"] = ("the table's sizes differ from this config (see checks): the published run "
+                                    "overrode it; settings here are the config's, which the run may also have overridden")
+    return {**base, "status": "partial", "config_file": path, "settings": s, "unknown": unknown, "checks": checks}
 
 def src(commit, path):
     return subprocess.run(["git", "-C", GIT_DIR, "show", f"{commit}:{path}"], capture_output=True, text=True, check=True).stdout
@@ -297,8 +410,12 @@ def main(csv_path, out_path):
     rows = list(csv.DictReader(open(csv_path, encoding="utf-8")))
     doc = {"about": "Recipe settings of NVIDIA's published DGX-H100 pre-training rows (nemo/h100_pretraining.csv), "
                     "each read from NVIDIA's own performance scripts with the file and line it was read from; "
-                    "'unknown' where the scripts were not read or do not state it. Generated by reading the files "
-                    "with Python's ast (never executed) at the commits named; paths are relative to the repository.",
+                    "'unknown' where the scripts were not read or do not state it. Generated by "
+                    "data/published/read_nemo_recipes.py, reading Megatron-Bridge's Python files with ast and the "
+                    "YAML files (Megatron-Bridge 25.09 perf matrices, NeMo-Framework-Launcher 24.07 training configs) "
+                    "with yaml.compose, never executing them, at the commits/tags named; paths are relative to the "
+                    "repository named per row. 'checks' compare the table's sizes with the recipe's (disagreements "
+                    "kept as found).",
            "rows": []}
     for r in rows:
         key = {"container": r["container"], "model": r["model"], "num_gpus": int(r["num_gpus"]),
@@ -311,9 +428,11 @@ def main(csv_path, out_path):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--git-dir", required=True, help="a clone (or bare mirror) of NVIDIA-NeMo/Megatron-Bridge")
+    ap.add_argument("--launcher-git-dir", default="", help="a clone of NVIDIA/NeMo-Framework-Launcher (24.07 rows)")
     ap.add_argument("csv", help="nemo/h100_pretraining.csv (llmcomm.data.path)")
     ap.add_argument("out", help="where to write the YAML")
     args = ap.parse_args()
     GIT_DIR = args.git_dir
+    NFL_DIR = args.launcher_git_dir
     main(args.csv, args.out)
     sys.exit(0)

@@ -61,6 +61,7 @@ from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
+from .capacity import check_fits
 from .memory import model_state
 
 UNMODELLED_FIELDS = rules.COST_UNMODELLED_FIELDS  # refused at a non-default value (rule "cost-unmodelled")
@@ -658,7 +659,8 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
     :class:`ConfigError` when the model and configuration break a rule (:data:`SCOPES` of :mod:`llmcomm.rules`),
     when the cluster has fewer GPUs than the configuration needs, or when the model state alone (weights,
     gradients and optimizer state of the stage holding the most, :func:`llmcomm.overhead.memory.model_state`)
-    exceeds the GPU memory."""
+    exceeds the GPU memory; warns with :class:`~llmcomm.overhead.capacity.MemoryWarning` when activations
+    included it does (:func:`llmcomm.overhead.capacity.check_fits`)."""
     overlap_grad_reduce = overlap_grad_reduce or parallel.overlap_grad_reduce
     rules.check(model, parallel, SCOPES[1:])  # "config" held when the ParallelConfig was built
     if cluster.num_gpus is not None and parallel.world_size > cluster.num_gpus:
@@ -671,6 +673,7 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
         raise ConfigError(f"{model.name} under tp={parallel.tp} pp={parallel.pp} needs {state / 1e9:.1f} GB "
                           f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "
                           f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
+    check_fits(model, parallel, cluster)  # activations too: a MemoryWarning with the numbers
     r = _evaluate(model, t, cluster, bw, ut, overlap_grad_reduce)
     return Breakdown(**{k: float(r[k][0]) for k in (*TERMS, "dp_comm_total_s", "comm_bus_bytes")},
                      critical_stage=str(r["critical"][0]))

@@ -37,13 +37,15 @@ NEED = ("source_file", "container", "precision", "model", "num_gpus", "gbs", "mb
 # the table's model names -> the kit's catalogue (data/models); other models are not in the catalogue
 CATALOGUE = {"GPT3-175B": "gpt3-175b", "LLAMA2-7B": "llama2-7b", "LLAMA2-13B": "llama2-13b",
              "LLAMA2-70B": "llama2-70b", "LLAMA3-8B": "llama3-8b", "LLAMA3_8B": "llama3-8b",
-             "LLAMA3-70B": "llama3-70b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3-405b"}
+             "LLAMA3-70B": "llama3-70b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3.1-405b",
+             "Nemotron-340B": "nemotron4-340b", "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
+             "GPT OSS 120B": "gpt-oss-120b", "DeepSeekV3": "deepseek-v3"}
 NOT_EXPRESSIBLE = {
     "Nemotron_3_Nano": "hybrid Mamba-Transformer MoE: Mamba layers are not expressible in ModelSpec",
-    "DeepSeekV3": "multi-head latent attention and multi-token prediction are not expressible in ModelSpec",
 }
 # Megatron-LM / Megatron-Bridge recipe field -> the name the kit uses for it (Megatron's argument names)
-RECIPE_NAMES = {"use_megatron_fsdp": "fsdp", "use_distributed_optimizer": "distributed_optimizer"}
+RECIPE_NAMES = {"use_megatron_fsdp": "fsdp", "use_distributed_optimizer": "distributed_optimizer",
+                "expert_tensor_parallel_size": "etp"}
 # what the formulation does when a setting is absent: a row whose setting has this value needs no mechanism
 OFF: dict[str, Any] = {
     "fp8": None, "fp8_recipe": None, "fp8_param_gather": False, "first_last_layers_bf16": False,
@@ -52,12 +54,16 @@ OFF: dict[str, Any] = {
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
     "pp_layout": None, "cp": 1, "fsdp": False, "attention_backend": "unfused",
     "cpu_offloading_num_layers": None, "fp8_dot_product_attention": None, "moe_a2a_overlap": False,
+    "overlap_p2p_comm": False, "etp": None,
 }
 # settings with no effect on the formulation's terms (said so, not silently dropped)
 IGNORED = {
     "cuda_graph_impl": "CUDA graphs remove host launch cost; the formulation's launch floor is fitted, not modelled",
     "cuda_graph_scope": "see cuda_graph_impl", "nccl_ub": "NCCL user buffers: no modelled effect",
     "tp_comm_overlap_cfg": "the userbuffers configuration of tp_comm_overlap", "sequence_parallel": "sp column",
+    "megatron_amp_O2": "NeMo 1.0: bf16 parameters with fp32 main weights, the formulation's default",
+    "fp8_enabled": "NeMo 1.0 config's fp8 switch; the table's precision decides (unknown where they disagree)",
+    "fp8_hybrid": "see fp8_enabled", "fp8_e4m3": "see fp8_enabled",
 }
 
 
@@ -180,6 +186,16 @@ def settings(row: pd.Series) -> RowSettings:
     if prec.startswith("FP8") and "fp8" not in out.setting:
         out.unknown.setdefault("fp8", "the table says FP8; the recipe's FP8 format was not read")
         out.setting["fp8"] = "unknown"
+    # NeMo 1.0 names (24.07 rows) -> Megatron's
+    opt = out.setting.pop("optimizer", None)
+    if opt is not None:
+        out.setting["distributed_optimizer"] = opt == "distributed_fused_adam"
+    gsd = out.setting.pop("grad_sync_dtype", None)
+    if gsd is not None:
+        out.setting["grad_reduce_in_fp32"] = str(gsd) in ("fp32", "float32")
+    flash = out.setting.pop("use_flash_attention", None)
+    if flash is not None:
+        out.setting["attention_backend"] = "flash" if flash else None  # False: Transformer Engine chooses
     # the kit's columns for settings the formulation already has under its own names
     g = out.setting.pop("grad_reduce_in_fp32", None)
     if g is not None:
@@ -188,6 +204,10 @@ def settings(row: pd.Series) -> RowSettings:
     if d is not None:
         out.columns["distributed_optimizer"] = bool(d)
     gran = out.setting.pop("recompute_granularity", None)
+    if gran is None or out.setting.get("recompute_num_layers") == 0:
+        for k in ("recompute_method", "recompute_num_layers"):  # without a granularity Megatron recomputes nothing
+            if k in out.setting:
+                out.ignored[k] = f"{k}={out.setting.pop(k)!r} has no effect: recompute granularity is {gran!r}"
     if gran is not None or "recompute_granularity" in s:
         if gran == "full" and out.setting.get("recompute_num_layers") is None:
             out.columns["recompute"] = "full"

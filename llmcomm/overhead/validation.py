@@ -20,6 +20,7 @@ column and the summary say which, and the default is none.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,8 @@ def validate(name: str, *, relax: tuple[str, ...] = (), bandwidth: Any = None,
 def _accepted() -> frozenset[str]:
     """Settings the formulation takes: the candidate columns of ``iteration_times`` (its
     ``CANDIDATE_DEFAULTS`` where it has them, and the :class:`~llmcomm.specs.ParallelConfig` fields a table of
-    configurations is named by), and ``overlap_grad_reduce`` (a keyword of ``iteration_times``)."""
+    configurations is named by, less those it declares ``UNMODELLED_FIELDS``), and ``overlap_grad_reduce`` (a
+    keyword of ``iteration_times``)."""
     import dataclasses
 
     from ..specs import ParallelConfig
@@ -149,16 +151,17 @@ def predict_nemo(rows: pd.DataFrame, cluster: Cluster | None = None, bandwidth: 
         if "fp8" in st.unknown and "fp8" not in st.setting:
             out.at[i, "refused"] = f"unknown: {st.unknown['fp8']} (FP8 or BF16 changes every GEMM's rate)"
             continue
-        if missing:
-            out.at[i, "refused"] = "not in the formulation: " + ", ".join(missing)
-            continue
         try:
             model = load_model(st.model)
             r = iteration_times(model, pd.DataFrame([cand]), cluster.for_world(int(row["num_gpus"])), bandwidth,
                                 utilization, overlap_grad_reduce=bool(st.setting.get("overlap_grad_reduce"))
                                 and "overlap_grad_reduce" not in cand)
+            rule = ""
         except ConfigError as e:
-            out.at[i, "refused"] = f"formulation: {e}"
+            rule = f"formulation: {e}"
+        if missing or rule:  # both named: the settings it has no column for, and the rule it raises on the rest
+            out.at[i, "refused"] = "; ".join(
+                ([f"not in the formulation: {', '.join(missing)}"] if missing else []) + ([rule] if rule else []))
             continue
         out.at[i, "predicted_s"] = float(r["total_s"].iloc[0])
         out.at[i, "exposed_comm_s"] = float(r["exposed_comm_s"].iloc[0])
@@ -170,11 +173,17 @@ def predict_nemo(rows: pd.DataFrame, cluster: Cluster | None = None, bandwidth: 
 
 
 def _refusal_kind(msg: str) -> str:
+    """What a refusal is for: ``model``, ``unknown``, the missing setting names, and/or the formulation's rule."""
     if msg.startswith(("model:", "unknown:")):
         return msg.split(":", 1)[0]
-    if msg.startswith("not in the formulation:"):
-        return ", ".join(sorted({m.split("=")[0].strip() for m in msg.split(":", 1)[1].split(",")}))
-    return msg
+    parts = []
+    for part in msg.split("; "):
+        if part.startswith("not in the formulation:"):
+            names = re.findall(r"(?:^|, )(\w+)=", part.split(":", 1)[1].strip())
+            parts.append(", ".join(sorted(set(names))))
+        else:
+            parts.append(part)
+    return " + ".join(parts)
 
 
 def summary_nemo(pred: pd.DataFrame, relax: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -193,6 +202,11 @@ def summary_nemo(pred: pd.DataFrame, relax: tuple[str, ...] = ()) -> dict[str, A
 
     refused = pred[pred["predicted_s"].isna()]
     reasons = refused["refused"].map(_refusal_kind).value_counts().to_dict()
+    needs: dict[str, int] = {}  # per missing setting or rule: the rows that need it
+    for msg in refused["refused"]:
+        for part in _refusal_kind(msg).split(" + "):
+            for name in (part.split(", ") if not part.startswith("formulation:") else [part]):
+                needs[name] = needs.get(name, 0) + 1
     has_iv = p[list(INTERVAL)].notna().all(axis=1) if len(p) else pd.Series(dtype=bool)
     iv = p[has_iv] if len(p) else p
     coverage_90 = (float(((iv["total_s_lo"] <= iv["time_s"]) & (iv["time_s"] <= iv["total_s_hi"])).mean())
@@ -203,6 +217,7 @@ def summary_nemo(pred: pd.DataFrame, relax: tuple[str, ...] = ()) -> dict[str, A
             "recipe_fully_known": err(known),
             "groups": {str(g): err(d) for g, d in p.groupby("group", sort=False)},
             "refusals": {str(k): int(v) for k, v in reasons.items()},
+            "needs": dict(sorted(needs.items(), key=lambda kv: (-kv[1], kv[0]))),
             "interval_coverage_90": coverage_90, "interval_rows": int(len(iv)), "relaxed": list(relax),
             "fitted_on_these_rows": False, "cluster": nemo_rows.CLUSTER,
             "measured": "step_time_s_derived = gbs*seq/(tokens/s/GPU * GPUs) of each published row"}

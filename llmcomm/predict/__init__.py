@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..bounds import check_predict_size
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
@@ -42,9 +43,11 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
     ``(num_layers, num_microbatches, world_size, num_experts)``; without it, all-to-all sizes are the
     expected value under uniform routing. ``aggregate``: one row per distinct call with ``count``
     (``layer = microbatch = -1``); ``None`` picks it when the expanded table would exceed
-    ``AUTO_AGGREGATE_ROWS`` rows. Raises :class:`ConfigError` naming the broken rule before any work."""
+    ``AUTO_AGGREGATE_ROWS`` rows. Raises :class:`ConfigError` naming the broken rule before any work (also a
+    world size above :data:`llmcomm.bounds.MAX_PREDICT_GPUS`, with the memory it would need)."""
     if isinstance(model, str):
         model = load_model(model)
+    check_predict_size(parallel.world_size)
     check = cluster.for_world(parallel.world_size) if cluster is not None and cluster.num_nodes is None else cluster
     validate(model, parallel, check)
     _check_supported(model, parallel, framework)

@@ -24,6 +24,7 @@ GPU counts and batches); ``TuneResult.stats`` counts what each search enumerated
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,7 +93,11 @@ def has_split(model: ModelSpec, gpus: int, global_batch: int) -> bool:
 
 
 def _no_split_error(model: ModelSpec, gpus: int, global_batch: int) -> ConfigError:
-    near = [n for n in range(max(1, gpus // 2), gpus * 2 + 1) if has_split(model, n, global_batch)]
+    # the counts has_split accepts are exactly t·p·d with t | gcd(heads, groups, ffn), p | layers, d | batch:
+    # enumerate those products instead of testing every count in [gpus/2, 2·gpus] (minutes at 10⁶ GPUs)
+    g = math.gcd(model.num_attention_heads, model.query_groups, model.ffn_hidden_size)
+    valid = {t * p * d for t in divisors(g) for p in divisors(model.num_layers) for d in divisors(global_batch)}
+    near = sorted(n for n in valid if max(1, gpus // 2) <= n <= gpus * 2)
     closest = sorted(near, key=lambda n: (abs(n - gpus), n))[:4]
     dps = sorted({gpus // (t * p) for t in divisors(gpus) for p in divisors(gpus // t)})
     return ConfigError(
