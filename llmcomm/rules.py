@@ -248,7 +248,7 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: _seq(m, p) < 1,
          lambda m, r: f"seq_len={r.sequence_length(m)} must be a positive integer"),
     Rule("learned-positions", "job",
-         "megatron/core/models/common/embeddings/language_model_embedding.py (a learned position table of "
+         "megatron/core/models/common/embeddings/language_model_embedding.py:71 (a learned position table of "
          "max_position_embeddings rows: positions beyond it have no embedding)",
          lambda m, p: np.logical_and(
              np.logical_and(m.position_embedding_type == "learned_absolute", m.max_position_embeddings is not None),
