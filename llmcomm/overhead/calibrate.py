@@ -74,7 +74,7 @@ def design(prep: Prepared, util: U.Utilization) -> tuple[np.ndarray, np.ndarray]
         tot_c = np.zeros(len(pp))
         for cls in it.CLASSES:
             q = st.cls[cls]
-            x = it.class_design(q["q"], util)  # type: ignore[arg-type]  # Stages.cls is annotated one level too shallow (overhead.iteration)
+            x = it.class_design(q["q"], util)
             cm = q["tp"] + q["ep"] + q["pp"]
             xs.append(x)
             cs.append(cm)
