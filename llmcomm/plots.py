@@ -525,3 +525,31 @@ def published_speedups(data: pd.DataFrame, *, x: str = "model", y: Sequence[str]
     ax.set(title=title or "", ylabel="predicted speed-up (×)")
     sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=7, title_fontsize=8)
     return ax
+
+
+def call_sequence(data: pd.DataFrame, *, x: str = "step", y: str = "bytes", hue: str = "parallelism",
+                  ax: Axes | None = None, phase: str | None = "phase", title: str | None = None) -> Axes:
+    """One bar per call in issue order: position ``x``, height ``y`` bytes (log scale), colour by ``hue``
+    (the parallelism colours of every figure); with ``phase``, backward calls are hatched."""
+    ax = axes_or_new(ax, (8, 3))
+    colors = np.array([PARALLELISM_COLORS.get(v, "0.5") for v in data[hue]], dtype=object)
+    back = (data[phase] == "backward").to_numpy() if phase is not None else np.zeros(len(data), bool)
+    xs, ys = data[x].to_numpy(), data[y].to_numpy(np.float64)
+    for sel, hatch in ((~back, None), (back, "//")):  # two calls: one hatch each (bars are many)
+        if sel.any():
+            ax.bar(xs[sel], ys[sel], width=0.85, color=list(colors[sel]), hatch=hatch, edgecolor="white",
+                   linewidth=0.3)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(binary_bytes))
+    ax.yaxis.set_major_locator(LogLocator(base=2**10))
+    ax.set(xlabel="call, in issue order", ylabel=f"{y} per call", title=title or "")
+    if len(xs):
+        ax.set_xlim(xs.min() - 0.8, xs.max() + 0.8)
+    handles = [Rectangle((0, 0), 1, 1, color=PARALLELISM_COLORS.get(v, "0.5"), label=str(v))
+               for v in pd.unique(data[hue])]
+    if phase is not None and (data[phase] == "backward").any():
+        handles.append(Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="0.3", hatch="//", label="backward"))
+    if handles:
+        ax.legend(handles=handles, fontsize=7, title=hue, title_fontsize=7, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0))
+    return ax
