@@ -15,10 +15,12 @@ from ..units import format_bytes
 from .view import LAYOUT_NODES, View
 
 PANELS = ("layout", "matrix", "bytes", "calls", "time")
+ROWS = (("layout", "bytes"), ("matrix",), ("calls", "time"))  # how the explorer arranges them on screen
 PANEL_TITLES = {"layout": "Rank layout", "matrix": "Communication matrix per parallelism",
                 "bytes": "Bytes per parallelism per iteration", "calls": "Call sequence of one rank",
                 "time": "Iteration time"}
 DPI = 80  # screen figures: small PNGs, quick to draw
+CALL_ROWS = 12  # calls listed under the call-sequence figure
 
 
 def layout_figure(v: View) -> Figure:
@@ -60,7 +62,7 @@ def bytes_figure(v: View) -> Figure:
     """:func:`llmcomm.plots.volume_bars` of the bytes each parallelism moves in one iteration."""
     fig, ax = plt.subplots(figsize=(4.2, 3.4), dpi=DPI)
     volume_bars(v.volumes.assign(config=v.choice.label()), x="config", y="bytes", hue="parallelism", ax=ax,
-                title="all ranks, nccl-tests sizes (sends counted once)")
+                title="all ranks (each send counted once)")
     fig.tight_layout()
     return fig
 
@@ -85,8 +87,8 @@ def time_figure(v: View) -> Figure:
         return fig
     b = v.breakdown
     breakdown_bars(b.to_frame().assign(config=v.choice.label()), x="config", y="seconds", hue="term", ax=ax,
-                   title=f"{b.total_s:.3f} s per iteration on {v.cluster.name}; exposed communication "
-                         f"{100 * b.comm_overhead:.1f}% (point estimate: the cost model gives no interval)")
+                   title=f"{b.total_s:.3f} s per iteration on {v.cluster.name}, exposed communication "
+                         f"{100 * b.comm_overhead:.1f}%\n(a point estimate: the cost model gives no interval)")
     ax.get_legend().set_bbox_to_anchor((0.5, -0.3))  # below the axis label
     fig.tight_layout()
     return fig
@@ -96,7 +98,7 @@ FIGURES = {"layout": layout_figure, "matrix": matrix_figure, "bytes": bytes_figu
            "time": time_figure}
 
 
-TIGHT = {"matrix"}  # panels with labels outside their axes (colour bar, title): saved with a tight box
+TIGHT = {"matrix", "time"}  # panels with labels outside their axes (colour bar, wide title): a tight box
 
 
 def png(fig: Figure, tight: bool = False) -> bytes:
@@ -131,8 +133,8 @@ def summary_html(v: View, panel: str) -> str:
                              share=(100 * v.volumes["share"]).map(lambda x: f"{x:.2f}%"))
         return _table(t[["parallelism", "bytes", "calls", "share"]], "llmcomm-table")
     if panel == "calls":
-        head = v.calls.head(24).assign(bytes=v.calls["bytes"].head(24).map(format_bytes))
-        more = f"<p>… and {len(v.calls) - 24} more calls</p>" if len(v.calls) > 24 else ""
+        head = v.calls.head(CALL_ROWS).assign(bytes=v.calls["bytes"].head(CALL_ROWS).map(format_bytes))
+        more = f"<p>… and {len(v.calls) - CALL_ROWS} more calls</p>" if len(v.calls) > CALL_ROWS else ""
         return _table(head, "llmcomm-table") + more
     if panel == "time":
         if v.breakdown is None:

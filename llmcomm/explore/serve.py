@@ -143,6 +143,25 @@ def wait_for(url: str, process: subprocess.Popen, timeout: float, log: Path | No
     raise LLMCommError(f"the server for {url} did not answer within {timeout:.0f} s")
 
 
+def start_server(cmd: list[str], url: str, cwd: Path, timeout: float = START_TIMEOUT_S, log: Path | None = None,
+                 folder: tempfile.TemporaryDirectory | None = None) -> Page:
+    """Run ``cmd`` (a server) in its own process group with its output in ``log``; return a :class:`Page` once
+    ``url`` answers, or stop it and raise after ``timeout`` seconds."""
+    log = log or Path(cwd) / "server.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=cwd,
+                                start_new_session=True)  # its own process group: stop() ends it as a whole
+    t0 = time.monotonic()
+    page = Page(url, proc, folder, log)
+    try:
+        wait_for(url, proc, timeout, log)
+    except BaseException:
+        page.stop()
+        raise
+    page.started_s = time.monotonic() - t0
+    return page
+
+
 def start_page(choice: Choice | None = None, port: int = 0, timeout: float = START_TIMEOUT_S,
                log: Path | None = None) -> Page:
     """Serve the explorer with Voilà on ``127.0.0.1:port`` (0: a free port); return once the page answers."""
@@ -155,18 +174,7 @@ def start_page(choice: Choice | None = None, port: int = 0, timeout: float = STA
     folder = tempfile.TemporaryDirectory(prefix="llmcomm-explore-")
     nb = page_notebook(Path(folder.name) / "explore.ipynb", choice)
     port = port or free_port()
-    log = log or Path(folder.name) / "voila.log"
     cmd = [sys.executable, "-m", "voila", str(nb), f"--port={port}", f"--Voila.ip={HOST}", "--no-browser",
            "--Voila.port_retries=0", "--show_tracebacks=True"]
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=folder.name,
-                                start_new_session=True)  # its own process group: stop() ends the kernels too
-    t0 = time.monotonic()
-    page = Page(f"http://{HOST}:{port}/", proc, folder, log)
-    try:
-        wait_for(page.url, proc, timeout, log)
-    except BaseException:
-        page.stop()
-        raise
-    page.started_s = time.monotonic() - t0
-    return page
+    return start_server(cmd, f"http://{HOST}:{port}/", Path(folder.name), timeout,
+                        log or Path(folder.name) / "voila.log", folder)

@@ -65,17 +65,22 @@ class Explorer:
         for name, c in self.controls.items():
             c.add_class(f"llmcomm-control-{name}")
         self.status = w.HTML().add_class("llmcomm-status")
-        self.images = {p: w.Image(format="png").add_class("llmcomm-figure") for p in panels.PANELS}
+        natural = {"width": "auto", "height": "auto", "max_width": "100%"}  # a figure at its own size
+        self.images = {p: w.Image(format="png", layout=w.Layout(**natural)).add_class("llmcomm-figure")
+                       for p in panels.PANELS}
         self.tables = {p: w.HTML() for p in panels.PANELS}
-        boxes = [w.VBox([w.HTML(f"<b>{panels.PANEL_TITLES[p]}</b>"), self.images[p], self.tables[p]])
-                 .add_class("llmcomm-panel").add_class(f"llmcomm-panel-{p}") for p in panels.PANELS]
+        box = {p: w.VBox([w.HTML(f"<b>{panels.PANEL_TITLES[p]}</b>"), self.images[p], self.tables[p]],
+                         layout=w.Layout(align_items="flex-start", margin="0 12px 0 0"))
+               .add_class("llmcomm-panel").add_class(f"llmcomm-panel-{p}") for p in panels.PANELS}
+        rows = [w.HBox([box[p] for p in row], layout=w.Layout(flex_flow="row wrap", align_items="flex-start"))
+                for row in panels.ROWS]
         left = w.VBox([w.HTML("<b>Model and cluster</b>"), *(self.controls[k] for k in ("model", "model_path",
                        "cluster")), w.HTML("<b>Parallel configuration</b>"),
                        *(self.controls[k] for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "sp")),
                        w.HTML("<b>Batch</b>"), self.controls["micro_batch"], self.controls["global_batch"],
                        w.HTML("<b>Call sequence</b>"), self.controls["rank"], self.controls["microbatch"]],
                       layout=w.Layout(min_width="270px"))
-        right = w.VBox([self.status, *boxes], layout=w.Layout(flex="1"))
+        right = w.VBox([self.status, *rows], layout=w.Layout(flex="1"))
         self.widget = w.VBox([w.HTML(CSS), w.HBox([left, right])]).add_class("llmcomm-explorer")
         for c in self.controls.values():
             c.observe(self._changed, names="value")
