@@ -137,3 +137,23 @@ def test_explore_command_rejects_a_bad_start(capsys) -> None:
 def test_matrix_cells_follow_comm_matrix_binning(view) -> None:
     assert view.unit == 1 and view.cells == 32
     assert np.isin(view.matrices["parallelism"].unique(), ["tp", "pp", "dp", "ep", "cp", "sp"]).all()
+
+
+def test_job_is_cached_but_an_edited_yaml_is_read_again(tmp_path) -> None:
+    import os
+
+    import yaml
+
+    from llmcomm.paths import data_dir
+
+    a, b = compute(START), compute(START.replace(rank=3))
+    assert a.trace is b.trace and list(b.calls["ranks"])[0] != ""  # same job: no second prediction
+    f = tmp_path / "m.yaml"
+    doc = yaml.safe_load((data_dir() / "models" / "gpt3-6.7b.yaml").read_text())
+    f.write_text(yaml.safe_dump(doc))
+    first = compute(START.replace(model=str(f)))
+    assert first.model.num_layers == 32
+    doc["num_layers"] = 16
+    f.write_text(yaml.safe_dump(doc))
+    os.utime(f, (first.model.num_layers + 1e9, first.model.num_layers + 1e9))  # a new modification time
+    assert compute(START.replace(model=str(f))).model.num_layers == 16

@@ -28,7 +28,9 @@ Size: up to :data:`GPU_LEVEL_MAX` GPUs the matrices are drawn per GPU (in blocks
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ GPU_LEVEL_MAX = 4096  # above this many GPUs the matrices are drawn per node
 MATRIX_CELLS = 256  # at most this many cells per side of a drawn matrix (ranks, or nodes, summed into blocks)
 LAYOUT_NODES = 4  # the layout panel draws the GPUs of at most this many nodes
 MAX_WORLD = 131_072  # the largest job the explorer computes (the predictor's tested scale)
+JOB_CACHE = 8  # jobs whose prediction, matrices and time are kept (going back to one is free)
 ALGORITHMS = ("direct", "ring")
 ALGORITHM_LABEL = {"direct": "logical", "ring": "ring"}
 
@@ -195,19 +198,42 @@ def _calls(model: ModelSpec, parallel: ParallelConfig, lay: Layout, rank: int, m
                                        "dtype"])
 
 
-def compute(choice: Choice) -> View:
-    """The :class:`View` of ``choice``; raises the package's :class:`ConfigError` when a rule is broken.
+@dataclass(frozen=True)
+class _Job:
+    """What depends on the job alone, not on the rank and micro-batch shown (cached by :func:`_job`)."""
 
-    Work is bounded: a job of more than :data:`MAX_WORLD` GPUs is refused before anything is built."""
-    import time
+    model: ModelSpec
+    parallel: ParallelConfig
+    cluster: Cluster
+    layout: Layout
+    trace: Trace
+    group_table: pd.DataFrame
+    group_summary: pd.DataFrame
+    matrices: pd.DataFrame
+    level: str
+    unit: int
+    cells: int
+    volumes: pd.DataFrame
+    breakdown: Breakdown | None
+    time_error: str
+    timings: dict[str, float]
 
+
+def _stamp(name_or_path: str) -> float:
+    """A file's modification time (so an edited YAML is read again), 0 for a catalogue name."""
+    p = Path(name_or_path.strip())
+    return p.stat().st_mtime if p.is_file() else 0.0
+
+
+@lru_cache(maxsize=JOB_CACHE)
+def _job(key: Choice, _model_stamp: float, _cluster_stamp: float) -> _Job:
     t0 = time.perf_counter()
-    model = resolve_model(choice.model)
-    parallel = choice.parallel()
+    model = resolve_model(key.model)
+    parallel = key.parallel()
     if parallel.world_size > MAX_WORLD:
         raise ConfigError(f"tp*cp*dp*pp={parallel.world_size} GPUs: the explorer computes jobs of at most "
                           f"{MAX_WORLD:,} GPUs")
-    cluster = load_cluster(choice.cluster.strip())
+    cluster = load_cluster(key.cluster.strip())
     sized = cluster.for_world(parallel.world_size) if cluster.num_nodes is None else cluster
     trace = predict_traffic(model, parallel, sized)  # validates model × parallel × cluster (the CLI's rules)
     lay = Layout(parallel, sized.gpus_per_node)
@@ -215,7 +241,6 @@ def compute(choice: Choice) -> View:
     table = lay.group_table()
     table = table[table["node"] < LAYOUT_NODES].reset_index(drop=True)
     summary = _group_summary(lay)
-    calls = _calls(model, parallel, lay, choice.rank, choice.microbatch)
     t2 = time.perf_counter()
     matrices, level, unit, cells = _matrices(trace, parallel.world_size, sized.gpus_per_node)
     volumes = _volumes(trace)
@@ -226,6 +251,22 @@ def compute(choice: Choice) -> View:
     except LLMCommError as e:
         why = str(e)
     t4 = time.perf_counter()
-    return View(choice, model, parallel, sized, lay, trace, level, unit, cells, table, summary, matrices, volumes, calls,
-                breakdown, why, {"predict_s": t1 - t0, "layout_calls_s": t2 - t1, "matrices_s": t3 - t2,
+    return _Job(model, parallel, sized, lay, trace, table, summary, matrices, level, unit, cells, volumes,
+                breakdown, why, {"predict_s": t1 - t0, "layout_s": t2 - t1, "matrices_s": t3 - t2,
                                  "time_s": t4 - t3})
+
+
+def compute(choice: Choice) -> View:
+    """The :class:`View` of ``choice``; raises the package's :class:`ConfigError` when a rule is broken.
+
+    The job's part (everything but the call sequence) is cached for the last :data:`JOB_CACHE` jobs, so
+    changing the rank or micro-batch shown, or going back to a configuration just seen, costs no prediction;
+    an edited model or cluster YAML is read again. Work is bounded: a job of more than :data:`MAX_WORLD` GPUs
+    is refused before anything is built."""
+    key = choice.replace(rank=0, microbatch=0)
+    j = _job(key, _stamp(choice.model), _stamp(choice.cluster))
+    t0 = time.perf_counter()
+    calls = _calls(j.model, j.parallel, j.layout, choice.rank, choice.microbatch)
+    timings = {**j.timings, "calls_s": time.perf_counter() - t0}
+    return View(choice, j.model, j.parallel, j.cluster, j.layout, j.trace, j.level, j.unit, j.cells, j.group_table,
+                j.group_summary, j.matrices, j.volumes, calls, j.breakdown, j.time_error, timings)
