@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .cli_options import add_quiet as add_quiet  # re-exported: subcommands used to import it from here
 from .errors import LLMCommError, UsageError
 
 SUBCOMMAND_MODULES = ("llmcomm.predict.cli", "llmcomm.overhead.cli", "llmcomm.collect.cli", "llmcomm.ingest.cli",
@@ -66,11 +67,6 @@ class Parser(argparse.ArgumentParser):
         if kwargs.get("epilog"):
             kwargs["epilog"] = plain(kwargs["epilog"])
         super().__init__(*args, **kwargs)
-
-
-def add_quiet(p: argparse.ArgumentParser) -> None:
-    """``-q/--quiet`` for a command that prints progress."""
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or per-step lines")
 
 
 def _fmt_count(n: float | None) -> str:
@@ -117,18 +113,31 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+_UNITS = (("bandwidth", 1e9, "GB/s per GPU, one direction"), ("flops", 1e12, "TFLOP/s"), ("bytes", 1e9, "GB"))
+
+
+def _with_unit(field: str, value: Any) -> Any:
+    """A cluster field as ``llmcomm clusters NAME`` shows it: bandwidths, FLOP/s and bytes in readable units
+    (four significant digits) with the exact value in base units beside it."""
+    for suffix, div, unit in _UNITS:
+        if field.endswith(suffix) and isinstance(value, (int, float)):
+            base = {"bandwidth": "B/s", "flops": "FLOP/s", "bytes": "B"}[suffix]
+            return f"{value / div:.4g} {unit} ({value:,.0f} {base})"
+    return value
+
+
 def cmd_clusters(args: argparse.Namespace) -> int:
     from .specs import list_clusters, load_cluster
 
     if args.name:
-        _show_fields(load_cluster(args.name).to_dict())
+        _show_fields({k: _with_unit(k, v) for k, v in load_cluster(args.name).to_dict().items()})
         return 0
     rows = []
     for name in list_clusters():
         c = load_cluster(name)
-        rows.append((name, c.gpu, c.gpus_per_node, f"{c.peak_bf16_flops / 1e12:.0f}",
-                     f"{c.gpu_memory_bytes / 1e9:.0f}", f"{c.intra_node_bandwidth / 1e9:.0f}",
-                     f"{c.inter_node_bandwidth / 1e9:.0f}"))
+        rows.append((name, c.gpu, c.gpus_per_node, f"{c.peak_bf16_flops / 1e12:.4g}",
+                     f"{c.gpu_memory_bytes / 1e9:.4g}", f"{c.intra_node_bandwidth / 1e9:.4g}",
+                     f"{c.inter_node_bandwidth / 1e9:.4g}"))
     _table(("cluster", "gpu", "gpus/node", "bf16 TFLOP/s", "memory GB", "intra GB/s", "inter GB/s"), rows)
     print("bandwidths: per GPU, one direction (intra: NVLink; inter: the NIC)")
     return 0

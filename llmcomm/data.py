@@ -5,7 +5,8 @@
 1. from the mirror folder named by ``$LLMCOMM_EXTERNAL`` (the Makefile and CI point it at
    ``../shared/external`` when that exists), else
 2. from the download cache (``$LLMCOMM_CACHE``, default pooch's per-user cache), fetching the upstream file,
-   pinned to its commit, once with pooch.
+   pinned to its commit, once with pooch. An entry marked ``mirror_only`` (a file derived in the shared folder,
+   or an upstream version whose commit is not known) has no download: its ``note`` says why.
 
 A checksum mismatch is a :class:`DataError` naming the file, the expected and the actual hash; it is never
 accepted. A file that is neither mirrored nor downloadable is a :class:`DataError` saying how to get it.
@@ -43,6 +44,8 @@ class Entry:
     repo: str = ""
     commit: str = ""
     upstream_path: str = ""
+    mirror_only: bool = False  # no pinned upstream copy (derived, or an upstream version without a commit)
+    note: str = ""
 
 
 @lru_cache(maxsize=4)
@@ -59,6 +62,9 @@ def _load(manifest: Path) -> dict[str, Entry]:
             raise DataError(f"{manifest}: entry {i} is malformed: {err}") from None
         if len(e.sha256) != 64:
             raise DataError(f"{manifest}: entry {e.name!r} has no 64-digit sha256")
+        if not e.url and not e.mirror_only:
+            raise DataError(f"{manifest}: entry {e.name!r} has no url (rule: a pinned url, or mirror_only: true "
+                            "with a note saying why there is none)")
         out[e.name] = e
     return out
 
@@ -125,6 +131,11 @@ def path(name: str) -> Path:
     cached = cache_dir() / e.name
     if cached.is_file():
         return verify(cached, e.sha256, e.name)
+    if e.mirror_only:
+        where = f"${ENV_MIRROR}={mirror} does not hold it" if mirror else f"${ENV_MIRROR} is not set"
+        raise DataError(f"{e.name}: not available locally ({where}) and it cannot be downloaded: {e.note}. Point "
+                        f"${ENV_MIRROR} at a folder holding {e.name} (the shared external folder) or place the "
+                        f"file (sha256 {e.sha256}) at {cached}")
     return _download(e, cached, mirror)
 
 

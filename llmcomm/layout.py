@@ -184,6 +184,10 @@ class Layout:
             g = self._expert_groups(("etp",)) if self._expert_grid_differs else self.groups("tp")
         elif parallelism == "tpep":
             g = self._expert_groups(("etp", "ep"))
+        elif parallelism == "tpeppp":  # Megatron's expert 'tp-ep-pp' group (expert optimizer's grad statistics)
+            g = self._expert_groups(("etp", "ep", "pp"))
+        elif parallelism == "tpdpcp":  # Megatron's tp x dp x cp group (global aux loss, expert-bias update)
+            g = self._grid_group(("tp", "cp", "dp"))
         elif parallelism == "world":
             g = np.arange(self.world_size, dtype=np.int64)[None, :]
         else:

@@ -38,8 +38,14 @@ def check_file(path: str | os.PathLike[str], *, option: str, suffixes: Sequence[
     """Check an output file name (module docstring); return it as a Path."""
     raw = os.fspath(path)
     p = Path(raw)
-    if raw.endswith(("/", os.sep)) or p.is_dir():
+    if not raw.strip():
+        raise UsageError(f"{option} {raw!r}: an empty name; give a file name ending in {' or '.join(suffixes)}")
+    if p.is_dir():
         raise UsageError(f"{option} {raw}: is a folder; give a file name ending in {' or '.join(suffixes)}")
+    if raw.endswith(("/", os.sep)):
+        raise UsageError(f"{option} {raw}: ends in a path separator, so it names a folder (which "
+                         f"{'exists as a file' if p.exists() else 'does not exist'}); give a file name ending in "
+                         f"{' or '.join(suffixes)}")
     if p.suffix.lower() not in suffixes:
         raise UsageError(f"{option} {raw}: this writes {writes}, so the name must end in {' or '.join(suffixes)}")
     _check_folder(p, option)
@@ -49,6 +55,8 @@ def check_file(path: str | os.PathLike[str], *, option: str, suffixes: Sequence[
 def check_folder(path: str | os.PathLike[str], *, option: str, force: bool, writes: str) -> Path:
     """Check an output folder name (module docstring); return it as a Path."""
     raw = os.fspath(path)
+    if not raw.strip():
+        raise UsageError(f"{option} {raw!r}: an empty name; give the name of a folder to create")
     p = Path(raw.rstrip("/" + os.sep) or raw)
     if p.exists() and not p.is_dir():
         raise UsageError(f"{option} {raw}: is an existing file; {writes} is a folder")

@@ -5,7 +5,9 @@
 ``notebooks/params.yaml`` holds only the ``quick`` profile's overrides that keep the test run fast. The full
 profile writes figures under ``figures/<notebook>/`` and the numbers each notebook checks under
 ``figures/results/<notebook>.json``; the quick profile writes under ``build/figures-quick/`` so that it never
-overwrites the committed figures. Executed copies go to ``build/notebooks/`` (``build/notebooks-quick/``).
+overwrites the committed figures. Executed copies go to ``build/notebooks/`` (``build/notebooks-quick/``), or
+``<out_dir>/executed/`` for another output folder. A notebook's figures and results appear together when it
+has run to the end, or not at all (also on Ctrl-C): it writes into a staging folder that is moved into place.
 
 Inside a notebook, :class:`Outputs` is the one way to write a figure or a checked number, and
 :func:`data_file` the way to find a file of the project's ``data/`` folder from any working directory.
@@ -13,10 +15,15 @@ Inside a notebook, :class:`Outputs` is the one way to write a figure or a checke
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
+import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,11 +166,79 @@ def notebook_parameters(name: str, profile: str = "full", params_file: Path | No
     return dict(section.get(profile) or {})
 
 
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=ERROR"]  # ipykernel's "running over TCP without encryption" warning:
+# the kernel listens on 127.0.0.1 for this one run; papermill offers no other transport
+
+
+def check_out_dir(out_dir: Path, option: str = "--out-dir") -> None:
+    """Refuse an output folder that is an existing file, or whose parent does not exist, before any notebook
+    runs (:class:`~llmcomm.errors.UsageError`)."""
+    from .errors import UsageError
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"{option} {out_dir}: is an existing file; figures and results go into a folder")
+    parent = out_dir.parent
+    if not out_dir.exists() and not parent.is_dir():
+        raise UsageError(f"{option} {out_dir}: folder {parent} does not exist (create it first)")
+
+
+def default_build_dir(profile: str, out_dir: Path) -> Path:
+    """Where executed notebooks go: ``build/notebooks/`` (``build/notebooks-quick/``) for the profile's own
+    output folder, else ``<out_dir>/executed/``, so that a run into another folder never replaces the executed
+    copies of the default one."""
+    if out_dir.resolve() == default_out_dir(profile).resolve():
+        return ROOT / "build" / ("notebooks" if profile == "full" else f"notebooks-{profile}")
+    return out_dir / "executed"
+
+
+@contextlib.contextmanager
+def _deferred_interrupt() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) until the block ends, so that a publication of renames is not cut in half."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[Any] = []
+    old = signal.signal(signal.SIGINT, lambda *a: caught.append(a))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if caught:
+            raise KeyboardInterrupt
+
+
+def _publish(stage: Path, out_dir: Path, name: str) -> None:
+    """Move one notebook's staged outputs into ``out_dir``: its figure folder replaces ``out_dir/<name>`` by
+    one rename (files whose bytes did not change keep the old file and its time stamp), then its results JSON
+    replaces ``out_dir/results/<name>.json``. Ctrl-C waits until both are in place."""
+    new_figs, new_res = stage / name, stage / "results" / f"{name}.json"
+    dest_figs, dest_res = out_dir / name, out_dir / "results" / f"{name}.json"
+    with _deferred_interrupt():
+        if new_figs.is_dir():
+            if dest_figs.is_dir():
+                for f in new_figs.iterdir():
+                    old = dest_figs / f.name
+                    if old.is_file() and f.is_file() and old.read_bytes() == f.read_bytes():
+                        os.replace(old, f)
+                trash = stage / f".old-{name}"
+                os.replace(dest_figs, trash)
+            os.replace(new_figs, dest_figs)
+        if new_res.is_file():
+            dest_res.parent.mkdir(parents=True, exist_ok=True)
+            if dest_res.is_file() and dest_res.read_bytes() == new_res.read_bytes():
+                new_res.unlink()
+            else:
+                os.replace(new_res, dest_res)
+
+
 def reproduce(profile: str = "full", only: Sequence[str] | None = None, out_dir: Path | None = None,
               build_dir: Path | None = None, progress: bool = True) -> list[Path]:
     """Execute notebooks with papermill; raise :class:`NotebookFailed` naming the first failure.
 
-    ``out_dir`` defaults to :func:`default_out_dir` of the profile. The kernel runs in the caller's working
+    ``out_dir`` defaults to :func:`default_out_dir` of the profile, ``build_dir`` (executed copies) to
+    :func:`default_build_dir`. Each notebook writes into a staging folder inside ``out_dir``; only when it has
+    run to the end are its figures and results moved into place together (:func:`_publish`), so a failure or a
+    Ctrl-C leaves the previous outputs as they were and no partial set. The kernel runs in the caller's working
     directory: notebooks find their files through the package, not through relative paths."""
     import papermill as pm
     from tqdm.auto import tqdm
@@ -173,24 +248,34 @@ def reproduce(profile: str = "full", only: Sequence[str] | None = None, out_dir:
         raise LLMCommError(f"no notebook matches {list(only or [])} in {NOTEBOOKS}")
     overrides = {nb.stem: notebook_parameters(nb.stem, profile) for nb in paths}  # a bad params.yaml fails first
     out_dir = Path(out_dir or default_out_dir(profile)).resolve()
-    suffix = "" if profile == "full" else f"-{profile}"
-    build_dir = Path(build_dir or ROOT / "build" / f"notebooks{suffix}").resolve()
+    check_out_dir(out_dir)
+    build_dir = Path(build_dir or default_build_dir(profile, out_dir)).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
     build_dir.mkdir(parents=True, exist_ok=True)
     done = []
     bar = tqdm(paths, desc="notebooks", unit="nb", disable=not progress)
     for nb in bar:
         bar.set_postfix_str(nb.stem)
-        params = {**overrides[nb.stem], "out_dir": str(out_dir)}
-        target = build_dir / nb.name
-        t0 = time.perf_counter()
+        stage = Path(tempfile.mkdtemp(prefix=f".staging-{nb.stem}-", dir=out_dir))
         try:
-            pm.execute_notebook(str(nb), str(target), parameters=params, kernel_name="python3",
-                                progress_bar=False)
-        except pm.PapermillExecutionError as e:
-            raise NotebookFailed(
-                f"notebook {nb.name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}"
-                f" (executed copy: {target})"
-            ) from None
+            params = {**overrides[nb.stem], "out_dir": str(stage)}
+            target = build_dir / nb.name
+            staged_nb = stage / nb.name
+            t0 = time.perf_counter()
+            try:
+                pm.execute_notebook(str(nb), str(staged_nb), parameters=params, kernel_name="python3",
+                                    progress_bar=False, extra_arguments=KERNEL_ARGUMENTS)
+            except pm.PapermillExecutionError as e:
+                if staged_nb.is_file():
+                    os.replace(staged_nb, target)
+                raise NotebookFailed(
+                    f"notebook {nb.name} failed in cell {e.exec_count}: {e.ename}: {e.evalue}"
+                    f" (executed copy: {target}; outputs left as they were)"
+                ) from None
+            _publish(stage, out_dir, nb.stem)
+            os.replace(staged_nb, target)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
         bar.write(f"{nb.stem}: {time.perf_counter() - t0:.1f} s")
         done.append(target)
     return done

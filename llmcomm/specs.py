@@ -18,19 +18,24 @@ For GPT-3 this reduces to Megatron's ``12·L·h²·(1 + 13/(12h) + (V+s)/(12·L�
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
+from . import rules
 from .errors import ConfigError
 from .paths import data_dir
-from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
 from .vocab import (
+    ATTENTION_BACKENDS,
     MOE_TOKEN_DISPATCHERS,
     NORMALIZATIONS,
     PIPELINE_SCHEDULES,
@@ -38,13 +43,75 @@ from .vocab import (
     RECOMPUTE_MODES,
     dtype_bytes,
 )
+from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+RERUN_MODES = ("disabled", "validate_results", "report_stats")  # megatron/training/config/resilience_config.py
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")  # TopKRouter (sinkhorn not modelled)
+
+
+def _expected(hint: Any) -> str:
+    """How a field's annotation reads in an error message."""
+    if hint is bool:
+        return "true or false (a YAML boolean, unquoted)"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is str:
+        return "a string"
+    if hint is type(None):
+        return "null"
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_expected(a) for a in args)
+    if origin is tuple:
+        return f"a list of {_expected(args[0]).replace('an ', '').replace('a ', '')}s"
+    return str(hint)
+
+
+def _type_ok(v: Any, hint: Any) -> bool:
+    """Whether ``v`` (as YAML or JSON loaded it) has the annotated type: booleans only ``true``/``false`` (not
+    the string ``"false"``, not 0/1), integers not booleans nor floats (2048.0 is refused), numbers finite."""
+    if hint is bool:
+        return isinstance(v, bool)
+    if hint is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if hint is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if hint is str:
+        return isinstance(v, str)
+    if hint is type(None):
+        return v is None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_type_ok(v, a) for a in args)
+    if origin is tuple:
+        return isinstance(v, (list, tuple)) and all(_type_ok(x, args[0]) for x in v)
+    return True
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_field_types(cls: type, d: Mapping[str, Any], origin: str, what: str) -> None:
+    """Every value of ``d`` has the type its field of ``cls`` is annotated with (:func:`_type_ok`); the first
+    that has not is a :class:`ConfigError` naming ``origin``, the field, the value and the type expected."""
+    hints = _field_types(cls)
+    label = f"{what} {d['name']}" if isinstance(d.get("name"), str) else what
+    for name, v in d.items():
+        hint = hints.get(name)
+        if hint is not None and not _type_ok(v, hint):
+            got = "a string" if isinstance(v, str) else type(v).__name__
+            raise ConfigError(f"{origin}: {label}: {name}={v!r} must be {_expected(hint)}, got {got}")
 
 
 def _from_fields(cls: type, d: Mapping[str, Any], origin: str, what: str) -> Any:
-    """``cls(**d)`` for a frozen spec dataclass; unknown or missing fields and failed validation become a
-    :class:`ConfigError` that names ``origin`` and the field."""
+    """``cls(**d)`` for a frozen spec dataclass; unknown or missing fields, a value of the wrong type
+    (:func:`check_field_types`) and failed validation become a :class:`ConfigError` that names ``origin`` and
+    the field."""
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - known)
     if unknown:
@@ -52,6 +119,7 @@ def _from_fields(cls: type, d: Mapping[str, Any], origin: str, what: str) -> Any
     missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in d]
     if missing:
         raise ConfigError(f"{origin}: missing required {what} field(s) {missing}")
+    check_field_types(cls, d, origin, what)
     try:
         return cls(**dict(d))
     except (ConfigError, TypeError) as e:  # TypeError: e.g. a list where a number belongs
@@ -115,6 +183,20 @@ class ModelSpec:
     moe_ffn_hidden_size: int | None = None  # per expert; None -> ffn_hidden_size
     num_shared_experts: int = 0  # shared expert FFN size = num_shared_experts · moe_ffn_hidden_size
     moe_layer_freq: int | tuple[int, ...] = 1  # int k: every k-th layer is MoE; tuple: 0/1 per layer
+    moe_shared_expert_gate: bool = False  # Qwen2-MoE: a sigmoid gate (1 x h, replicated) on the shared experts
+    qk_layernorm: bool = False  # Qwen3 / OLMo: RMSNorm of each head's q and k (2·d parameters per layer)
+    # multi-head latent attention (DeepSeek-V2/V3; Megatron-LM MLASelfAttention, --multi-latent-attention)
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None  # None: q projected directly (linear_q_proj), else down/up through this rank
+    kv_lora_rank: int = 512
+    qk_head_dim: int = 128  # per-head q/k channels without rotary part (--qk-head-dim)
+    qk_pos_emb_head_dim: int = 64  # per-head rotary channels, shared across heads in k (--qk-pos-emb-head-dim)
+    v_head_dim: int = 128
+    mtp_num_layers: int = 0  # multi-token prediction layers (DeepSeek-V3: 1), each after the decoder
+    window_size: int | None = None  # sliding-window attention: tokens to the left (GPT-OSS: 128)
+    window_attn_skip_freq: int | None = None  # every k-th layer full attention (GPT-OSS: 2, alternating)
+    softmax_type: str = "vanilla"  # "learnable": one sink logit per head (GPT-OSS attention sinks)
+    hybrid_override_pattern: str | None = None  # Mamba hybrid layer pattern (refused by the predictor)
     seq_length: int = 2048  # default training sequence length
     source: str = ""
     published_parameters: float | None = None
@@ -142,6 +224,90 @@ class ModelSpec:
     def expert_ffn_hidden_size(self) -> int:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
+    @property
+    def shared_expert_ffn_hidden_size(self) -> int:
+        """FFN size of the shared expert(s): ``num_shared_experts · moe_ffn_hidden_size`` (Megatron-LM's
+        ``--moe-shared-expert-intermediate-size``)."""
+        return self.num_shared_experts * self.expert_ffn_hidden_size
+
+    @property
+    def q_head_dim(self) -> int:
+        """Query/key channels per head: ``head_dim``, or ``qk_head_dim + qk_pos_emb_head_dim`` with MLA."""
+        return self.qk_head_dim + self.qk_pos_emb_head_dim if self.multi_latent_attention else self.head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        return self.v_head_dim if self.multi_latent_attention else self.head_dim
+
+    @property
+    def kv_heads(self) -> int:
+        """Heads of the K and V tensors core attention sees: the query groups, or every head with MLA
+        (``linear_kv_up_proj`` gives each head its own k and v; the rotary part of k is expanded to all heads,
+        ``MLASelfAttention.get_query_key_value_tensors``, core/transformer/multi_latent_attention.py)."""
+        return self.num_attention_heads if self.multi_latent_attention else self.query_groups
+
+    def attention_tensors(self, tp: int = 1) -> list[int]:
+        """Element counts of one layer's attention (and input-norm) tensors on one TP rank, in module order.
+
+        Standard (``SelfAttention`` with TE's fused ``linear_qkv``): ``linear_proj`` ``a·d·h/tp`` [bias ``h``],
+        ``linear_qkv`` norm ``h`` [+ ``h``], weight ``(a·d + 2·g·d)·h/tp`` [bias ``(a·d + 2·g·d)/tp``], then
+        ``q_layernorm``, ``k_layernorm`` ``d`` each with ``qk_layernorm``, and ``a/tp`` sink logits with
+        ``softmax_type="learnable"``.
+
+        MLA (``MLASelfAttention``, core/transformer/multi_latent_attention.py ~505-630; the unfused TE spec of
+        core/models/gpt/gpt_layer_specs.py ~244-320): input norm ``h`` [+ ``h``], ``linear_proj`` ``a·d_v·h/tp``,
+        ``linear_q_down_proj`` ``h·q_lora`` (TELinear ``duplicated``: whole on every TP rank), ``linear_q_up_proj``
+        norm ``q_lora`` and weight ``q_lora·a·(d_qk + d_rope)/tp`` (or ``linear_q_proj`` ``h·a·(d_qk + d_rope)/tp``
+        without ``q_lora_rank``), ``linear_kv_down_proj`` ``h·(kv_lora + d_rope)`` (duplicated),
+        ``linear_kv_up_proj`` norm ``kv_lora`` and weight ``kv_lora·a·(d_qk + d_v)/tp``."""
+        h, a = self.hidden_size, self.num_attention_heads
+        norm = [h] * (2 if self.normalization == "LayerNorm" else 1)
+        bias = self.add_bias_linear
+        if self.multi_latent_attention:
+            dq, dv, dr = self.qk_head_dim, self.v_head_dim, self.qk_pos_emb_head_dim
+            out = norm + [a * dv * h // tp] + ([h] if bias else [])
+            if self.q_lora_rank is None:
+                out.append(h * a * (dq + dr) // tp)
+            else:
+                out += [h * self.q_lora_rank, self.q_lora_rank, self.q_lora_rank * a * (dq + dr) // tp]
+            out += [h * (self.kv_lora_rank + dr), self.kv_lora_rank, self.kv_lora_rank * a * (dq + dv) // tp]
+            return out
+        g, d = self.query_groups, self.head_dim
+        out = [a * d * h // tp] + ([h] if bias else []) + norm + [(a * d + 2 * g * d) * h // tp]
+        if bias or self.add_qkv_bias:
+            out.append((a * d + 2 * g * d) // tp)
+        if self.qk_layernorm:
+            out += [d, d]
+        if self.softmax_type == "learnable":
+            out.append(a // tp)
+        return out
+
+    def attention_parameter_split(self, tp: int = 1) -> tuple[int, int]:
+        """``(sharded, replicated)`` of :meth:`attention_tensors` without the input norm: what TP splits, and
+        what every TP rank holds whole — the attention-output bias, ``q/k_layernorm``, and with MLA the
+        duplicated down projections and their norms (``TELinear(parallel_mode="duplicated")`` marks its weight
+        ``sequence_parallel``, core/extensions/transformer_engine.py ~1310-1318, so with SP it joins the
+        layer norms' TP all-reduce)."""
+        h, a = self.hidden_size, self.num_attention_heads
+        if self.multi_latent_attention:
+            dq, dv, dr = self.qk_head_dim, self.v_head_dim, self.qk_pos_emb_head_dim
+            sharded = a * dv * h // tp + self.kv_lora_rank * a * (dq + dv) // tp
+            repl = h * (self.kv_lora_rank + dr) + self.kv_lora_rank + (h if self.add_bias_linear else 0)
+            if self.q_lora_rank is None:
+                sharded += h * a * (dq + dr) // tp
+            else:
+                sharded += self.q_lora_rank * a * (dq + dr) // tp
+                repl += h * self.q_lora_rank + self.q_lora_rank
+            return sharded, repl
+        g, d = self.query_groups, self.head_dim
+        sharded = (h * a * d + 2 * h * g * d + a * d * h) // tp
+        if self.add_bias_linear or self.add_qkv_bias:
+            sharded += (a * d + 2 * g * d) // tp
+        if self.softmax_type == "learnable":
+            sharded += a // tp
+        repl = (h if self.add_bias_linear else 0) + (2 * d if self.qk_layernorm else 0)
+        return sharded, repl
+
     def moe_layer_pattern(self) -> tuple[bool, ...]:
         """Which layers are MoE layers (``True``), in order."""
         if not self.is_moe:
@@ -155,10 +321,17 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         return sum(self.moe_layer_pattern())
 
-    def padded_vocab_size(self, tp: int = 1, divisible_by: int = 128) -> int:
-        """Megatron pads the vocabulary to a multiple of ``divisible_by · tp``."""
+    def padded_vocab_size(self, tp: Any = 1, divisible_by: int = 128) -> Any:
+        """Megatron pads the vocabulary to a multiple of ``divisible_by · tp`` (``--make-vocab-size-divisible-by``,
+        ``megatron/training/tokenizer/tokenizer.py`` ``_vocab_size_with_padding``); ``tp`` a number or an array."""
         m = divisible_by * tp
-        return int(math.ceil(self.vocab_size / m) * m)
+        padded = -(-self.vocab_size // m) * m
+        return int(padded) if np.ndim(padded) == 0 else padded
+
+    def attention_projection_parameters(self) -> int:
+        """Weights of one layer's attention projections: ``h·a·d (Q) + 2·h·g·d (K, V) + a·d·h (out)``."""
+        h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
+        return h * a * d + 2 * h * g * d + a * d * h
 
     # -- parameter counts ------------------------------------------------------------------------
     def _mlp_matrices(self) -> int:
@@ -169,11 +342,14 @@ class ModelSpec:
         """The parameters of transformer layer ``layer`` (0-based) that one TP rank of one EP rank holds,
         split by how data parallelism reduces them (Megatron-LM's layout; ``k`` = 3 gated, else 2)::
 
-            sharded    = (h·a·d + 2·h·g·d + a·d·h)/tp  [+ (a·d + 2·g·d)/tp Q/K/V biases]
+            sharded    = (h·a·d + 2·h·g·d + a·d·h)/tp  [+ (a·d + 2·g·d)/tp Q/K/V biases] [+ a/tp sinks]
+                         (MLA: :meth:`attention_parameter_split`)
                          + k·h·f/tp [+ (k-1)·f/tp biases]          (dense MLP layer)
                          + k·h·(S·f_e)/tp                           (MoE layer: shared experts)
-            expert     = (E/ep)·k·h·f_e/etp  (routed experts; with ``active``: top-k experts, no ep split)
+            expert     = (E/ep)·k·h·f_e/etp [+ (E/ep)·((k-1)·f_e/etp + h) biases]
+                         (routed experts; with ``active``: top-k experts, no ep split)
             replicated = 2 norms [+ h attention-output bias + h MLP-output bias] [+ h·E router]
+                         [+ h shared-expert gate] [+ 2·d q/k norms] [MLA: the down projections and their norms]
 
         ``sharded`` is reduced over the DP group, ``expert`` over the expert-data-parallel group, and
         ``replicated`` (identical on every TP rank) also by sequence parallelism's TP all-reduce. Each term is
@@ -183,22 +359,20 @@ class ModelSpec:
         ``etp`` ranks, not ``tp`` (``megatron/core/transformer/moe/experts.py``, ``TEGroupedMLP`` built on
         the expert tensor-parallel group); shared experts stay on the TP group.
         """
-        h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
+        h = self.hidden_size
         k = self._mlp_matrices()
         etp = tp if etp is None else etp
-        replicated = 2 * self.norm_parameters()
-        sharded = (h * a * d + 2 * h * g * d + a * d * h) // tp
-        if self.add_bias_linear or self.add_qkv_bias:
-            sharded += (a * d + 2 * g * d) // tp
-        if self.add_bias_linear:
-            replicated += h
+        sharded, replicated = self.attention_parameter_split(tp)
+        replicated += 2 * self.norm_parameters()
         expert = 0
         if self.moe_layer_pattern()[layer]:
             fe = self.expert_ffn_hidden_size
-            replicated += h * self.num_experts
+            replicated += h * self.num_experts + (h if self.moe_shared_expert_gate and self.num_shared_experts else 0)
             routed = self.moe_router_topk if active else self.num_experts // ep
             expert = routed * k * h * fe // etp
-            sharded += k * h * self.num_shared_experts * fe // tp
+            if self.add_bias_linear:  # expert fc1/fc2 biases (GPT-OSS), split like their weights
+                expert += routed * ((k - 1) * fe // etp + h)
+            sharded += k * h * self.shared_expert_ffn_hidden_size // tp
         else:
             sharded += k * h * self.ffn_hidden_size // tp
             if self.add_bias_linear:
@@ -227,18 +401,33 @@ class ModelSpec:
         return self._count(active=False)
 
     def num_active_parameters(self) -> int:
-        """Parameters touched per token: only ``moe_router_topk`` experts of each MoE layer."""
+        """Parameters touched per token: only ``moe_router_topk`` experts of each MoE layer (multi-token
+        prediction layers left out, as published activated counts do)."""
         return self._count(active=True)
 
     def _count(self, active: bool) -> int:
         """Embedding + output layer + final norm + Σ layers (one dense and one MoE layer size, each times
-        its count)."""
+        its count) + the multi-token-prediction layers (:meth:`mtp_parameters`)."""
         pattern = self.moe_layer_pattern()
         layers = sum(
             pattern.count(is_moe) * self.layer_parameters(pattern.index(is_moe), active)
             for is_moe in (False, True) if is_moe in pattern
         )
-        return self.embedding_parameters() + self.output_parameters() + self.norm_parameters() + layers
+        # the MTP layers count in the total (the job holds and trains them) but not in the activated count:
+        # published activated counts are the main model's (DeepSeek-V3's 37B excludes its 14B MTP module)
+        return (self.embedding_parameters() + self.output_parameters() + self.norm_parameters() + layers
+                + (0 if active else self.mtp_parameters()))
+
+    def mtp_parameters(self, active: bool = False) -> int:
+        """Parameters of the ``mtp_num_layers`` multi-token-prediction layers: each ``enorm``, ``hnorm`` and
+        ``final_layernorm`` (3 norms), ``eh_proj`` (``2h → h``, no bias) and one transformer layer built like the
+        decoder's last (``MultiTokenPredictionLayer``, core/transformer/multi_token_prediction.py ~1157-1250);
+        the embedding and output layer are the main model's (shared)."""
+        if not self.mtp_num_layers:
+            return 0
+        h = self.hidden_size
+        one = 3 * self.norm_parameters() + 2 * h * h + self.layer_parameters(self.num_layers - 1, active)
+        return self.mtp_num_layers * one
 
     # -- FLOPs ---------------------------------------------------------------------------------------
     def forward_flops(self, seq_length: int | None = None, vocab_size: int | None = None) -> TokenFlops:
@@ -248,7 +437,8 @@ class ModelSpec:
             linear    = Σ_layers 2·[(h·a·d + 2·h·g·d + a·d·h)                         attention projections
                                     + k·h·f              (dense layer)
                                     + topk·k·h·f_e + k·h·S·f_e + h·E (MoE layer: experts, shared, router)]
-            attention = L · 2·2·a·d·s       (Q·Kᵀ and scores·V over the full sequence, causal mask not halved)
+            attention = L · 2·a·(d_qk + d_v)·s   (Q·Kᵀ and scores·V over the full sequence, causal mask not
+                                                 halved, sliding windows not shortened; d_qk = d_v = d without MLA)
             logits    = 2·h·V               (output layer; V the padded vocabulary if given)
 
         Embedding lookups, norms, biases, softmax and the loss are not matrix work and are left out (as in
@@ -256,16 +446,20 @@ class ModelSpec:
         """
         s = self.seq_length if seq_length is None else seq_length
         V = self.vocab_size if vocab_size is None else vocab_size
-        h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
+        h, a = self.hidden_size, self.num_attention_heads
         k = self._mlp_matrices()
         n_moe = self.num_moe_layers
         n_dense = self.num_layers - n_moe
-        proj = h * a * d + 2 * h * g * d + a * d * h
+        proj = self.attention_parameter_split(1)[0] - (a if self.softmax_type == "learnable" else 0)
+        if self.multi_latent_attention:  # the duplicated down projections are matrix work too
+            proj += h * (self.kv_lora_rank + self.qk_pos_emb_head_dim) + h * (self.q_lora_rank or 0)
+        if self.add_bias_linear or self.add_qkv_bias:
+            proj -= (a * self.head_dim + 2 * self.query_groups * self.head_dim) if not self.multi_latent_attention else 0
         dense_mlp = k * h * self.ffn_hidden_size
         fe = self.expert_ffn_hidden_size
         moe_mlp = (self.moe_router_topk + self.num_shared_experts) * k * h * fe + h * self.num_experts
         linear = 2.0 * (self.num_layers * proj + n_dense * dense_mlp + n_moe * moe_mlp)
-        attention = self.num_layers * 4.0 * a * d * s
+        attention = self.num_layers * 2.0 * a * (self.q_head_dim + self.value_head_dim) * s
         return TokenFlops(linear=linear, attention=attention, logits=2.0 * h * V)
 
     def flops_per_token(self, seq_length: int | None = None, vocab_size: int | None = None) -> float:
@@ -285,6 +479,25 @@ class ModelSpec:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ConfigError(f"model {self.name}: {f}={v!r} must be a positive integer")
+        for f in ("num_query_groups", "kv_channels", "max_position_embeddings", "moe_ffn_hidden_size"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ConfigError(f"model {self.name}: {f}={v!r} must be a positive integer or unset")
+        for f in ("num_experts", "moe_router_topk", "num_shared_experts"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"model {self.name}: {f}={v!r} must be an integer >= 0")
+        for f in ("published_parameters", "published_active_parameters"):
+            v = getattr(self, f)
+            if v is not None and not v > 0:
+                raise ConfigError(f"model {self.name}: {f}={v!r} must be > 0 or unset")
+        if isinstance(self.moe_layer_freq, tuple) and set(self.moe_layer_freq) - {0, 1}:
+            raise ConfigError(f"model {self.name}: moe_layer_freq as a list holds 0 (dense) or 1 (MoE) per layer, "
+                              f"got {sorted(set(self.moe_layer_freq) - {0, 1})}")
+        mpe = self.max_position_embeddings
+        if self.position_embedding_type == "learned_absolute" and mpe is not None and self.seq_length > mpe:
+            raise ConfigError(f"model {self.name}: seq_length={self.seq_length} exceeds max_position_embeddings="
+                              f"{mpe}: learned absolute positions have no embedding beyond it")
         if self.num_attention_heads % self.query_groups:
             raise ConfigError(
                 f"model {self.name}: num_query_groups={self.query_groups} does not divide "
@@ -320,6 +533,24 @@ class ModelSpec:
                 raise ConfigError(f"model {self.name}: moe_layer_freq={self.moe_layer_freq} must be >= 1")
         elif self.moe_router_topk or self.num_shared_experts:
             raise ConfigError(f"model {self.name}: moe_router_topk/num_shared_experts need num_experts > 0")
+        self._validate_attention_variants()
+
+    def _validate_attention_variants(self) -> None:
+        """Rules of the fields for MLA, sliding windows, sinks, MTP and the shared-expert gate."""
+        pos = ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+        for f in pos + ("q_lora_rank", "window_size", "window_attn_skip_freq"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ConfigError(f"model {self.name}: {f}={v!r} must be a positive integer")
+        if not isinstance(self.mtp_num_layers, int) or self.mtp_num_layers < 0:
+            raise ConfigError(f"model {self.name}: mtp_num_layers={self.mtp_num_layers!r} must be an integer >= 0")
+        if self.softmax_type not in ("vanilla", "learnable"):
+            raise ConfigError(f"model {self.name}: softmax_type={self.softmax_type!r} is not 'vanilla' or "
+                              "'learnable' (Megatron-LM's --softmax-type; 'off-by-one' is not modelled)")
+        if self.moe_shared_expert_gate and not self.num_shared_experts:
+            raise ConfigError(f"model {self.name}: moe_shared_expert_gate needs num_shared_experts > 0")
+        if self.window_attn_skip_freq is not None and self.window_size is None:
+            raise ConfigError(f"model {self.name}: window_attn_skip_freq needs window_size")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -391,7 +622,9 @@ class ParallelConfig:
     ``moe_token_dispatcher_type``: Megatron-LM's CLI default is ``allgather``; the field defaults to
     ``alltoall``, the dispatcher of the published MoE recipes (Mixtral, DeepSeek) and of the predictions made
     before the field existed. ``overlap_grad_reduce`` splits the DP gradient sync into buckets of
-    ``bucket_size`` elements (``None``: ``max(40M, 1M·dp)``, ``DistributedDataParallel.__init__``).
+    ``bucket_size`` elements (``None``: ``max(40M, 1M·dp·cp)``, ``resolve_ddp_bucket_size`` in
+    megatron/training/training.py), on the first pipeline stage's first model chunk only
+    (:func:`llmcomm.predict.dp.chunk_bucket_size`).
     ``microbatch_group_size_per_vp_stage`` (``None``: ``pp``) groups micro-batches of the interleaved schedule.
     ``create_attention_mask_in_dataloader`` (Megatron's default ``True``) adds the ``(b, 1, s, s)`` boolean
     mask to the batch broadcast over TP.
@@ -423,13 +656,30 @@ class ParallelConfig:
     moe_token_dispatcher_type: str = "alltoall"
     etp: int | None = None  # expert tensor-parallel size; None -> tp (Megatron's default)
     overlap_grad_reduce: bool = False
-    bucket_size: int | None = None  # DDP bucket, elements; None -> max(40M, 1M·dp) with overlap_grad_reduce
+    bucket_size: int | None = None  # DDP bucket, elements; None -> max(40M, 1M·dp·cp) with overlap_grad_reduce
     microbatch_group_size_per_vp_stage: int | None = None  # None -> pp
     create_attention_mask_in_dataloader: bool = True
     moe_aux_loss_coeff: float = 0.0  # Megatron's default; > 0 adds the router's token-count all-reduce
     pipe_partitioned: bool = False  # DeepSpeed's PipelineEngine (Megatron-DeepSpeed); Megatron-LM: False
+    # Megatron-LM options of today's recipes (issue 24); defaults are Megatron-LM's
+    rerun_mode: str = "validate_results"  # --rerun-mode; validate_results/report_stats: a world all-reduce per step
+    ddp_num_buckets: int | None = None  # --ddp-num-buckets: bucket size = parameters // this (overlap_grad_reduce)
+    num_distributed_optimizer_instances: int = 1  # --num-distributed-optimizer-instances (partial DistOpt)
+    moe_router_dtype: str | None = None  # --moe-router-dtype: None (activation dtype) or fp32 / fp64
+    moe_router_load_balancing_type: str | tuple[str, ...] = "aux_loss"  # aux_loss, seq_aux_loss, global_aux_loss, none (or a list)
+    moe_router_enable_expert_bias: bool = False  # DeepSeek-V3's aux-loss-free balancing (expert bias update)
+    cross_entropy_loss_fusion: bool = False  # --cross-entropy-loss-fusion: two all-reduces instead of three
+    calculate_per_token_loss: bool = False  # --calculate-per-token-loss: num_tokens broadcast + all-reduce
+    # uneven pipelines (--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split)
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    attention_backend: str = "auto"  # Megatron-LM's --attention-backend (llmcomm.vocab.AttentionBackend)
 
     def __post_init__(self) -> None:
+        if isinstance(self.moe_router_load_balancing_type, list):
+            object.__setattr__(self, "moe_router_load_balancing_type", tuple(self.moe_router_load_balancing_type))
         if self.global_batch is None:
             object.__setattr__(self, "global_batch", self.micro_batch * self.dp)
         if self.vpp > 1 and self.schedule == "1f1b":
@@ -471,15 +721,13 @@ class ParallelConfig:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{f}={v!r} must be a positive integer")
-        for f in ("etp", "bucket_size", "microbatch_group_size_per_vp_stage"):
+        for f in ("etp", "bucket_size", "microbatch_group_size_per_vp_stage", "num_layers_in_first_pipeline_stage",
+                  "num_layers_in_last_pipeline_stage"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(f"{f}={v!r} must be a positive integer or None")
         if not isinstance(self.moe_aux_loss_coeff, (int, float)) or self.moe_aux_loss_coeff < 0:
             raise ConfigError(f"moe_aux_loss_coeff={self.moe_aux_loss_coeff!r} must be a number >= 0")
-        if self.pipe_partitioned and self.sp:
-            raise ConfigError("pipe_partitioned (DeepSpeed's pipeline engine) with sp=True is not modelled: SP "
-                              "already splits the pipeline tensor over TP")
         if self.moe_token_dispatcher_type not in MOE_TOKEN_DISPATCHERS:
             raise ConfigError(f"moe_token_dispatcher_type={self.moe_token_dispatcher_type!r} is not one of "
                               f"{MOE_TOKEN_DISPATCHERS} (Megatron-LM's --moe-token-dispatcher-type)")
@@ -489,48 +737,68 @@ class ParallelConfig:
             dtype_bytes(getattr(self, f))
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute={self.recompute!r} is not one of {RECOMPUTE_MODES}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention_backend={self.attention_backend!r} is not one of {ATTENTION_BACKENDS} "
+                              "(Megatron-LM's --attention-backend)")
         if self.schedule not in PIPELINE_SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r} is not one of {PIPELINE_SCHEDULES}")
-        if self.global_batch % (self.micro_batch * self.dp):
-            raise ConfigError(
-                f"micro_batch*dp={self.micro_batch * self.dp} does not divide global_batch={self.global_batch}"
-            )
-        if self.sp and self.tp == 1:
-            raise ConfigError("sp=True needs tp > 1 (sequence parallelism splits over the TP group)")
-        expert_grid = self.expert_tp * self.ep * self.pp
-        if self.world_size % expert_grid:
-            raise ConfigError(
-                f"world size {self.world_size} is not divisible by etp*ep*pp={expert_grid} (Megatron-LM "
-                "parallel_state.initialize_model_parallel: world_size must be divisible by "
-                "expert_tensor_parallel_size * expert_model_parallel_size * pipeline_model_parallel_size)")
-        if self.vpp > 1:
-            if self.pp < 2:
-                raise ConfigError(f"vpp={self.vpp} (interleaved schedule) needs pp >= 2, got pp={self.pp}")
-            self._check_vp_groups()
-        if self.vpp > 1 and self.schedule != "interleaved":
-            raise ConfigError(f"vpp={self.vpp} needs schedule='interleaved' (virtual pipeline stages are "
-                              f"interleaved 1F1B), got schedule={self.schedule!r}")
-        if self.schedule == "interleaved" and self.vpp == 1:
-            raise ConfigError("schedule='interleaved' needs vpp > 1")
-        if self.fsdp and self.distributed_optimizer:
-            raise ConfigError("fsdp and distributed_optimizer are alternatives; set one")
+        rules.check(None, self, ("config",))  # the cross-field rules, each with its Megatron-LM source
+        self._check_recipe_options()
         from .layout import parse_order  # local import: layout imports this module
 
         parse_order(self.order)
 
-    def _check_vp_groups(self) -> None:
-        """Megatron-LM ``forward_backward_pipelining_with_interleaving`` (core/pipeline_parallel/schedules.py):
-        the micro-batch group ``n`` must satisfy ``pp <= n <= m``, and the last group ``m % n`` must be 0 or
-        at least ``pp``; ``m % pp != 0`` is allowed otherwise."""
-        m, n, p = self.num_microbatches, self.vp_group_size, self.pp
-        if not p <= n <= m:
-            raise ConfigError(
-                f"microbatch_group_size_per_vp_stage={n} must lie in [pp={p}, num_microbatches={m}] "
-                "(Megatron-LM's interleaved schedule)")
-        if 0 < m % n < p:
-            raise ConfigError(
-                f"num_microbatches={m} % microbatch_group_size_per_vp_stage={n} = {m % n} must be 0 or >= "
-                f"pp={p} (Megatron-LM's interleaved schedule: the last micro-batch group)")
+    def _check_recipe_options(self) -> None:
+        """The rules of the options of issue 24, one small check each (to move with the other rules)."""
+        if self.rerun_mode not in RERUN_MODES:
+            raise ConfigError(f"rerun_mode={self.rerun_mode!r} is not one of {RERUN_MODES} (Megatron-LM's "
+                              "--rerun-mode, megatron/training/config/resilience_config.py)")
+        n = self.num_distributed_optimizer_instances
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"num_distributed_optimizer_instances={n!r} must be a positive integer")
+        if n > 1 and not self.distributed_optimizer:
+            raise ConfigError("num_distributed_optimizer_instances > 1 needs distributed_optimizer=True (Megatron-LM "
+                              "DistributedDataParallel: 'Partial DistOpt cannot be used without DistOpt')")
+        if n > 1 and (self.dp * self.cp) % n:
+            raise ConfigError(f"num_distributed_optimizer_instances={n} does not divide dp*cp={self.dp * self.cp}")
+        if self.ddp_num_buckets is not None and (not isinstance(self.ddp_num_buckets, int)
+                                                 or isinstance(self.ddp_num_buckets, bool) or self.ddp_num_buckets < 1):
+            raise ConfigError(f"ddp_num_buckets={self.ddp_num_buckets!r} must be a positive integer or None")
+        if self.ddp_num_buckets is not None and self.bucket_size is not None:
+            raise ConfigError("set ddp_num_buckets or bucket_size, not both (Megatron-LM's --ddp-num-buckets and "
+                              "--ddp-bucket-size are exclusive)")
+        if self.moe_router_dtype not in (None, "fp32", "fp64"):
+            raise ConfigError(f"moe_router_dtype={self.moe_router_dtype!r} is not None, 'fp32' or 'fp64' "
+                              "(Megatron-LM's --moe-router-dtype)")
+        for kind in self.load_balancing_types:
+            if kind not in LOAD_BALANCING_TYPES:
+                raise ConfigError(f"moe_router_load_balancing_type {kind!r} is not one of {LOAD_BALANCING_TYPES}")
+
+    @property
+    def load_balancing_types(self) -> tuple[str, ...]:
+        """``moe_router_load_balancing_type`` as a tuple (Megatron-LM accepts a list of types)."""
+        v = self.moe_router_load_balancing_type
+        return tuple(v) if isinstance(v, (list, tuple)) else (v,)
+
+    @property
+    def uneven_pipeline(self) -> bool:
+        """Whether the layers are split over the pipeline unevenly (see :meth:`virtual_stage_layers`)."""
+        return (self.num_layers_in_first_pipeline_stage is not None or self.num_layers_in_last_pipeline_stage
+                is not None or self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split)
+
+    def virtual_stage_layers(self, num_layers: int) -> list[int]:
+        """Transformer layers of each virtual stage ``vs = chunk·pp + stage`` as Megatron-LM assigns them
+        (:func:`llmcomm.step.pipeline_split`, the one home of the split), after the split's rules
+        (:mod:`llmcomm.rules`, scope ``job``: Megatron's divisibility asserts). Raises :class:`ConfigError`
+        naming the broken rule."""
+        from . import step  # step imports this module
+
+        rules.check_split(num_layers, self)
+        split = step.pipeline_split(num_layers, self.pp, self.vpp, self.num_layers_in_first_pipeline_stage,
+                                    self.num_layers_in_last_pipeline_stage,
+                                    self.account_for_embedding_in_pipeline_split,
+                                    self.account_for_loss_in_pipeline_split)
+        return [split[vs % self.pp][vs // self.pp][1] for vs in range(self.pp * self.vpp)]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -543,7 +811,11 @@ class ParallelConfig:
 # ------------------------------------------------------------------------------------------- cluster
 @dataclass(frozen=True)
 class Cluster:
-    """GPUs, nodes and links. Bandwidths are per GPU, one direction, in bytes/s."""
+    """GPUs, nodes and links. Bandwidths are per GPU, one direction, in bytes/s; FLOP/s are dense (no
+    sparsity). The optional figures (``None``: not stated for this cluster) are datasheet values: the FP8
+    Tensor Core peak, the HBM bandwidth, the SM count; ``nic`` names the network adapter and ``fabric`` the
+    inter-node fabric (e.g. ``hdr200-ib``), by which :mod:`llmcomm.overhead.bandwidth` says what measured data,
+    if any, its inter-node efficiency comes from."""
 
     name: str
     gpus_per_node: int
@@ -555,12 +827,21 @@ class Cluster:
     num_nodes: int | None = None  # None: as many as a configuration needs
     source: str = ""
     notes: str = ""
+    peak_fp8_flops: float | None = None  # dense FP8 Tensor Core peak; None: no FP8 (A100) or not stated
+    hbm_bandwidth: float | None = None  # GPU memory bandwidth, bytes/s
+    sm_count: int | None = None
+    nic: str = ""
+    fabric: str = ""
 
     def __post_init__(self) -> None:
         for f in ("gpus_per_node", "peak_bf16_flops", "gpu_memory_bytes", "intra_node_bandwidth",
                   "inter_node_bandwidth"):
             if getattr(self, f) <= 0:
                 raise ConfigError(f"cluster {self.name}: {f}={getattr(self, f)!r} must be > 0")
+        for f in ("peak_fp8_flops", "hbm_bandwidth", "sm_count"):
+            v = getattr(self, f)
+            if v is not None and not v > 0:
+                raise ConfigError(f"cluster {self.name}: {f}={v!r} must be > 0 (or absent)")
         if self.num_nodes is not None and self.num_nodes < 1:
             raise ConfigError(f"cluster {self.name}: num_nodes={self.num_nodes} must be >= 1")
 
@@ -579,6 +860,20 @@ class Cluster:
         return dataclasses.asdict(self)
 
 
+def _yaml_number(v: Any) -> Any:
+    """A number written as ``1e9`` (PyYAML, following YAML 1.1, reads it as a string without a dot) as a
+    float, and an integer as a float (as the fields are floats); anything else unchanged (``None`` too), for
+    the type check to judge."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return v
+
+
 def list_clusters() -> list[str]:
     return sorted(p.stem for p in (data_dir() / "clusters").glob("*.yaml"))
 
@@ -593,38 +888,16 @@ def load_cluster(name_or_path: str | os.PathLike[str], num_nodes: int | None = N
     d = read_yaml(p)
     if not isinstance(d, dict):
         raise ConfigError(f"{p}: a cluster file must hold a mapping of Cluster fields")
-    try:
-        d = {k: (float(v) if k.endswith(("bandwidth", "flops", "bytes")) else v) for k, v in d.items()}
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{p}: {e}") from None
+    d = {k: (_yaml_number(v) if k.endswith(("bandwidth", "flops", "bytes")) else v) for k, v in d.items()}
     c = _from_fields(Cluster, d, str(p), "cluster")
     return c if num_nodes is None else c.with_nodes(num_nodes)
 
 
 # ------------------------------------------------------------------------------------ cross-checking
 def validate(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster | None = None) -> None:
-    """Check that ``parallel`` can run ``model`` (on ``cluster``); raise :class:`ConfigError` naming the rule."""
-    if model.num_attention_heads % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide num_attention_heads={model.num_attention_heads}")
-    if model.query_groups % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide num_query_groups={model.query_groups}")
-    if model.ffn_hidden_size % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide ffn_hidden_size={model.ffn_hidden_size}")
-    chunks = parallel.pp * parallel.vpp
-    if model.num_layers % chunks:
-        raise ConfigError(
-            f"pp*vpp={chunks} does not divide num_layers={model.num_layers}"
-            if parallel.vpp > 1 else f"pp={parallel.pp} does not divide num_layers={model.num_layers}"
-        )
-    if parallel.ep > 1 and not model.is_moe:
-        raise ConfigError(f"ep={parallel.ep} needs an MoE model; {model.name} has num_experts=0")
-    if model.is_moe and model.num_experts % parallel.ep:
-        raise ConfigError(f"ep={parallel.ep} does not divide num_experts={model.num_experts}")
-    s = parallel.sequence_length(model)
-    if parallel.cp > 1 and s % (2 * parallel.cp):
-        raise ConfigError(f"2*cp={2 * parallel.cp} does not divide seq_len={s}")
-    if parallel.sp and (s // parallel.cp) % parallel.tp:
-        raise ConfigError(f"tp={parallel.tp} does not divide seq_len/cp={s // parallel.cp} (needed by sp)")
+    """Check that ``parallel`` can run ``model`` (on ``cluster``); raise :class:`ConfigError` naming the rule
+    (the ``job`` rules of :mod:`llmcomm.rules`, each with its Megatron-LM source)."""
+    rules.check(model, parallel, ("job",))
     if cluster is not None and cluster.num_gpus is not None and cluster.num_gpus != parallel.world_size:
         raise ConfigError(
             f"tp*pp*dp*cp={parallel.world_size} but the cluster {cluster.name} has {cluster.num_gpus} GPUs"

@@ -88,7 +88,9 @@ class GroupKind(StrEnum):
     gradient group, ``cp·dp``); ``emb``: first and last pipeline stage (Megatron's embedding group, tied
     weights); ``mp``: Megatron's model-parallel group (``tp × pp``); ``tpcp``: ``tp × cp`` (the router's
     aux-loss group); ``etp``: expert tensor parallel; ``tpep``: expert tensor × expert parallel (Megatron's
-    ``tp_ep`` group); ``world``: every rank; ``p2p`` / ``cp_p2p``: the pair ``[rank, peer]`` with the peer in
+    ``tp_ep`` group); ``tpeppp``: expert tensor × expert × pipeline parallel (Megatron's ``tp-ep-pp`` expert
+    group, the expert optimizer's gradient-statistics group); ``tpdpcp``: ``tp × dp × cp`` (the global aux loss
+    and the expert-bias update); ``world``: every rank; ``p2p`` / ``cp_p2p``: the pair ``[rank, peer]`` with the peer in
     the rank's PP / CP group."""
 
     TP = "tp"
@@ -103,6 +105,8 @@ class GroupKind(StrEnum):
     TPCP = "tpcp"
     ETP = "etp"
     TPEP = "tpep"
+    TPEPPP = "tpeppp"
+    TPDPCP = "tpdpcp"
     WORLD = "world"
     P2P = "p2p"
     CP_P2P = "cp_p2p"
@@ -111,12 +115,12 @@ class GroupKind(StrEnum):
 RANK_DIMS = ("tp", "cp", "dp", "pp")  # the world is their product, ordered by ParallelConfig.order
 GROUP_PARALLELISMS = (*RANK_DIMS, "ep")  # parallelisms with a group of their own (Layout.membership)
 # what Layout.groups builds
-LAYOUT_GROUP_KINDS = (*GROUP_PARALLELISMS, "edp", "dpcp", "emb", "mp", "tpcp", "etp", "tpep", "world")
+LAYOUT_GROUP_KINDS = (*GROUP_PARALLELISMS, "edp", "dpcp", "emb", "mp", "tpcp", "etp", "tpep", "world", "tpeppp", "tpdpcp")
 PAIR_GROUP_KINDS = ("p2p", "cp_p2p")  # [rank, peer] pairs, built per call
 # the group kinds a predictor Call names (llmcomm.predict.calls), in the order expand encodes them; "pp" is the
 # whole pipeline group (collectives over it, not send/recv)
 CALL_GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world",
-                    "pp")
+                    "pp", "tpeppp", "tpdpcp")
 
 
 class Route(StrEnum):
@@ -187,6 +191,19 @@ class PipelineSchedule(StrEnum):
     INTERLEAVED = "interleaved"
 
 
+class AttentionBackend(StrEnum):
+    """Megatron-LM's ``--attention-backend`` (``megatron/core/transformer/enums.py:51`` ``AttnBackend``; default
+    ``auto``, ``transformer_config.py:151``). ``flash`` and ``fused`` are TransformerEngine's fused kernels (the
+    score matrix never reaches HBM; ``auto`` lets TE choose one of them); ``unfused`` and ``local`` materialize
+    the scores (softmax, dropout) in HBM."""
+
+    FLASH = "flash"
+    FUSED = "fused"
+    UNFUSED = "unfused"
+    LOCAL = "local"
+    AUTO = "auto"
+
+
 class Framework(StrEnum):
     """Whose calls a prediction describes: Megatron-LM's, or torch's parallel APIs in ``llmcomm.collect``."""
 
@@ -227,7 +244,11 @@ OPS = _values(Op)
 ALGORITHMS = _values(Algorithm)
 ROUTES = _values(Route)
 RECOMPUTE_MODES = _values(Recompute)
+# recomputation as an ordered code (none < selective < full): the cost model's arrays and the tuner's pruning
+RECOMPUTE_CODE: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 PIPELINE_SCHEDULES = _values(PipelineSchedule)
+ATTENTION_BACKENDS = _values(AttentionBackend)
+FUSED_ATTENTION_BACKENDS = ("flash", "fused", "auto")  # one kernel: no score traffic, causal FLOPs halved
 FRAMEWORKS = _values(Framework)
 MOE_TOKEN_DISPATCHERS = _values(MoeTokenDispatcher)
 NORMALIZATIONS = _values(Normalization)

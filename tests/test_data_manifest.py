@@ -19,9 +19,12 @@ def test_manifest_entries_are_pinned() -> None:
     es = data.entries()
     assert len(es) >= 30
     for e in es.values():
+        assert e.license in ("MIT", "Apache-2.0") and e.description and len(e.sha256) == 64
+        if e.mirror_only:  # no pinned upstream copy: says why, and offers no url
+            assert e.url == "" and e.note
+            continue
         assert e.url == f"https://raw.githubusercontent.com/{e.repo}/{e.commit}/{e.upstream_path}"
-        assert len(e.commit) == 40 and len(e.sha256) == 64
-        assert e.license in ("MIT", "Apache-2.0") and e.description
+        assert len(e.commit) == 40
 
 
 def test_manifest_matches_the_shared_sources_json(external) -> None:
@@ -74,6 +77,23 @@ def test_missing_file_without_network_names_the_file(tmp_path, monkeypatch) -> N
     msg = str(ei.value)
     assert "echo/nccl-test-log/nccl_8.log" in msg and data.ENV_MIRROR in msg
     assert not any((tmp_path / "cache").rglob("nccl_8.log"))
+
+
+def test_mirror_only_file_missing_says_why(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(data.ENV_MIRROR, str(tmp_path / "empty"))
+    monkeypatch.setenv(data.ENV_CACHE, str(tmp_path / "cache"))
+    with pytest.raises(DataError) as ei:
+        data.path("nemo/h100_pretraining.csv")
+    msg = str(ei.value)
+    assert "cannot be downloaded" in msg and data.ENV_MIRROR in msg and "nemo/h100_pretraining.csv" in msg
+
+
+def test_entry_without_url_must_be_mirror_only(tmp_path) -> None:
+    m = tmp_path / "external.yaml"
+    m.write_text("files:\n  - {name: a.csv, url: '', sha256: '" + "0" * 64 + "', bytes: 1, license: MIT, "
+                 "description: x}\n")
+    with pytest.raises(DataError, match="mirror_only"):
+        data.entries(m)
 
 
 def test_unknown_name_is_an_error() -> None:

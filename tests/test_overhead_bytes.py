@@ -1,40 +1,68 @@
-"""The formulation's closed-form calls equal the predictor's stage programs, call for call and byte for byte."""
+"""The formulation's closed-form calls equal the predictor's stage programs, call for call and byte for byte, on
+groups of the same size and the same number of ranks per node (placed by ``Layout`` under each ``order``)."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
 
-import pandas as pd
+import numpy as np
 import pytest
 
-from llmcomm.overhead.iteration import _candidates, _stage_layers, comm_items, parallel_row
+from llmcomm import step
+from llmcomm.errors import ConfigError
+from llmcomm.layout import Layout
+from llmcomm.overhead.iteration import arrays, candidate_table, comm_items, for_class
+from llmcomm.parallel_table import ParallelTable
 from llmcomm.predict import program
 from llmcomm.predict.calls import Context
-from llmcomm.specs import ParallelConfig, load_model
+from llmcomm.specs import ParallelConfig, load_model, validate
+
+GPN = 8
+ORDERS = ("tp-cp-ep-dp-pp", "tp-pp-dp", "pp-dp-tp", "tp-dp-pp", "dp-tp-pp")
 
 
-def predictor_stage(model, parallel, stage):
+def _placed(lay: Layout, ranks: np.ndarray, kind: str) -> tuple[int, int]:
+    """(size, ranks per node) of the groups of ``kind`` that hold ``ranks``: ``ceil(size / most nodes spanned)``."""
+    g = lay.group_rows(kind, ranks)
+    nodes = np.sort(g // GPN, axis=1)
+    spans = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
+    return g.shape[1], -(-g.shape[1] // int(spans.max()))
+
+
+def predictor_stage(model, parallel, stage, cls):
+    """The predictor's calls of ``stage``, keyed with the group size and ranks per node of the groups that hold the
+    ranks of the stages class ``cls`` stands for (all middle stages for ``mid``); a send or receive is intra-node
+    when every pipeline neighbour pair of those stages shares a node."""
     ctx = Context(model, parallel)
+    lay = Layout(parallel, GPN)
+    stages = step.class_stages(cls, parallel.pp)
+    ranks = lay.coords["rank"].to_numpy()[np.isin(lay.coords["pp"].to_numpy(), stages)]
+    pp_groups = lay.groups("pp")
+    pairs = [(r, q) for r in stages for q in (r - 1, r + 1) if 0 <= q < parallel.pp]
+    same_node_sends = all((pp_groups[:, r] // GPN == pp_groups[:, q] // GPN).all() for r, q in pairs)
     out: Counter = Counter()
     for call in program.stage_program(ctx, stage):
-        key = (call.parallelism, call.op, call.phase)
+        if call.op in ("send", "recv"):
+            size, k = 2, 2 if same_node_sends else 1
+        else:
+            size, k = _placed(lay, ranks, call.group)
+        key = (call.parallelism, call.op, call.phase, size, k)
         out[key + ("n",)] += 1
         out[key + ("bytes",)] += call.bytes
     return out
 
 
 def closed_form(model, parallel, cls):
-    row = parallel_row(parallel)
-    row["seq_len"] = row["seq_len"] or model.seq_length
-    c = _candidates(model, pd.DataFrame([row]))
-    layers = _stage_layers(model, c["pp"], c["vpp"])[cls]
+    t = candidate_table(model, ParallelTable.from_parallel(parallel, model))
+    c = arrays(model, t, GPN)
+    layers = step.stage_classes(model, c["pp"], c["vpp"], {k: c[k] for k in step.UNEVEN})[cls]
     m = parallel.num_microbatches
     out: Counter = Counter()
-    for it in comm_items(model, c, cls, 8, layers):
+    for it in comm_items(model, for_class(c, cls), cls, layers):
         n = int(it.count[0]) * (m if it.per == "microbatch" else 1)
         if n:
-            key = (it.parallelism, it.op, it.phase)
+            key = (it.parallelism, it.op, it.phase, int(it.size[0]), int(it.rpn[0]))
             out[key + ("n",)] += n
             out[key + ("bytes",)] += n * int(it.nbytes[0])
     return out
@@ -43,7 +71,7 @@ def closed_form(model, parallel, cls):
 def configs(seed: int, count: int):
     rng = random.Random(seed)
     models = [load_model(n) for n in ("gpt3-1.3b", "llama2-7b", "megatron-gpt-3.6b", "mixtral-8x7b", "tiny-gpt",
-                                      "tiny-moe")]
+                                      "tiny-moe", "deepseek-moe-16b")]
     out = []
     while len(out) < count:
         model = rng.choice(models)
@@ -59,43 +87,59 @@ def configs(seed: int, count: int):
                   recompute=rng.choice(["none", "selective", "full"]),
                   distributed_optimizer=rng.random() < 0.5, schedule=rng.choice(["1f1b", "gpipe"]),
                   act_dtype=rng.choice(["bf16", "fp16"]), create_attention_mask_in_dataloader=rng.random() < 0.5,
-                  moe_aux_loss_coeff=rng.choice([0.0, 0.01]) if model.is_moe else 0.0)
+                  moe_aux_loss_coeff=rng.choice([0.0, 0.01]) if model.is_moe else 0.0, order=rng.choice(ORDERS))
         kw["pipe_partitioned"] = not kw["sp"] and rng.random() < 0.3  # DeepSpeed's pipeline engine
-        try:
+        if pp >= 2 and rng.random() < 0.3:  # uneven stages (Megatron's --decoder-first/last-pipeline-num-layers)
+            if rng.random() < 0.5:
+                kw["account_for_embedding_in_pipeline_split"] = rng.random() < 0.7
+                kw["account_for_loss_in_pipeline_split"] = rng.random() < 0.7
+            else:
+                per = model.num_layers // pp
+                kw["num_layers_in_first_pipeline_stage"] = rng.choice([None, max(vpp, per - vpp)])
+                kw["num_layers_in_last_pipeline_stage"] = rng.choice([None, max(vpp, per - vpp), per + vpp])
+        try:  # only the kit's own rule errors: a configuration the rules refuse is drawn again
             p = ParallelConfig(**kw)
-            from llmcomm.specs import validate
-
             validate(model, p)
-            _candidates(model, pd.DataFrame([{**parallel_row(p), "seq_len": p.seq_len}]))
-        except Exception:
-            continue
-        if model.is_moe and model.moe_layer_freq != 1:
+            candidate_table(model, ParallelTable.from_parallel(p, model))
+        except ConfigError:
             continue
         out.append((model, p))
     return out
 
 
-@pytest.mark.parametrize("model,parallel", configs(0, 100), ids=lambda x: getattr(x, "name", None) or "")
+def _mid_stage(model, parallel) -> int:
+    """The middle stage the closed form stands for: the first with the most MoE layers."""
+    ctx = Context(model, parallel)
+    moe = [sum(ctx.moe_pattern[la] for la in ctx.stage_layers(r)) for r in range(1, parallel.pp - 1)]
+    return 1 + int(np.argmax(moe))
+
+
+@pytest.mark.parametrize("model,parallel", configs(1, 120), ids=lambda x: getattr(x, "name", None) or "")
 def test_closed_form_equals_predictor(model, parallel):
     stages = {"first": 0, "last": parallel.pp - 1}
     if parallel.pp >= 3:
-        stages["mid"] = 1
+        stages["mid"] = _mid_stage(model, parallel)
     for cls, r in stages.items():
         if cls == "last" and parallel.pp == 1:
             continue
-        want = predictor_stage(model, parallel, r)
+        want = predictor_stage(model, parallel, r, cls)
         got = closed_form(model, parallel, cls)
         assert +got == +want, (cls, parallel, set(got.items()) ^ set(want.items()))
 
 
 def test_many_configurations_counted():
-    cfgs = configs(0, 100)
-    assert len(cfgs) == 100
+    cfgs = configs(1, 120)
+    assert len(cfgs) == 120
     assert any(p.pp >= 2 and p.vpp > 1 for _, p in cfgs)
     assert any(p.pp >= 3 for _, p in cfgs)
     assert any(p.sp for _, p in cfgs) and any(p.recompute == "full" for _, p in cfgs)
     assert any(m.is_moe and p.ep > 1 for m, p in cfgs)
+    assert any(m.is_moe and m.moe_layer_freq != 1 and p.ep > 1 and p.pp >= 2 for m, p in cfgs)
     assert any(p.act_dtype == "fp16" and p.distributed_optimizer for _, p in cfgs)
     assert any(m.is_moe and p.moe_aux_loss_coeff > 0 and p.tp > 1 for m, p in cfgs)
     assert any(m.position_embedding_type == "learned_absolute" and p.sp for m, p in cfgs)
     assert any(p.pipe_partitioned and p.tp > 1 and p.pp >= 3 for _, p in cfgs)
+    assert any(p.num_layers_in_first_pipeline_stage or p.num_layers_in_last_pipeline_stage for _, p in cfgs)
+    assert any(p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split for _, p in cfgs)
+    for order in ORDERS:  # every order, with groups that span nodes
+        assert any(p.order == order and p.world_size > GPN for _, p in cfgs), order

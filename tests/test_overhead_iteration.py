@@ -6,9 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from llmcomm import step
 from llmcomm.errors import ConfigError
 from llmcomm.overhead import Breakdown, Utilization, iteration_time, iteration_times
-from llmcomm.overhead.iteration import TERMS, ranks_per_node
+from llmcomm.overhead.iteration import TERMS
 from llmcomm.specs import Cluster, ModelSpec, ParallelConfig
 
 CLUSTER = Cluster(name="test", gpus_per_node=8, gpu="NVIDIA H100 test", peak_bf16_flops=1e12,
@@ -16,7 +17,8 @@ CLUSTER = Cluster(name="test", gpus_per_node=8, gpu="NVIDIA H100 test", peak_bf1
 MODEL = ModelSpec(name="small", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
                   vocab_size=128, add_bias_linear=True, position_embedding_type="learned_absolute",
                   max_position_embeddings=32, seq_length=32)
-PAR = ParallelConfig(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4, recompute="full")
+# hand-worked with the full score matrix: attention_backend unfused (test_attention_backend_by_hand: fused)
+PAR = ParallelConfig(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4, recompute="full", attention_backend="unfused")
 GEMM_ONLY = Utilization(coef=(1.0, 0.0, 0.0, 0.0, 0.0))
 
 
@@ -63,7 +65,7 @@ def test_every_term_by_hand():
     first = 2 * layer + 256 * 64 // 2 + 32 * 64  # + word embedding shard + learned positions
     last = 2 * layer + 128 + 256 * 64 // 2  # + final norm + the last stage's copy of the tied embedding
     emb = call(256 * 64 // 2 * 4)
-    scalars = 3 * call(4)  # gradient norm over tp·pp, train_step's two scalars over tp·pp
+    scalars = 4 * call(4)  # gradient norm over tp·pp, train_step's two over tp·pp, the rerun int32 over the world
     dp_first = call(first * 4) + emb + scalars
     dp_last = call(last * 4) + emb + scalars + call(8)  # + the loss report over DP
     assert b.dp_comm_total_s == pytest.approx(max(dp_first, dp_last), rel=1e-12)
@@ -101,8 +103,8 @@ def test_utilization_curves_saturate_below_the_limit():
 
 
 def test_recompute_modes_order_and_selective_is_attention_core():
-    rows = pd.DataFrame([{"tp": 2, "pp": 2, "dp": 2, "global_batch": 8, "recompute": r}
-                         for r in ("none", "selective", "full")])
+    rows = pd.DataFrame([{"tp": 2, "pp": 2, "dp": 2, "global_batch": 8, "recompute": r,
+                          "attention_backend": "unfused"} for r in ("none", "selective", "full")])
     out = iteration_times(MODEL, rows, CLUSTER, StubBandwidth(), GEMM_ONLY)
     none, sel, full = out["recompute_s"]
     assert none == 0 < sel < full
@@ -126,7 +128,8 @@ def test_schedules_bubble():
 
 def test_single_equals_vectorized_and_frame():
     b = iteration_time(MODEL, PAR, CLUSTER, StubBandwidth(), GEMM_ONLY)
-    row = pd.DataFrame([{"tp": 2, "pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 4, "recompute": "full"}])
+    row = pd.DataFrame([{"tp": 2, "pp": 2, "dp": 2, "micro_batch": 1, "global_batch": 4, "recompute": "full",
+                         "attention_backend": "unfused"}])
     v = iteration_times(MODEL, row, CLUSTER, StubBandwidth(), GEMM_ONLY).iloc[0]
     for t in TERMS:
         assert v[t] == pytest.approx(getattr(b, t), rel=1e-12)
@@ -143,8 +146,44 @@ def test_overlap_hides_dp_behind_backward():
     assert b.dp_comm_s == pytest.approx(max(0.0, a.dp_comm_s - a.backward_s / 2))
 
 
-def test_ranks_per_node():
-    assert list(ranks_per_node(np.array([8, 16, 4, 32]), np.array([1, 1, 8, 2]), 8)) == [8, 8, 1, 4]
+def test_ranks_per_node_from_the_layout():
+    """gpt3-1.3b tp2·pp4·dp4 on 8-GPU nodes, by hand. Default order tp-cp-ep-dp-pp (rank = tp + 2·dp + 8·pp):
+    TP [0, 1] on one node; DP [0, 2, 4, 6] on one node; PP [0, 8, 16, 24] on four nodes, so a send is
+    inter-node; the model-parallel group tp×pp [0, 1, 8, 9, 16, 17, 24, 25] spans 4 nodes, 2 each.
+    Order pp-dp-tp (rank = pp + 4·dp + 16·tp): TP [0, 16] on two nodes (1 per node); DP [0, 4, 8, 12] on two
+    (2 each); PP [0, 1, 2, 3] on one node, so every send stays inside it; mp [0, 1, 2, 3, 16, ..., 19]: 2 nodes."""
+    base = dict(tp=2, pp=4, dp=4, global_batch=64)
+    d = step.ranks_per_node(ParallelConfig(**base), 8)
+    assert (d["tp"], d["dp"], d["pp"], d["p2p"], d["mp"], d["world"]) == ((2, 2), (4, 4), (4, 1), (2, 1), (8, 2),
+                                                                          (32, 8))
+    d = step.ranks_per_node(ParallelConfig(**base, order="pp-dp-tp"), 8)
+    assert (d["tp"], d["dp"], d["pp"], d["p2p"], d["mp"]) == ((2, 1), (4, 2), (4, 4), (2, 2), (8, 4))
+
+
+def test_order_changes_the_cost():
+    """The same job under another rank order: TP across nodes (pp-dp-tp) makes the TP calls inter-node, and the
+    pipeline sends intra-node, so tp_comm_s grows and pp_comm_s shrinks; the bytes do not change."""
+    from llmcomm.overhead import Bandwidth
+
+    model = __import__("llmcomm").load_model("gpt3-1.3b")
+    cluster = __import__("llmcomm").load_cluster("a100-80g-hdr200")
+    bw = Bandwidth.default(cluster)
+    base = dict(tp=2, pp=4, dp=4, global_batch=64)
+    a = iteration_time(model, ParallelConfig(**base), cluster, bw)
+    b = iteration_time(model, ParallelConfig(**base, order="pp-dp-tp"), cluster, bw)
+    assert b.tp_comm_s > 2 * a.tp_comm_s and b.pp_comm_s < a.pp_comm_s
+    assert b.comm_bus_bytes == pytest.approx(a.comm_bus_bytes, rel=1e-12)
+    # the TP term by hand: the same calls, each timed for 2 ranks on 2 nodes instead of 2 ranks on one
+    t = __import__("llmcomm.overhead.iteration", fromlist=["x"])
+    tab = t.candidate_table(model, __import__("llmcomm.parallel_table", fromlist=["x"]).ParallelTable.from_parallel(
+        ParallelConfig(**base, order="pp-dp-tp"), model))
+    c = t.arrays(model, tab, 8)
+    layers = step.stage_classes(model, c["pp"], c["vpp"])
+    crit = {"first": "first", "mid": "mid", "last": "last"}[b.critical_stage]
+    m = 64 // 4
+    want = sum(int(i.count[0]) * float(bw.time(i.op, i.nbytes[0], 2, 1)) for i in
+               t.comm_items(model, t.for_class(c, crit), crit, layers[crit]) if i.term == "tp" and i.count[0] > 0)
+    assert b.tp_comm_s == pytest.approx(m * want, rel=1e-9)
 
 
 def test_bad_input():
@@ -210,17 +249,42 @@ def test_pipe_partitioned_splits_p2p_over_tp_and_adds_the_gathers():
     gradient, and the full tensor is rebuilt by a TP all-gather (forward: on arrival; backward: own output
     and the received gradient). Off (Megatron-LM), nothing changes."""
     from llmcomm.overhead import measured
-    from llmcomm.overhead.iteration import _candidates, comm_items
+    from llmcomm.overhead.iteration import arrays, candidate_table, comm_items, for_class
 
     model = measured.model(2048, 16, 24, 1024)
     base = {"tp": 4, "pp": 4, "dp": 1, "micro_batch": 2, "global_batch": 8}
     items = {}
     for flag in (False, True):
-        c = _candidates(model, pd.DataFrame([base | {"pipe_partitioned": flag}]))
-        items[flag] = comm_items(model, c, "mid", 8, (np.array([6]), np.array([0])))
+        c = arrays(model, candidate_table(model, pd.DataFrame([base | {"pipe_partitioned": flag}])), 8)
+        items[flag] = comm_items(model, for_class(c, "mid"), "mid", (np.array([6]), np.array([0])))
     A = 2 * 1024 * 2048 * 2
     sends = {f: [int(i.nbytes[0]) for i in its if i.op == "send" and i.count[0] > 0] for f, its in items.items()}
     assert sends[False] == [A, A] and sends[True] == [A // 4, A // 4]
     gathers = [(i.phase, int(i.count[0])) for i in items[True] if i.op == "all_gather" and i.parallelism == "pp"]
     assert sorted(gathers) == [("backward", 2), ("forward", 1)]
     assert not any(i.parallelism == "pp" and i.op == "all_gather" and i.count[0] for i in items[False])
+
+
+def test_attention_backend_by_hand():
+    """Fused attention (Megatron-LM's attention_backend flash/fused/auto) counts the causal half of the core's
+    FLOPs and moves no score bytes; unfused counts the full score matrix and 2·5·b·(a/tp)·s² bytes. On MODEL (4
+    layers, h 64, 4 heads of 16, s 32, tp 2, pp 2: 2 layers per stage), with θ_gemm = θ_mem = 1 and no launch
+    floor, the forward pass of a stage differs by 2 layers · (F_attn/2 / peak + score bytes / HBM)."""
+    both = Utilization(coef=(1.0, 1.0, 0.0, 0.0, 0.0))
+    hbm = 3.35e12  # CLUSTER's "H100" entry in utilization.HBM_BANDWIDTH
+    kw = dict(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4)
+    un = iteration_time(MODEL, ParallelConfig(**kw, attention_backend="unfused"), CLUSTER, StubBandwidth(), both)
+    fu = iteration_time(MODEL, ParallelConfig(**kw, attention_backend="flash"), CLUSTER, StubBandwidth(), both)
+    b, s, a, d, tp = 1, 32, 4, 16, 2
+    f_attn = 4.0 * b * s * s * a * d / tp
+    score = 2.0 * 5.0 * b * (a / tp) * s * s
+    m = 2  # micro-batches
+    assert un.forward_s - fu.forward_s == pytest.approx(m * 2 * (f_attn / 2 / 1e12 + score / hbm), rel=1e-9)
+    assert un.backward_s - fu.backward_s == pytest.approx(2 * (un.forward_s - fu.forward_s), rel=1e-9)
+    auto = iteration_time(MODEL, ParallelConfig(**kw), CLUSTER, StubBandwidth(), both)  # Megatron's default: auto
+    assert auto.total_s == fu.total_s and un.tp_comm_s == fu.tp_comm_s
+    from llmcomm.overhead.memory import memory
+
+    mu, mf = memory(MODEL, ParallelConfig(**kw, attention_backend="unfused")), memory(MODEL, ParallelConfig(**kw))
+    # 5·a·s bytes per token of each layer's score tensors (/tp), 16-bit: 2 layers · in-flight micro-batches
+    assert mu.activations > mf.activations and mu.weights == mf.weights

@@ -116,9 +116,10 @@ def test_memory_validates() -> None:
 
 
 def test_unsplit_model_by_hand() -> None:
-    """tp = pp = ep = 1: every parameter on one GPU (padded vocabulary), one micro-batch of activations."""
+    """tp = pp = ep = 1: every parameter on one GPU (padded vocabulary), one micro-batch of activations; unfused
+    attention keeps the 5·a·s score tensors per token, a fused kernel (Megatron's default, auto) does not."""
     model = lc.load_model("mixtral-8x7b")
-    par = lc.ParallelConfig(dp=4, micro_batch=1, global_batch=8, seq_len=4096)
+    par = lc.ParallelConfig(dp=4, micro_batch=1, global_batch=8, seq_len=4096, attention_backend="unfused")
     m = memory(model, par)
     params = model.num_parameters() + 2 * (model.padded_vocab_size(1) - model.vocab_size) * model.hidden_size
     assert m.weights == pytest.approx(2 * params) and m.gradients == pytest.approx(4 * params)
@@ -127,3 +128,5 @@ def test_unsplit_model_by_hand() -> None:
     per_token = 10 * h + (2 * h + 4 * 1024 + 2 * h) + 2 * (2 * 2 * f + 2 * f) + 5 * 32 * s  # GQA 8x128, top-2 SwiGLU
     sbh = s * h
     assert m.activations == pytest.approx(32 * s * per_token + sbh + 4 * sbh * (1 + model.padded_vocab_size(1) / h))
+    fused = memory(model, lc.ParallelConfig(dp=4, micro_batch=1, global_batch=8, seq_len=4096))
+    assert m.activations - fused.activations == pytest.approx(32 * s * 5 * 32 * s)

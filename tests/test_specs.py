@@ -9,6 +9,7 @@ import pytest
 import llmcomm as lc
 from llmcomm.catalogue import matches_published, significant_digits
 from llmcomm.specs import ModelSpec, ParallelConfig, validate
+from llmcomm.specs import data_dir as specs_data_dir
 
 CATALOGUE = lc.list_models()
 REQUIRED = [
@@ -133,6 +134,25 @@ def test_cluster_catalogue() -> None:
         lc.load_cluster("tpu-v5")
 
 
+def test_cluster_datasheet_figures() -> None:
+    """H100 SXM, H200 and B200 carry their dense peaks (FP8 twice BF16), HBM and NIC, each cited in the file."""
+    h100, h200, b200 = (lc.load_cluster(n) for n in ("h100-80g-ndr400", "h200-141g-ndr400", "b200-180g-ndr400"))
+    assert h100.peak_bf16_flops == h200.peak_bf16_flops == 989.4e12 and h100.sm_count == h200.sm_count == 132
+    for c in (h100, h200, b200):
+        assert c.peak_fp8_flops == pytest.approx(2 * c.peak_bf16_flops, rel=1e-3) and c.fabric == "ndr400-ib" and c.nic
+    assert (h100.hbm_bandwidth, h200.hbm_bandwidth, b200.hbm_bandwidth) == (3.35e12, 4.8e12, 8.0e12)
+    assert b200.intra_node_bandwidth == 2 * h100.intra_node_bandwidth and b200.gpu_memory_bytes == 180e9
+    assert lc.load_cluster("a100-40g-hdr200").peak_fp8_flops is None  # Ampere has no FP8 Tensor Cores
+    for name in lc.list_clusters():
+        text = (specs_data_dir() / "clusters" / f"{name}.yaml").read_text()
+        for line in text.splitlines():
+            if line.split(":")[0] in ("peak_bf16_flops", "peak_fp8_flops", "hbm_bandwidth", "intra_node_bandwidth",
+                                      "inter_node_bandwidth"):
+                assert "#" in line, f"{name}: {line!r} cites no source"
+    with pytest.raises(lc.ConfigError, match="hbm_bandwidth"):
+        dataclasses.replace(h100, hbm_bandwidth=0.0)
+
+
 def test_padded_vocab() -> None:
     m = lc.load_model("gpt3-175b")
     assert m.padded_vocab_size(tp=1) == 50304
@@ -153,7 +173,7 @@ def test_bad_model_file_names_file_field_and_rule(tmp_path) -> None:
 
     f = tmp_path / "broken.yaml"
     f.write_text(yaml.safe_dump(d))
-    with pytest.raises(lc.ConfigError, match=r"broken.yaml: model llama2-7b: num_layers='many' must be a positive integer"):
+    with pytest.raises(lc.ConfigError, match=r"broken.yaml: model llama2-7b: num_layers='many' must be an integer, got a string"):
         lc.load_model(f)
     c = tmp_path / "cl.yaml"
     c.write_text("name: x\ngpus_per_node: 8\ngpu: g\npeak_bf16_flops: -1\ngpu_memory_bytes: 1\n"

@@ -3,8 +3,8 @@
 A pair ``(src, dst)`` is intra-node when ``src // gpus_per_node == dst // gpus_per_node``, else inter-node.
 A flow of parallelism ``p`` is *supported* when its two ranks share a group of ``p`` in the trace's
 :class:`~llmcomm.layout.Layout` (``tp`` for tp, ``tp`` or ``etp`` (expert TP) for sp; ``dp``, ``edp`` or
-``dpcp`` (DP with CP folded in) for dp; ``cp``, ``pp`` for themselves; ``ep``, ``tpep`` or ``tpcp`` (the MoE token
-dispatchers' and router's groups) for ep; for ``other`` — the per-iteration scalars and the batch broadcast —
+``dpcp`` (DP with CP folded in) for dp; ``cp``, ``pp`` for themselves; ``ep``, ``tpep``, ``tpcp`` or ``tpdpcp`` (the
+MoE token dispatchers' and router's groups) for ep; for ``other`` — the per-iteration scalars and the batch broadcast —
 ``mp`` (tp x pp), ``world``, ``pp``, ``tpcp``, ``dp`` or ``tp``).
 
 The shape of a communication matrix ``M`` (:meth:`~llmcomm.trace.Trace.matrix`, bytes from row to column):
@@ -26,7 +26,8 @@ from .events import TraceOrEvents, trace_of
 from .volumes import with_share
 
 GROUP_KINDS_OF = {"tp": ("tp",), "sp": ("tp", "etp"), "cp": ("cp",), "pp": ("pp",), "dp": ("dp", "edp", "dpcp"),
-                  "ep": ("ep", "tpep", "tpcp"), "other": ("mp", "world", "pp", "tpcp", "dp", "tp")}
+                  "ep": ("ep", "tpep", "tpcp", "tpdpcp"),
+                  "other": ("mp", "world", "pp", "tpcp", "dp", "tp")}
 VIOLATION_COLUMNS = ["parallelism", "src", "dst", "bytes"]
 
 

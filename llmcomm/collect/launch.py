@@ -65,8 +65,8 @@ def _spawn(cfg: RunConfig, world: int, timeout: float, progress: bool = False) -
                 lo = min(progress_of[r] for r in range(world))
                 behind = [r for r in range(world) if progress_of[r] == lo]
                 raise CollectError(
-                    f"no progress for {timeout:.0f} s on rank(s) {stale}; rank(s) {behind} are furthest "
-                    f"behind (iteration {lo}); run stopped")
+                    f"no progress for {timeout:g} s (--timeout) on rank(s) {stale}; rank(s) {behind} are "
+                    f"furthest behind ({_stage_text(lo)}); run stopped")
     finally:
         bar.close()
         for p in pc.processes:
@@ -77,6 +77,16 @@ def _spawn(cfg: RunConfig, world: int, timeout: float, progress: bool = False) -
             if p.is_alive():
                 p.kill()
                 p.join(1)
+
+
+def _stage_text(progress: int) -> str:
+    """What a rank was doing, from its progress counter (-2 before it started, -1 in set-up, else the
+    iteration it reached)."""
+    if progress == -2:
+        return "still starting: importing torch and joining the process group"
+    if progress == -1:
+        return "still in set-up: building the model and its process groups"
+    return f"{progress} iteration(s) done"
 
 
 def _first_failure(cfg: RunConfig, failed_at: Any, reported: int, reported_error: str) -> str:
@@ -150,7 +160,7 @@ def _manifest(spec: ModelSpec, parallel: ParallelConfig, cfg: RunConfig, results
     step = [max(r["step_seconds"][i] for r in results) for i in range(iters)]
     aux = [r["aux_loss"] for r in results if r["aux_loss"] and r["aux_loss"][0] == r["aux_loss"][0]]
     return {
-        "source": "recorded", "model": spec.name, "model_spec": spec.to_dict(), "parallel": parallel.to_dict(),
+        "source": "recorded", "framework": "torch", "model": spec.name, "model_spec": spec.to_dict(), "parallel": parallel.to_dict(),
         "world_size": parallel.world_size, "torch_version": torch.__version__, "backend": "gloo",
         "python": sys.version.split()[0], "command": command or "", "seed": cfg.seed, "lr": cfg.lr,
         "iterations": iters, "record_iterations": min(iters, cfg.record_iters) if cfg.record_iters else iters,

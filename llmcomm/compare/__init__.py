@@ -157,6 +157,18 @@ def _cell(v: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------ inputs
+def trace_framework(meta: Mapping[str, Any]) -> str | None:
+    """Whose calls a trace holds, from its metadata: ``meta['framework']`` where recorded; a trace that
+    ``llmcomm collect`` wrote (``source`` ``recorded`` with the kit's ``run_config``, also the curated traces
+    written before the field existed) ran the kit's torch-native workload: ``torch``. ``None``: unknown."""
+    fw = meta.get("framework")
+    if isinstance(fw, str) and fw:
+        return fw
+    if meta.get("source") == "recorded" and isinstance(meta.get("run_config"), Mapping):
+        return "torch"
+    return None
+
+
 def _resolve_model(measured: Trace, model: ModelSpec | str | None) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
@@ -170,8 +182,8 @@ def _resolve_model(measured: Trace, model: ModelSpec | str | None) -> ModelSpec:
         return ModelSpec.from_dict(name, origin="the trace's meta['model']")
     if isinstance(name, str):
         return load_model(name)
-    raise ConfigError("the trace's metadata names no model (no 'model' or 'model_spec'); pass model=NAME "
-                      "(a catalogue name, a YAML path or a ModelSpec)")
+    raise ConfigError("the trace's metadata names no model (no 'model' or 'model_spec'); give --model NAME "
+                      "(Python: model=NAME; a catalogue name, a YAML path or a ModelSpec)")
 
 
 def _resolve_parallel(measured: Trace, parallel: ParallelConfig | Mapping[str, Any] | None) -> ParallelConfig:
@@ -182,8 +194,8 @@ def _resolve_parallel(measured: Trace, parallel: ParallelConfig | Mapping[str, A
     meta = measured.meta.get("parallel")
     if isinstance(meta, Mapping):
         return ParallelConfig.from_dict(meta, origin="the trace's meta['parallel']")
-    raise ConfigError("the trace's metadata has no parallel configuration; pass parallel= (a ParallelConfig "
-                      "or a dict such as {'tp': 2, 'dp': 4})")
+    raise ConfigError("the trace's metadata has no parallel configuration; give it as --tp/--pp/--dp/... "
+                      "(Python: parallel= a ParallelConfig or a dict such as {'tp': 2, 'dp': 4})")
 
 
 def _check_world(measured: Trace, parallel: ParallelConfig) -> None:
@@ -342,16 +354,18 @@ def _pairs(meas: Trace, pred: Trace, world: int) -> pd.DataFrame:
 
 # -------------------------------------------------------------------------------------------- entry
 def compare(measured: Trace, predicted: Trace | None = None, *, model: ModelSpec | str | None = None,
-            parallel: ParallelConfig | Mapping[str, Any] | None = None, framework: str = "megatron",
+            parallel: ParallelConfig | Mapping[str, Any] | None = None, framework: str | None = None,
             iteration: int | None = None) -> Comparison:
     """Align ``measured`` with ``predicted`` (predicted here from the model and configuration when not given)
-    call by call per rank; see the module docstring for the key and the tables.
+    call by call per rank; see the module docstring for the key and the tables. ``framework`` (whose calls to
+    predict) defaults to the trace's own (:func:`trace_framework`), else ``megatron``.
 
     Raises :class:`ConfigError` when the model or configuration is unknown, does not fit, or does not match
     the trace's world size, and :class:`DataError` when the trace marks no iteration."""
     if not isinstance(measured, Trace):
         raise ConfigError(f"compare: measured must be a Trace (read it with llmcomm.read_trace or "
                           f"llmcomm.ingest_trace), got {type(measured).__name__}")
+    framework = framework or trace_framework(measured.meta) or "megatron"
     spec = _resolve_model(measured, model)
     par = _resolve_parallel(measured, parallel)
     validate(spec, par)
@@ -392,7 +406,8 @@ def compare(measured: Trace, predicted: Trace | None = None, *, model: ModelSpec
 def load_measured(source: str) -> Trace:
     """A trace to compare, by what a user has: a curated trace's name (``"gpt_tp2pp2dp2"``), a file of the
     external-data manifest (``"aicb/A100_example.csv"``), or a path to any trace file or folder llmcomm reads
-    (``.parquet`` written by llmcomm, or a format :func:`llmcomm.ingest_trace` detects)."""
+    (``.parquet`` written by llmcomm, a dataset folder written by ``llmcomm ingest`` — read as
+    :func:`llmcomm.read_trace` reads it — or a format :func:`llmcomm.ingest_trace` detects)."""
     from pathlib import Path
 
     from ..paths import data_dir
@@ -407,6 +422,8 @@ def load_measured(source: str) -> Trace:
 
         return _named(ingest_trace(data.path(source)), source)
     p = Path(source)
+    if p.is_dir() and next(p.rglob("*.parquet"), None) is not None:  # a dataset folder (llmcomm ingest --out DIR)
+        return _named(read_trace(p), p.name)
     if not p.exists():
         raise ConfigError(f"trace {source!r} is neither a curated trace name (data/traces), a file of the "
                           "external-data manifest (data/external.yaml) nor an existing path")

@@ -24,7 +24,7 @@ BANDWIDTH_SUFFIXES = (".csv", ".parquet")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..cli import add_quiet
+    from ..cli_options import add_dims, add_quiet
 
     p = subparsers.add_parser("ingest", help="import Kineto / execution-trace / AICB files (or bandwidth logs)",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[2])
@@ -32,11 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True,
                    help="NAME.parquet (one trace), a folder name without extension (a dataset), or with "
                         "--bandwidth NAME.csv / NAME.parquet")
-    names = {"tp": "tensor", "pp": "pipeline", "dp": "data", "ep": "expert", "cp": "context"}
-    for dim, what in names.items():
-        p.add_argument(f"--{dim}", type=int, default=None,
-                       help=f"{what}-parallel degree, used to tag unnamed groups by their ranks (default: "
-                            + ("world size / (tp x pp x cp), else 1)" if dim == "dp" else "from the file, else 1)"))
+    add_dims(p, default_text={d: ("world size / (tp x pp x cp) from the files, else 1; used to tag unnamed "
+                                  "groups by their ranks" if d == "dp" else "from the files, else 1; used to tag "
+                                  "unnamed groups by their ranks") for d in ("tp", "pp", "dp", "ep", "cp")})
     p.add_argument("--rank", type=int, default=None,
                    help="rank of a single file that does not say it (default: the file's own)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, for node placement")

@@ -47,6 +47,32 @@ def dask_available() -> bool:
     return True
 
 
+CONNECT_TIMEOUT_S = 10  # seconds to wait for an existing scheduler (dask's own default is 30)
+
+
+def probe_scheduler(address: str) -> None:
+    """Fail fast, naming ``address``, when nothing listens at a ``tcp://host:port`` scheduler address (a
+    refused connection is known at once; dask would retry for its whole timeout)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parts.scheme not in ("tcp", "") or parts.hostname is None:
+        return  # tls://, inproc://, ...: left to dask
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"scheduler {address}: not a host:port address") from None
+    if port is None:
+        return
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        raise ConfigError(f"scheduler {address}: cannot connect ({e.strerror or type(e).__name__}); is a dask "
+                          "scheduler running there?") from None
+
+
 def map_tasks(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None = None,
               scheduler: str | None = None, on_result: Callable[[R], None] | None = None) -> list[R]:
     """``[fn(x) for x in items]``, serially or on Dask (see the module doc). The first task that raises
@@ -70,7 +96,13 @@ def map_tasks(fn: Callable[[T], R], items: Sequence[T], *, workers: int | None =
     from dask.distributed import Client, LocalCluster
 
     if scheduler is not None:
-        with Client(scheduler, set_as_default=False) as client:
+        probe_scheduler(scheduler)
+        try:
+            client = Client(scheduler, set_as_default=False, timeout=f"{CONNECT_TIMEOUT_S}s")
+        except (OSError, TimeoutError) as e:
+            raise ConfigError(f"scheduler {scheduler}: no dask scheduler answered within {CONNECT_TIMEOUT_S} s "
+                              f"({type(e).__name__})") from None
+        with client:
             return _run(client, fn, items, on_result)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p)}
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",

@@ -148,6 +148,6 @@ def reader_for(source: Source, kind: str) -> Reader:
             return reader
     if kind == "trace":
         raise TraceFormatError(f"{source.name}: a {fmt} bandwidth measurement, not a trace; read it with "
-                               "ingest_bandwidth")
+                               "llmcomm ingest --bandwidth (Python: ingest_bandwidth)")
     raise TraceFormatError(f"{source.name}: a {fmt} trace, not a bandwidth measurement; read it with "
-                           "ingest_trace")
+                           "llmcomm ingest without --bandwidth (Python: ingest_trace)")

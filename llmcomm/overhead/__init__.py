@@ -6,6 +6,7 @@ from .bandwidth import against_measured as against_measured
 from .bandwidth import effective_bandwidth as effective_bandwidth
 from .bandwidth import fit_sweeps as fit_sweeps
 from .bandwidth import held_out as held_out
+from .bandwidth import inter_node_basis as inter_node_basis
 from .bandwidth import load_calibration as load_calibration
 from .bandwidth_report import bus_bandwidth as bus_bandwidth
 from .bandwidth_report import equals_calibration as equals_calibration
@@ -18,6 +19,8 @@ from .bandwidth_report import model_on_fitted_rows as model_on_fitted_rows
 from .bandwidth_report import one_line_vs_pieces as one_line_vs_pieces
 from .bandwidth_report import piece_table as piece_table
 from .bandwidth_report import residual_table as residual_table
+from .gemm import GemmModel as GemmModel
+from .gemm import load_gemm_model as load_gemm_model
 from .iteration import Breakdown as Breakdown
 from .iteration import iteration_time as iteration_time
 from .iteration import iteration_times as iteration_times
@@ -26,3 +29,4 @@ from .memory import memory as memory
 from .memory import memory_table as memory_table
 from .memory import model_state as model_state
 from .utilization import Utilization as Utilization
+from .validation import validate as validate

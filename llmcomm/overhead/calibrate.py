@@ -53,8 +53,8 @@ def prepare(rows: pd.DataFrame, cluster: Cluster, bandwidth: Any) -> Prepared:
     rows = rows.reset_index(drop=True)
     out = []
     for model, g in measured.by_model(rows):
-        c = it._candidates(model, measured.candidates(g))
-        out.append((g.index.to_numpy(), it.stages(model, c, cluster, bandwidth)))
+        t = it.candidate_table(model, measured.candidates(g))
+        out.append((g.index.to_numpy(), it.stages(model, t, cluster, bandwidth)))
     return Prepared(rows, out)
 
 

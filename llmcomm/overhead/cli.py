@@ -1,58 +1,93 @@
 """``llmcomm time MODEL --tp .. --pp .. --dp .. --cluster NAME [--nccl-tests LOGS...]``: the iteration-time
-breakdown of one configuration (:func:`llmcomm.overhead.iteration_time`)."""
+breakdown of one configuration (:func:`llmcomm.overhead.iteration_time`).
+
+A configuration whose memory per GPU (:func:`llmcomm.overhead.memory`: weights, gradients, optimizer state and
+activations) exceeds the cluster's GPU memory is refused with the numbers. With ``--nccl-tests`` each
+collective regime the configuration uses is timed from your logs where they hold that scope (intra- or
+inter-node), else from the shipped calibration; the table after the breakdown says which, and a warning
+names the regimes your logs do not hold.
+"""
 
 from __future__ import annotations
 
 import argparse
+import warnings
 
-from ..specs import ParallelConfig, load_cluster, load_model
-from ..vocab import PIPELINE_SCHEDULES, RECOMPUTE_MODES
+from ..cli_options import add_cluster, add_model, add_parallel, add_quiet, parallel_from_args
+from ..specs import load_cluster, load_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("time", help="predict one training iteration's time, term by term")
-    p.add_argument("model", help="catalogue name or YAML path")
-    for dim in ("tp", "pp", "dp", "ep", "vpp"):
-        p.add_argument(f"--{dim}", type=int, default=1)
-    p.add_argument("--sp", action="store_true", help="sequence parallelism")
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--global-batch", type=int, default=None)
-    p.add_argument("--seq-len", type=int, default=None)
-    p.add_argument("--recompute", nargs="?", const="full", default="none", choices=RECOMPUTE_MODES)
-    p.add_argument("--distributed-optimizer", action="store_true")
-    p.add_argument("--schedule", default="1f1b", choices=PIPELINE_SCHEDULES)
-    p.add_argument("--overlap-grad-reduce", action="store_true", help="Megatron-LM's bucketed DP overlap")
-    p.add_argument("--pipe-partitioned", action="store_true",
-                   help="Megatron-DeepSpeed: DeepSpeed's pipeline engine sends pipeline tensors split over TP and "
-                        "all-gathers them on arrival (not with --sp)")
-    p.add_argument("--cluster", required=True, help="cluster name (data/clusters) or YAML path")
+    p = subparsers.add_parser("time", help="predict one training iteration's time, term by term",
+                              description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1])
+    add_model(p)
+    add_parallel(p, dims=("tp", "pp", "dp", "ep"),
+                 extras=("vpp", "sp", "micro_batch", "global_batch", "seq_len", "recompute",
+                         "distributed_optimizer", "schedule", "overlap_grad_reduce", "pipe_partitioned"))
+    add_cluster(p, required=True)
     p.add_argument("--nccl-tests", nargs="+", default=None, metavar="LOG",
-                   help="calibrate the bandwidth model on your own nccl-tests output instead of the shipped one")
+                   help="time collectives from your own nccl-tests output where it covers them (default: the "
+                        "shipped calibration)")
+    add_quiet(p, "print the total only")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .bandwidth import Bandwidth
+    from ..predict.cli import warn_surprises
+    from .capacity import check_fits
     from .iteration import iteration_time
 
     model = load_model(args.model)
-    parallel = ParallelConfig(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, vpp=args.vpp, sp=args.sp,
-                              micro_batch=args.micro_batch, global_batch=args.global_batch, seq_len=args.seq_len,
-                              recompute=args.recompute, distributed_optimizer=args.distributed_optimizer,
-                              schedule="interleaved" if args.vpp > 1 else args.schedule,
-                              pipe_partitioned=args.pipe_partitioned)
+    parallel = parallel_from_args(args)
     cluster = load_cluster(args.cluster)
-    bw = Bandwidth.from_nccl_tests(args.nccl_tests, cluster=cluster) if args.nccl_tests else None
-    b = iteration_time(model, parallel, cluster, bw, overlap_grad_reduce=args.overlap_grad_reduce)
+    check_fits(model, parallel, cluster, action="raise",
+               hint="; lower --micro-batch, add --recompute selective|full, --sp, or raise --tp/--pp")
+    warn_surprises(parallel, cluster.gpus_per_node, cluster)
+    bw = None
+    if args.nccl_tests:
+        from .bandwidth_sources import SourcedBandwidth
+
+        bw = SourcedBandwidth.from_logs(args.nccl_tests, cluster)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=_memory_warning())  # refused above already
+        b = iteration_time(model, parallel, cluster, bw)
+    if args.quiet:
+        print(f"{b.total_s:.6f} s")
+        return 0
     f = b.to_frame()
     print(f"{model.name} on {cluster.name}: tp={parallel.tp} pp={parallel.pp} dp={parallel.dp} ep={parallel.ep} "
           f"vpp={parallel.vpp} micro-batch={parallel.micro_batch} global batch={parallel.global_batch} "
           f"({parallel.num_microbatches} micro-batches), recompute={parallel.recompute}; bandwidth: "
-          f"{'your nccl-tests logs' if bw is not None else 'shipped calibration'}")
+          f"{'per regime, below' if bw is not None else 'shipped calibration'}")
     width = max(len(t) for t in f["term"])
     for r in f.itertuples():
         print(f"  {r.term:<{width}}  {r.seconds * 1e3:12.2f} ms  {r.share:6.1%}  {r.kind}")
     print(f"  {'total':<{width}}  {b.total_s * 1e3:12.2f} ms")
     print(f"  exposed communication {b.exposed_comm_s * 1e3:.2f} ms = {b.comm_overhead:.1%} of the iteration "
           f"(critical stage: {b.critical_stage})")
+    if bw is not None:
+        _report_sources(bw)
     return 0
+
+
+def _memory_warning() -> type[Warning]:
+    from .capacity import MemoryWarning
+
+    return MemoryWarning
+
+
+def _report_sources(bw: object) -> None:
+    """Which data timed each regime the configuration used, and a warning for those not in the logs."""
+    from .bandwidth_sources import SourcedBandwidth
+
+    assert isinstance(bw, SourcedBandwidth)
+    src = bw.sources()
+    print("bandwidth per regime (op, ranks, ranks per node -> data):")
+    for r in src.itertuples():
+        print(f"  {r.op:<14} {r.group_size:>6} ranks {r.ranks_per_node:>3}/node  {r.source}: {r.detail}")
+    missing = bw.not_in_logs()
+    if len(missing):
+        what = ", ".join(f"{r.op} over {r.group_size} ranks ({r.ranks_per_node}/node)" for r in missing.itertuples())
+        warnings.warn(f"{len(missing)} of {len(src)} regimes this configuration uses are not in your nccl-tests "
+                      f"logs (no measurements of their scope), so they are timed from the "
+                      f"{missing['source'].iloc[0]}: {what}", stacklevel=2)

@@ -11,9 +11,11 @@ One iteration of a pipeline stage ``r`` runs ``m`` micro-batches; per micro-batc
                  (``pipe_partitioned``, DeepSpeed's PipelineEngine: p2p bytes / tp, plus TP all-gathers of the
                  activation, timed in tp_r: 1 forward on a stage that receives, 2 backward on one that sends)
 
-Each call is timed for its group as placed by Megatron's rank order (TP fastest, then EP/DP, then PP) on nodes
-of ``gpus_per_node`` consecutive ranks (:func:`ranks_per_node`): a TP group larger than a node (TP 16 on
-8-GPU nodes) is timed as an inter-node collective, a pipeline send as inter-node once ``tp·dp·pp`` spans nodes.
+Each call is timed for its group as the configuration's ``order`` places it (:func:`llmcomm.step.placement`, read
+from :class:`llmcomm.layout.Layout`, nodes of ``gpus_per_node`` consecutive ranks): the group's size and its ranks
+per node, ``ceil(size / nodes spanned)`` — a TP group larger than a node (TP 16 on 8-GPU nodes) or spread over
+nodes by the order (``pp-dp-tp``) is timed as an inter-node collective; a pipeline send is inter-node as soon as
+a pipeline group spans nodes.
 
 The pipeline (1F1B, GPipe and interleaved 1F1B with ``v`` chunks; Narayanan et al. 2021)::
 
@@ -35,7 +37,9 @@ exposed_comm_s / total_s``. The pipeline bubble is reported on its own (idle, no
 
 What is sent is the predictor's (:mod:`llmcomm.predict`): :func:`comm_items` writes its per-stage calls in
 closed form for speed, and ``tests/test_overhead_bytes.py`` checks them equal, byte for byte and call for
-call, to the predictor's stage programs over many configurations. Times come from a
+call, on groups of the same size and ranks per node, to the predictor's stage programs over many configurations
+and orders. The layers of each stage, their parameters and the validity rules come from the step description
+(:mod:`llmcomm.step`), the configuration table (:mod:`llmcomm.parallel_table`) and :mod:`llmcomm.rules`. Times come from a
 :class:`~llmcomm.overhead.bandwidth.Bandwidth` (``time(op, bytes, group_size, ranks_per_node)``) and a
 :class:`~llmcomm.overhead.utilization.Utilization`; both default to the kit's shipped calibration.
 
@@ -50,27 +54,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import rules, step
 from ..errors import ConfigError
-from ..specs import DTYPE_BYTES, Cluster, ModelSpec, ParallelConfig, validate
-from ..vocab import PIPELINE_SCHEDULES
+from ..parallel_table import ParallelTable
+from ..specs import Cluster, ModelSpec, ParallelConfig
+from ..step import CLASSES
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
+from .capacity import check_fits
 from .memory import model_state
+
+UNMODELLED_FIELDS = rules.COST_UNMODELLED_FIELDS  # refused at a non-default value (rule "cost-unmodelled")
 
 ADAM_BYTES_PER_PARAM = 40  # read fp32 grad, master, m, v (16) + write master, m, v, half copy (14)
 #                           + fp16->fp32 gradient copy (6) + gradient-norm read (4)
 TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "ep_comm_s", "pp_comm_s", "bubble_s",
          "dp_comm_s", "optimizer_s")
 COMM_TERMS = ("tp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s")
-CANDIDATE_DEFAULTS: dict[str, Any] = {
-    "ep": 1, "vpp": 1, "micro_batch": 1, "sp": False, "recompute": "none", "schedule": "1f1b",
-    "distributed_optimizer": False, "act_dtype": "bf16", "grad_reduce_dtype": "fp32", "param_dtype": "bf16",
-    "create_attention_mask_in_dataloader": True, "moe_aux_loss_coeff": 0.0, "pipe_partitioned": False,
-}
-RECOMPUTE_CODE = {"none": 0, "selective": 1, "full": 2}
-CLASSES = ("first", "mid", "last")
-
-
 @dataclass(frozen=True)
 class Breakdown:
     """Seconds per iteration by named term (:data:`TERMS`); see the module docstring for each formula."""
@@ -119,150 +119,47 @@ class Breakdown:
 
 
 # --------------------------------------------------------------------------------------------- input
-def _candidates(model: ModelSpec, df: pd.DataFrame) -> dict[str, np.ndarray]:
-    """Columns of ``df`` as arrays, defaults filled (:data:`CANDIDATE_DEFAULTS`), rules checked."""
-    for c in ("tp", "pp", "dp"):
-        if c not in df.columns:
-            raise ConfigError(f"candidates: missing column {c!r} (need tp, pp, dp; optional "
-                              f"{sorted(CANDIDATE_DEFAULTS) + ['global_batch', 'seq_len']})")
-    n = len(df)
-    cols: dict[str, np.ndarray] = {}
-
-    def col(name: str, default: Any) -> pd.Series:
-        if name not in df.columns:
-            return pd.Series(np.full(n, default, dtype=object if isinstance(default, str) else None))
-        v = df[name].reset_index(drop=True)
-        return v.fillna(default) if default is not None else v
-
-    for c in ("tp", "pp", "dp", "ep", "vpp", "micro_batch"):
-        s = col(c, CANDIDATE_DEFAULTS.get(c))
-        if s.isna().any():
-            raise ConfigError(f"candidates: column {c!r} has missing values")
-        cols[c] = s.to_numpy(np.int64)
-    gb = col("global_batch", None)
-    cols["global_batch"] = (np.where(gb.isna(), cols["micro_batch"] * cols["dp"], gb.fillna(0)).astype(np.int64)
-                            if "global_batch" in df.columns else cols["micro_batch"] * cols["dp"])
-    cols["seq_len"] = col("seq_len", model.seq_length).to_numpy(np.int64)
-    cols["sp"] = col("sp", False).to_numpy(bool)
-    cols["distributed_optimizer"] = col("distributed_optimizer", False).to_numpy(bool)
-    cols["pipe_partitioned"] = col("pipe_partitioned", False).to_numpy(bool)
-    cols["attention_mask"] = col("create_attention_mask_in_dataloader", True).to_numpy(bool).astype(np.int64)
-    cols["moe_aux_loss_coeff"] = col("moe_aux_loss_coeff", 0.0).to_numpy(np.float64)
-    cols["act_is_fp16"] = (col("act_dtype", "bf16").astype(str).to_numpy() == "fp16").astype(np.int64)
-    rec = _map(col("recompute", "none"), RECOMPUTE_CODE)
-    if rec.isna().any():
-        raise ConfigError(f"candidates: column 'recompute' holds values outside {list(RECOMPUTE_CODE)}")
-    cols["recompute"] = rec.to_numpy(np.int64)
-    scat = pd.Categorical(col("schedule", "1f1b"))
-    su = np.asarray(scat.categories, dtype=str)
-    sched = np.append(su, "").astype(object)[scat.codes]
-    if (scat.codes < 0).any() or not np.isin(su, PIPELINE_SCHEDULES).all():
-        raise ConfigError(f"candidates: column 'schedule' holds values outside {list(PIPELINE_SCHEDULES)}")
-    if ((sched == "gpipe") & (cols["vpp"] > 1)).any():
-        raise ConfigError("candidates: schedule 'gpipe' with vpp > 1 is not a Megatron-LM schedule")
-    for c in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
-        mapped = _map(col(c, CANDIDATE_DEFAULTS[c]), DTYPE_BYTES)
-        if mapped.isna().any():
-            raise ConfigError(f"candidates: column {c!r} holds a dtype outside {sorted(DTYPE_BYTES)}")
-        cols[c] = mapped.to_numpy(np.int64)
-    _check(model, cols)
-    return cols
+SCOPES = ("config", "job", "megatron", "cost")  # the rules of llmcomm.rules a candidate must satisfy
 
 
-def _map(values: pd.Series, table: dict[str, Any]) -> pd.Series:
-    """``values.map(table)`` through the distinct values (fast for long columns of few strings)."""
-    cat = pd.Categorical(values)
-    codes = np.array([table.get(str(u), np.nan) for u in cat.categories] + [np.nan], dtype=np.float64)
-    return pd.Series(codes[cat.codes])
+def candidate_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable) -> ParallelTable:
+    """``candidates`` (columns named as :class:`ParallelConfig` fields; ``tp, pp, dp`` required) as a
+    :class:`~llmcomm.parallel_table.ParallelTable`, checked against every rule of :data:`SCOPES`
+    (:mod:`llmcomm.rules`); the first broken rule is raised with its row."""
+    t = candidates if isinstance(candidates, ParallelTable) else ParallelTable.from_frame(candidates, model)
+    rules.check_table(model, t, SCOPES)
+    return t
 
 
-def _check(model: ModelSpec, c: dict[str, np.ndarray]) -> None:
-    """The rules of :func:`llmcomm.specs.validate` the formulation needs, vectorized; the first broken rule
-    is raised with its row."""
-    tp, pp, dp, ep, v, b, gb = (c[k] for k in ("tp", "pp", "dp", "ep", "vpp", "micro_batch", "global_batch"))
-    rules = [
-        ((tp < 1) | (pp < 1) | (dp < 1) | (ep < 1) | (v < 1) | (b < 1) | (gb < 1) | (c["seq_len"] < 1),
-         "tp, pp, dp, ep, vpp, micro_batch, global_batch and seq_len must be positive integers"),
-        (model.num_attention_heads % tp != 0, f"tp must divide num_attention_heads={model.num_attention_heads}"),
-        (model.query_groups % tp != 0, f"tp must divide num_query_groups={model.query_groups}"),
-        (model.ffn_hidden_size % tp != 0, f"tp must divide ffn_hidden_size={model.ffn_hidden_size}"),
-        (model.num_layers % (pp * v) != 0, f"pp*vpp must divide num_layers={model.num_layers}"),
-        (gb % (b * dp) != 0, "micro_batch*dp must divide global_batch"),
-        (dp % ep != 0, "ep must divide dp"),
-        ((ep > 1) & (not model.is_moe), f"ep > 1 needs an MoE model; {model.name} is dense"),
-        ((model.num_experts % ep != 0) if model.is_moe else np.zeros(len(tp), bool),
-         f"ep must divide num_experts={model.num_experts}"),
-        (c["sp"] & (tp == 1), "sp needs tp > 1"),
-        (c["sp"] & (c["seq_len"] % tp != 0), "sp needs tp to divide seq_len"),
-        ((v > 1) & ((pp < 2) | ((gb // np.maximum(b * dp, 1)) % pp != 0)),
-         "vpp > 1 (interleaved) needs pp >= 2 and pp dividing the number of micro-batches"),
-        ((ep > 1) & (tp > 1) & ~c["sp"], "tp > 1 with ep > 1 needs sp (Megatron-LM)"),
-    ]
-    for bad, rule in rules:
-        bad = np.asarray(bad, dtype=bool)
-        if bad.any():
-            i = int(np.argmax(bad))
-            row = {k: (c[k][i].item() if hasattr(c[k][i], "item") else c[k][i]) for k in
-                   ("tp", "pp", "dp", "ep", "vpp", "micro_batch", "global_batch", "seq_len")}
-            raise ConfigError(f"{model.name}: candidate row {i} {row} breaks the rule: {rule}")
+def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, np.ndarray]:
+    """The arrays the formulas compute with: sizes, dtype bytes, the recompute code, flags, and per group kind
+    its size ``n_<kind>`` and ranks per node ``k_<kind>`` under each row's ``order``
+    (:func:`llmcomm.step.placement`)."""
+    c: dict[str, np.ndarray] = {k: getattr(t, k) for k in ("tp", "pp", "dp", "ep", "vpp", "micro_batch",
+                                                           "global_batch")}
+    c["etp"] = t.expert_tp
+    c["seq_len"] = t.sequence_length(model)
+    c["sp"], c["distributed_optimizer"], c["pipe_partitioned"] = t.sp, t.distributed_optimizer, t.pipe_partitioned
+    c["attention_mask"] = t.create_attention_mask_in_dataloader.astype(np.int64)
+    c["moe_aux_loss_coeff"] = t.moe_aux_loss_coeff
+    c["act_is_fp16"] = (t.act_dtype == "fp16").astype(np.int64)
+    c["recompute"] = t.recompute_code
+    c["fused_attention"] = t.fused_attention
+    for k in step.UNEVEN:  # the pipeline split (llmcomm.step.pipeline_split)
+        c[k] = np.asarray(getattr(t, k), np.int64)
+    for f in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
+        c[f] = t.dtype_bytes(f)
+    for key, (_, k) in step.placement(t, gpus_per_node).items():
+        c["k_" + key] = k  # k_<kind>@<class>: ranks per node of the class's groups (for_class picks them)
+    return c
 
 
-# ------------------------------------------------------------------------------ group placement
-def ranks_per_node(size: np.ndarray, stride: np.ndarray, gpus_per_node: int) -> np.ndarray:
-    """Members of a group of ``size`` ranks ``stride`` apart that share one node (Megatron order tp-ep-dp-pp,
-    nodes of ``gpus_per_node`` consecutive ranks): ``min(size, max(1, gpus_per_node // stride))``."""
-    return np.minimum(size, np.maximum(1, gpus_per_node // np.maximum(stride, 1)))
-
-
-# ------------------------------------------------------------------------- per-stage composition
-def _stage_layers(model: ModelSpec, pp: np.ndarray, v: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{class: (dense layers, MoE layers)}`` held by the first stage, the slowest middle stage (most MoE
-    layers) and the last stage."""
-    n = len(pp)
-    pat = np.asarray(model.moe_layer_pattern(), dtype=np.int64)
-    out = {c: (np.zeros(n, np.int64), np.zeros(n, np.int64)) for c in CLASSES}
-    for p_, v_ in set(zip(pp.tolist(), v.tolist(), strict=True)):
-        sel = (pp == p_) & (v == v_)
-        per = model.num_layers // (p_ * v_)
-        chunks = pat.reshape(p_ * v_, per).sum(axis=1)  # MoE layers per virtual stage
-        stage_moe = chunks.reshape(v_, p_).sum(axis=0)  # stage r holds virtual stages c·p + r
-        ls = per * v_
-        picks = {"first": stage_moe[0], "last": stage_moe[-1],
-                 "mid": stage_moe[1:-1].max() if p_ > 2 else 0}
-        for c, moe in picks.items():
-            out[c][0][sel] = ls - moe
-            out[c][1][sel] = moe
+def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
+    """:func:`arrays` with the ranks per node of stage class ``cls`` as ``k_<kind>`` (what :func:`comm_items`
+    reads)."""
+    out = {k: v for k, v in c.items() if "@" not in k}
+    out.update({k.split("@")[0]: v for k, v in c.items() if k.endswith("@" + cls)})
     return out
-
-
-def _layer_split(model: ModelSpec, tp: np.ndarray, ep: np.ndarray, moe: bool) -> tuple[np.ndarray, ...]:
-    """:meth:`ModelSpec.layer_parameter_split` vectorized over ``tp``, ``ep``: (sharded, expert, replicated)."""
-    h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
-    k = 3 if model.gated_mlp else 2
-    rep = np.full(len(tp), 2 * model.norm_parameters(), np.int64)
-    sh = (h * a * d + 2 * h * g * d + a * d * h) // tp
-    if model.add_bias_linear or model.add_qkv_bias:
-        sh = sh + (a * d + 2 * g * d) // tp
-    if model.add_bias_linear:
-        rep = rep + h
-    ex = np.zeros(len(tp), np.int64)
-    if moe:
-        fe = model.expert_ffn_hidden_size
-        rep = rep + h * model.num_experts
-        ex = (model.num_experts // ep) * k * h * fe // tp
-        sh = sh + k * h * model.num_shared_experts * fe // tp
-    else:
-        sh = sh + k * h * model.ffn_hidden_size // tp
-        if model.add_bias_linear:
-            sh = sh + (k - 1) * model.ffn_hidden_size // tp
-            rep = rep + h
-    return sh, ex, rep
-
-
-def padded_vocab(model: ModelSpec, tp: np.ndarray) -> np.ndarray:
-    """Megatron's padded vocabulary: a multiple of ``128·tp``."""
-    m = 128 * tp
-    return -(-model.vocab_size // m) * m
 
 
 @dataclass
@@ -282,7 +179,6 @@ class CommItem:
 
 
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
-               gpus_per_node: int,
                layers: tuple[np.ndarray, np.ndarray],
                params: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> list[CommItem]:
     """Every communication call of stage class ``cls`` (``first``, ``mid``, ``last``) in closed form, equal to
@@ -308,10 +204,10 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     T = c["micro_batch"] * c["seq_len"]
     A = T * h * act
     one = np.ones(n, np.int64)
-    holds_first, holds_last = holds_edges(cls, pp) if isinstance(cls, str) else cls
+    holds_first, holds_last = step.holds_edges(cls, pp) if isinstance(cls, str) else cls
     nd, nm = layers
     tpon = (tp > 1).astype(np.int64)
-    rpn_tp = ranks_per_node(tp, one, gpus_per_node)
+    rpn_tp = c["k_tp"]
     items: list[CommItem] = []
 
     def tpc(op: str, phase: str, nbytes: np.ndarray, count: np.ndarray, par: str | None = None) -> None:
@@ -334,7 +230,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         rec = 1 + fr  # forward calls, and again in the backward phase under full recomputation
         tpep = tp * ep
         cnt_on = (tpep > 1).astype(np.int64)
-        rpn_tpep = ranks_per_node(tpep, one, gpus_per_node)
+        rpn_tpep = c["k_tpep"]
         items.append(CommItem("ep", "ep", "all_gather", "forward", tpep * E * 8, nm * cnt_on, tpep, rpn_tpep,
                               "microbatch"))
         items.append(CommItem("ep", "ep", "all_gather", "backward", tpep * E * 8, nm * cnt_on * fr, tpep,
@@ -357,7 +253,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         split = np.rint(local * k * h * act / ep).astype(np.int64)
         psplit = np.rint(local * k * act / ep).astype(np.int64)
         epon = (ep > 1).astype(np.int64)
-        rpn_ep = ranks_per_node(ep, tp, gpus_per_node)
+        rpn_ep = c["k_ep"]
         for nb, cnt in ((split * ep, 2), (psplit * ep, 1)):
             items.append(CommItem("ep", "ep", "all_to_all", "forward", nb, cnt * nm * epon, ep, rpn_ep,
                                   "microbatch"))
@@ -388,7 +284,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     # on receiving the gradient (backward)
     part = c["pipe_partitioned"] & ~sp & (tp > 1)
     p2p = np.where(sp | part, T // tp, T) * h * act
-    rpn_pp = np.where(pp * tp * dp <= gpus_per_node, 2, 1)
+    rpn_pp = c["k_p2p"]
     ppon = (pp > 1).astype(np.int64)
     for op, phase, cnt in (("send", "forward", v - la), ("recv", "forward", v - f),
                            ("send", "backward", v - f), ("recv", "backward", v - la)):
@@ -398,19 +294,27 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tpc("all_gather", "backward", A, 2 * (v - la) * pon, "pp")
     # once per iteration
     dense, expert, repl = params or _stage_params(model, c, nd, nm, holds_first, holds_last)
-    rpn_dp = ranks_per_node(dp, tp, gpus_per_node)
+    # experts share the dense buffer unless ep > 1 (etp = tp here; llmcomm.predict.dp.experts_in_own_buffer)
+    fold = ep == 1
+    dense, expert = np.where(fold, dense + expert, dense), np.where(fold, 0, expert)
+    eopt = ((ep > 1) & (expert > 0)).astype(np.int64)  # the stage has an expert optimizer (chained)
+    rpn_dp = c["k_dp"]
     dpon = (dp > 1).astype(np.int64)
     edp = dp // ep
     edpon = ((edp > 1) & (expert > 0)).astype(np.int64)
-    rpn_edp = ranks_per_node(edp, tp * ep, gpus_per_node)
+    rpn_edp = c["k_edp"]
     dist = c["distributed_optimizer"].astype(np.int64)
     # one gradient buffer per model chunk (finish_grad_sync per chunk): v - 1 chunks of layers only, one with
     # the stage's embedding / output layer when it holds them
-    vh, emb_params, out_params = _edge_parameters(model, tp, pp)
-    edge = holds_first * emb_params + holds_last * out_params
+    vh = step.embedding_shard(model, tp)
+    edge = step.edge_parameters(model, tp, pp, holds_first, holds_last)[0]
     has_edge = (holds_first | holds_last).astype(np.int64)
     chunk_layers = (dense - edge) // v
-    chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge, has_edge))
+    # DistOpt + tied embeddings + pp > 1: the shared embedding (first stage) and its copy (last) are a bucket of
+    # their own (llmcomm.predict.dp.buckets); the rest of that chunk is another
+    shared = (c["distributed_optimizer"] & model.tied_embeddings & (pp > 1) & (holds_first | holds_last))
+    sh = shared.astype(np.int64)
+    chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge - sh * vh, has_edge), (vh, has_edge * sh))
     for op, cnt in (("all_reduce", 1 - dist), ("reduce_scatter", dist)):
         for nb, k_ in chunk_sizes:
             items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration"))
@@ -420,27 +324,37 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
                           "iteration"))
     tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
     items.append(CommItem("dp", "pp", "all_reduce", "optimizer", vh * gby, tied.astype(np.int64), 2 * one,
-                          rpn_pp, "iteration"))
+                          c["k_emb"], "iteration"))
+    passes = 1 + eopt  # each chained DistOpt all-gathers every bucket (llmcomm.predict.dp.param_gather_passes)
     for nb, k_ in chunk_sizes:
-        items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpon, dp, rpn_dp,
-                              "iteration"))
-    items.append(CommItem("dp", "dp", "all_gather", "optimizer", expert // v * pby, v * dist * edpon, edp, rpn_edp,
-                          "iteration"))
+        items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpon * passes, dp,
+                              rpn_dp, "iteration"))
+    items.append(CommItem("dp", "dp", "all_gather", "optimizer", expert // v * pby, v * dist * edpon * passes, edp,
+                          rpn_edp, "iteration"))
     # per-iteration scalars (llmcomm.predict.scalars): fp16 found_inf + gradient norm over the gradient-statistics
     # group (world with the distributed optimizer, else tp·pp), train_step's two over tp·pp, the loss report over
     # DP on the last stage, MoE load-balancing metrics over pp, [tp], dp
     world, mp = tp * pp * dp, tp * pp
     gs = np.where(dist > 0, world, mp)
-    rpn_gs = np.where(gs <= gpus_per_node, gs, np.minimum(tp, gpus_per_node))
-    rpn_mp = np.where(mp <= gpus_per_node, mp, np.minimum(tp, gpus_per_node))
+    rpn_mp = c["k_mp"]
+    rpn_gs = np.where(dist > 0, c["k_world"], rpn_mp)
     fp16 = (act == 2) & (c["act_is_fp16"] > 0)
-    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, (gs > 1) * (1 + fp16), gs, rpn_gs,
-                          "iteration"))
+    # fp16 found_inf per chained optimizer; the norm once over a shared group (DistOpt: the world), else once
+    # per optimizer (the expert one over etp·ep·pp); the rerun state machine's int32 over the world
+    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one,
+                          (gs > 1) * (1 + fp16 * (1 + eopt * dist)), gs, rpn_gs, "iteration"))
+    eg = tp * ep * pp
+    rpn_eg = c["k_tpeppp"]  # the expert optimizer's gradient-statistics group etp·ep·pp
+    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, (eg > 1) * eopt * (1 - dist) * (1 + fp16),
+                          eg, rpn_eg, "iteration"))
+    rpn_w = c["k_world"]
+    items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, (world > 1).astype(np.int64), world,
+                          rpn_w, "iteration"))
     items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, 2 * (mp > 1), mp, rpn_mp, "iteration"))
     items.append(CommItem("dp", "dp", "all_reduce", "optimizer", 8 * one, la * dpon, dp, rpn_dp, "iteration"))
     if model.is_moe:
         nl = 4 * model.num_layers * one
-        rpn_pg = ranks_per_node(pp, tp * dp, gpus_per_node)
+        rpn_pg = c["k_pp"]
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, ppon, pp, rpn_pg, "iteration"))
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl,
                               (c["moe_aux_loss_coeff"] > 0) * tpon, tp, rpn_tp, "iteration"))
@@ -448,49 +362,11 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     return items
 
 
-def holds_edges(cls: str, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Whether stage class ``cls`` holds the first virtual stage (embedding) and the last (output layer)."""
-    n = len(pp)
-    if cls == "first":
-        return np.ones(n, bool), pp == 1
-    if cls == "mid":
-        return np.zeros(n, bool), np.zeros(n, bool)
-    return pp == 1, np.ones(n, bool)
-
-
 def _stage_params(model: ModelSpec, c: dict[str, np.ndarray], nd: np.ndarray, nm: np.ndarray,
                   holds_first: np.ndarray, holds_last: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(dense, expert, replicated)`` parameters of one TP rank of a stage (:func:`llmcomm.predict.dp.
-    stage_parameters`): layers, plus the embedding on the first stage and the final norm and output layer
-    (untied, or tied with pp > 1) on the last."""
-    tp, ep, pp = c["tp"], c["ep"], c["pp"]
-    sh_d, _, rep_d = _layer_split(model, tp, ep, moe=False)
-    dense = nd * (sh_d + rep_d)
-    repl = nd * rep_d
-    expert = np.zeros(len(tp), np.int64)
-    if model.is_moe:
-        sh_m, ex_m, rep_m = _layer_split(model, tp, ep, moe=True)
-        dense = dense + nm * (sh_m + rep_m)
-        expert = nm * ex_m
-        repl = repl + nm * rep_m
-    _, first, out = _edge_parameters(model, tp, pp)
-    dense = dense + holds_first * first
-    dense = dense + holds_last * out
-    repl = repl + holds_last * model.norm_parameters()
-    return dense, expert, repl
-
-
-def _edge_parameters(model: ModelSpec, tp: np.ndarray, pp: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(V'·h/tp, embedding stage, output stage)``: one TP rank's share of the word embedding, and the
-    parameters beside the layers on the stage holding the embedding (word embedding, plus learned positions)
-    and on the stage holding the output layer (final norm, plus the output layer unless tied to an embedding
-    on the same stage)."""
-    h = model.hidden_size
-    vh = padded_vocab(model, tp) * h // tp
-    pos = ((model.max_position_embeddings or model.seq_length) * h
-           if model.position_embedding_type == "learned_absolute" else 0)
-    return vh, vh + pos, model.norm_parameters() + np.where((not model.tied_embeddings) | (pp > 1), vh, 0)
+    """``(dense, expert, replicated)`` parameters of one TP rank of a stage (:func:`llmcomm.step.stage_parameters`,
+    the predictor's :func:`llmcomm.predict.dp.stage_parameters` vectorized)."""
+    return step.stage_parameters(model, c["tp"], c["ep"], c["etp"], c["pp"], nd, nm, holds_first, holds_last)
 
 
 # ----------------------------------------------------------------------------------------- compute
@@ -504,14 +380,15 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     k = 3 if model.gated_mlp else 2
     nd, nm = layers
     fw = np.where(c["sp"], tp, 1)
-    Ld, Cd = U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak, hbm, fw)
+    fz = c["fused_attention"]
+    Ld, Cd = U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak, hbm, fw, fz)
     Lm, Cm = np.zeros_like(Ld), np.zeros_like(Cd)
     if model.is_moe:
         fe = (model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size
-        Lm, Cm = U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw)
+        Lm, Cm = U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw, fz)
         Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP)
     E = (holds_first[:, None] * U.embedding_features(b, s, h, hbm)
-         + holds_last[:, None] * U.output_features(b, s, tp, h, padded_vocab(model, tp), peak, hbm))
+         + holds_last[:, None] * U.output_features(b, s, tp, h, model.padded_vocab_size(tp), peak, hbm))
     return {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
             "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
             "sel": (c["recompute"] == 1).astype(np.float64)}
@@ -558,18 +435,20 @@ class Stages:
     hbm: float
 
 
-def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwidth: Any) -> Stages:
-    """Features and communication times of every stage class (see :class:`Stages`)."""
+def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any) -> Stages:
+    """Features and communication times of every stage class (see :class:`Stages`) of the configurations of
+    ``t`` (checked: :func:`candidate_table`)."""
+    c = arrays(model, t, cluster.gpus_per_node)
     n = len(c["tp"])
-    gpn = cluster.gpus_per_node
     peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
     pp = c["pp"]
-    layers = _stage_layers(model, pp, c["vpp"])
+    layers = step.stage_classes(model, pp, c["vpp"], {k: c[k] for k in step.UNEVEN})
     if isinstance(bandwidth, _Timer):
         bandwidth.reset()
     # the three stage classes stacked as 3n rows: one pass over the formulas instead of three
-    c3 = {k: np.concatenate([v, v, v]) for k, v in c.items()}
-    edges = [holds_edges(cls, pp) for cls in CLASSES]
+    per = [for_class(c, cls) for cls in CLASSES]
+    c3 = {k: np.concatenate([p[k] for p in per]) for k in per[0]}
+    edges = [step.holds_edges(cls, pp) for cls in CLASSES]
     hf3 = np.concatenate([e[0] for e in edges])
     hl3 = np.concatenate([e[1] for e in edges])
     layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
@@ -578,13 +457,14 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus")}
-    for it in comm_items(model, c3, (hf3, hl3), gpn, layers3, params3):
-        if it.op == "recv":  # a receive is the peer's send: timed once, on the sender
-            continue
-        live = it.count > 0
-        if not live.any():
-            continue
-        if live.all():
+    items = [(it, it.count > 0) for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
+             if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
+    items = [(it, live) for it, live in items if live.any()]
+    times = _batched_times(bandwidth, items) if n3 <= 192 else None
+    for j, (it, live) in enumerate(items):
+        if times is not None:
+            tt = times[j]
+        elif live.all():
             tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
         else:
             tt = np.zeros(n3)
@@ -604,6 +484,28 @@ def stages(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwid
     shard = np.where(c["distributed_optimizer"], c["dp"], 1)
     m = c["global_batch"] // (c["micro_batch"] * c["dp"])
     return Stages(per_class, m, pp, c["vpp"], ADAM_BYTES_PER_PARAM * params / shard, hbm)
+
+
+def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
+    """Each item's call times (0 where it issues no call), one ``bandwidth.time`` per op over every item's live
+    rows: for a few configurations the per-call overhead, not the arithmetic, is the cost. Elementwise, so equal
+    to timing item by item."""
+    out = [np.zeros(len(it.count)) for it, _ in items]
+    by_op: dict[str, list[int]] = {}
+    for j, (it, _) in enumerate(items):
+        by_op.setdefault(it.op, []).append(j)
+    for op, js in by_op.items():
+        sel = [items[j][1] for j in js]
+        nb = np.concatenate([items[j][0].nbytes[m] for j, m in zip(js, sel, strict=True)])
+        size = np.concatenate([items[j][0].size[m] for j, m in zip(js, sel, strict=True)])
+        rpn = np.concatenate([items[j][0].rpn[m] for j, m in zip(js, sel, strict=True)])
+        tt = bandwidth.time(op, nb, size, rpn)
+        at = 0
+        for j, m in zip(js, sel, strict=True):
+            k = int(m.sum())
+            out[j][m] = tt[at:at + k]
+            at += k
+    return out
 
 
 def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
@@ -649,9 +551,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     return out
 
 
-def _evaluate(model: ModelSpec, c: dict[str, np.ndarray], cluster: Cluster, bandwidth: Any,
+def _evaluate(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
               util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
-    return combine(stages(model, c, cluster, bandwidth), util, overlap_grad_reduce)
+    return combine(stages(model, t, cluster, bandwidth), util, overlap_grad_reduce)
 
 
 class _Timer:
@@ -731,93 +633,47 @@ def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None
     return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
 
 
-def _unsupported(df: pd.DataFrame) -> None:
-    for col in ("cp", "fsdp"):
-        if col in df.columns and (df[col].astype(int) > (1 if col == "cp" else 0)).any():
-            raise ConfigError(f"candidates: {col} is not modelled by the iteration-time formulation")
-    if "moe_token_dispatcher_type" in df.columns and (df["moe_token_dispatcher_type"] != "alltoall").any():
-        raise ConfigError("candidates: only the alltoall MoE token dispatcher is modelled")
-    if "etp" in df.columns and (df["etp"].notna() & (df["etp"] != df["tp"])).any():
-        raise ConfigError("candidates: an expert tensor-parallel size other than tp is not modelled")
-
-
 def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
                     utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False
                     ) -> pd.DataFrame:
-    """Evaluate a table of configurations with numpy: ``candidates`` holds ``tp, pp, dp`` and optionally
-    :data:`CANDIDATE_DEFAULTS`' columns, ``global_batch``, ``seq_len``; returns the candidates with every
-    term of :data:`TERMS`, ``total_s``, ``exposed_comm_s``, ``comm_overhead``, ``critical`` (stage class) and
-    ``num_microbatches``. Raises :class:`ConfigError` naming the first row that breaks a rule."""
-    _unsupported(candidates)
-    c = _candidates(model, candidates)
+    """Evaluate a table of configurations with numpy: ``candidates`` holds ``tp, pp, dp`` and optionally any other
+    :class:`ParallelConfig` field (absent: its default; :class:`~llmcomm.parallel_table.ParallelTable`); returns
+    the candidates with every term of :data:`TERMS`, ``total_s``, ``exposed_comm_s``, ``comm_overhead``,
+    ``critical`` (stage class) and ``num_microbatches``. Raises :class:`ConfigError` naming the first row that
+    breaks a rule (:func:`candidate_table`)."""
+    t = candidate_table(model, candidates)
     bw, ut = _resolve(cluster, bandwidth, utilization)
-    r = _evaluate(model, c, cluster, bw, ut, overlap_grad_reduce)
+    r = _evaluate(model, t, cluster, bw, ut, overlap_grad_reduce)
     out = candidates.reset_index(drop=True).copy()
-    for t in (*TERMS, "dp_comm_total_s", "critical", "num_microbatches", "comm_bus_bytes"):
-        out[t] = r[t]
-    out["total_s"] = sum(r[t] for t in TERMS)
-    out["exposed_comm_s"] = sum(r[t] for t in COMM_TERMS)
+    for k in (*TERMS, "dp_comm_total_s", "critical", "num_microbatches", "comm_bus_bytes"):
+        out[k] = r[k]
+    out["total_s"] = sum(r[k] for k in TERMS)
+    out["exposed_comm_s"] = sum(r[k] for k in COMM_TERMS)
     out["comm_overhead"] = out["exposed_comm_s"] / out["total_s"]
     return out
-
-
-def parallel_row(parallel: ParallelConfig) -> dict[str, Any]:
-    """A :class:`ParallelConfig` as one candidate row."""
-    return {"tp": parallel.tp, "pp": parallel.pp, "dp": parallel.dp, "ep": parallel.ep, "vpp": parallel.vpp,
-            "micro_batch": parallel.micro_batch, "global_batch": parallel.global_batch,
-            "seq_len": parallel.seq_len, "sp": parallel.sp, "recompute": parallel.recompute,
-            "schedule": parallel.schedule, "distributed_optimizer": parallel.distributed_optimizer,
-            "act_dtype": parallel.act_dtype, "grad_reduce_dtype": parallel.grad_reduce_dtype,
-            "param_dtype": parallel.param_dtype,
-            "create_attention_mask_in_dataloader": parallel.create_attention_mask_in_dataloader,
-            "moe_aux_loss_coeff": parallel.moe_aux_loss_coeff, "pipe_partitioned": parallel.pipe_partitioned}
 
 
 def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandwidth: Any = None,
                    utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False) -> Breakdown:
     """The :class:`Breakdown` of one configuration (the formulation of the module docstring). Raises
-    :class:`ConfigError` when the model and configuration break a rule, when the cluster has fewer GPUs than
-    the configuration needs, or when the model state alone (weights, gradients and optimizer state of the
-    stage holding the most, :func:`llmcomm.overhead.memory.model_state`) exceeds the GPU memory."""
-    if parallel.cp > 1 or parallel.fsdp:
-        raise ConfigError("cp > 1 and fsdp are not modelled by the iteration-time formulation")
-    if parallel.moe_token_dispatcher_type != "alltoall" and model.is_moe:
-        raise ConfigError("only the alltoall MoE token dispatcher is modelled by the iteration-time formulation")
-    if parallel.expert_tp != parallel.tp and model.is_moe:
-        raise ConfigError("an expert tensor-parallel size (etp) other than tp is not modelled")
+    :class:`ConfigError` when the model and configuration break a rule (:data:`SCOPES` of :mod:`llmcomm.rules`),
+    when the cluster has fewer GPUs than the configuration needs, or when the model state alone (weights,
+    gradients and optimizer state of the stage holding the most, :func:`llmcomm.overhead.memory.model_state`)
+    exceeds the GPU memory; warns with :class:`~llmcomm.overhead.capacity.MemoryWarning` when activations
+    included it does (:func:`llmcomm.overhead.capacity.check_fits`)."""
     overlap_grad_reduce = overlap_grad_reduce or parallel.overlap_grad_reduce
-    validate(model, parallel)
+    rules.check(model, parallel, SCOPES[1:])  # "config" held when the ParallelConfig was built
     if cluster.num_gpus is not None and parallel.world_size > cluster.num_gpus:
         raise ConfigError(f"tp*pp*dp={parallel.world_size} GPUs but cluster {cluster.name} holds "
                           f"{cluster.num_gpus}")
-    c = _single(model, parallel)
+    t = ParallelTable.from_parallel(parallel, model)
     bw, ut = _resolve(cluster, bandwidth, utilization)
     state = sum(model_state(model, parallel))
     if state > cluster.gpu_memory_bytes:
         raise ConfigError(f"{model.name} under tp={parallel.tp} pp={parallel.pp} needs {state / 1e9:.1f} GB "
                           f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "
                           f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
-    r = _evaluate(model, c, cluster, bw, ut, overlap_grad_reduce)
-    return Breakdown(**{t: float(r[t][0]) for t in (*TERMS, "dp_comm_total_s", "comm_bus_bytes")},
+    check_fits(model, parallel, cluster)  # activations too: a MemoryWarning with the numbers
+    r = _evaluate(model, t, cluster, bw, ut, overlap_grad_reduce)
+    return Breakdown(**{k: float(r[k][0]) for k in (*TERMS, "dp_comm_total_s", "comm_bus_bytes")},
                      critical_stage=str(r["critical"][0]))
-
-
-def _single(model: ModelSpec, p: ParallelConfig) -> dict[str, np.ndarray]:
-    """One validated :class:`ParallelConfig` as the arrays :func:`_candidates` builds (without pandas)."""
-    if p.schedule == "gpipe" and p.vpp > 1:
-        raise ConfigError("schedule 'gpipe' with vpp > 1 is not a Megatron-LM schedule")
-    if p.ep > 1 and p.tp > 1 and not p.sp:
-        raise ConfigError("tp > 1 with ep > 1 needs sp (Megatron-LM)")
-    i64 = {k: np.array([v], np.int64) for k, v in (
-        ("tp", p.tp), ("pp", p.pp), ("dp", p.dp), ("ep", p.ep), ("vpp", p.vpp), ("micro_batch", p.micro_batch),
-        ("global_batch", p.global_batch), ("seq_len", p.sequence_length(model)),
-        ("recompute", RECOMPUTE_CODE[p.recompute]), ("act_dtype", DTYPE_BYTES[p.act_dtype]),
-        ("grad_reduce_dtype", DTYPE_BYTES[p.grad_reduce_dtype]), ("param_dtype", DTYPE_BYTES[p.param_dtype]))}
-    i64["sp"] = np.array([p.sp])
-    i64["pipe_partitioned"] = np.array([p.pipe_partitioned])
-    i64["distributed_optimizer"] = np.array([p.distributed_optimizer])
-    i64["attention_mask"] = np.array([int(p.create_attention_mask_in_dataloader)])
-    i64["moe_aux_loss_coeff"] = np.array([float(p.moe_aux_loss_coeff)])
-    i64["act_is_fp16"] = np.array([int(p.act_dtype == "fp16")])
-    return i64
-

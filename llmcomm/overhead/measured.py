@@ -35,7 +35,8 @@ COLUMNS = {"# GPUs": "gpus", "global batch": "global_batch", "micro batch": "mic
            "pipeline parallelism": "pp", "iteration time (ms)": "time_ms", "Parameters (billion)": "params_b"}
 VOCAB = 50257
 RUN_SETTINGS = {"recompute": "full", "schedule": "1f1b", "act_dtype": "fp16", "grad_reduce_dtype": "fp16",
-                "param_dtype": "fp16", "sp": False, "distributed_optimizer": False, "pipe_partitioned": True}
+                "param_dtype": "fp16", "sp": False, "distributed_optimizer": False, "pipe_partitioned": True,
+                "attention_backend": "unfused"}
 
 
 def read(which: str = "single", file: str | None = None) -> pd.DataFrame:

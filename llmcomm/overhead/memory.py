@@ -46,7 +46,10 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
+from .. import step
+from ..parallel_table import ParallelTable
 from ..specs import ModelSpec, ParallelConfig, validate
+from ..step import layer_activation_bytes as layer_activation_bytes  # the step description's; public here too
 from ..vocab import dtype_bytes
 
 COLUMNS = ("weights", "gradients", "optimizer", "activations")
@@ -89,27 +92,6 @@ def model_state_bytes(dense: np.ndarray, expert: np.ndarray, *, dp_cp: np.ndarra
     return held * param_bytes, held * grad_bytes, optimizer
 
 
-def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: np.ndarray, micro_batch: np.ndarray,
-                           tp: np.ndarray, sp: np.ndarray, recompute: np.ndarray, act_bytes: np.ndarray
-                           ) -> np.ndarray:
-    """Activation bytes one transformer layer keeps per micro-batch on one GPU (module doc). ``seq`` is the
-    sequence per CP rank; ``recompute`` holds ``"none"``/``"selective"``/``"full"``; arrays broadcast."""
-    recompute = np.asarray(recompute)
-    sp_div = np.where(np.asarray(sp, dtype=bool), tp, 1)
-    tokens = seq * micro_batch
-    scale = np.asarray(act_bytes) / 2
-    h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
-    f = model.expert_ffn_hidden_size if moe_layer else model.ffn_hidden_size
-    experts = (model.moe_router_topk + model.num_shared_experts) if moe_layer else 1
-    f_up = 2 * f if model.gated_mlp else f
-    replicated = 4 * h + 2 * h + h + 2 * h + h
-    sharded = 2 * a * d + 4 * g * d + 2 * a * d + experts * (2 * f_up + 2 * f) \
-        + np.where(recompute == "selective", 0, 5 * a * seq)
-    kept = scale * tokens * (replicated / sp_div + sharded / tp)
-    full = scale * tokens * 2 * h / sp_div
-    return np.where(recompute == "full", full, kept)
-
-
 def chunks_in_flight(stage: int | np.ndarray, *, pp: np.ndarray, vpp: np.ndarray, microbatches: np.ndarray,
                      gpipe: np.ndarray) -> np.ndarray:
     """Model chunks (of ``L/(pp·v)`` layers) whose activations stage ``stage`` holds at its peak."""
@@ -118,28 +100,31 @@ def chunks_in_flight(stage: int | np.ndarray, *, pp: np.ndarray, vpp: np.ndarray
     return np.where(np.asarray(gpipe, dtype=bool), microbatches * vpp, np.where(vpp > 1, interleaved, one_f_one_b))
 
 
-PARALLEL_COLUMNS = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "micro_batch", "global_batch", "seq_len",
-                    "recompute", "distributed_optimizer", "fsdp", "schedule", "act_dtype", "grad_reduce_dtype",
-                    "param_dtype")
-_SHAPE = ("tp", "pp", "ep", "vpp")
-
-
 @lru_cache(maxsize=256)
-def _stage_parameters(model: ModelSpec, tp: int, pp: int, ep: int, vpp: int) -> np.ndarray:
+def _stage_parameters(model: ModelSpec, shape: ParallelConfig) -> np.ndarray:
     """``(pp, 2)`` dense and expert parameters one GPU of each stage holds (the predictor's
-    :func:`~llmcomm.predict.dp.stage_parameters`, which depends on tp, pp, ep and vpp only; cached per shape,
-    read-only)."""
+    :func:`~llmcomm.predict.dp.stage_parameters`, which depends on :func:`_shape` only; cached, read-only)."""
     from ..predict.calls import Context
     from ..predict.dp import stage_parameters
 
-    shape = ParallelConfig(tp=tp, pp=pp, ep=ep, dp=ep, vpp=vpp, global_batch=pp * ep)
     ctx = Context(model, shape, "megatron")
-    out = np.array([[sp.dense, sp.expert] for sp in (stage_parameters(ctx, r) for r in range(pp))], dtype=float)
+    out = np.array([[sp.dense, sp.expert] for sp in (stage_parameters(ctx, r) for r in range(shape.pp))], dtype=float)
     out.flags.writeable = False
     return out
 
 
-def memory_table(model: ModelSpec, candidates: pd.DataFrame, **fixed: object) -> pd.DataFrame:
+def _shape(tp: int, pp: int, ep: int, vpp: int, etp: int, first: int, last: int, emb: bool, loss: bool
+           ) -> ParallelConfig:
+    """The smallest configuration with a stage layout and parameter split (tp, pp, ep, vpp, etp, the pipeline
+    split) of a row: dp = ep·etp so that every expert grid fits."""
+    dp = ep * etp
+    return ParallelConfig(tp=tp, pp=pp, ep=ep, dp=dp, vpp=vpp, etp=etp, global_batch=pp * dp,
+                          num_layers_in_first_pipeline_stage=None if first < 0 else first,
+                          num_layers_in_last_pipeline_stage=None if last < 0 else last,
+                          account_for_embedding_in_pipeline_split=emb, account_for_loss_in_pipeline_split=loss)
+
+
+def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **fixed: object) -> pd.DataFrame:
     """Memory of the most loaded stage for every row of ``candidates`` (columns named as :class:`ParallelConfig`
     fields; ``fixed`` supplies the rest, e.g. ``seq_len=2048``; unset fields take ParallelConfig's defaults).
 
@@ -147,40 +132,33 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame, **fixed: object) ->
     with numpy over the rows. Returns ``weights_bytes, gradients_bytes, optimizer_bytes, activations_bytes,
     total_bytes, stage`` (the stage that sets the peak). Rows are not validated here (the tuner enumerates valid
     ones; :func:`memory` validates)."""
-    defaults = ParallelConfig()
-    n = len(candidates)
-
-    def col(name: str) -> np.ndarray:
-        if name in candidates.columns:
-            return candidates[name].to_numpy()
-        value = fixed.get(name, getattr(defaults, name))
-        return np.full(n, value)
-
-    tp, pp, dp, ep, cp, vpp = (col(c).astype(np.int64) for c in ("tp", "pp", "dp", "ep", "cp", "vpp"))
-    mb = col("micro_batch").astype(np.int64)
-    gb = col("global_batch")
-    gb = np.where(pd.isna(gb), mb * dp, gb).astype(np.int64)
-    seq_len = col("seq_len")
-    seq = np.where(pd.isna(seq_len), model.seq_length, seq_len).astype(float) / cp
-    microbatches = gb // (mb * dp)
-    byte_of = np.vectorize(dtype_bytes, otypes=[float])
-    act, pbytes, gbytes = (byte_of(col(c)) for c in ("act_dtype", "param_dtype", "grad_reduce_dtype"))
-    sp, recompute = col("sp").astype(bool), col("recompute").astype(str)
-    gpipe = col("schedule").astype(str) == "gpipe"
-    dist_opt, fsdp = col("distributed_optimizer").astype(bool), col("fsdp").astype(bool)
-    layer_kw = dict(seq=seq, micro_batch=mb, tp=tp, sp=sp, recompute=recompute, act_bytes=act)
+    tab = (candidates if isinstance(candidates, ParallelTable)
+         else ParallelTable.from_frame(candidates, model, required=(), **fixed))
+    n = len(tab)
+    tp, pp, dp, ep, cp, vpp, mb = tab.tp, tab.pp, tab.dp, tab.ep, tab.cp, tab.vpp, tab.micro_batch
+    seq = tab.sequence_length(model).astype(float) / cp
+    microbatches = tab.num_microbatches
+    act, pbytes, gbytes = (tab.dtype_bytes(c).astype(float) for c in ("act_dtype", "param_dtype", "grad_reduce_dtype"))
+    sp, recompute = tab.sp, tab.recompute.astype(str)
+    gpipe = tab.schedule == "gpipe"
+    dist_opt, fsdp = tab.distributed_optimizer, tab.fsdp
+    layer_kw = dict(seq=seq, micro_batch=mb, tp=tp, sp=sp, recompute=recompute, act_bytes=act,
+                    fused_attention=tab.fused_attention)
     per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) for moe in (False, True)}
     sbh = seq * mb * model.hidden_size
     best = np.full((n, 6), -np.inf)
-    shapes = pd.DataFrame({"tp": tp, "pp": pp, "ep": ep, "vpp": vpp})
+    keys = [tp, pp, ep, vpp, tab.expert_tp, *(np.asarray(getattr(tab, k), np.int64) for k in step.UNEVEN)]
+    inv, uniq = step.factorize(keys)
     pattern = np.asarray(model.moe_layer_pattern())
-    for (t, p, e, v), rows in shapes.groupby(list(_SHAPE), sort=False).indices.items():
-        params = _stage_parameters(model, int(t), int(p), int(e), int(v))
-        layers_per_chunk = model.num_layers // (p * v)
+    for j, key in enumerate(uniq):
+        rows = np.flatnonzero(inv == j)
+        shape = _shape(*key[:7], bool(key[7]), bool(key[8]))
+        t, p, v = shape.tp, shape.pp, shape.vpp
+        params = _stage_parameters(model, shape)
         for r in range(p):
-            stage_layers = [c * p * layers_per_chunk + r * layers_per_chunk + i
-                            for c in range(v) for i in range(layers_per_chunk)]
-            moe_share = pattern[stage_layers].mean()
+            held = step.stage_layers(model.num_layers, shape, r)
+            layers_per_chunk = len(held) / v  # chunks of a stage hold equal layers but for the embedding/loss slots
+            moe_share = pattern[held].mean() if held else 0.0
             mean_layer = (1 - moe_share) * per_layer[False][rows] + moe_share * per_layer[True][rows]
             chunks = chunks_in_flight(r, pp=p, vpp=v, microbatches=microbatches[rows], gpipe=gpipe[rows])
             activations = chunks * layers_per_chunk * mean_layer
@@ -189,14 +167,15 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame, **fixed: object) ->
             if r == p - 1:
                 activations = activations + 4 * sbh[rows] / t * (1 + model.padded_vocab_size(int(t)) / model.hidden_size)
             w, g, o = model_state_bytes(params[r, 0], params[r, 1], dp_cp=dp[rows] * cp[rows],
-                                        expert_dp=dp[rows] * cp[rows] // e, param_bytes=pbytes[rows],
+                                        expert_dp=tab.expert_dp[rows], param_bytes=pbytes[rows],
                                         grad_bytes=gbytes[rows], distributed_optimizer=dist_opt[rows],
                                         fsdp=fsdp[rows])
             total = w + g + o + activations
             better = total > best[rows, 4]
             idx = rows[better]
             best[idx] = np.column_stack([w, g, o, activations, total, np.full(len(rows), r)])[better]
-    out = pd.DataFrame(best, columns=[f"{c}_bytes" for c in (*COLUMNS, "total")] + ["stage"], index=candidates.index)
+    index = candidates.index if isinstance(candidates, pd.DataFrame) else None
+    out = pd.DataFrame(best, columns=[f"{c}_bytes" for c in (*COLUMNS, "total")] + ["stage"], index=index)
     out["stage"] = out["stage"].astype(np.int64)
     return out
 
@@ -205,9 +184,13 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
     """``(weights, gradients, optimizer)`` bytes per GPU of the pipeline stage that holds the most model state,
     for one configuration (no activations; not validated): :func:`model_state_bytes` over the stages'
     parameters, without the table machinery of :func:`memory_table` (a fast check for one configuration)."""
-    params = _stage_parameters(model, parallel.tp, parallel.pp, parallel.ep, parallel.vpp)
+    params = _stage_parameters(model, _shape(parallel.tp, parallel.pp, parallel.ep, parallel.vpp, parallel.expert_tp,
+                                             *(-1 if x is None else x for x in (parallel.num_layers_in_first_pipeline_stage,
+                                                                                parallel.num_layers_in_last_pipeline_stage)),
+                                             parallel.account_for_embedding_in_pipeline_split,
+                                             parallel.account_for_loss_in_pipeline_split))
     dp_cp = parallel.dp * parallel.cp
-    w, g, o = model_state_bytes(params[:, 0], params[:, 1], dp_cp=dp_cp, expert_dp=dp_cp // parallel.ep,
+    w, g, o = model_state_bytes(params[:, 0], params[:, 1], dp_cp=dp_cp, expert_dp=parallel.expert_dp,
                                 param_bytes=dtype_bytes(parallel.param_dtype),
                                 grad_bytes=dtype_bytes(parallel.grad_reduce_dtype),
                                 distributed_optimizer=parallel.distributed_optimizer, fsdp=parallel.fsdp)
@@ -218,6 +201,6 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
 def memory(model: ModelSpec, parallel: ParallelConfig) -> MemoryBreakdown:
     """The most loaded pipeline stage's memory for one configuration (validated first)."""
     validate(model, parallel)
-    row = memory_table(model, pd.DataFrame([{c: getattr(parallel, c) for c in PARALLEL_COLUMNS}])).iloc[0]
+    row = memory_table(model, ParallelTable.from_parallel(parallel, model)).iloc[0]
     return MemoryBreakdown(int(row["stage"]), row["weights_bytes"], row["gradients_bytes"], row["optimizer_bytes"],
                            row["activations_bytes"])

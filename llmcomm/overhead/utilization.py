@@ -69,8 +69,11 @@ CALIBRATION = "calibration/utilization.json"
 
 
 def hbm_bandwidth(cluster: Cluster) -> float:
-    """The GPU memory bandwidth of ``cluster.gpu`` from :data:`HBM_BANDWIDTH` (longest matching key);
-    unknown GPUs: A100-40GB's bandwidth scaled by the ratio of peak FLOP/s (stated rule)."""
+    """The GPU memory bandwidth of ``cluster``: its own ``hbm_bandwidth`` (datasheet, in the cluster file) when
+    given, else that of ``cluster.gpu`` from :data:`HBM_BANDWIDTH` (longest matching key); unknown GPUs:
+    A100-40GB's bandwidth scaled by the ratio of peak FLOP/s (stated rule)."""
+    if cluster.hbm_bandwidth is not None:
+        return float(cluster.hbm_bandwidth)
     best = max((k for k in HBM_BANDWIDTH if k in cluster.gpu), key=len, default=None)
     if best is not None:
         return HBM_BANDWIDTH[best]
@@ -78,14 +81,22 @@ def hbm_bandwidth(cluster: Cluster) -> float:
 
 
 def layer_features(b: np.ndarray, s: np.ndarray, tp: np.ndarray, h: int, a: int, g: int, d: int, f_eff: int,
-                   k: int, peak: float, hbm: float, full_width: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   k: int, peak: float, hbm: float, full_width: np.ndarray | None = None,
+                   fused: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Features (columns :data:`FEATURES`) of one forward pass of one transformer layer on one GPU, and of
     its attention core alone (what selective recomputation re-runs: ``F_attn`` and the scores' traffic).
 
     ``f_eff`` is the FFN width the layer's tokens run through: ``f`` for a dense layer, ``(topk + shared)·f_e``
     for an MoE layer (expected, balanced routing). ``full_width`` divides the full-activation traffic
-    (``tp`` with sequence parallelism, else 1)."""
+    (``tp`` with sequence parallelism, else 1).
+
+    ``fused`` marks rows whose attention core is one fused kernel (``attention_backend`` flash/fused/auto,
+    :data:`llmcomm.vocab.FUSED_ATTENTION_BACKENDS`; the step description's :class:`llmcomm.step.AttentionCore`)::
+
+        unfused:  F_attn = 4·T·s·a·d/tp (full score matrix)      score bytes = 2·5·b·(a/tp)·s²
+        fused:    F_attn = 2·T·s·a·d/tp (causal: the kernel skips the masked half of the blocks, FlashAttention-2,
+                  Dao 2023, §3.1)                                score bytes = 0 (scores stay on chip)
+    """
     b, s, tp = (np.asarray(x, dtype=np.float64) for x in (b, s, tp))
     fw = np.ones_like(tp) if full_width is None else np.asarray(full_width, dtype=np.float64)
     T = b * s
@@ -94,6 +105,10 @@ def layer_features(b: np.ndarray, s: np.ndarray, tp: np.ndarray, h: int, a: int,
     proj = h * a * d + 2 * h * g * d + a * d * h
     f_attn = 4.0 * T * s * a * d / tp
     score_bytes = 2.0 * 5.0 * b * (a / tp) * s * s
+    if fused is not None:
+        fz = np.asarray(fused, dtype=bool)
+        f_attn = np.where(fz, 0.5 * f_attn, f_attn)
+        score_bytes = np.where(fz, 0.0, score_bytes)
     X[:, I["gemm"]] = (2.0 * T * (proj + k * h * f_eff) / tp + f_attn) / peak
     X[:, I["mem"]] = (2.0 * 16.0 * T * h / fw + 2.0 * 2.0 * T * f_eff / tp + score_bytes) / hbm
     X[:, I["launch_gemm"]] = 1.0

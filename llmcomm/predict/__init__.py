@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..bounds import check_predict_size
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
@@ -24,6 +25,7 @@ from . import expand, program, torch_rules
 from .audit import audit_table
 from .calls import Context
 from .ep import peer_tokens, routing_counts
+from .support import check_supported as _check_supported
 
 AUTO_AGGREGATE_ROWS = 500_000
 
@@ -41,9 +43,11 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
     ``(num_layers, num_microbatches, world_size, num_experts)``; without it, all-to-all sizes are the
     expected value under uniform routing. ``aggregate``: one row per distinct call with ``count``
     (``layer = microbatch = -1``); ``None`` picks it when the expanded table would exceed
-    ``AUTO_AGGREGATE_ROWS`` rows. Raises :class:`ConfigError` naming the broken rule before any work."""
+    ``AUTO_AGGREGATE_ROWS`` rows. Raises :class:`ConfigError` naming the broken rule before any work (also a
+    world size above :data:`llmcomm.bounds.MAX_PREDICT_GPUS`, with the memory it would need)."""
     if isinstance(model, str):
         model = load_model(model)
+    check_predict_size(parallel.world_size)
     check = cluster.for_world(parallel.world_size) if cluster is not None and cluster.num_nodes is None else cluster
     validate(model, parallel, check)
     _check_supported(model, parallel, framework)
@@ -71,7 +75,7 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
         if not calls:
             continue
         parts.append(expand.stage_table(lay, r, calls, call_counts, iteration, d_tokens, model.hidden_size * ctx.act,
-                                        ctx.act))
+                                        ctx.probs_bytes))
     events = expand.to_ref_events(lay, parts)
     if parts:
         order = np.argsort(events.ints("rank"), kind="stable")
@@ -83,10 +87,3 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: C
             "gpus_per_node": lay.gpus_per_node, "aggregated": bool(aggregate), "iteration": iteration,
             "cluster": cluster.name if cluster is not None else None}
     return Trace(meta=meta, routing=routing if isinstance(routing, pd.DataFrame) else None, ref_events=events)
-
-
-def _check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str) -> None:
-    """Rules of Megatron-LM the predictor relies on, beyond :func:`llmcomm.specs.validate`."""
-    if framework == "megatron" and model.is_moe and parallel.tp > 1 and parallel.ep > 1 and not parallel.sp:
-        raise ConfigError("tp>1 with ep>1 needs sp=True (Megatron-LM: 'When using expert parallelism and "
-                          "tensor parallelism, sequence parallelism must be used')")

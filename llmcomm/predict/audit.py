@@ -23,6 +23,7 @@ from ..specs import ModelSpec, ParallelConfig, dtype_bytes, load_model, validate
 from . import cp, dp, ep, pp, scalars, tp
 from .batch import batch_broadcast
 from .calls import Call, Context
+from .support import check_supported
 
 COLUMNS = ("stage", "scope", "origin", "generator", "phase", "parallelism", "op", "group", "bytes", "dtype",
            "calls_per_microbatch", "calls_per_iteration", "bytes_per_iteration")
@@ -35,14 +36,15 @@ ORIGINS = {
                        "over TP on receiving activations and grads and before the backward pass)",
     "embedding": _MC + "models/common/embeddings/language_model_embedding.py + tensor_parallel/layers.py "
                        "VocabParallelEmbedding.forward",
-    "attention_tp": _MC + "tensor_parallel/layers.py ColumnParallelLinear (linear_qkv) + RowParallelLinear "
+    "attention_tp": _MC + "tensor_parallel/layers.py ColumnParallelLinear (linear_qkv; MLA: "
+                          "multi_latent_attention.py up projections, k_pos_emb gather) + RowParallelLinear "
                           "(linear_proj); mappings.py",
     "cp_ring": "TransformerEngine pytorch/attention/dot_product_attention/context_parallel.py "
                "AttnFuncWithCPAndKVP2P",
     "mlp_tp": _MC + "tensor_parallel/layers.py ColumnParallelLinear (linear_fc1) + RowParallelLinear "
                     "(linear_fc2); mappings.py",
-    "moe": _MC + "transformer/moe/token_dispatcher.py (dispatcher) + router.py (aux loss) + "
-                 "shared_experts.py",
+    "moe": _MC + "transformer/moe/moe_layer.py forward: shared_experts.py, router.py (aux losses), "
+                 "token_dispatcher.py (dispatcher)",
     "output": _MC + "tensor_parallel/layers.py ColumnParallelLinear (output_layer) "
                     "LinearWithGradAccumulationAndAsyncCommunication",
     "cross_entropy": _MC + "tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy.forward",
@@ -50,11 +52,18 @@ ORIGINS = {
     "buckets": _MC + "distributed/param_and_grad_buffer.py bucket groups (overlap_grad_reduce, last "
                      "micro-batch's backward)",
     "grad_sync": _MC + "distributed/finalize_model_grads.py finish_grad_sync per model chunk -> "
-                       "param_and_grad_buffer.py start_grad_sync",
+                       "param_and_grad_buffer.py start_grad_sync (one call per bucket)",
     "norm_grads": _MC + "distributed/finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads",
     "tied_embedding": _MC + "distributed/finalize_model_grads.py _allreduce_word_embedding_grads",
-    "grad_norm": _MC + "optimizer/clip_grads.py get_grad_norm_fp32 (+ fp16 found_inf, optimizer.py)",
-    "param_gather": _MC + "optimizer/distrib_optimizer.py step -> start_param_sync per model chunk",
+    "expert_bias": _MC + "distributed/finalize_model_grads.py _update_router_expert_bias -> moe_utils.py "
+                         "get_updated_expert_bias",
+    "per_token_loss": _MC + "distributed/finalize_model_grads.py finalize_model_grads (num_tokens broadcast over "
+                            "pp, all-reduce over dp_cp)",
+    "rerun": _MC + "rerun_state_machine.py should_run_forward_backward -> _reduce_any (int32 over the world)",
+    "grad_norm": _MC + "optimizer/clip_grads.py get_grad_norm_fp32 per gradient-statistics group "
+                       "(ChainedOptimizer.get_grad_norm; + fp16 found_inf, optimizer.py)",
+    "param_gather": _MC + "optimizer/distrib_optimizer.py step_with_ready_grads -> "
+                          "start_param_sync_for_bucket_group_subset (per optimizer, chunk and bucket)",
     "moe_metrics": _MC + "transformer/moe/moe_logging.py MoEMetricsTracker._sync_metrics (training_log)",
     "train_step": "megatron/training/training.py train_step (logical_and / reduce_max over mp, loss over dp_cp)",
 }
@@ -91,12 +100,12 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
             add("embedding", tp.embedding_forward, tp.embedding_forward(ctx, mb))
         for phase_fwd in (True, False) if p.recompute == "full" else (True,):
             for la in layers:
-                att = tp.block_forward(ctx, la, mb)
+                att = [c for part in tp.attention_forward(ctx, la, mb) for c in part]
                 ring = cp.ring_forward(ctx, la, mb)
                 mlp = ep.moe_forward(ctx, la, mb) if ctx.moe_pattern[la] else tp.block_forward(ctx, la, mb)
                 if not phase_fwd:  # full recomputation repeats the forward calls in the backward
                     att, ring, mlp = ([dataclasses.replace(c, phase="backward") for c in x] for x in (att, ring, mlp))
-                add("attention_tp", tp.block_forward, att)
+                add("attention_tp", tp.attention_forward, att)
                 add("cp_ring", cp.ring_forward, ring)
                 add("moe" if ctx.moe_pattern[la] else "mlp_tp",
                     ep.moe_forward if ctx.moe_pattern[la] else tp.block_forward, mlp)
@@ -105,9 +114,9 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
                     add("fsdp", dp.fsdp_unit_forward, dp.fsdp_unit_forward(ctx, d, e, la, mb))
                     add("fsdp", dp.fsdp_unit_backward, dp.fsdp_unit_backward(ctx, d, e, la, mb))
         if vs == ctx.last_virtual:
-            out_f = tp.output_forward(ctx, mb)
-            add("output", tp.output_forward, [c for c in out_f if c.dtype != "fp32" or c.op != "all_reduce"])
-            add("cross_entropy", tp.output_forward, [c for c in out_f if c.dtype == "fp32" and c.op == "all_reduce"])
+            ce = tp.cross_entropy(ctx, mb)
+            add("output", tp.output_forward, tp.output_forward(ctx, mb)[:len(tp.output_forward(ctx, mb)) - len(ce)])
+            add("cross_entropy", tp.cross_entropy, ce)
             add("output", tp.output_backward, tp.output_backward(ctx, mb))
         else:
             add("p2p", pp.send_forward, [pp.send_forward(ctx, mb, layers[-1])])
@@ -118,7 +127,7 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
                 add("moe", ep.moe_backward, ep.moe_backward(ctx, la, mb))
             else:
                 add("mlp_tp", tp.block_backward, tp.block_backward(ctx, la, mb))
-            add("attention_tp", tp.block_backward, tp.block_backward(ctx, la, mb))
+            add("attention_tp", tp.attention_backward, [c for part in tp.attention_backward(ctx, la, mb) for c in part])
             add("cp_ring", cp.ring_backward, cp.ring_backward(ctx, la, mb))
         if vs == 0:
             add("embedding", tp.embedding_backward, tp.embedding_backward(ctx, mb))
@@ -130,28 +139,25 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
             add("fsdp", dp.fsdp_unit_backward, dp.fsdp_unit_backward(ctx, edge, 0, -1, mb))
     # once per iteration
     it = "iteration"
-    overlap = p.overlap_grad_reduce and not p.fsdp
-    chunks = [dp.chunk_parameters(ctx, stage, c) for c in range(ctx.vpp)]
-    if overlap:
-        for c in range(ctx.vpp):
-            bl = dp.buckets(ctx, stage, c)
-            calls = [x for la in sorted({b.layer for b in bl}, reverse=True)
-                     for x in dp.overlapped_grad_sync(ctx, bl, la, m - 1)]
+    bl = [dp.buckets(ctx, stage, c) for c in range(ctx.vpp)]
+    if p.overlap_grad_reduce and not p.fsdp:
+        for b in bl:
+            calls = [x for la in sorted({k.layer for k in b}, reverse=True)
+                     for x in dp.overlapped_grad_sync(ctx, b, la, m - 1)]
             add("buckets", dp.overlapped_grad_sync, calls, it)
-    else:
-        for ch in chunks:
-            add("grad_sync", dp.grad_sync, dp.grad_sync(ctx, ch), it)
+    for b in bl:
+        add("grad_sync", dp.grad_sync, dp.grad_sync(ctx, b), it)
     gdt = p.grad_reduce_dtype
     add("norm_grads", tp.norm_grad_allreduce,
-        tp.norm_grad_allreduce(ctx, dp.stage_parameters(ctx, stage).replicated_norms, dtype_bytes(gdt), gdt), it)
+        tp.norm_grad_allreduce(ctx, dp.tp_replicated_grads(ctx, stage), dtype_bytes(gdt), gdt), it)
     add("tied_embedding", pp.tied_embedding_allreduce, pp.tied_embedding_allreduce(ctx, stage), it)
-    add("grad_norm", scalars.grad_norm, scalars.grad_norm(ctx), it)
-    if overlap:
-        for c in range(ctx.vpp):
-            add("param_gather", dp.bucketed_param_gather, dp.bucketed_param_gather(ctx, dp.buckets(ctx, stage, c)), it)
-    else:
-        for ch in chunks:
-            add("param_gather", dp.param_gather, dp.param_gather(ctx, ch), it)
+    add("expert_bias", ep.expert_bias_allreduce, ep.expert_bias_allreduce(ctx, stage), it)
+    add("per_token_loss", scalars.per_token_loss, scalars.per_token_loss(ctx), it)
+    add("rerun", scalars.rerun_state, scalars.rerun_state(ctx), it)
+    add("grad_norm", scalars.grad_norm, scalars.grad_norm(ctx, stage), it)
+    for _ in range(dp.param_gather_passes(ctx, stage)):
+        for b in bl:
+            add("param_gather", dp.param_gather, dp.param_gather(ctx, b), it)
     add("train_step", scalars.train_step_scalars, scalars.train_step_scalars(ctx, stage), it)
     add("moe_metrics", scalars.moe_metrics, scalars.moe_metrics(ctx), it)
     return rows
@@ -164,6 +170,7 @@ def audit_table(model: ModelSpec | str, parallel: ParallelConfig, stages: list[i
     if isinstance(model, str):
         model = load_model(model)
     validate(model, parallel)
+    check_supported(model, parallel)
     ctx = Context(model, parallel, "megatron")
     rows = [r for s in (range(parallel.pp) if stages is None else stages) for r in _stage_rows(ctx, s)]
     if not rows:

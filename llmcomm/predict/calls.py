@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from .. import step
 from ..errors import ConfigError
 from ..specs import ModelSpec, ParallelConfig
 from ..vocab import CALL_GROUP_KINDS, FRAMEWORKS, dtype_bytes
@@ -91,6 +92,18 @@ class Context:
         return self.tokens // self.tp if self.sp else self.tokens
 
     @property
+    def probs_dtype(self) -> str:
+        """The routing probabilities' dtype: ``moe_router_dtype`` (``--moe-router-dtype``), else the activation
+        dtype (``topk_routing_with_score_function`` returns ``probs.type_as(logits)``, the router's logits are in
+        the router dtype: core/transformer/moe/router.py)."""
+        return self.parallel.moe_router_dtype or self.parallel.act_dtype
+
+    @property
+    def probs_bytes(self) -> int:
+        """Bytes per routing-probability element (:attr:`probs_dtype`)."""
+        return dtype_bytes(self.probs_dtype)
+
+    @property
     def act_bytes(self) -> int:
         """``b · s · h · act / cp``: the full activation buffer of a TP collective."""
         return self.tokens * self.model.hidden_size * self.act
@@ -109,9 +122,6 @@ class Context:
         return tokens * self.model.hidden_size * self.act
 
     # -- layers and stages --------------------------------------------------------------------------
-    @property
-    def layers_per_chunk(self) -> int:
-        return self.model.num_layers // (self.pp * self.vpp)
 
     @property
     def last_virtual(self) -> int:
@@ -123,11 +133,10 @@ class Context:
 
     def chunk_layers(self, stage: int, chunk: int) -> range:
         """Global layer indices of model chunk ``chunk`` on stage ``stage``."""
-        start = self.virtual_stage(stage, chunk) * self.layers_per_chunk
-        return range(start, start + self.layers_per_chunk)
+        return step.chunk_layers(self.model.num_layers, self.parallel, stage, chunk)
 
     def stage_layers(self, stage: int) -> list[int]:
-        return [la for c in range(self.vpp) for la in self.chunk_layers(stage, c)]
+        return step.stage_layers(self.model.num_layers, self.parallel, stage)
 
     @cached_property
     def moe_pattern(self) -> tuple[bool, ...]:

@@ -11,10 +11,10 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ..cli_options import add_cluster, add_model, add_parallel, add_quiet, parallel_from_args
 from ..output_paths import FIGURE_SUFFIXES, check_distinct, check_file
 from ..specs import Cluster, ParallelConfig, load_cluster, load_model
-from ..vocab import FRAMEWORKS, PIPELINE_SCHEDULES, RECOMPUTE_MODES
+from ..vocab import FRAMEWORKS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,79 +28,74 @@ MAX_CELLS = 512  # cells per side of the --matrix figure (ranks binned above it)
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("predict", help="predict one training iteration's communication",
                               description=__doc__.splitlines()[0])
-    p.add_argument("model", help="catalogue name (see llmcomm models) or YAML path")
-    names = {"tp": "tensor", "pp": "pipeline", "dp": "data", "ep": "expert", "cp": "context"}
-    for dim, what in names.items():
-        p.add_argument(f"--{dim}", type=int, default=1, help=f"{what}-parallel degree")
-    p.add_argument("--vpp", type=int, default=1,
-                   help="virtual pipeline stages per rank; > 1 selects the interleaved schedule")
-    p.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp > 1)")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch")
-    p.add_argument("--global-batch", type=int, default=None,
-                   help="sequences per iteration (default: micro-batch x dp, one micro-batch per rank)")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
-    p.add_argument("--recompute", nargs="?", const="full", default="none", choices=RECOMPUTE_MODES,
-                   help="activation recomputation; --recompute alone means full")
-    p.add_argument("--distributed-optimizer", action="store_true",
-                   help="Megatron's distributed optimizer (gradient reduce-scatter + parameter all-gather)")
-    p.add_argument("--fsdp", action="store_true", help="fully sharded data parallelism")
-    p.add_argument("--pipe-partitioned", action="store_true",
-                   help="Megatron-DeepSpeed: DeepSpeed's pipeline engine sends pipeline tensors split over TP and "
-                        "all-gathers them on arrival (not with --sp)")
-    p.add_argument("--schedule", default="1f1b", choices=PIPELINE_SCHEDULES,
-                   help="pipeline schedule (--vpp > 1 implies interleaved)")
-    p.add_argument("--cluster", default=None,
-                   help=f"cluster name or YAML path, sets GPUs per node (see llmcomm clusters; default: "
-                        f"{DEFAULT_GPUS_PER_NODE} GPUs per node)")
+    add_model(p)
+    add_parallel(p, extras=("vpp", "sp", "micro_batch", "global_batch", "seq_len", "recompute",
+                            "distributed_optimizer", "fsdp", "pipe_partitioned", "schedule"))
+    add_cluster(p, required=False, default_text=f"{DEFAULT_GPUS_PER_NODE} GPUs per node; the cluster sets GPUs "
+                                                "per node")
     p.add_argument("--framework", default="megatron", choices=FRAMEWORKS,
                    help="whose calls to predict: Megatron-LM's or torch-native (torchtitan-style) training")
     p.add_argument("--out", default=None, help="write the trace to this .parquet file (default: none)")
     p.add_argument("--matrix", default=None,
                    help=f"write the communication-matrix figure ({', '.join(FIGURE_SUFFIXES)}; default: none)")
+    add_quiet(p, "no summary; only the names of the files written")
     p.set_defaults(func=run)
 
 
-def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
-    """The ParallelConfig the options describe; ``--schedule`` other than interleaved with ``--vpp > 1`` is
-    refused (interleaving is what virtual stages are for) instead of being changed silently."""
-    if args.vpp > 1 and args.schedule not in ("1f1b", "interleaved"):
-        raise ConfigError(f"--schedule {args.schedule} --vpp {args.vpp}: virtual pipeline stages need the "
-                          "interleaved 1F1B schedule; drop --vpp or use --schedule interleaved")
-    return ParallelConfig(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep, cp=args.cp, vpp=args.vpp,
-                          sp=args.sp, micro_batch=args.micro_batch, global_batch=args.global_batch,
-                          seq_len=args.seq_len, recompute=args.recompute,
-                          distributed_optimizer=args.distributed_optimizer, fsdp=args.fsdp,
-                          schedule="interleaved" if args.vpp > 1 else args.schedule,
-                          pipe_partitioned=args.pipe_partitioned)
+def warn_surprises(parallel: ParallelConfig, gpus_per_node: int, cluster: Cluster | None,
+                   trace: Trace | None = None) -> None:
+    """Warn about a legal but surprising configuration: TP (or TP x CP) groups that cross node boundaries,
+    whose per-layer collectives then use the inter-node network (Megatron-LM keeps TP within a node). Groups
+    wider than a node always cross; narrower ones cross when ``gpus_per_node`` is not a multiple of their size
+    (tp 6 on 8-GPU nodes). With ``trace`` the warning gives the share of TP wire bytes that cross nodes
+    (:func:`llmcomm.analysis.pair_classes`), else the share of TP groups that do."""
+    from ..layout import Layout
 
-
-def warn_surprises(parallel: ParallelConfig, gpus_per_node: int, cluster: Cluster | None) -> None:
-    """Warn about a legal but surprising configuration: a TP (or CP) group wider than a node, whose
-    per-layer collectives then cross the inter-node network."""
-    where = cluster.name if cluster else f"{gpus_per_node} GPUs per node (no --cluster)"
+    where = cluster.name if cluster else f"{gpus_per_node}-GPU nodes (no --cluster)"
     for dim, size in (("tp", parallel.tp), ("tp*cp", parallel.tp * parallel.cp)):
         if size > gpus_per_node:
             warnings.warn(f"{dim}={size} spans {-(-size // gpus_per_node)} nodes of {where}: its per-layer "
                           "collectives cross the inter-node network (Megatron-LM keeps TP within a node)",
                           stacklevel=2)
             return
+    if parallel.tp == 1 or gpus_per_node % parallel.tp == 0 or parallel.world_size <= parallel.tp:
+        return
+    groups = Layout(parallel, gpus_per_node).groups("tp") // gpus_per_node
+    crossing = int((groups.min(axis=1) != groups.max(axis=1)).sum())
+    if not crossing:
+        return
+    share = f"{crossing} of {len(groups)} TP groups"
+    if trace is not None:
+        from ..analysis import pair_classes
+
+        pc = pair_classes(trace, gpus_per_node)
+        tp = pc[pc["parallelism"] == "tp"]
+        total = float(tp["bytes"].sum())
+        inter = float(tp.loc[tp["pair_class"] == "inter-node", "bytes"].sum())
+        if total > 0:
+            share += f", {100 * inter / total:.0f}% of TP wire bytes"
+    warnings.warn(f"tp={parallel.tp} does not divide the {gpus_per_node} GPUs per node of {where}: {share} cross "
+                  "a node boundary, so their per-layer collectives use the inter-node network", stacklevel=2)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..bounds import check_predict_size
     from . import predict_traffic
 
     out = check_file(args.out, option="--out", suffixes=(".parquet",), writes="a parquet trace") \
-        if args.out else None
+        if args.out is not None else None
     matrix = check_file(args.matrix, option="--matrix", suffixes=FIGURE_SUFFIXES, writes="a figure") \
-        if args.matrix else None
+        if args.matrix is not None else None
     check_distinct(out, matrix)
     model = load_model(args.model)
     parallel = parallel_from_args(args)
+    check_predict_size(parallel.world_size, what="--tp x --pp x --dp x --cp")
     cluster = load_cluster(args.cluster) if args.cluster else None
     gpn = cluster.gpus_per_node if cluster else DEFAULT_GPUS_PER_NODE
-    warn_surprises(parallel, gpn, cluster)
     trace = predict_traffic(model, parallel, cluster=cluster, framework=args.framework)
-    print(summary_text(trace, gpn))
+    warn_surprises(parallel, gpn, cluster, trace)
+    if not args.quiet:
+        print(summary_text(trace, gpn))
     targets = [p for p in (out, matrix) if p is not None]
     if not targets:
         return 0

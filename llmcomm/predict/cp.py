@@ -22,9 +22,14 @@ from .calls import Call, Context
 
 
 def kv_bytes(ctx: Context) -> int:
-    """``2 · b · (s/cp) · (g·d/tp) · act``: one rank's K and V block."""
+    """One rank's K and V block: ``b · (s/cp) · (n_kv/tp) · (d_k + d_v) · act``, which is
+    ``2 · b · (s/cp) · (g·d/tp) · act`` for (grouped-query) attention. TE sends ``torch.cat((k.view(-1),
+    v.view(-1)))`` (context_parallel.py ~1690). With multi-head latent attention K and V have every head
+    (``n_kv = a``) and ``d_k = qk_head_dim + qk_pos_emb_head_dim``, ``d_v = v_head_dim`` (DeepSeek-V3: 128·(192
+    + 128) channels per token, against 2·8·128 for LLaMA-3's GQA): MLA's compression does not reach the ring,
+    which carries the up-projected K and V (:attr:`llmcomm.specs.ModelSpec.kv_heads`)."""
     m = ctx.model
-    return 2 * ctx.tokens * (m.query_groups * m.head_dim // ctx.tp) * ctx.act
+    return ctx.tokens * (m.kv_heads // ctx.tp) * (m.q_head_dim + m.value_head_dim) * ctx.act
 
 
 def _step(ctx: Context, phase: str, nbytes: int, layer: int, mb: int, to: int) -> list[Call]:

@@ -9,12 +9,15 @@ else 2, ``E`` experts, ``S`` shared experts, attention sizes as in :mod:`llmcomm
     stage 0     V'·h/tp word embedding [+ P·h learned positions]
     last stage  final norm + V'·h/tp output layer (untied, or tied with pp > 1: the last stage's copy)
 
-Megatron-LM's DDP (``megatron/core/distributed``), one gradient bucket per dtype (no overlap), per iteration:
+Megatron-LM's DDP (``megatron/core/distributed``), per iteration, one call per bucket (:func:`buckets`): one
+bucket per buffer (dense, and expert when :func:`experts_in_own_buffer`) unless ``overlap_grad_reduce`` splits
+the first stage's first chunk, or the distributed optimizer gives a tied ``shared_embedding`` its own:
 
 * plain: all-reduce of ``dense·g`` over the DP group and of ``expert·g`` over the expert-data-parallel group
   (``g`` = bytes of ``grad_reduce_dtype``);
 * distributed optimizer: reduce-scatter of the same buffers, then, after the step, all-gather of the
-  parameters in ``param_dtype`` (``dense·p``, ``expert·p``);
+  parameters in ``param_dtype`` (``dense·p``, ``expert·p``) — by each chained optimizer in turn, so twice with
+  an expert optimizer (:func:`param_gather_passes`);
 * FSDP (ZeRO-3 style): per micro-batch, all-gather of each layer's parameters in the forward and again in the
   backward, reduce-scatter of its gradients in the backward (see :func:`fsdp_unit_forward`).
 
@@ -29,6 +32,7 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .. import step
 from ..specs import LayerParams, dtype_bytes
 from .calls import Call, Context
 
@@ -45,24 +49,17 @@ class StageParams:
 def layer_parameters(ctx: Context, layer: int) -> LayerParams:
     """One layer's parameters on one TP rank of one EP rank (:meth:`ModelSpec.layer_parameter_split`; routed
     experts split over the expert tensor-parallel size ``etp``)."""
-    return ctx.model.layer_parameter_split(layer, ctx.tp, ctx.parallel.ep, etp=ctx.parallel.expert_tp)
+    split = ctx.model.layer_parameter_split(layer, ctx.tp, ctx.parallel.ep, etp=ctx.parallel.expert_tp)
+    if split.expert and not experts_in_own_buffer(ctx):  # experts share the dense buffer
+        return LayerParams(split.sharded + split.expert, 0, split.replicated)
+    return split
 
 
 def edge_parameters(ctx: Context, stage: int) -> tuple[int, int]:
-    """``(params, replicated)`` of the non-layer parts a stage holds: embedding, final norm, output layer."""
-    m, tp = ctx.model, ctx.tp
-    vh = m.padded_vocab_size(tp) * m.hidden_size // tp
-    p = repl = 0
-    if ctx.holds_embedding(stage):
-        p += vh
-        if m.position_embedding_type == "learned_absolute":
-            p += (m.max_position_embeddings or m.seq_length) * m.hidden_size
-    if ctx.holds_output(stage):
-        repl += m.norm_parameters()
-        p += m.norm_parameters()
-        if not m.tied_embeddings or ctx.pp > 1:
-            p += vh
-    return p, repl
+    """``(params, replicated)`` of the non-layer parts a stage holds: embedding, final norm, output layer
+    (:func:`llmcomm.step.edge_parameters`)."""
+    p, repl = step.edge_parameters(ctx.model, ctx.tp, ctx.pp, ctx.holds_embedding(stage), ctx.holds_output(stage))
+    return int(p), int(repl)
 
 
 def _parameters(ctx: Context, stage: int, layers: Iterable[int], edges: bool) -> StageParams:
@@ -77,6 +74,20 @@ def _parameters(ctx: Context, stage: int, layers: Iterable[int], edges: bool) ->
 
 def stage_parameters(ctx: Context, stage: int) -> StageParams:
     return _parameters(ctx, stage, ctx.stage_layers(stage), True)
+
+
+def tp_replicated_grads(ctx: Context, stage: int) -> int:
+    """Gradient elements one rank of ``stage`` all-reduces over TP once per iteration
+    (``_allreduce_non_tensor_model_parallel_grads``, core/distributed/finalize_model_grads.py ~416-480, one
+    coalesced call): with SP every parameter marked ``sequence_parallel`` (the replicated ones:
+    :attr:`StageParams.replicated_norms`); without SP only ``q_layernorm``/``k_layernorm`` under
+    ``qk_layernorm`` (matched by name, ~459-461: ``2·d`` per layer)."""
+    if ctx.sp:
+        return stage_parameters(ctx, stage).replicated_norms
+    m = ctx.model
+    if not m.qk_layernorm or m.multi_latent_attention:
+        return 0
+    return 2 * m.head_dim * len(ctx.stage_layers(stage))
 
 
 def chunk_parameters(ctx: Context, stage: int, chunk: int) -> StageParams:
@@ -97,34 +108,6 @@ def _dp_kind(ctx: Context) -> str:
 def _sizes(ctx: Context) -> tuple[int, int, str, str]:
     p = ctx.parallel
     return dtype_bytes(p.grad_reduce_dtype), dtype_bytes(p.param_dtype), p.grad_reduce_dtype, p.param_dtype
-
-
-def grad_sync(ctx: Context, params: StageParams) -> list[Call]:
-    """The once-per-iteration gradient reduction (all-reduce, or reduce-scatter with the distributed
-    optimizer) of the dense buffer over ``dp`` and the expert buffer over ``edp``."""
-    if ctx.parallel.fsdp:
-        return []
-    gb, _, gdt, _ = _sizes(ctx)
-    op = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
-    out = []
-    if ctx.parallel.dp * ctx.parallel.cp > 1 and params.dense:
-        out.append(Call("optimizer", "dp", op, _dp_kind(ctx), params.dense * gb, gdt))
-    if ctx.parallel.expert_dp > 1 and params.expert:
-        out.append(Call("optimizer", "dp", op, "edp", params.expert * gb, gdt))
-    return out
-
-
-def param_gather(ctx: Context, params: StageParams) -> list[Call]:
-    """Distributed optimizer: all-gather of the updated parameters in ``param_dtype`` after the step."""
-    if not ctx.parallel.distributed_optimizer:
-        return []
-    _, pb, _, pdt = _sizes(ctx)
-    out = []
-    if ctx.parallel.dp * ctx.parallel.cp > 1 and params.dense:
-        out.append(Call("optimizer", "dp", "all_gather", _dp_kind(ctx), params.dense * pb, pdt))
-    if ctx.parallel.expert_dp > 1 and params.expert:
-        out.append(Call("optimizer", "dp", "all_gather", "edp", params.expert * pb, pdt))
-    return out
 
 
 def fsdp_unit_forward(ctx: Context, dense: int, expert: int, layer: int, mb: int, phase: str = "forward"
@@ -154,15 +137,40 @@ def fsdp_unit_backward(ctx: Context, dense: int, expert: int, layer: int, mb: in
     return out
 
 
-# ------------------------------------------------------------------------------ buckets (overlap_grad_reduce)
+# ------------------------------------------------------------------------------------- buckets and their calls
 @dataclass(frozen=True)
-class Bucket:
-    """One DDP bucket: ``numel`` gradient elements of the dense (``expert=False``) or expert buffer, complete
-    once the backward has reached ``layer`` (``-1`` the embedding, ``num_layers`` the output layer)."""
+class Tensor:
+    """One parameter tensor of a model chunk on one rank: ``numel`` elements, in the expert buffer or the dense
+    one, belonging to ``layer`` (``-1`` the embedding, ``num_layers`` the final norm and output layer);
+    ``shared``: Megatron-LM's ``shared_embedding`` attribute (the tied word embedding on the first stage and its
+    copy on the last, ``pp > 1``)."""
 
     numel: int
     expert: bool
     layer: int
+    shared: bool = False
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One DDP bucket: ``numel`` gradient elements of the dense (``expert=False``) or expert buffer. ``layer``:
+    where the backward has reached when its bucket group is ready to reduce (``-1`` the embedding,
+    ``num_layers`` the output layer)."""
+
+    numel: int
+    expert: bool
+    layer: int
+
+
+def experts_in_own_buffer(ctx: Context) -> bool:
+    """Whether routed-expert weights live in DDP's expert buffers (reduced over the expert-data-parallel
+    group, stepped by the expert optimizer): ``ep > 1`` or ``etp != tp``. Megatron-LM marks a TE expert
+    linear ``allreduce = not use_expert_pgs`` with ``use_expert_pgs = is_expert and (expert_parallel or
+    expert_tensor_parallel_size != tensor_model_parallel_size ...)`` (``core/extensions/transformer_engine.py``
+    ~1235-1239, ~110) and ``group_params_for_buffers`` keys the buffer on ``not param.allreduce``
+    (``core/distributed/param_and_grad_buffer.py`` ~925); otherwise the experts share the dense buffer."""
+    p = ctx.parallel
+    return ctx.model.is_moe and (p.ep > 1 or p.expert_tp != ctx.tp)
 
 
 def layer_tensors(ctx: Context, layer: int) -> list[tuple[int, bool]]:
@@ -170,25 +178,27 @@ def layer_tensors(ctx: Context, layer: int) -> list[tuple[int, bool]]:
     Transformer Engine layers (``TransformerLayer``: ``self_attention.linear_proj`` weight, bias;
     ``linear_qkv`` layer-norm weight, bias, weight, bias; then the MLP: ``linear_fc1`` layer-norm weight, bias,
     weight, bias, ``linear_fc2`` weight, bias; an MoE MLP: ``pre_mlp_layernorm``, ``router.weight``, the
-    local experts' ``linear_fc1.weight0..`` and ``linear_fc2.weight0..``, the shared experts' fc1, fc2).
-    The sizes sum to :meth:`ModelSpec.layer_parameter_split`."""
+    local experts' ``linear_fc1.weight0..`` and ``linear_fc2.weight0..``, the shared experts' fc1, fc2 [and
+    gate]). The sizes sum to :func:`layer_parameters`; ``expert`` only when :func:`experts_in_own_buffer`."""
     m, tp, p = ctx.model, ctx.tp, ctx.parallel
-    h, a, g, d = m.hidden_size, m.num_attention_heads, m.query_groups, m.head_dim
+    h = m.hidden_size
     k = 3 if m.gated_mlp else 2
     bias = m.add_bias_linear
+    own = experts_in_own_buffer(ctx)
     norm = [(h, False)] + ([(h, False)] if m.normalization == "LayerNorm" else [])
-    out: list[tuple[int, bool]] = [(a * d * h // tp, False)] + ([(h, False)] if bias else [])
-    out += norm + [((a * d + 2 * g * d) * h // tp, False)]
-    if bias or m.add_qkv_bias:
-        out.append(((a * d + 2 * g * d) // tp, False))
+    out: list[tuple[int, bool]] = [(n, False) for n in m.attention_tensors(tp)]
     if ctx.moe_pattern[layer]:
         fe, etp = m.expert_ffn_hidden_size, p.expert_tp
         local = m.num_experts // p.ep
         out += norm + [(h * m.num_experts, False)]
-        out += [((k - 1) * fe * h // etp, True)] * local + [(h * fe // etp, True)] * local
+        out += [((k - 1) * fe * h // etp, own)] * local
+        out += [((k - 1) * fe // etp, own)] * local if bias else []
+        out += [(h * fe // etp, own)] * local + ([(h, own)] * local if bias else [])
         if m.num_shared_experts:
-            sf = m.num_shared_experts * fe
+            sf = m.shared_expert_ffn_hidden_size
             out += [((k - 1) * sf * h // tp, False), (h * sf // tp, False)]
+            if m.moe_shared_expert_gate:
+                out.append((h, False))
     else:
         f = m.ffn_hidden_size
         out += norm + [((k - 1) * f * h // tp, False)] + ([((k - 1) * f // tp, False)] if bias else [])
@@ -196,72 +206,141 @@ def layer_tensors(ctx: Context, layer: int) -> list[tuple[int, bool]]:
     return out
 
 
-def chunk_tensors(ctx: Context, stage: int, chunk: int) -> list[tuple[int, bool, int]]:
-    """``(numel, expert, layer)`` of every parameter tensor of a model chunk in module order (``GPTModel``:
-    embedding word then position weights, the layers, final norm, output layer)."""
+def chunk_tensors(ctx: Context, stage: int, chunk: int) -> list[Tensor]:
+    """Every parameter tensor of a model chunk in module order (``GPTModel``: embedding word then position
+    weights, the layers, final norm, output layer). With tied embeddings and ``pp > 1`` the word embedding of
+    virtual stage 0 and the output-layer copy on the last virtual stage carry ``shared_embedding``
+    (``LanguageModule.setup_embeddings_and_output_layer``, core/models/common/language_module/
+    language_module.py ~270-290)."""
     m, tp = ctx.model, ctx.tp
     vs = ctx.virtual_stage(stage, chunk)
-    vh = m.padded_vocab_size(tp) * m.hidden_size // tp
-    out: list[tuple[int, bool, int]] = []
+    vh = step.embedding_shard(m, tp)
+    shared = m.tied_embeddings and ctx.pp > 1
+    out: list[Tensor] = []
     if vs == 0:
-        out.append((vh, False, -1))
+        out.append(Tensor(vh, False, -1, shared))
         if m.position_embedding_type == "learned_absolute":
-            out.append(((m.max_position_embeddings or m.seq_length) * m.hidden_size, False, -1))
+            out.append(Tensor((m.max_position_embeddings or m.seq_length) * m.hidden_size, False, -1))
     for la in ctx.chunk_layers(stage, chunk):
-        out += [(n, e, la) for n, e in layer_tensors(ctx, la)]
+        out += [Tensor(n, e, la) for n, e in layer_tensors(ctx, la)]
     if vs == ctx.last_virtual:
         norms = [m.hidden_size] * (2 if m.normalization == "LayerNorm" else 1)
-        out += [(n, False, m.num_layers) for n in norms]
+        out += [Tensor(n, False, m.num_layers) for n in norms]
         if not m.tied_embeddings or ctx.pp > 1:
-            out.append((vh, False, m.num_layers))
+            out.append(Tensor(vh, False, m.num_layers, shared))
     return out
 
 
+def num_parameters(ctx: Context, stage: int) -> int:
+    """Parameters one rank of ``stage`` holds over all its model chunks (``get_model``'s ``num_parameters``,
+    megatron/training/training.py ~2442-2444)."""
+    p = stage_parameters(ctx, stage)
+    return p.dense + p.expert
+
+
 def bucket_size(ctx: Context) -> int:
-    """``bucket_size`` or Megatron's default ``max(40,000,000, 1,000,000 · dp)`` elements
-    (``DistributedDataParallel.__init__``, core/distributed/distributed_data_parallel.py; ``dp`` without CP)."""
+    """The DDP bucket size in elements, as ``resolve_ddp_bucket_size`` (megatron/training/training.py
+    ~2179-2194) sets it on the training path: ``num_parameters // ddp_num_buckets`` when ``ddp_num_buckets``
+    is set, else ``bucket_size``, else ``max(40,000,000, 1,000,000 · dp·cp)`` (the size of the ``dp_cp`` group;
+    ``DistributedDataParallel.__init__``'s own fallback on the plain DP group, distributed_data_parallel.py
+    ~133, is not reached from training). ``num_parameters`` is the first stage's (:func:`num_parameters`): only
+    that stage buckets (:func:`chunk_bucket_size`)."""
     p = ctx.parallel
-    return p.bucket_size if p.bucket_size is not None else max(40_000_000, 1_000_000 * p.dp)
+    if p.ddp_num_buckets is not None:
+        return num_parameters(ctx, 0) // p.ddp_num_buckets
+    return p.bucket_size if p.bucket_size is not None else max(40_000_000, 1_000_000 * p.dp * p.cp)
+
+
+def chunk_bucket_size(ctx: Context, stage: int, chunk: int) -> int | None:
+    """The bucket size a model chunk's buffers use; ``None``: one bucket per buffer.
+
+    ``None`` without ``overlap_grad_reduce`` (``resolve_ddp_bucket_size``), on every pipeline stage but the first
+    and on every model chunk but the first: ``get_model`` passes ``bucket_sizes = [None if (chunk_idx > 0 or
+    pp_rank > 0) ...]`` and ``disable_bucketing = chunk_idx > 0`` (megatron/training/training.py ~2504-2514), and
+    ``DistributedDataParallel.__init__`` sets ``self.bucket_size = None`` when ``disable_bucketing or pp_rank >
+    0`` (core/distributed/distributed_data_parallel.py ~160-171)."""
+    if not ctx.parallel.overlap_grad_reduce or stage > 0 or chunk > 0:
+        return None
+    return bucket_size(ctx)
 
 
 def buckets(ctx: Context, stage: int, chunk: int) -> list[Bucket]:
-    """The buckets of one model chunk in the order their reductions are issued.
+    """The buckets of one model chunk in the order their reductions are issued under ``overlap_grad_reduce``.
 
-    Per buffer (dense and expert apart: ``group_params_for_buffers`` keys on ``is_expert_parallel``), the
-    tensors are taken in reverse module order (backward order) and a bucket closes at the first tensor that
-    brings it to ``>= bucket_size`` elements; what is left forms the last bucket
-    (``_compute_default_per_buffer_param_layout``, core/distributed/param_and_grad_buffer.py). Each bucket is
-    its own bucket group without fp8 parameters (``partition_buckets``, case 2), so it is one call. Calls
-    are ordered by where their closing tensor sits in the backward. The distributed optimizer's padding of
-    bucket ends to a multiple of the DP size is not modelled."""
-    size = bucket_size(ctx)
+    Per buffer (dense and expert apart, :func:`experts_in_own_buffer`), the tensors are taken in reverse module
+    order (backward order) and a bucket closes at the first tensor that brings it to ``>= size`` elements
+    (:func:`chunk_bucket_size`; ``None``: never); what is left forms the last bucket
+    (``_compute_default_per_buffer_param_layout``, core/distributed/param_and_grad_buffer.py ~954-1000). With
+    the distributed optimizer the layout is ``DistributedOptimizer._compute_per_buffer_param_layout``
+    (core/optimizer/distrib_optimizer.py ~505-575), which also gives a ``shared_embedding`` tensor a bucket of
+    its own (closing the open bucket before it, and its own after it): one more bucket on the first and the
+    last stage with tied embeddings and ``pp > 1``.
+
+    Bucket groups (``partition_buckets``, param_and_grad_buffer.py ~1658-1730): on the first chunk each bucket is
+    its own group (case 2, no fp8 parameters), reduced as soon as its gradients are ready; on a later chunk
+    (``disable_bucketing``: ``force_single_bucket_group``) a buffer's buckets form one group, issued together
+    (coalesced, one NCCL call per bucket) once the whole buffer is ready, so their ``layer`` is the last one's.
+    Calls are ordered by where their group becomes ready in the backward. The distributed optimizer's padding of
+    bucket ends to a multiple of the DP size (``pad_bucket_end``) and of parameter starts to 64 bytes is not
+    modelled (at most ``dp - 1`` elements per bucket)."""
+    size = chunk_bucket_size(ctx, stage, chunk)
+    split_shared = ctx.parallel.distributed_optimizer
     tensors = chunk_tensors(ctx, stage, chunk)[::-1]
     out: list[tuple[int, Bucket]] = []
     for expert in (False, True):
+        mine: list[tuple[int, Bucket]] = []
         acc, last = 0, -1
-        for i, (n, e, la) in enumerate(tensors):
-            if e != expert:
+        for i, t in enumerate(tensors):
+            if t.expert != expert:
                 continue
-            acc, last = acc + n, i
-            if acc >= size:
-                out.append((i, Bucket(acc, expert, la)))
+            new_bucket = split_shared and t.shared
+            if new_bucket and last >= 0 and acc:
+                mine.append((last, Bucket(acc, expert, tensors[last].layer)))
+                acc = 0
+            acc, last = acc + t.numel, i
+            if (size is not None and acc >= size) or new_bucket:
+                mine.append((i, Bucket(acc, expert, t.layer)))
                 acc = 0
         if acc:
-            out.append((last, Bucket(acc, expert, tensors[last][2])))
+            mine.append((last, Bucket(acc, expert, tensors[last].layer)))
+        if chunk > 0 and mine:  # one bucket group per buffer, ready when its last bucket is
+            pos, end = mine[-1][0], mine[-1][1].layer
+            mine = [(pos, dataclasses.replace(b, layer=end)) for _, b in mine]
+        out += mine
     return [b for _, b in sorted(out, key=lambda x: x[0])]
+
+
+def buffer_order(bucket_list: list[Bucket]) -> list[Bucket]:
+    """Buckets in ``bucket_groups + expert_parallel_bucket_groups`` order: the dense buffer's, then the expert
+    buffer's, each from the end of the model (``DistributedDataParallel.finish_grad_sync`` and
+    ``start_param_sync``, distributed_data_parallel.py ~638, ~677)."""
+    return [b for b in bucket_list if not b.expert] + [b for b in bucket_list if b.expert]
 
 
 def _bucket_call(ctx: Context, b: Bucket, phase: str, op: str, mb: int) -> Call | None:
     gb, pb, gdt, pdt = _sizes(ctx)
     p = ctx.parallel
-    if b.expert and p.expert_dp == 1 or not b.expert and p.dp * p.cp == 1:
+    if b.expert and p.expert_dp == 1 or not b.expert and p.dp * p.cp == 1 or not b.numel:
         return None
     nbytes, dt = (b.numel * gb, gdt) if op != "all_gather" else (b.numel * pb, pdt)
     return Call(phase, "dp", op, "edp" if b.expert else _dp_kind(ctx), nbytes, dt, b.layer, mb)
 
 
+def grad_sync(ctx: Context, bucket_list: list[Bucket]) -> list[Call]:
+    """Without ``overlap_grad_reduce``: the once-per-iteration reduction of one model chunk, one call per
+    bucket (all-reduce, or reduce-scatter with the distributed optimizer) in buffer order
+    (``finish_grad_sync`` -> ``start_grad_sync``, param_and_grad_buffer.py ~600-830): the dense buckets over
+    ``dp·cp``, the expert ones over ``edp``. Without the shared-embedding split there is one bucket per
+    buffer."""
+    if ctx.parallel.fsdp or ctx.parallel.overlap_grad_reduce:
+        return []
+    op = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
+    calls = [_bucket_call(ctx, b, "optimizer", op, -1) for b in buffer_order(bucket_list)]
+    return [dataclasses.replace(c, layer=-1) for c in calls if c is not None]
+
+
 def overlapped_grad_sync(ctx: Context, bucket_list: list[Bucket], layer: int, mb: int) -> list[Call]:
-    """``overlap_grad_reduce``: the reductions of the buckets that complete at ``layer`` in the last
+    """``overlap_grad_reduce``: the reductions of the bucket groups that become ready at ``layer`` in the last
     micro-batch's backward (``_make_backward_post_hook`` -> ``register_grad_ready`` -> ``start_grad_sync``
     of the bucket group, core/distributed/distributed_data_parallel.py); ``finish_grad_sync`` then only waits."""
     if not ctx.parallel.overlap_grad_reduce or ctx.parallel.fsdp or mb != ctx.num_microbatches - 1:
@@ -271,11 +350,32 @@ def overlapped_grad_sync(ctx: Context, bucket_list: list[Bucket], layer: int, mb
     return [c for c in calls if c is not None]
 
 
-def bucketed_param_gather(ctx: Context, bucket_list: list[Bucket]) -> list[Call]:
-    """Distributed optimizer with buckets: one parameter all-gather per bucket group after the step, dense
+def param_gather_passes(ctx: Context, stage: int) -> int:
+    """How many times the distributed optimizer all-gathers every bucket group of a stage after the step: 2
+    when the stage also has an expert optimizer (its expert buffers are not empty), else 1.
+
+    ``get_megatron_optimizer`` builds a dense ``DistributedOptimizer`` over the model chunks and, when there are
+    expert-parallel parameters, an expert one over the *same* chunks (core/optimizer/__init__.py ~1162-1240),
+    chained. ``ChainedOptimizer.step_with_ready_grads`` -> ``_step`` calls each one's
+    ``step_with_ready_grads`` (core/optimizer/optimizer.py ~1667-1675, ~1770-1774), and each, without
+    ``overlap_param_gather`` (not modelled: the default), runs ``start_param_sync_for_bucket_group_subset``,
+    which walks ``model_chunk.bucket_groups + model_chunk.expert_parallel_bucket_groups`` of every chunk it
+    holds (core/optimizer/distrib_optimizer.py ~3139-3195). ``_ParamAndGradBucketGroup.start_param_sync``
+    (param_and_grad_buffer.py ~383-536) sets ``param_gather_dispatched`` but never checks it, so nothing
+    de-duplicates: every dense and expert bucket is gathered by the dense optimizer and again by the expert
+    one. Only the MXFP8 buffer-reuse path defers and de-duplicates (``_enable_deferred_mxfp8_param_sync``,
+    optimizer.py ~1700-1735, whose comment says the two optimizers share chunks). Read at HEAD d98e8a6; the
+    per-rank condition (a stage without expert parameters has no expert optimizer) follows
+    ``if len(moe_param_groups) > 0`` (__init__.py ~1226)."""
+    if not ctx.parallel.distributed_optimizer:
+        return 0
+    return 2 if experts_in_own_buffer(ctx) and stage_parameters(ctx, stage).expert else 1
+
+
+def param_gather(ctx: Context, bucket_list: list[Bucket]) -> list[Call]:
+    """Distributed optimizer: one parameter all-gather per bucket in ``param_dtype`` after the step, dense
     buckets first, then expert ones (``start_param_sync``: ``bucket_groups + expert_parallel_bucket_groups``)."""
     if not ctx.parallel.distributed_optimizer:
         return []
-    order = [b for b in bucket_list if not b.expert] + [b for b in bucket_list if b.expert]
-    calls = [_bucket_call(ctx, b, "optimizer", "all_gather", -1) for b in order]
+    calls = [_bucket_call(ctx, b, "optimizer", "all_gather", -1) for b in buffer_order(bucket_list)]
     return [dataclasses.replace(c, layer=-1) for c in calls if c is not None]

@@ -3,7 +3,8 @@
 
 Per MoE layer per micro-batch, with ``T = local_tokens`` (``b·s/cp``, divided by ``tp`` under SP), ``k`` the
 router's top-k, ``E`` experts, ``h`` hidden, ``act`` bytes per element (the routing probabilities are in the
-activation dtype: ``topk_routing_with_score_function`` returns ``probs.type_as(logits)``), ``etp`` the expert
+activation dtype unless ``moe_router_dtype`` is set: ``topk_routing_with_score_function`` returns
+``probs.type_as(logits)``), ``etp`` the expert
 tensor-parallel size, the EP group of ``ep`` ranks, expert ``e`` living on EP position ``e // (E/ep)``.
 
 ``moe_token_dispatcher_type="alltoall"`` (``MoEAlltoAllTokenDispatcher``), forward:
@@ -38,8 +39,21 @@ whole bytes); ``bytes`` of an all-to-all is the sum of its splits (what the rank
 
 With ``aux_loss`` load balancing (``moe_aux_loss_coeff > 0``) the router all-reduces the per-expert token
 counts (``E`` int64) over the ``tp × cp`` group in the forward (``TopKRouter._apply_aux_loss`` ->
-``get_tokens_per_expert_and_token_count``, moe_utils.py). Shared experts add the TP calls of a dense MLP
-block.
+``get_tokens_per_expert_and_token_count``, moe_utils.py); ``seq_aux_loss`` and ``global_aux_loss`` add theirs
+(:func:`aux_loss_allreduce`), the expert-bias update one per iteration (:func:`expert_bias_allreduce`).
+Shared experts add the TP calls of a dense MLP block, before the router in the forward and after the routed
+path in the backward (:func:`moe_forward`).
+
+``moe_router_dtype`` (``fp32``/``fp64``) puts the probabilities in that dtype, and with them every call that
+carries them: the probabilities' all-to-alls and expert-TP all-gathers, the allgather dispatcher's
+probabilities all-gather, and the reductions the dispatchers run in ``probs.dtype`` — the alltoall
+dispatcher's expert-TP reduce-scatter in ``combine_preprocess`` (token_dispatcher.py ~824-833) and the
+allgather dispatcher's ``token_combine`` reduce-scatter (~355-367) — with their backward all-gathers. The
+token all-to-alls stay in the activation dtype (``combine_preprocess`` casts back before ``token_combine``).
+
+With unequal split sizes the expert-TP all-gather and reduce-scatter are coalesced broadcasts and reduces,
+not NCCL collectives (:func:`expert_tp_ops` states the rule); the expected-value prediction has equal
+splits.
 """
 
 from __future__ import annotations
@@ -60,8 +74,9 @@ def uniform_split_bytes(ctx: Context) -> int:
 
 
 def uniform_probs_split_bytes(ctx: Context) -> int:
-    """Expected bytes of routing probabilities one rank sends to each EP peer: ``T·k·act/ep``."""
-    return round(ctx.local_tokens * ctx.model.moe_router_topk * ctx.act / ctx.parallel.ep)
+    """Expected bytes of routing probabilities one rank sends to each EP peer: ``T·k·p/ep`` (``p`` bytes of
+    the probabilities' dtype, :attr:`Context.probs_bytes`)."""
+    return round(ctx.local_tokens * ctx.model.moe_router_topk * ctx.probs_bytes / ctx.parallel.ep)
 
 
 def _a2a(ctx: Context, phase: str, route: str, layer: int, mb: int) -> Call:
@@ -71,7 +86,7 @@ def _a2a(ctx: Context, phase: str, route: str, layer: int, mb: int) -> Call:
 
 def _probs_a2a(ctx: Context, phase: str, route: str, layer: int, mb: int) -> Call:
     return Call(phase, "ep", "all_to_all", "ep", uniform_probs_split_bytes(ctx) * ctx.parallel.ep,
-                ctx.act_dtype, layer, mb, route="probs_" + route)
+                ctx.probs_dtype, layer, mb, route="probs_" + route)
 
 
 def _expert_tp(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
@@ -82,31 +97,90 @@ def _expert_tp(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
         return []
     m = ctx.model
     rows = ctx.local_tokens * etp * m.moe_router_topk  # tokens gathered over expert TP (expected size)
-    tok, prb = rows * m.hidden_size * ctx.act, rows * ctx.act
-    dt = ctx.act_dtype
+    tok, prb = rows * m.hidden_size * ctx.act, rows * ctx.probs_bytes
+    dt, pdt = ctx.act_dtype, ctx.probs_dtype
     if phase == "forward":
         return [Call(phase, "sp", "all_gather", "etp", tok, dt, layer, mb),
-                Call(phase, "sp", "all_gather", "etp", prb, dt, layer, mb)]
-    return [Call(phase, "sp", "reduce_scatter", "etp", prb, dt, layer, mb),
+                Call(phase, "sp", "all_gather", "etp", prb, pdt, layer, mb)]
+    return [Call(phase, "sp", "reduce_scatter", "etp", prb, pdt, layer, mb),
             Call(phase, "sp", "reduce_scatter", "etp", tok, dt, layer, mb)]
 
 
 def _expert_tp_out(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
+    """``combine_preprocess``'s expert-TP reduce-scatter (backward: all-gather), run in the probabilities'
+    dtype: ``reduce_scatter_to_sequence_parallel_region(hidden_states.to(self.probs.dtype), ...)``
+    (token_dispatcher.py ~824-833), so in fp32 under ``moe_router_dtype="fp32"``."""
     etp = ctx.parallel.expert_tp
     if etp == 1:
         return []
     m = ctx.model
-    n = ctx.local_tokens * etp * m.moe_router_topk * m.hidden_size * ctx.act
+    n = ctx.local_tokens * etp * m.moe_router_topk * m.hidden_size * ctx.probs_bytes
     op = "reduce_scatter" if phase == "forward" else "all_gather"
-    return [Call(phase, "sp", op, "etp", n, ctx.act_dtype, layer, mb)]
+    return [Call(phase, "sp", op, "etp", n, ctx.probs_dtype, layer, mb)]
+
+
+def expert_tp_ops(split_tokens: list[int], row_bytes: int, phase: str) -> list[tuple[str, int, int]]:
+    """What ProcessGroupNCCL runs for the alltoall dispatcher's expert-TP all-gather (``phase="forward"``) or
+    reduce-scatter with split sizes, as ``(op, bytes, root)`` (``root`` -1 for a collective).
+
+    ``gather_from_sequence_parallel_region(..., output_split_sizes=...)`` and
+    ``reduce_scatter_to_sequence_parallel_region(..., input_split_sizes=...)`` call
+    ``torch.distributed.all_gather(list, ...)`` / ``reduce_scatter(out, list, ...)``
+    (core/tensor_parallel/mappings.py ~147-154, ~187-196). ``ProcessGroupNCCL::allgather`` flattens the list
+    into one ``ncclAllGather`` only when every tensor has the same size; otherwise it issues, inside one
+    coalescing group, a broadcast from each rank ``i`` of its ``split_tokens[i]`` rows (``_broadcast_oop``);
+    ``reduce_scatter`` likewise falls back to one reduce per rank ``i`` rooted at ``i`` (``_reduce_oop``)
+    (pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, ``allgather`` / ``reduce_scatter``). The rule:
+
+        equal splits:   one all_gather / reduce_scatter of ``Σ splits · row_bytes``
+        unequal splits: ``etp`` broadcasts / reduces, the ``i``-th of ``split_tokens[i] · row_bytes``, root ``i``
+
+    The predictor's expected-value calls (uniform routing) have equal splits, so they are the collective; a
+    routed trace's splits differ per layer and micro-batch and are not expanded into per-root calls here."""
+    sizes = [int(n) * row_bytes for n in split_tokens]
+    if len(set(sizes)) <= 1:
+        return [("all_gather" if phase == "forward" else "reduce_scatter", sum(sizes), -1)]
+    op = "broadcast" if phase == "forward" else "reduce"
+    return [(op, n, i) for i, n in enumerate(sizes)]
+
+
+def _lb_coeff(ctx: Context, kind: str) -> float:
+    """``TopKRouter.get_aux_loss_coeff``: the coefficient of balancing type ``kind`` (router.py ~388-401);
+    one ``moe_aux_loss_coeff`` serves every listed type here."""
+    p = ctx.parallel
+    return p.moe_aux_loss_coeff if kind in p.load_balancing_types else 0.0
 
 
 def aux_loss_allreduce(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """``aux_loss`` balancing: all-reduce of ``E`` int64 token counts over ``tp × cp`` (forward only)."""
+    """The router's token-count all-reduces in the forward (``TopKRouter.routing``, router.py ~805-833), each
+    ``get_tokens_per_expert_and_token_count`` -> ``reduce_from_tensor_model_parallel_region`` of
+    ``routing_map.sum(dim=0)`` (int64, moe_utils.py ~269-288), when its coefficient is > 0, in this order:
+
+    * ``aux_loss``: ``E`` counts over ``tp × cp`` (``_apply_aux_loss``, ~410-448);
+    * ``seq_aux_loss``: the routing map reshaped to ``(s, b·E)``, so ``b·E`` counts over ``tp × cp``
+      (``_apply_seq_aux_loss``, ~450-505);
+    * ``global_aux_loss``: ``E`` counts over ``tp × dp × cp`` (``_apply_global_aux_loss``, ~507-551)."""
     p = ctx.parallel
-    if p.moe_aux_loss_coeff <= 0 or ctx.tp * p.cp == 1:
+    E, b = ctx.model.num_experts, p.micro_batch
+    out = []
+    for kind, n, group, size in (("aux_loss", E, "tpcp", ctx.tp * p.cp), ("seq_aux_loss", b * E, "tpcp", ctx.tp * p.cp),
+                                 ("global_aux_loss", E, "tpdpcp", ctx.tp * p.dp * p.cp)):
+        if _lb_coeff(ctx, kind) > 0 and size > 1:
+            out.append(Call("forward", "ep", "all_reduce", group, 8 * n, "int64", layer, mb))
+    return out
+
+
+def expert_bias_allreduce(ctx: Context, stage: int) -> list[Call]:
+    """``moe_router_enable_expert_bias`` (aux-loss-free balancing, DeepSeek-V3): once per iteration in
+    ``finalize_model_grads``, after the embedding all-reduces, ``_update_router_expert_bias`` stacks every local
+    router's ``local_tokens_per_expert`` (fp32, ``E`` each) and ``get_updated_expert_bias`` all-reduces it over
+    ``tp × dp × cp`` (core/distributed/finalize_model_grads.py ~334-371, ~690; moe_utils.py ~1198-1230):
+    ``n·E·4`` bytes with ``n`` the stage's MoE layers."""
+    p = ctx.parallel
+    n = sum(ctx.moe_pattern[la] for la in ctx.stage_layers(stage))
+    if not p.moe_router_enable_expert_bias or not n or ctx.tp * p.dp * p.cp == 1:
         return []
-    return [Call("forward", "ep", "all_reduce", "tpcp", 8 * ctx.model.num_experts, "int64", layer, mb)]
+    return [Call("optimizer", "ep", "all_reduce", "tpdpcp", 4 * n * ctx.model.num_experts, "fp32")]
 
 
 def _allgather_dispatcher(ctx: Context, phase: str, layer: int, mb: int, before: bool) -> list[Call]:
@@ -114,18 +188,19 @@ def _allgather_dispatcher(ctx: Context, phase: str, layer: int, mb: int, before:
     n = ctx.parallel.expert_tp * ctx.parallel.ep
     if n == 1:
         return []
-    m, T, dt = ctx.model, ctx.local_tokens, ctx.act_dtype
-    hid, prb, rmap = n * T * m.hidden_size * ctx.act, n * T * m.num_experts * ctx.act, n * T * m.num_experts
+    m, T, dt, pdt = ctx.model, ctx.local_tokens, ctx.act_dtype, ctx.probs_dtype
+    hid, prb, rmap = n * T * m.hidden_size * ctx.act, n * T * m.num_experts * ctx.probs_bytes, n * T * m.num_experts
+    out_ = n * T * m.hidden_size * ctx.probs_bytes  # token_combine reduce-scatters in the probs' dtype (~355-367)
     if phase == "forward":
         if before:
             return [Call(phase, "ep", "all_gather", "tpep", rmap, "bool", layer, mb),
-                    Call(phase, "ep", "all_gather", "tpep", prb, dt, layer, mb),
+                    Call(phase, "ep", "all_gather", "tpep", prb, pdt, layer, mb),
                     Call(phase, "ep", "all_gather", "tpep", hid, dt, layer, mb)]
-        return [Call(phase, "ep", "reduce_scatter", "tpep", hid, dt, layer, mb)]
+        return [Call(phase, "ep", "reduce_scatter", "tpep", out_, pdt, layer, mb)]
     if before:
-        return [Call(phase, "ep", "all_gather", "tpep", hid, dt, layer, mb)]
+        return [Call(phase, "ep", "all_gather", "tpep", out_, pdt, layer, mb)]
     return [Call(phase, "ep", "reduce_scatter", "tpep", hid, dt, layer, mb),
-            Call(phase, "ep", "reduce_scatter", "tpep", prb, dt, layer, mb)]
+            Call(phase, "ep", "reduce_scatter", "tpep", prb, pdt, layer, mb)]
 
 
 def _check_dispatcher(ctx: Context) -> str:
@@ -137,10 +212,13 @@ def _check_dispatcher(ctx: Context) -> str:
 
 
 def moe_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """Router aux-loss all-reduce, the dispatcher's forward calls around the experts, then the shared
-    experts' TP calls."""
+    """The shared experts' TP calls, the router's token-count all-reduces, then the dispatcher's forward calls
+    around the experts: ``MoELayer.forward`` computes ``shared_experts_compute(hidden_states)`` before
+    ``route`` (core/transformer/moe/moe_layer.py ~660-662; without ``moe_shared_expert_overlap``, the
+    default)."""
     kind = _check_dispatcher(ctx)
-    out = aux_loss_allreduce(ctx, layer, mb)
+    out = tpmod.block_forward(ctx, layer, mb) if ctx.model.num_shared_experts else []
+    out += aux_loss_allreduce(ctx, layer, mb)
     if kind == "allgather":
         out += _allgather_dispatcher(ctx, "forward", layer, mb, True)
         out += _allgather_dispatcher(ctx, "forward", layer, mb, False)
@@ -154,25 +232,27 @@ def moe_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
         out += _expert_tp(ctx, "forward", layer, mb)
         out += _expert_tp_out(ctx, "forward", layer, mb)
         out += [_a2a(ctx, "forward", "combine", layer, mb)] if p.ep > 1 else []
-    if ctx.model.num_shared_experts:
-        out += tpmod.block_forward(ctx, layer, mb)
     return out
 
 
 def moe_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """Shared experts' TP backward, then the dispatcher's backward calls (see the module docstring)."""
+    """The dispatcher's backward calls (see the module docstring), then the shared experts' TP backward:
+    autograd runs the later-recorded routed path first (its nodes were created after the shared experts'),
+    the shared experts last."""
     kind = _check_dispatcher(ctx)
-    out = tpmod.block_backward(ctx, layer, mb) if ctx.model.num_shared_experts else []
+    out: list[Call] = []
     if kind == "allgather":
         out += _allgather_dispatcher(ctx, "backward", layer, mb, True)
         out += _allgather_dispatcher(ctx, "backward", layer, mb, False)
-        return out
-    ep = ctx.parallel.ep > 1
-    out += [_a2a(ctx, "backward", "dispatch", layer, mb)] if ep else []
-    out += _expert_tp_out(ctx, "backward", layer, mb)
-    out += _expert_tp(ctx, "backward", layer, mb)
-    if ep:
-        out += [_probs_a2a(ctx, "backward", "combine", layer, mb), _a2a(ctx, "backward", "combine", layer, mb)]
+    else:
+        ep = ctx.parallel.ep > 1
+        out += [_a2a(ctx, "backward", "dispatch", layer, mb)] if ep else []
+        out += _expert_tp_out(ctx, "backward", layer, mb)
+        out += _expert_tp(ctx, "backward", layer, mb)
+        if ep:
+            out += [_probs_a2a(ctx, "backward", "combine", layer, mb), _a2a(ctx, "backward", "combine", layer, mb)]
+    if ctx.model.num_shared_experts:
+        out += tpmod.block_backward(ctx, layer, mb)
     return out
 
 

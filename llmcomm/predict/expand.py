@@ -93,7 +93,8 @@ def _kind_is(col: dict[str, np.ndarray], kind: str) -> np.ndarray:
 
 def _peers(lay: Layout, stage: int, rank: np.ndarray, col: dict[str, np.ndarray]) -> np.ndarray:
     """Global peer of each send/recv row: the stage (``p2p``) or CP position (``cp_p2p``) at offset
-    ``col["peer"]`` (±1, wrapping) in the rank's PP / CP group; -1 for every other row."""
+    ``col["peer"]`` (±1, wrapping) in the rank's PP / CP group; a broadcast's root when its Call names one;
+    -1 for every other row."""
     peer = np.full(len(rank), -1, dtype=np.int64)
     is_p2p = _kind_is(col, "p2p")
     if is_p2p.any() and lay.parallel.pp > 1:
@@ -104,6 +105,13 @@ def _peers(lay: Layout, stage: int, rank: np.ndarray, col: dict[str, np.ndarray]
         rows = lay.group_rows("cp", rank[is_cp])
         position = lay.coords["cp"].to_numpy()[rank[is_cp]]
         peer[is_cp] = rows[np.arange(len(rows)), (position + col["peer"][is_cp]) % lay.parallel.cp]
+    # a broadcast whose Call names a root position (``peer != 0``, e.g. -1: the group's last member) gets that
+    # member's global rank; ``peer == 0`` keeps -1, the group's first member (trace.py's convention)
+    is_root = (col["op"] == OPS.index("broadcast")) & (col["peer"] != 0)
+    for code in np.unique(col["kind"][is_root]):
+        sel = is_root & (col["kind"] == code)
+        rows = lay.group_rows(CALL_GROUP_KINDS[code], rank[sel])
+        peer[sel] = rows[np.arange(len(rows)), col["peer"][sel] % rows.shape[1]]
     return peer
 
 

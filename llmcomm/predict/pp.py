@@ -20,6 +20,7 @@ vocabulary).
 
 from __future__ import annotations
 
+from .. import step
 from ..specs import dtype_bytes
 from .calls import Call, Context
 
@@ -58,5 +59,5 @@ def tied_embedding_allreduce(ctx: Context, stage: int) -> list[Call]:
     if ctx.pp == 1 or not m.tied_embeddings or stage not in (0, ctx.pp - 1):
         return []
     gdt = ctx.parallel.grad_reduce_dtype
-    n = m.padded_vocab_size(ctx.tp) * m.hidden_size // ctx.tp
+    n = step.embedding_shard(m, ctx.tp)
     return [Call("optimizer", "pp", "all_reduce", "emb", n * dtype_bytes(gdt), gdt)]

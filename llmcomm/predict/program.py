@@ -9,11 +9,14 @@ backward: [recv_backward if not last] [output backward if last] per layer in rev
           layer's forward calls again first; FSDP gather; MLP/MoE then attention backward; FSDP
           reduce-scatter) [embedding backward if vs == 0] [send_backward if vs > 0]
 
-then, once per iteration (Megatron's ``finalize_model_grads``, the optimizer step, then ``train_step``): the DP
-gradient reduction of each model chunk in turn (``for model_chunk in model: model_chunk.finish_grad_sync()``,
-core/distributed/finalize_model_grads.py: every chunk has its own DDP buffers), the SP norm-gradient
-all-reduce, the tied-embedding all-reduce, the gradient-norm all-reduce, the distributed optimizer's parameter
-all-gather of each chunk, and the ``train_step`` scalars (:mod:`.scalars`).
+then, once per iteration (Megatron's ``finalize_model_grads``, the rerun check, the optimizer step, then
+``train_step``): the DP gradient reduction of each model chunk in turn, one call per bucket (``for model_chunk in
+model: model_chunk.finish_grad_sync()``, core/distributed/finalize_model_grads.py ~638-640: every chunk has its
+own DDP buffers; none left with ``overlap_grad_reduce``, whose buckets went out in the backward), the TP
+all-reduce of replicated gradients (SP norms, q/k norms), the tied-embedding all-reduce, the rerun state
+machine's world all-reduce, the gradient-norm all-reduce(s), the distributed optimizer's parameter all-gather
+of every chunk and bucket (twice with an expert optimizer, :func:`.dp.param_gather_passes`), and the
+``train_step`` scalars (:mod:`.scalars`).
 """
 
 from __future__ import annotations
@@ -28,16 +31,15 @@ from .schedule import schedule
 
 
 def attention_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """QKV side (SP all-gather), the CP ring inside core attention, then the projection (RS or AR)."""
-    t = tp.block_forward(ctx, layer, mb)
-    return t[:-1] + cp.ring_forward(ctx, layer, mb) + t[-1:]
+    """QKV side (SP all-gather(s)), the CP ring inside core attention, then the projection (RS or AR)."""
+    pre, post = tp.attention_forward(ctx, layer, mb)
+    return pre + cp.ring_forward(ctx, layer, mb) + post
 
 
 def attention_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
     """Projection backward (SP all-gather), the CP ring, then the QKV input gradient (AG+RS or AR)."""
-    t = tp.block_backward(ctx, layer, mb)
-    k = 1 if ctx.sp else 0
-    return t[:k] + cp.ring_backward(ctx, layer, mb) + t[k:]
+    pre, post = tp.attention_backward(ctx, layer, mb)
+    return pre + cp.ring_backward(ctx, layer, mb) + post
 
 
 def layer_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
@@ -118,22 +120,20 @@ def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
 
 
 def iteration_end(ctx: Context, stage: int) -> list[Call]:
-    """Once-per-iteration calls of a stage: gradient sync per chunk, SP norm all-reduce, tied embedding,
-    gradient norm, parameter gather per chunk, ``train_step`` scalars."""
-    params = dp.stage_parameters(ctx, stage)
-    chunks = [dp.chunk_parameters(ctx, stage, c) for c in range(ctx.vpp)]
+    """Once-per-iteration calls of a stage: gradient sync per chunk and bucket, TP all-reduce of replicated
+    gradients, tied embedding, the rerun-state check, gradient norm(s), parameter gather per optimizer, chunk
+    and bucket, ``train_step`` scalars."""
     gdt = ctx.parallel.grad_reduce_dtype
-
-    overlap = ctx.parallel.overlap_grad_reduce and not ctx.parallel.fsdp
+    bl = [dp.buckets(ctx, stage, c) for c in range(ctx.vpp)]
     # with overlap_grad_reduce the buckets were reduced in the last micro-batch's backward
-    out = [] if overlap else [c for ch in chunks for c in dp.grad_sync(ctx, ch)]
-    out += tp.norm_grad_allreduce(ctx, params.replicated_norms, dtype_bytes(gdt), gdt)
+    out = [c for b in bl for c in dp.grad_sync(ctx, b)]
+    out += tp.norm_grad_allreduce(ctx, dp.tp_replicated_grads(ctx, stage), dtype_bytes(gdt), gdt)
     out += pp.tied_embedding_allreduce(ctx, stage)
-    out += scalars.grad_norm(ctx)
-    if overlap:
-        out += [c for ch in range(ctx.vpp) for c in dp.bucketed_param_gather(ctx, dp.buckets(ctx, stage, ch))]
-    else:
-        out += [c for ch in chunks for c in dp.param_gather(ctx, ch)]
+    out += ep.expert_bias_allreduce(ctx, stage)
+    out += scalars.per_token_loss(ctx)
+    out += scalars.rerun_state(ctx)
+    out += scalars.grad_norm(ctx, stage)
+    out += [c for _ in range(dp.param_gather_passes(ctx, stage)) for b in bl for c in dp.param_gather(ctx, b)]
     out += scalars.train_step_scalars(ctx, stage)
     out += scalars.moe_metrics(ctx)
     return out

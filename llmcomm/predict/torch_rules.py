@@ -44,9 +44,19 @@ def _check(ctx: Context) -> None:
                       ("recompute", p.recompute != "none"), ("cp", p.cp > 1),
                       ("overlap_grad_reduce", p.overlap_grad_reduce), ("etp", p.expert_tp != p.tp),
                       ("moe_token_dispatcher_type", p.moe_token_dispatcher_type != "alltoall"),
-                      ("moe_aux_loss_coeff", p.moe_aux_loss_coeff > 0), ("pipe_partitioned", p.pipe_partitioned)):
+                      ("moe_aux_loss_coeff", p.moe_aux_loss_coeff > 0), ("pipe_partitioned", p.pipe_partitioned),
+                      ("moe_router_dtype", p.moe_router_dtype is not None),
+                      ("moe_router_enable_expert_bias", p.moe_router_enable_expert_bias),
+                      ("calculate_per_token_loss", p.calculate_per_token_loss)):
         if bad:
             raise ConfigError(f"framework='torch': {flag} is not used by the collector's torch workloads")
+    m = ctx.model
+    for flag, bad in (("multi_latent_attention", m.multi_latent_attention), ("qk_layernorm", m.qk_layernorm),
+                      ("moe_shared_expert_gate", m.moe_shared_expert_gate), ("mtp_num_layers", m.mtp_num_layers),
+                      ("softmax_type", m.softmax_type != "vanilla"), ("hybrid_override_pattern",
+                                                                     bool(m.hybrid_override_pattern))):
+        if bad:
+            raise ConfigError(f"framework='torch': model field {flag} is not used by the collector's torch workloads")
 
 
 def _tp(ctx: Context, phase: str, op: str, nbytes: int, layer: int, mb: int) -> Call:
@@ -83,7 +93,7 @@ def _block_params(ctx: Context, layer: int) -> tuple[int, int]:
     m, t = ctx.model, ctx.tp
     h, a, g, d = m.hidden_size, m.num_attention_heads, m.query_groups, m.head_dim
     k = 3 if m.gated_mlp else 2
-    dense = (h * a * d + 2 * h * g * d + a * d * h) // t + 2 * m.norm_parameters()
+    dense = m.attention_projection_parameters() // t + 2 * m.norm_parameters()
     if m.add_bias_linear or m.add_qkv_bias:
         dense += (a * d + 2 * g * d) // t + (h if m.add_bias_linear else 0)
     if not ctx.moe_pattern[layer]:

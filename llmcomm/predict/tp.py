@@ -17,7 +17,9 @@ Per transformer layer per micro-batch, with ``A = act_bytes = b·s·h·act/cp`` 
   see :func:`output_backward`).
 * vocabulary-parallel cross-entropy (``_VocabParallelCrossEntropy.forward``, cross_entropy.py): three fp32
   all-reduces of ``b·s/cp`` values each, in this order: logits max (``ReduceOp.MAX``), predicted logits,
-  sum of exp-logits; nothing in backward.
+  sum of exp-logits; nothing in backward (two with ``cross_entropy_loss_fusion``: :func:`cross_entropy`).
+* multi-head latent attention (DeepSeek-V3) replaces the attention block's gathers by those of its
+  compressed activations (:func:`attention_forward`, :func:`attention_backward`).
 
 Every call is skipped when ``tp == 1``. The SP all-gathers and reduce-scatters are tagged ``sp`` (the TP group
 carries them), the all-reduces ``tp``. Sources: NVIDIA/Megatron-LM ``megatron/core/tensor_parallel/
@@ -56,6 +58,57 @@ def block_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
     return [_c(ctx, "backward", "all_reduce", a, layer, mb)]
 
 
+def _mla_gathers(ctx: Context) -> list[int]:
+    """Bytes of the SP all-gathers of MLA's compressed activations, in forward order: the rotary key part
+    ``T·d_rope`` (``gather_from_sequence_parallel_region(k_pos_emb)``), then the inputs of the column-parallel
+    up projections, ``T·q_lora`` (``linear_q_up_proj``; ``T·h`` for ``linear_q_proj`` without ``q_lora_rank``)
+    and ``T·kv_lora`` (``linear_kv_up_proj``), ``T = b·s/cp`` (core/transformer/multi_latent_attention.py
+    ~645-663 the duplicated down projections on the ``s/tp`` tokens, ~748-763 the k_pos_emb gather, ~865-875
+    the up projections)."""
+    m, t, a = ctx.model, ctx.tokens, ctx.act
+    q = m.q_lora_rank if m.q_lora_rank is not None else m.hidden_size
+    return [t * m.qk_pos_emb_head_dim * a, t * q * a, t * m.kv_lora_rank * a]
+
+
+def attention_forward(ctx: Context, layer: int, mb: int) -> tuple[list[Call], list[Call]]:
+    """The attention block's TP calls forward, split around core attention (the CP ring goes between).
+
+    Standard: ``([AG A], [RS A])`` with SP, ``([], [AR A])`` without. Multi-head latent attention with SP
+    (:func:`_mla_gathers`): ``([AG T·d_rope, AG T·q_lora, AG T·kv_lora], [RS A])`` — the down projections run
+    on the sequence-parallel input without communication (TELinear ``duplicated``), so the gathers carry the
+    compressed rank (DeepSeek-V3: 64 + 1536 + 512 = 2112 channels instead of h = 7168) rather than ``A``. MLA
+    with TP and without SP is refused by the predictor (see :func:`llmcomm.predict._check_supported`)."""
+    if ctx.tp == 1:
+        return [], []
+    if not ctx.model.multi_latent_attention:
+        t = block_forward(ctx, layer, mb)
+        return t[:-1], t[-1:]
+    pre = [_c(ctx, "forward", "all_gather", n, layer, mb) for n in _mla_gathers(ctx)]
+    return pre, [_c(ctx, "forward", "reduce_scatter", ctx.act_bytes, layer, mb)]
+
+
+def attention_backward(ctx: Context, layer: int, mb: int) -> tuple[list[Call], list[Call]]:
+    """The attention block's TP calls backward, split around core attention.
+
+    Standard: ``([AG A], [AG A, RS A])`` with SP, ``([], [AR A])`` without. MLA with SP: ``([AG A], [AG
+    T·kv_lora, RS T·kv_lora, AG T·q_lora, RS T·q_lora, RS T·d_rope])``: each column-parallel up projection
+    re-gathers its input for the weight gradient and reduce-scatters its input gradient, ``kv`` first (autograd
+    runs later-recorded nodes first; the order among them is inferred from that rule, not traced), and the
+    rotary-key gather's backward reduce-scatter comes last."""
+    if ctx.tp == 1:
+        return [], []
+    if not ctx.model.multi_latent_attention:
+        t = block_backward(ctx, layer, mb)
+        k = 1 if ctx.sp else 0
+        return t[:k], t[k:]
+    rope, q, kv = _mla_gathers(ctx)
+    post = []
+    for n in (kv, q):
+        post += [_c(ctx, "backward", "all_gather", n, layer, mb), _c(ctx, "backward", "reduce_scatter", n, layer, mb)]
+    post.append(_c(ctx, "backward", "reduce_scatter", rope, layer, mb))
+    return [_c(ctx, "backward", "all_gather", ctx.act_bytes, layer, mb)], post
+
+
 def embedding_forward(ctx: Context, mb: int) -> list[Call]:
     """One call of ``A``: reduce-scatter with SP and rotary (or no) positions, else all-reduce.
 
@@ -84,9 +137,19 @@ def output_forward(ctx: Context, mb: int) -> list[Call]:
         return []
     layer = ctx.model.num_layers
     calls = [_c(ctx, "forward", "all_gather", ctx.act_bytes, layer, mb)] if ctx.sp else []
-    ce = ctx.tokens * 4
-    calls += [_c(ctx, "forward", "all_reduce", ce, layer, mb, "fp32") for _ in range(3)]
-    return calls
+    return calls + cross_entropy(ctx, mb)
+
+
+def cross_entropy(ctx: Context, mb: int) -> list[Call]:
+    """The vocabulary-parallel cross-entropy's fp32 all-reduces of ``b·s/cp`` values: three (max, predicted
+    logits, sum of exp-logits; core/tensor_parallel/cross_entropy.py) or, with ``cross_entropy_loss_fusion``,
+    two: the max, then ``torch.cat((predicted_logits, sum_exp_logits))`` of ``2·b·s/cp`` values
+    (core/fusions/fused_cross_entropy.py ~87-122)."""
+    if ctx.tp == 1:
+        return []
+    layer, ce = ctx.model.num_layers, ctx.tokens * 4
+    sizes = [ce, 2 * ce] if ctx.parallel.cross_entropy_loss_fusion else [ce, ce, ce]
+    return [_c(ctx, "forward", "all_reduce", n, layer, mb, "fp32") for n in sizes]
 
 
 def output_backward(ctx: Context, mb: int) -> list[Call]:
@@ -104,9 +167,11 @@ def output_backward(ctx: Context, mb: int) -> list[Call]:
 
 
 def norm_grad_allreduce(ctx: Context, norm_params: int, grad_bytes: int, grad_dtype: str) -> list[Call]:
-    """With SP, Megatron all-reduces the gradients of the replicated LayerNorm/RMSNorm parameters (and of
-    biases marked ``sequence_parallel``) over the TP group (``_allreduce_layernorm_grads``), once per
-    iteration: ``norm_params · grad_bytes``."""
-    if ctx.tp == 1 or not ctx.sp or norm_params == 0:
+    """Megatron all-reduces the gradients of the replicated parameters over the TP group once per iteration,
+    one coalesced call (``_allreduce_non_tensor_model_parallel_grads``, core/distributed/finalize_model_grads.py
+    ~416-480): with SP the LayerNorm/RMSNorm parameters and everything marked ``sequence_parallel`` (biases,
+    router, MLA's duplicated down projections), and the q/k layer norms with ``qk_layernorm`` also without SP
+    (:func:`llmcomm.predict.dp.tp_replicated_grads`): ``norm_params · grad_bytes``."""
+    if ctx.tp == 1 or norm_params == 0:
         return []
     return [Call("optimizer", "tp", "all_reduce", "tp", norm_params * grad_bytes, grad_dtype)]

@@ -1,53 +1,136 @@
-"""``llmcomm tune MODEL --gpus N --cluster NAME --global-batch B``: rank parallel configurations."""
+"""``llmcomm tune MODEL --gpus N --cluster NAME --global-batch B``: rank parallel configurations.
+
+The work is bounded before it starts (:mod:`llmcomm.bounds`: at most ``MAX_TUNE_GPUS`` GPUs and
+``MAX_TUNE_CANDIDATES`` candidates), and a search that runs longer than a second says so on the terminal.
+When a restriction (``--tp 3``) leaves no candidate, the message names it and the values that would work.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..cli_options import add_cluster, add_model, add_quiet, fraction, int_list, positive_int
 
 HELP = "rank parallel configurations of a model on a cluster by predicted iteration time"
 DESCRIPTION = ("Enumerate every valid tp/pp/dp/ep/micro-batch/vpp/SP/recompute/distributed-optimizer configuration, "
                "drop those that do not fit in GPU memory, and rank the rest with the iteration-time formulation "
                "(llmcomm.overhead).")
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+RESTRICTIONS = ("tp", "pp", "ep", "micro_batch", "vpp")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("tune", help=HELP, description=DESCRIPTION)
-    p.add_argument("model", help="catalogue name or YAML path")
-    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-    p.add_argument("--cluster", required=True, help="cluster name from `llmcomm clusters` or a YAML path")
-    p.add_argument("--global-batch", type=int, required=True, help="global batch in sequences")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the model's)")
-    p.add_argument("--top", type=int, default=10, help="rows to print (default: 10)")
+    add_model(p)
+    p.add_argument("--gpus", type=positive_int, required=True, help="number of GPUs")
+    add_cluster(p, required=True)
+    p.add_argument("--global-batch", type=positive_int, required=True, help="global batch in sequences")
+    p.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--top", type=positive_int, default=10, help="rows to print")
     p.add_argument("--no-prune", action="store_true", help="evaluate every fitting candidate (exhaustive)")
-    p.add_argument("--memory-fraction", type=float, default=0.9,
-                   help="share of GPU memory a configuration may use (default: 0.9)")
-    for dim in ("tp", "pp", "ep", "micro-batch", "vpp"):
-        p.add_argument(f"--{dim}", type=_ints, default=None,
-                       help=f"only these {dim} values, comma-separated (default: all valid)")
+    p.add_argument("--memory-fraction", type=fraction, default=0.9,
+                   help="share of GPU memory a configuration may use, in (0, 1]")
+    for dim in RESTRICTIONS:
+        flag = dim.replace("_", "-")
+        p.add_argument(f"--{flag}", dest=dim, type=int_list, default=None,
+                       help=f"only these {flag} values, comma-separated (default: all valid)")
+    add_quiet(p, "no progress line; print the table only")
     p.set_defaults(func=run)
+
+
+@contextmanager
+def progress_line(label: str, enabled: bool, after_s: float = 1.0) -> Iterator[None]:
+    """After ``after_s`` seconds, show ``label`` and the elapsed time on stderr, updated twice a second, until
+    the block ends (nothing at all for a block that ends sooner, or when not ``enabled``)."""
+    if not enabled:
+        yield
+        return
+    done = threading.Event()
+    t0 = time.perf_counter()
+    shown = [False]
+
+    def tick() -> None:
+        if done.wait(after_s):
+            return
+        while not done.is_set():
+            sys.stderr.write(f"\r{label} ... {time.perf_counter() - t0:.0f} s")
+            sys.stderr.flush()
+            shown[0] = True
+            done.wait(0.5)
+
+    th = threading.Thread(target=tick, daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        done.set()
+        th.join()
+        if shown[0]:
+            sys.stderr.write(f"\r{label}: done in {time.perf_counter() - t0:.1f} s\n")
+            sys.stderr.flush()
+
+
+def _empty_because(model: object, gpus: int, global_batch: int, seq_len: int | None,
+                   space: object) -> str | None:
+    """Which of the restrictions left no candidate: those whose removal alone gives some (with the values that
+    would work), or ``None`` when the space is empty without any restriction too."""
+    import dataclasses
+
+    from .space import enumerate_candidates
+
+    given = [d for d in RESTRICTIONS if getattr(space, d) is not None]
+    if not given:
+        return None
+    if not len(enumerate_candidates(model, gpus, global_batch, seq_len,
+                                    dataclasses.replace(space, **dict.fromkeys(given)))):
+        return None
+    parts = []
+    for d in given:
+        c = enumerate_candidates(model, gpus, global_batch, seq_len, dataclasses.replace(space, **{d: None}))
+        if len(c):
+            values = sorted(int(v) for v in c[d].unique())
+            parts.append(f"--{d.replace('_', '-')} {','.join(map(str, getattr(space, d)))} (values that work "
+                         f"here: {', '.join(map(str, values[:16]))}{' ...' if len(values) > 16 else ''})")
+    if not parts:
+        return "the restrictions " + ", ".join(f"--{d.replace('_', '-')}" for d in given) + " together"
+    return " or ".join(parts)
 
 
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from ..bounds import check_tune_candidates, check_tune_gpus
+    from ..errors import ConfigError
+    from ..specs import load_cluster, load_model
     from .search import tune
-    from .space import SearchSpace
+    from .space import SearchSpace, enumerate_candidates
 
-    space = SearchSpace(tp=args.tp, pp=args.pp, ep=args.ep, micro_batch=args.micro_batch, vpp=args.vpp)
-    r = tune(args.model, args.gpus, args.cluster, args.global_batch, args.seq_len, space=space,
-             prune=not args.no_prune, memory_fraction=args.memory_fraction)
+    check_tune_gpus(args.gpus)
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster)
+    space = SearchSpace(**{d: getattr(args, d) for d in RESTRICTIONS})
+    show = not args.quiet and sys.stderr.isatty()
+    with progress_line(f"tune: enumerating configurations of {model.name} on {args.gpus:,} GPUs", show):
+        n = len(enumerate_candidates(model, args.gpus, args.global_batch, args.seq_len, space))
+    check_tune_candidates(n)
+    if n == 0:
+        why = _empty_because(model, args.gpus, args.global_batch, args.seq_len, space)
+        if why is not None:
+            raise ConfigError(f"{model.name} on {args.gpus:,} GPUs with global batch {args.global_batch}: no "
+                              f"configuration is left by {why}")
+    with progress_line(f"tune: ranking {n:,} candidates", show):
+        r = tune(model, args.gpus, cluster, args.global_batch, args.seq_len, space=space,
+                 prune=not args.no_prune, memory_fraction=args.memory_fraction)
     s = r.stats
-    print(f"{r.model.name} on {r.gpus} × {r.cluster.gpu} ({r.cluster.name}), global batch {r.global_batch}, "
-          f"sequence {r.meta['seq_len']}")
-    print(f"{s['enumerated']:,} candidates, {s['evaluated']:,} evaluated, {s['pruned']:,} pruned "
-          f"({', '.join(f'{k}: {v:,}' for k, v in s['pruned_by_rule'].items())}) in {s['wall_s']:.2f} s")
+    if not args.quiet:
+        print(f"{r.model.name} on {r.gpus:,} × {r.cluster.gpu} ({r.cluster.name}), global batch {r.global_batch}, "
+              f"sequence {r.meta['seq_len']}")
+        print(f"{s['enumerated']:,} candidates, {s['evaluated']:,} evaluated, {s['pruned']:,} pruned "
+              f"({', '.join(f'{k}: {v:,}' for k, v in s['pruned_by_rule'].items())}) in {s['wall_s']:.2f} s")
     top = r.top(args.top).copy()
     top["total_bytes"] = (top["total_bytes"] / 1e9).round(1)
     top = top.rename(columns={"total_s": "time_s", "total_bytes": "memory_GB", "distributed_optimizer": "dist_opt",

@@ -24,6 +24,7 @@ GPU counts and batches); ``TuneResult.stats`` counts what each search enumerated
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +33,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
+from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
-from .space import SearchSpace, divisors, enumerate_candidates, splits
-
-CONFIG_COLUMNS = ["tp", "pp", "dp", "ep", "micro_batch", "vpp", "sp", "recompute", "distributed_optimizer"]
+from .space import DIMENSIONS, SearchSpace, divisors, enumerate_candidates, splits
 
 
 @dataclass(frozen=True)
@@ -60,28 +60,23 @@ class TuneResult:
         return to_parallel(self.best)
 
     def top(self, n: int = 10) -> pd.DataFrame:
-        cols = [*CONFIG_COLUMNS, "total_s", "comm_overhead", "tflops_per_gpu", "total_bytes"]
+        cols = [*DIMENSIONS, "total_s", "comm_overhead", "tflops_per_gpu", "total_bytes"]
         return self.table.head(n)[cols]
 
 
 def to_parallel(row: pd.Series | dict) -> ParallelConfig:
-    """A candidate row as a :class:`ParallelConfig`."""
-    r = dict(row)
-    return ParallelConfig(
-        tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), ep=int(r.get("ep", 1)), vpp=int(r.get("vpp", 1)),
-        sp=bool(r.get("sp", False)), micro_batch=int(r["micro_batch"]), global_batch=int(r["global_batch"]),
-        seq_len=int(r["seq_len"]) if r.get("seq_len") is not None else None,
-        recompute=str(r.get("recompute", "none")), distributed_optimizer=bool(r.get("distributed_optimizer", False)),
-        schedule="interleaved" if int(r.get("vpp", 1)) > 1 else "1f1b")
+    """A candidate row (columns named as :class:`ParallelConfig` fields; others ignored) as a validated
+    :class:`ParallelConfig` (:meth:`llmcomm.parallel_table.ParallelTable.row`)."""
+    return ParallelTable.from_frame(pd.DataFrame([dict(row)]), required=("tp", "pp", "dp")).row(0)
 
 
 # ------------------------------------------------------------------------------------------- rules
 def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
     """Rows whose recomputation is above the least one that fits among rows equal in everything else."""
-    from ..overhead.iteration import RECOMPUTE_CODE  # none < selective < full, the formulation's own code
+    from ..vocab import RECOMPUTE_CODE  # none < selective < full
 
     level = cands["recompute"].map(RECOMPUTE_CODE).to_numpy()
-    key = [c for c in CONFIG_COLUMNS if c != "recompute"]
+    key = [c for c in DIMENSIONS if c != "recompute"]
     least = pd.Series(level, index=cands.index).groupby([cands[c] for c in key], sort=False).transform("min")
     return level > least.to_numpy()
 
@@ -98,7 +93,11 @@ def has_split(model: ModelSpec, gpus: int, global_batch: int) -> bool:
 
 
 def _no_split_error(model: ModelSpec, gpus: int, global_batch: int) -> ConfigError:
-    near = [n for n in range(max(1, gpus // 2), gpus * 2 + 1) if has_split(model, n, global_batch)]
+    # the counts has_split accepts are exactly t·p·d with t | gcd(heads, groups, ffn), p | layers, d | batch:
+    # enumerate those products instead of testing every count in [gpus/2, 2·gpus] (minutes at 10⁶ GPUs)
+    g = math.gcd(model.num_attention_heads, model.query_groups, model.ffn_hidden_size)
+    valid = {t * p * d for t in divisors(g) for p in divisors(model.num_layers) for d in divisors(global_batch)}
+    near = sorted(n for n in valid if max(1, gpus // 2) <= n <= gpus * 2)
     closest = sorted(near, key=lambda n: (abs(n - gpus), n))[:4]
     dps = sorted({gpus // (t * p) for t in divisors(gpus) for p in divisors(gpus // t)})
     return ConfigError(
@@ -198,8 +197,8 @@ def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: i
     """The configuration a Megatron-LM user would start from: TP = GPUs per node, the smallest PP that fits in
     memory, micro-batch 1, no recomputation unless needed (then selective, then full), no distributed optimizer
     unless needed."""
-    from ..overhead.iteration import RECOMPUTE_CODE
     from ..overhead.memory import memory_table
+    from ..vocab import RECOMPUTE_CODE
 
     # the largest TP within a node that the tuner's own rules accept (heads, query groups, FFN, vocabulary...)
     for tp in sorted(divisors(cluster.gpus_per_node), reverse=True):

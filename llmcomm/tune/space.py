@@ -3,15 +3,11 @@ pipeline stages, sequence parallelism, recomputation and the distributed optimiz
 :func:`llmcomm.specs.validate` accepts for a model, a GPU count and a global batch.
 
 Built by construction, not by filtering a Cartesian product, so that a 16,384-GPU space stays small in memory:
-
-* ``tp`` divides the GPUs, the attention heads, the key/value groups and the FFN size;
-* ``pp`` divides the GPUs left and the layers; ``dp = gpus / (tp · pp)`` divides the global batch;
-* ``ep`` (MoE only) divides ``dp`` and the number of experts; with ``tp > 1`` it needs SP (Megatron-LM);
-* ``micro_batch`` divides ``global_batch / dp`` (up to ``max_micro_batch``);
-* ``vpp > 1`` (interleaved 1F1B) needs ``pp ≥ 2``, ``pp · vpp`` dividing the layers and ``pp`` dividing the
-  number of micro-batches;
-* ``sp`` needs ``tp > 1`` and ``tp`` dividing the sequence;
-* ``recompute`` ∈ none/selective/full; ``distributed_optimizer`` ∈ False/True.
+``tp`` and ``pp`` run over the divisors of the GPUs, ``ep`` (MoE only) over the divisors of ``dp``, ``micro_batch``
+over the divisors of ``global_batch / dp`` (up to ``max_micro_batch``), ``vpp`` over the divisors of the layers per
+stage; every row is then checked against the rules of :mod:`llmcomm.rules` (scopes :data:`SCOPES`: what
+``ParallelConfig``, ``specs.validate``, Megatron-LM and the iteration-time formulation require, each rule written
+once there with its source), so the space holds exactly the configurations the cost model can rank.
 
 Context parallelism and FSDP are not in the space: the iteration-time formulation does not model them (it
 refuses them), so a tuner could not rank them honestly.
@@ -26,8 +22,11 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
+from .. import rules
 from ..errors import ConfigError
+from ..parallel_table import ParallelTable
 from ..specs import ModelSpec
+from ..vocab import ATTENTION_BACKENDS
 from ..vocab import RECOMPUTE_MODES as RECOMPUTE
 
 
@@ -50,6 +49,7 @@ class SearchSpace:
     sp: tuple[bool, ...] = (False, True)
     recompute: tuple[str, ...] = RECOMPUTE
     distributed_optimizer: tuple[bool, ...] = (False, True)
+    attention_backend: tuple[str, ...] = ("auto",)  # Megatron-LM's default; ("unfused",) for pre-2022 recipes
     max_micro_batch: int = 16
     max_vpp: int = 8
 
@@ -57,6 +57,9 @@ class SearchSpace:
         bad = [r for r in self.recompute if r not in RECOMPUTE]
         if bad:
             raise ConfigError(f"space: recompute values {bad} are not in {RECOMPUTE}")
+        bad = [b for b in self.attention_backend if b not in ATTENTION_BACKENDS]
+        if bad or not self.attention_backend:
+            raise ConfigError(f"space: attention_backend values {bad} are not in {ATTENTION_BACKENDS}")
         for f in ("tp", "pp", "ep", "micro_batch", "vpp"):
             v = getattr(self, f)
             if v is not None and (not v or any(not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
@@ -77,19 +80,24 @@ def _allowed(values: Sequence[int], chosen: tuple[int, ...] | None) -> list[int]
     return [v for v in values if chosen is None or v in chosen]
 
 
+SCOPES = ("config", "job", "megatron", "cost")  # the rules (llmcomm.rules) every configuration of the space keeps
+DIMENSIONS = ("tp", "pp", "dp", "ep", "micro_batch", "vpp", "sp", "recompute", "distributed_optimizer",
+              "attention_backend")
+
+
 def splits(model: ModelSpec, gpus: int, global_batch: int, tp: tuple[int, ...] | None = None,
            pp: tuple[int, ...] | None = None) -> Iterator[tuple[int, int, int]]:
-    """``(tp, pp, dp)`` with ``tp · pp · dp = gpus`` that the module docstring's divisibility rules allow
+    """``(tp, pp, dp)`` with ``tp · pp · dp = gpus`` that the rules of :mod:`llmcomm.rules` allow at micro-batch 1
     (``tp``, ``pp``: only these values; ``None``: all), in increasing tp, then pp."""
-    for t in _allowed(divisors(gpus), tp):
-        if model.num_attention_heads % t or model.query_groups % t or model.ffn_hidden_size % t:
-            continue
-        for p in _allowed(divisors(gpus // t), pp):
-            if model.num_layers % p:
-                continue
-            dp = gpus // (t * p)
-            if global_batch % dp == 0:
-                yield t, p, dp
+    pairs = [(t, p) for t in _allowed(divisors(gpus), tp) for p in _allowed(divisors(gpus // t), pp)]
+    if not pairs:
+        return
+    t_, p_ = (np.array(x, np.int64) for x in zip(*pairs, strict=True))
+    dp = gpus // (t_ * p_)
+    table = ParallelTable.from_columns(len(pairs), model, tp=t_, pp=p_, dp=dp, global_batch=global_batch)
+    ok = rules.valid(model, table, ("config", "job"))
+    for i in np.flatnonzero(ok):
+        yield int(t_[i]), int(p_[i]), int(dp[i])
 
 
 def enumerate_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None = None,
@@ -108,19 +116,16 @@ def enumerate_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len
         per_replica = global_batch // dp
         mbs = _allowed([b for b in divisors(per_replica) if b <= space.max_micro_batch], space.micro_batch)
         vpps = _allowed([v for v in divisors(L // pp) if v <= space.max_vpp and (v == 1 or pp >= 2)], space.vpp)
-        sps = [x for x in space.sp if not x or (tp > 1 and s % tp == 0)]
-        if ep > 1 and tp > 1:
-            sps = [x for x in sps if x]
         for mb, v in itertools.product(mbs, vpps):
             m = per_replica // mb
-            if v > 1 and m % pp:
-                continue
-            for sp, rec, do in itertools.product(sps, space.recompute, space.distributed_optimizer):
-                rows.append((tp, pp, dp, ep, mb, v, sp, rec, do, m))
-    cols = ["tp", "pp", "dp", "ep", "micro_batch", "vpp", "sp", "recompute", "distributed_optimizer",
-            "num_microbatches"]
+            for sp, rec, do, ab in itertools.product(space.sp, space.recompute, space.distributed_optimizer,
+                                                     space.attention_backend):
+                rows.append((tp, pp, dp, ep, mb, v, sp, rec, do, ab, m))
+    cols = [*DIMENSIONS, "num_microbatches"]
     df = pd.DataFrame(rows, columns=cols)
     df["global_batch"] = global_batch
     df["seq_len"] = s
     df["schedule"] = np.where(df["vpp"] > 1, "interleaved", "1f1b")
-    return df
+    table = ParallelTable.from_columns(len(df), model, **{c: df[c].to_numpy() for c in df.columns
+                                                          if c != "num_microbatches"})
+    return df[rules.valid(model, table, SCOPES)].reset_index(drop=True)

@@ -1,0 +1,231 @@
+"""NVIDIA's published DGX-H100 pre-training rows (NeMo 24.07, Megatron-Bridge containers 25.09–26.06) as a tidy
+table, each row with the recipe settings read from NVIDIA's own performance scripts, in Megatron-LM's names.
+
+Data: ``nemo/h100_pretraining.csv`` (through :func:`llmcomm.data.path`: every DGX-H100 row of the two published
+tables, numbers as printed, ``step_time_s_derived = gbs·seq/(tokens/s/GPU · GPUs)``, ``notes`` flagging rows that
+are inconsistent in the source) and ``data/published/nemo_h100_recipes.yaml`` (per row, the settings read from
+Megatron-Bridge's ``scripts/performance`` at the commit that published the row, each with its file and line;
+settings not read are ``unknown``). Compare the derived step time, not TFLOP/s: 24.07 counts attention FLOPs
+non-causally, later releases causally.
+
+:func:`settings` turns one row into the candidate columns of :func:`llmcomm.overhead.iteration.iteration_times`
+and into the settings the formulation may not yet express, all in Megatron-LM's argument names (``fp8``,
+``tp_comm_overlap``, ``overlap_param_gather``, ``recompute_num_layers``, ``account_for_embedding_in_pipeline_split``,
+``attention_backend``, ``cp``, ``fsdp``, ...). Parallel sizes come from the table (the measurement's own
+statement); everything else from the recipe file, never guessed: a setting the recipe file leaves unknown is
+named in ``unknown`` and the formulation's default is used for it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from ..errors import DataError
+from ..paths import data_dir
+
+FILE = "nemo/h100_pretraining.csv"
+RECIPES = "published/nemo_h100_recipes.yaml"
+CLUSTER = "h100-80g-ndr400"  # DGX H100: 8x H100 SXM5, NVLink 4, 8x ConnectX-7 NDR 400 Gb/s
+NEED = ("source_file", "container", "precision", "model", "num_gpus", "gbs", "mbs", "seq_len", "fsdp", "tp", "pp",
+        "cp", "vp", "ep", "step_time_s_derived", "notes", "source_line")
+# the table's model names -> the kit's catalogue (data/models); other models are not in the catalogue
+CATALOGUE = {"GPT3-175B": "gpt3-175b", "LLAMA2-7B": "llama2-7b", "LLAMA2-13B": "llama2-13b",
+             "LLAMA2-70B": "llama2-70b", "LLAMA3-8B": "llama3-8b", "LLAMA3_8B": "llama3-8b",
+             "LLAMA3-70B": "llama3-70b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3.1-405b",
+             "Nemotron-340B": "nemotron4-340b", "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
+             "GPT OSS 120B": "gpt-oss-120b", "DeepSeekV3": "deepseek-v3"}
+NOT_EXPRESSIBLE = {
+    "Nemotron_3_Nano": "hybrid Mamba-Transformer MoE: Mamba layers are not expressible in ModelSpec",
+}
+# Megatron-LM / Megatron-Bridge recipe field -> the name the kit uses for it (Megatron's argument names)
+RECIPE_NAMES = {"use_megatron_fsdp": "fsdp", "use_distributed_optimizer": "distributed_optimizer",
+                "expert_tensor_parallel_size": "etp"}
+# what the formulation does when a setting is absent: a row whose setting has this value needs no mechanism
+OFF: dict[str, Any] = {
+    "fp8": None, "fp8_recipe": None, "fp8_param_gather": False, "first_last_layers_bf16": False,
+    "tp_comm_overlap": False, "overlap_param_gather": False, "overlap_grad_reduce": False,
+    "recompute_num_layers": None, "recompute_modules": None, "recompute_method": None,
+    "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
+    "pp_layout": None, "cp": 1, "fsdp": False, "attention_backend": "unfused",
+    "cpu_offloading_num_layers": None, "fp8_dot_product_attention": None, "moe_a2a_overlap": False,
+    "overlap_p2p_comm": False, "etp": None,
+}
+# settings with no effect on the formulation's terms (said so, not silently dropped)
+IGNORED = {
+    "cuda_graph_impl": "CUDA graphs remove host launch cost; the formulation's launch floor is fitted, not modelled",
+    "cuda_graph_scope": "see cuda_graph_impl", "nccl_ub": "NCCL user buffers: no modelled effect",
+    "tp_comm_overlap_cfg": "the userbuffers configuration of tp_comm_overlap", "sequence_parallel": "sp column",
+    "megatron_amp_O2": "NeMo 1.0: bf16 parameters with fp32 main weights, the formulation's default",
+    "fp8_enabled": "NeMo 1.0 config's fp8 switch; the table's precision decides (unknown where they disagree)",
+    "fp8_hybrid": "see fp8_enabled", "fp8_e4m3": "see fp8_enabled",
+}
+
+
+@lru_cache(maxsize=2)
+def _recipes(path: str, stamp: int) -> dict[tuple[str, str, int], dict[str, Any]]:
+    try:
+        doc = yaml.safe_load(open(path, encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise DataError(f"{path}: cannot read the recipe file: {e}") from None
+    out = {}
+    for i, r in enumerate(doc.get("rows") or []):
+        try:
+            k = r["row"]
+            out[(str(k["container"]), str(k["model"]), int(k["source_line"]))] = r
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{path}: rows[{i}] has no row key (container, model, source_line): {e}") from None
+    return out
+
+
+def recipes() -> dict[tuple[str, str, int], dict[str, Any]]:
+    """The recipe file's rows by (container, model, source_line)."""
+    p = data_dir() / RECIPES
+    if not p.is_file():
+        raise DataError(f"{p}: missing; regenerate it with data/published/read_nemo_recipes.py")
+    return _recipes(str(p), p.stat().st_mtime_ns)
+
+
+def read(file: str | None = None) -> pd.DataFrame:
+    """The 48 rows with numeric ``num_gpus, gbs, mbs, seq_len, tp, pp, cp, vp, ep, fsdp`` (absent: 1, ``vp`` 1,
+    ``fsdp`` 0), ``dp = num_gpus / (tp·pp·cp)``, ``time_s`` (the derived step time), ``group`` (the model),
+    ``flagged`` (the source is inconsistent: the notes say so). :class:`DataError` names the file, row and rule."""
+    from .. import data
+
+    p = file or data.path(FILE)
+    try:
+        df = pd.read_csv(p, dtype={"container": str})
+    except (OSError, ValueError) as e:
+        raise DataError(f"{p}: cannot read as CSV: {e}") from None
+    missing = [c for c in NEED if c not in df.columns]
+    if missing:
+        raise DataError(f"{p}: missing column(s) {missing}")
+    for c, default in (("num_gpus", None), ("gbs", None), ("mbs", None), ("seq_len", None), ("tp", 1), ("pp", 1),
+                       ("cp", 1), ("vp", 1), ("ep", 1), ("fsdp", 0)):
+        v = pd.to_numeric(df[c].replace("n/a", None), errors="coerce")
+        if default is None and v.isna().any():
+            i = int(v.isna().to_numpy().argmax())
+            raise DataError(f"{p}: row {i}: column {c!r}={df[c].iloc[i]!r} must be a number")
+        df[c] = v.fillna(default).astype(int)
+    t = pd.to_numeric(df["step_time_s_derived"], errors="coerce")
+    if not (t > 0).all():
+        i = int((~(t > 0)).to_numpy().argmax())
+        raise DataError(f"{p}: row {i}: step_time_s_derived={df['step_time_s_derived'].iloc[i]!r} must be > 0")
+    df["time_s"] = t
+    denom = df["tp"] * df["pp"] * df["cp"]
+    if (df["num_gpus"] % denom).any():
+        i = int((df["num_gpus"] % denom != 0).to_numpy().argmax())
+        raise DataError(f"{p}: row {i}: tp*pp*cp={denom.iloc[i]} does not divide num_gpus={df['num_gpus'].iloc[i]}")
+    df["dp"] = df["num_gpus"] // denom
+    notes = df["notes"].fillna("")
+    df["flagged"] = notes.str.contains("INCONSISTENT|does not divide", regex=True)
+    df["group"] = df["model"].str.replace(r"\s*\((dropless|tokendrop)\)$", "", regex=True)
+    return df
+
+
+@dataclass
+class RowSettings:
+    """One row in the kit's terms: the ``model`` catalogue name (or ``None`` with ``model_issue``), the
+    candidate ``columns``, every recipe ``setting`` (Megatron's names, value; ``cites`` file:line), the settings
+    the recipe file leaves ``unknown`` (not read), those it read and found not set (``defaulted``: the
+    library's default applies), and the ``ignored`` ones with why."""
+
+    model: str | None
+    model_issue: str = ""
+    columns: dict[str, Any] = field(default_factory=dict)
+    setting: dict[str, Any] = field(default_factory=dict)
+    cites: dict[str, str] = field(default_factory=dict)
+    unknown: dict[str, str] = field(default_factory=dict)
+    defaulted: dict[str, str] = field(default_factory=dict)
+    ignored: dict[str, str] = field(default_factory=dict)
+
+
+def settings(row: pd.Series) -> RowSettings:
+    """The kit's view of one row (module docstring)."""
+    key = (str(row["container"]), str(row["model"]), int(row["source_line"]))
+    rec = recipes().get(key)
+    model = CATALOGUE.get(row["group"])
+    issue = "" if model else NOT_EXPRESSIBLE.get(row["group"], f"model {row['group']!r} is not in the catalogue "
+                                                                "(data/models)")
+    out = RowSettings(model=model, model_issue=issue)
+    tp, pp, cp, vp, ep = (int(row[c]) for c in ("tp", "pp", "cp", "vp", "ep"))
+    out.columns = {"tp": tp, "pp": pp, "dp": int(row["dp"]), "ep": ep, "vpp": vp, "micro_batch": int(row["mbs"]),
+                   "global_batch": int(row["gbs"]), "seq_len": int(row["seq_len"]), "sp": tp > 1,
+                   "schedule": "interleaved" if vp > 1 else "1f1b", "act_dtype": "bf16", "param_dtype": "bf16",
+                   "create_attention_mask_in_dataloader": False}
+    out.setting = {"cp": cp, "fsdp": bool(row["fsdp"] > 0)}
+    out.cites = {"cp": f"{row['source_file']}:{row['source_line']}", "fsdp": f"{row['source_file']}:{row['source_line']}"}
+    prec = row["precision"] if isinstance(row["precision"], str) else ""
+    if prec == "BF16":
+        out.setting["fp8"] = None
+    elif not prec:
+        out.unknown["fp8"] = "the table prints no precision for this row"
+    if rec is None:
+        out.unknown["recipe"] = f"no entry for {key} in data/{RECIPES}"
+        return out
+    for k, why in (rec.get("unknown") or {}).items():
+        if str(why).startswith("not set in the library recipe or the perf script"):
+            out.defaulted[k] = str(why)  # read, and not set: the library's default applies
+        else:
+            out.unknown[k] = str(why)
+    s = rec.get("settings") or {}
+    for k, v in s.items():
+        name = RECIPE_NAMES.get(k, k)
+        if k in IGNORED:
+            out.ignored[k] = IGNORED[k]
+            continue
+        if name in ("fsdp",):  # parallel layout: the table states it; a disagreement is in the recipe's checks
+            continue
+        out.setting[name] = v.get("value")
+        out.cites[name] = v.get("cite", "")
+    if prec.startswith("FP8") and "fp8" not in out.setting:
+        out.unknown.setdefault("fp8", "the table says FP8; the recipe's FP8 format was not read")
+        out.setting["fp8"] = "unknown"
+    # NeMo 1.0 names (24.07 rows) -> Megatron's
+    opt = out.setting.pop("optimizer", None)
+    if opt is not None:
+        out.setting["distributed_optimizer"] = opt == "distributed_fused_adam"
+    gsd = out.setting.pop("grad_sync_dtype", None)
+    if gsd is not None:
+        out.setting["grad_reduce_in_fp32"] = str(gsd) in ("fp32", "float32")
+    flash = out.setting.pop("use_flash_attention", None)
+    if flash is not None:
+        out.setting["attention_backend"] = "flash" if flash else None  # False: Transformer Engine chooses
+    # the kit's columns for settings the formulation already has under its own names
+    g = out.setting.pop("grad_reduce_in_fp32", None)
+    if g is not None:
+        out.columns["grad_reduce_dtype"] = "fp32" if g else "bf16"
+    d = out.setting.pop("distributed_optimizer", None)
+    if d is not None:
+        out.columns["distributed_optimizer"] = bool(d)
+    gran = out.setting.pop("recompute_granularity", None)
+    if gran is None or out.setting.get("recompute_num_layers") == 0:
+        for k in ("recompute_method", "recompute_num_layers"):  # without a granularity Megatron recomputes nothing
+            if k in out.setting:
+                out.ignored[k] = f"{k}={out.setting.pop(k)!r} has no effect: recompute granularity is {gran!r}"
+    if gran is not None or "recompute_granularity" in s:
+        if gran == "full" and out.setting.get("recompute_num_layers") is None:
+            out.columns["recompute"] = "full"
+        elif gran == "selective" and out.setting.get("recompute_modules") in (None, ["core_attn"]):
+            out.columns["recompute"] = "selective"
+            out.setting.pop("recompute_modules", None)
+        elif gran is None:
+            out.columns["recompute"] = "none"
+    if out.setting.get("attention_backend", "x") is None:
+        out.setting["attention_backend"] = "auto"  # Megatron's AttnBackend.auto: TE picks fused/flash attention
+    return out
+
+
+def is_off(name: str, value: Any) -> bool:
+    """Whether ``value`` of setting ``name`` is what the formulation does without it (:data:`OFF`)."""
+    if name not in OFF:
+        return value in (None, False)
+    off = OFF[name]
+    if isinstance(off, float) and isinstance(value, float):
+        return math.isclose(off, value)
+    return value == off

@@ -1,0 +1,63 @@
+"""What the Megatron-LM predictor relies on or does not model, beyond :func:`llmcomm.specs.validate`: one small
+check per rule, each raising :class:`~llmcomm.errors.ConfigError` that names the rule and its source. Used by
+:func:`llmcomm.predict.predict_traffic` and :func:`llmcomm.predict.audit_table`."""
+
+from __future__ import annotations
+
+from .. import rules
+from ..errors import ConfigError
+from ..specs import ModelSpec, ParallelConfig
+
+
+def check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str = "megatron") -> None:
+    """Rules of Megatron-LM the predictor relies on, beyond :func:`llmcomm.specs.validate`, and what it does not
+    model; each a small check of its own."""
+    if framework != "megatron":
+        return
+    for check in (_moe_needs_sp, _mla_needs_sp, _no_hybrid, _no_mtp, _cp_attention_kind, _no_partial_distopt):
+        check(model, parallel)
+
+
+def _moe_needs_sp(model: ModelSpec, parallel: ParallelConfig) -> None:
+    """The ``megatron`` rules of :mod:`llmcomm.rules` (an MoE model with tp > 1 needs SP, written once there)."""
+    rules.check(model, parallel, ("megatron",))
+
+
+def _mla_needs_sp(model: ModelSpec, parallel: ParallelConfig) -> None:
+    if model.multi_latent_attention and parallel.tp > 1 and not parallel.sp:
+        raise ConfigError("multi_latent_attention with tp>1 and sp=False is not predicted: reading Megatron-LM's "
+                          "MLASelfAttention (multi_latent_attention.py ~640-763) leaves unclear which TP call reduces "
+                          "the rotary key's gradient without SP; use sp=True (every MLA recipe does)")
+
+
+def _no_hybrid(model: ModelSpec, parallel: ParallelConfig) -> None:
+    if model.hybrid_override_pattern:
+        raise ConfigError(f"model {model.name}: hybrid Mamba models (hybrid_override_pattern) are not predicted: "
+                          "the Mamba mixer's TP/CP calls are not modelled")
+
+
+def _no_mtp(model: ModelSpec, parallel: ParallelConfig) -> None:
+    if model.mtp_num_layers:
+        raise ConfigError(f"model {model.name}: mtp_num_layers={model.mtp_num_layers} (multi-token prediction) is "
+                          "counted in the parameters but its calls are not predicted; predict "
+                          "dataclasses.replace(model, mtp_num_layers=0), the main model")
+
+
+def _cp_attention_kind(model: ModelSpec, parallel: ParallelConfig) -> None:
+    if parallel.cp > 1 and (model.window_size is not None or model.softmax_type != "vanilla"):
+        raise ConfigError(
+            f"model {model.name}: cp>1 with sliding-window attention or attention sinks is not predicted: "
+            "TransformerEngine refuses both with cp_comm_type='p2p' (the ring this kit models; "
+            "attention/dot_product_attention/context_parallel.py ~5054-5067: 'a2a' or 'all_gather' only)")
+
+
+def _no_partial_distopt(model: ModelSpec, parallel: ParallelConfig) -> None:
+    if parallel.num_distributed_optimizer_instances > 1:
+        raise ConfigError(
+            "num_distributed_optimizer_instances > 1 is not predicted: its reduce-scatter runs over the intra-"
+            "instance partial data-parallel group and an all-reduce over the inter-instance group "
+            "(param_and_grad_buffer.py start_grad_sync ~700-745; intra groups: slices of the dp-cp ranks, "
+            "parallel_state.py ~984-1014; the dense buckets' inter-instance all-reduce uses the expert grid's "
+            "inter-partial group, get_inter_distributed_optimizer_instance_group ~2457-2467, built by "
+            "create_hierarchical_groups ~1474-1496; the norm's intra_dist_opt_group ~1564-1577), groups the layout "
+            "does not build")

@@ -1,0 +1,385 @@
+"""The validity rules of a training configuration, each written once, vectorized, with the source it comes from.
+
+A rule is a predicate over a configuration ``p`` and (for most) a model: ``p`` is a
+:class:`~llmcomm.specs.ParallelConfig` (Python scalars) or a :class:`~llmcomm.parallel_table.ParallelTable`
+(numpy arrays, one entry per configuration) — both expose the same field names and derived sizes, so one
+expression serves :meth:`ParallelConfig.validate`, :func:`llmcomm.specs.validate`, the predictor's checks, the
+cost model's candidate tables and the tuner's space.
+
+Scopes (which caller applies a rule):
+
+``config``    needs no model (``ParallelConfig.validate``);
+``job``       needs the model (``specs.validate``: every path);
+``megatron``  what Megatron-LM's own runtime requires beyond ``job`` (the predictor with ``framework="megatron"``,
+              the cost model, the tuner);
+``cost``      what the iteration-time formulation models (:mod:`llmcomm.overhead.iteration`; the tuner's space
+              holds only configurations it can rank).
+
+Megatron-LM sources are cited at commit ``d98e8a6`` (NVIDIA/Megatron-LM, 2026-08-22); paths are relative to its
+repository root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+
+SCOPES = ("config", "job", "megatron", "cost")
+Model = Any  # llmcomm.specs.ModelSpec (not imported: specs imports this module)
+
+
+def _any(x: Any) -> bool:
+    return bool(x) if isinstance(x, (bool, np.bool_)) else bool(np.any(x))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``bad(model, p)`` is true where ``p`` breaks the rule; ``message(model, r)`` says how, for one
+    configuration ``r`` (scalars)."""
+
+    name: str
+    scope: str
+    source: str
+    bad: Callable[[Model, Any], Any]
+    message: Callable[[Model, Any], str]
+
+
+def _seq(model: Model, p: Any) -> Any:
+    return p.sequence_length(model)
+
+
+def _opt(v: Any) -> Any:
+    """An optional layer count as an integer (array): ``None`` (a ParallelConfig) or ``-1`` (a table) -> ``-1``."""
+    return -1 if v is None else v
+
+
+def _first_last(p: Any) -> tuple[Any, Any]:
+    return np.asarray(_opt(p.num_layers_in_first_pipeline_stage)), np.asarray(_opt(p.num_layers_in_last_pipeline_stage))
+
+
+def _uneven(p: Any) -> Any:
+    f, la = _first_last(p)
+    return np.logical_or(f >= 0, la >= 0)
+
+
+def _accounts(p: Any) -> Any:
+    return np.logical_or(p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
+
+
+def _even_total(m: Model, p: Any) -> Any:
+    """``L + [embedding] + [loss]``: the layers the even split divides."""
+    return (m.num_layers + np.asarray(p.account_for_embedding_in_pipeline_split, dtype=np.int64)
+            + np.asarray(p.account_for_loss_in_pipeline_split, dtype=np.int64))
+
+
+def _middle_stages(p: Any) -> Any:
+    f, la = _first_last(p)
+    return p.pp - (f >= 0).astype(np.int64) - (la >= 0).astype(np.int64)
+
+
+def _rest(m: Model, p: Any) -> Any:
+    f, la = _first_last(p)
+    return m.num_layers - np.maximum(f, 0) - np.maximum(la, 0)
+
+
+def _per_middle(m: Model, p: Any) -> Any:
+    k = _middle_stages(p)
+    return np.where(k > 0, _rest(m, p) // np.maximum(k, 1), 0)
+
+
+def _leftover_bad(m: Model, p: Any) -> Any:
+    k, rest = _middle_stages(p), _rest(m, p)
+    return np.logical_or(rest < 0, np.where(k > 0, rest % np.maximum(k, 1) != 0, rest != 0))
+
+
+def _uneven_vpp_bad(m: Model, p: Any) -> Any:
+    f, la = _first_last(p)
+    v = p.vpp
+    return np.logical_or.reduce([np.logical_and(f >= 0, f % v != 0), np.logical_and(la >= 0, la % v != 0),
+                                 np.logical_and(_middle_stages(p) > 0, _per_middle(m, p) % v != 0)])
+
+
+def _smallest_chunk(m: Model, p: Any) -> Any:
+    """The fewest layers any model chunk holds (:func:`llmcomm.step.pipeline_split`), for splits the other rules
+    accept."""
+    f, la = _first_last(p)
+    v = p.vpp
+    per_chunk = _even_total(m, p) // (p.pp * v)
+    emb = np.asarray(p.account_for_embedding_in_pipeline_split, dtype=np.int64)
+    loss = np.asarray(p.account_for_loss_in_pipeline_split, dtype=np.int64)
+    single = (p.pp * v == 1)
+    even = np.where(single, per_chunk - emb - loss, per_chunk - np.maximum(emb, loss))
+    big = np.iinfo(np.int64).max
+    uneven = np.minimum.reduce([np.where(f >= 0, f // v, big), np.where(la >= 0, la // v, big),
+                                np.where(_middle_stages(p) > 0, _per_middle(m, p) // v, big)])
+    return np.where(_uneven(p), uneven, even)
+
+
+# ParallelConfig fields the predictor models (issue 24) and the iteration-time formulation does not: refused at a
+# non-default value (rule "cost-unmodelled"), and not counted as accepted by llmcomm.overhead.validation
+COST_UNMODELLED_FIELDS = ("rerun_mode", "ddp_num_buckets", "num_distributed_optimizer_instances", "moe_router_dtype",
+                          "moe_router_load_balancing_type", "moe_router_enable_expert_bias",
+                          "cross_entropy_loss_fusion", "calculate_per_token_loss")
+
+
+def _non_default(p: Any, field: str) -> Any:
+    """Where ``field`` differs from ``ParallelConfig``'s default (a table holds ``-1`` for an unset integer)."""
+    from .specs import ParallelConfig  # specs imports this module
+
+    d = ParallelConfig.__dataclass_fields__[field].default
+    v = getattr(p, field)
+    if isinstance(v, np.ndarray):
+        if v.dtype == object:
+            return np.array([x != d for x in v], dtype=bool)
+        return v != (-1 if d is None else d)
+    return v != d
+
+
+def _unmodelled(p: Any) -> Any:
+    return np.logical_or.reduce([np.asarray(_non_default(p, f), dtype=bool) for f in COST_UNMODELLED_FIELDS])
+
+
+RULES: tuple[Rule, ...] = (
+    # ------------------------------------------------------------------------------------ config
+    Rule("positive-sizes", "config", "kit: every size is a positive integer (ParallelConfig.validate's type checks)",
+         lambda m, p: np.logical_or.reduce([np.asarray(getattr(p, f)) < 1 for f in (
+             "tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch", "global_batch")]),
+         lambda m, r: "tp, pp, dp, ep, cp, vpp, micro_batch and global_batch must be positive integers"),
+    Rule("pipe-partitioned-sp", "config",
+         "kit: DeepSpeed's PipelineEngine (deepspeed/runtime/pipe/engine.py pipe_partitioned) splits the "
+         "pipeline tensor over TP itself; with SP it is already split",
+         lambda m, p: np.logical_and(p.pipe_partitioned, p.sp),
+         lambda m, r: "pipe_partitioned (DeepSpeed's pipeline engine) with sp=True is not modelled: SP already "
+                      "splits the pipeline tensor over TP"),
+    Rule("batch-divisible", "config", "megatron/core/num_microbatches_calculator.py:381",
+         lambda m, p: p.global_batch % (p.micro_batch * p.dp) != 0,
+         lambda m, r: f"micro_batch*dp={r.micro_batch * r.dp} does not divide global_batch={r.global_batch}"),
+    Rule("sp-needs-tp", "config",
+         "megatron/training/arguments.py:1433 (Megatron turns SP off at tp = 1; the kit refuses instead)",
+         lambda m, p: np.logical_and(p.sp, p.tp == 1),
+         lambda m, r: "sp=True needs tp > 1 (sequence parallelism splits over the TP group)"),
+    Rule("expert-grid", "config", "megatron/core/parallel_state.py:883",
+         lambda m, p: p.world_size % (p.expert_tp * p.ep * p.pp) != 0,
+         lambda m, r: f"world size {r.world_size} is not divisible by etp*ep*pp={r.expert_tp * r.ep * r.pp} "
+                      "(Megatron-LM parallel_state.initialize_model_parallel: world_size must be divisible by "
+                      "expert_tensor_parallel_size * expert_model_parallel_size * pipeline_model_parallel_size)"),
+    Rule("interleaved-needs-pp", "config", "megatron/training/arguments.py:1002",
+         lambda m, p: np.logical_and(p.vpp > 1, p.pp < 2),
+         lambda m, r: f"vpp={r.vpp} (interleaved schedule) needs pp >= 2, got pp={r.pp}"),
+    Rule("vp-group-range", "config", "megatron/core/pipeline_parallel/schedules.py:1160",
+         lambda m, p: np.logical_and(p.vpp > 1, np.logical_or(p.vp_group_size < p.pp,
+                                                              p.vp_group_size > p.num_microbatches)),
+         lambda m, r: f"microbatch_group_size_per_vp_stage={r.vp_group_size} must lie in [pp={r.pp}, "
+                      f"num_microbatches={r.num_microbatches}] (Megatron-LM's interleaved schedule)"),
+    Rule("vp-last-group", "config", "megatron/core/pipeline_parallel/schedules.py:1172",
+         lambda m, p: np.logical_and(p.vpp > 1, np.logical_and(0 < p.num_microbatches % p.vp_group_size,
+                                                               p.num_microbatches % p.vp_group_size < p.pp)),
+         lambda m, r: f"num_microbatches={r.num_microbatches} % microbatch_group_size_per_vp_stage="
+                      f"{r.vp_group_size} = {r.num_microbatches % r.vp_group_size} must be 0 or >= pp={r.pp} "
+                      "(Megatron-LM's interleaved schedule: the last micro-batch group)"),
+    Rule("vpp-needs-interleaved", "config", "kit: llmcomm.vocab.PipelineSchedule (virtual stages are interleaved 1F1B)",
+         lambda m, p: np.logical_and(p.vpp > 1, p.schedule != "interleaved"),
+         lambda m, r: f"vpp={r.vpp} needs schedule='interleaved' (virtual pipeline stages are interleaved 1F1B), "
+                      f"got schedule={r.schedule!r}"),
+    Rule("interleaved-needs-vpp", "config", "kit: llmcomm.vocab.PipelineSchedule",
+         lambda m, p: np.logical_and(p.schedule == "interleaved", p.vpp == 1),
+         lambda m, r: "schedule='interleaved' needs vpp > 1"),
+    Rule("fsdp-or-distributed-optimizer", "config",
+         "kit: fsdp stands for ZeRO-3 sharding, which includes the optimizer state the distributed optimizer shards "
+         "(Megatron FSDP itself runs with --use-distributed-optimizer, arguments.py:1025)",
+         lambda m, p: np.logical_and(p.fsdp, p.distributed_optimizer),
+         lambda m, r: "fsdp and distributed_optimizer are alternatives; set one"),
+    # ---------------------------------------------------------------------------------------- job
+    Rule("tp-heads", "job", "megatron/core/transformer/transformer_config.py:1446",
+         lambda m, p: m.num_attention_heads % p.tp != 0,
+         lambda m, r: f"tp={r.tp} does not divide num_attention_heads={m.num_attention_heads}"),
+    Rule("tp-query-groups", "job",
+         "megatron/core/transformer/transformer_config.py:1462 (Megatron also accepts tp a multiple of the groups, "
+         "replicating K/V heads; the kit does not model that)",
+         lambda m, p: m.query_groups % p.tp != 0,
+         lambda m, r: f"tp={r.tp} does not divide num_query_groups={m.query_groups}"),
+    Rule("tp-ffn", "job", "megatron/core/tensor_parallel/layers.py:1038 (ColumnParallelLinear: divide(output_size, "
+         "world_size))",
+         lambda m, p: m.ffn_hidden_size % p.tp != 0,
+         lambda m, r: f"tp={r.tp} does not divide ffn_hidden_size={m.ffn_hidden_size}"),
+    Rule("pp-layers", "job",
+         "megatron/core/transformer/transformer_block.py:158 (L + embedding + loss over pp) and :178 (over vpp); "
+         "megatron/training/arguments.py:998",
+         lambda m, p: np.logical_and(np.logical_not(_uneven(p)), _even_total(m, p) % (p.pp * p.vpp) != 0),
+         lambda m, r: (f"pp*vpp={r.pp * r.vpp} does not divide num_layers + embedding + loss = {_even_total(m, r)}"
+                       if _accounts(r) else f"pp*vpp={r.pp * r.vpp} does not divide num_layers={m.num_layers}"
+                       if r.vpp > 1 else f"pp={r.pp} does not divide num_layers={m.num_layers}")),
+    Rule("uneven-without-account", "job", "megatron/core/transformer/transformer_block.py:112",
+         lambda m, p: np.logical_and(_uneven(p), _accounts(p)),
+         lambda m, r: "num_layers_in_first/last_pipeline_stage cannot be combined with "
+                      "account_for_embedding/loss_in_pipeline_split (Megatron-LM: no standalone embedding or loss "
+                      "stage with uneven pipeline stages)"),
+    Rule("uneven-needs-pp", "job", "kit: uneven stages split a pipeline; with pp = 1 there is nothing to split",
+         lambda m, p: np.logical_and(_uneven(p), p.pp < 2),
+         lambda m, r: f"num_layers_in_first/last_pipeline_stage need pp >= 2, got pp={r.pp}"),
+    Rule("uneven-leftover", "job", "megatron/core/transformer/transformer_block.py:133",
+         lambda m, p: np.logical_and(_uneven(p), _leftover_bad(m, p)),
+         lambda m, r: f"num_layers={m.num_layers} minus num_layers_in_first/last_pipeline_stage="
+                      f"{_opt(r.num_layers_in_first_pipeline_stage)}/{_opt(r.num_layers_in_last_pipeline_stage)} "
+                      f"must split evenly over the {_middle_stages(r)} middle stage(s) (and be 0 without any)"),
+    Rule("uneven-vpp", "job", "megatron/core/transformer/transformer_block.py:178",
+         lambda m, p: np.logical_and(_uneven(p), _uneven_vpp_bad(m, p)),
+         lambda m, r: f"vpp={r.vpp} must divide the layers of every pipeline stage (first "
+                      f"{_opt(r.num_layers_in_first_pipeline_stage)}, last {_opt(r.num_layers_in_last_pipeline_stage)}, "
+                      f"middle {_per_middle(m, r)})"),
+    Rule("chunk-nonempty", "job",
+         "kit: every model chunk holds a layer (Megatron allows an empty one, transformer_block.py:196; the "
+         "predictor's programs start a chunk's calls at its first layer)",
+         lambda m, p: _smallest_chunk(m, p) < 1,
+         lambda m, r: f"a model chunk would hold {int(_smallest_chunk(m, r))} layers; every chunk needs at least one"),
+    Rule("ep-needs-moe", "job", "megatron/training/arguments.py:1656",
+         lambda m, p: np.logical_and(p.ep > 1, not m.is_moe),
+         lambda m, r: f"ep={r.ep} needs an MoE model; {m.name} has num_experts=0"),
+    Rule("ep-experts", "job", "megatron/training/arguments.py:1657",
+         lambda m, p: np.logical_and(m.is_moe, m.num_experts % p.ep != 0),
+         lambda m, r: f"ep={r.ep} does not divide num_experts={m.num_experts}"),
+    Rule("positive-sequence", "job", "kit: the sequence is a positive integer",
+         lambda m, p: _seq(m, p) < 1,
+         lambda m, r: f"seq_len={r.sequence_length(m)} must be a positive integer"),
+    Rule("learned-positions", "job",
+         "megatron/core/models/common/embeddings/language_model_embedding.py (a learned position table of "
+         "max_position_embeddings rows: positions beyond it have no embedding)",
+         lambda m, p: np.logical_and(
+             np.logical_and(m.position_embedding_type == "learned_absolute", m.max_position_embeddings is not None),
+             _seq(m, p) > (m.max_position_embeddings or 0)),
+         lambda m, r: f"seq_len={r.sequence_length(m)} exceeds {m.name}'s max_position_embeddings="
+                      f"{m.max_position_embeddings}: learned absolute positions have no embedding beyond it"),
+    Rule("cp-sequence", "job", "megatron/core/utils.py:2551 (get_batch_on_this_cp_rank: 2·cp chunks)",
+         lambda m, p: np.logical_and(p.cp > 1, _seq(m, p) % (2 * p.cp) != 0),
+         lambda m, r: f"2*cp={2 * r.cp} does not divide seq_len={r.sequence_length(m)}"),
+    Rule("sp-sequence", "job", "megatron/core/tensor_parallel/mappings.py:177 (reduce-scatter along the sequence)",
+         lambda m, p: np.logical_and(p.sp, (_seq(m, p) // p.cp) % p.tp != 0),
+         lambda m, r: f"tp={r.tp} does not divide seq_len/cp={r.sequence_length(m) // r.cp} (needed by sp)"),
+    # ----------------------------------------------------------------------------------- megatron
+    Rule("moe-tp-needs-sp", "megatron",
+         "megatron/core/transformer/moe/moe_layer.py:638 (MoELayer.forward raises in training; "
+         "model_parallel_config.py:560 only warns, for ep > 1)",
+         lambda m, p: np.logical_and(m.is_moe, np.logical_and(p.tp > 1, np.logical_not(p.sp))),
+         lambda m, r: "an MoE model with tp>1 needs sp=True: Megatron-LM's MoELayer.forward raises in training when "
+                      "attention TP is > 1 without sequence parallelism ('During training, performance may degrade "
+                      "if MoE and tensor parallelism are enabled without also enabling sequence parallelism'; with "
+                      "ep>1: 'When using expert parallelism and tensor parallelism, sequence parallelism must be "
+                      "used')"),
+    # --------------------------------------------------------------------------------------- cost
+    Rule("cost-cp", "cost", "kit: context parallelism is not in the formulation yet",
+         lambda m, p: p.cp > 1,
+         lambda m, r: f"cp={r.cp} > 1 is not modelled by the iteration-time formulation"),
+    Rule("cost-fsdp", "cost", "kit: FSDP is not in the formulation yet",
+         lambda m, p: np.asarray(p.fsdp, dtype=bool),
+         lambda m, r: "fsdp is not modelled by the iteration-time formulation"),
+    Rule("cost-dispatcher", "cost", "kit: the formulation writes the alltoall dispatcher's calls only",
+         lambda m, p: np.logical_and(m.is_moe, p.moe_token_dispatcher_type != "alltoall"),
+         lambda m, r: f"moe_token_dispatcher_type={r.moe_token_dispatcher_type!r}: only the alltoall MoE token "
+                      "dispatcher is modelled by the iteration-time formulation"),
+    Rule("cost-etp", "cost", "kit: the formulation times expert TP on the TP group",
+         lambda m, p: np.logical_and(m.is_moe, p.expert_tp != p.tp),
+         lambda m, r: f"etp={r.expert_tp}: an expert tensor-parallel size other than tp={r.tp} is not modelled "
+                      "by the iteration-time formulation"),
+    Rule("cost-account-interleaved", "cost",
+         "kit: with vpp > 1 the embedding/loss slot makes one chunk's gradient buffer smaller than the others, "
+         "which the closed-form DP calls do not write",
+         lambda m, p: np.logical_and(_accounts(p), p.vpp > 1),
+         lambda m, r: "account_for_embedding/loss_in_pipeline_split with vpp > 1 is not modelled by the "
+                      "iteration-time formulation"),
+    Rule("cost-unmodelled", "cost", "kit: the predictor's calls for these options are not in comm_items",
+         lambda m, p: _unmodelled(p),
+         lambda m, r: f"{', '.join(f for f in COST_UNMODELLED_FIELDS if _non_default(r, f))}: not modelled by the "
+                      "iteration-time formulation (the predictor's calls for them are not in comm_items)"),
+    Rule("cost-interleaved-microbatches", "cost",
+         "kit: the formulation's interleaved bubble assumes whole micro-batch groups of pp (Megatron allows more, "
+         "schedules.py:1172)",
+         lambda m, p: np.logical_and(p.vpp > 1, p.num_microbatches % p.pp != 0),
+         lambda m, r: f"vpp > 1 (interleaved) needs pp={r.pp} dividing the number of micro-batches "
+                      f"{r.num_microbatches} in the iteration-time formulation"),
+)
+
+BY_NAME = {r.name: r for r in RULES}
+
+
+def rules(scopes: Sequence[str]) -> tuple[Rule, ...]:
+    bad = [s for s in scopes if s not in SCOPES]
+    if bad:
+        raise ConfigError(f"unknown rule scope(s) {bad}; known: {SCOPES}")
+    return tuple(r for r in RULES if r.scope in scopes)
+
+
+def check(model: Model, p: Any, scopes: Sequence[str] = ("config", "job")) -> None:
+    """Raise :class:`ConfigError` with the first rule of ``scopes`` that the one configuration ``p`` (a
+    ``ParallelConfig``) breaks."""
+    for r in rules(scopes):
+        if _any(r.bad(model, p)):
+            raise ConfigError(r.message(model, p))
+
+
+class _Row:
+    """Row ``i`` of a table, with Python scalars, for a rule's message."""
+
+    def __init__(self, table: Any, i: int) -> None:
+        self._t, self._i = table, i
+
+    def __getattr__(self, name: str) -> Any:
+        v = getattr(self._t, name)
+        return v[self._i].item() if hasattr(v[self._i], "item") else v[self._i]
+
+    def sequence_length(self, model: Model) -> int:
+        return int(self._t.sequence_length(model)[self._i])
+
+
+SPLIT_RULES = ("pp-layers", "uneven-without-account", "uneven-needs-pp", "uneven-leftover", "uneven-vpp",
+               "chunk-nonempty")
+
+
+class _Layers:
+    """A model that is only its layer count (the pipeline-split rules read nothing else)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+        self.name = f"{num_layers} layers"
+
+
+def check_split(num_layers: int, p: Any) -> None:
+    """The pipeline-split rules (:data:`SPLIT_RULES`) for ``num_layers`` layers and one configuration."""
+    m = _Layers(num_layers)
+    for name in SPLIT_RULES:
+        r = BY_NAME[name]
+        if _any(r.bad(m, p)):
+            raise ConfigError(r.message(m, p))
+
+
+def violations(model: Model, table: Any, scopes: Sequence[str]) -> dict[str, np.ndarray]:
+    """``{rule name: rows breaking it}`` (boolean arrays) of a :class:`ParallelTable` for ``scopes``."""
+    n = len(table)
+    return {r.name: np.broadcast_to(np.asarray(r.bad(model, table), dtype=bool), (n,)) for r in rules(scopes)}
+
+
+def valid(model: Model, table: Any, scopes: Sequence[str]) -> np.ndarray:
+    """Rows of ``table`` that break no rule of ``scopes``."""
+    ok = np.ones(len(table), bool)
+    for bad in violations(model, table, scopes).values():
+        ok &= ~bad
+    return ok
+
+
+def check_table(model: Model, table: Any, scopes: Sequence[str], what: str = "candidate row") -> None:
+    """Raise :class:`ConfigError` naming the first rule (in :data:`RULES` order) that some row breaks, with the
+    first such row and its sizes."""
+    for r in rules(scopes):
+        bad = np.asarray(r.bad(model, table), dtype=bool)
+        if bad.any():
+            i = int(np.argmax(np.broadcast_to(bad, (len(table),))))
+            row = _Row(table, i)
+            sizes = {k: getattr(row, k) for k in ("tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch", "global_batch",
+                                                  "seq_len")}
+            name = getattr(model, "name", "")
+            raise ConfigError(f"{name}: {what} {i} {sizes} breaks the rule {r.name!r}: {r.message(model, row)} "
+                              f"[{r.source}]")

@@ -1,0 +1,505 @@
+"""One description of a training step: per pipeline stage and model chunk, which layers it holds, and per layer
+its GEMMs, attention core, element-wise traffic, parameters, activation memory and communication calls.
+
+Shaped like Calculon's ``Layer`` (``calculon/llm/layers.py``: FLOPs, weights, activations and communication carried
+together) so that the traffic predictor, the cost model, the memory model and the tuner read one description:
+
+* :func:`chunk_layers` — Megatron's layer assignment: model chunk ``c`` of stage ``r`` is virtual stage
+  ``vs = c·pp + r`` and holds layers ``vs·L/(pp·v) … (vs+1)·L/(pp·v) − 1`` (``megatron/core/transformer/
+  transformer_block.py`` ``get_num_layers_to_build`` / ``_get_layer_offset``);
+* :func:`layer_split` / :func:`stage_parameters` — :meth:`ModelSpec.layer_parameter_split` (the one home of the
+  parameter split), vectorized over tables of configurations, and the parameters beside the layers
+  (:func:`edge_parameters`: the word embedding ``V'·h/tp`` on the first stage, the final norm and — untied, or
+  tied with ``pp > 1`` — the output layer on the last);
+* :func:`stage_classes` — the stages the vectorized cost model tells apart (first, the middle stage with the most
+  MoE layers, last) and their dense and MoE layer counts;
+* :func:`placement` — per group kind, its size and how many of its ranks share a node, read from
+  :class:`llmcomm.layout.Layout` under the configuration's ``order``;
+* :func:`describe` — the scalar description of one configuration (:class:`Step` → :class:`StageStep` →
+  :class:`ChunkStep` → :class:`LayerStep`), each layer with its :class:`Gemm` s (``m × k`` by ``k × n`` per rank),
+  its :class:`AttentionCore`, element-wise bytes, parameters, activation bytes and the predictor's calls.
+
+GEMMs of one layer's forward pass on one rank (``T = b·s/cp`` tokens, all-gathered to ``T`` with SP; ``k_m = 3``
+for a gated MLP else 2; ``E`` experts of which ``E/ep`` local, ``topk`` routed, ``S`` shared; expert TP ``etp``)::
+
+    qkv      m = T        n = (a·d + 2·g·d)/tp      k = h
+    proj     m = T        n = h                     k = a·d/tp
+    fc1      m = T        n = (k_m − 1)·f/tp        k = h            (dense layer)
+    fc2      m = T        n = h                     k = f/tp
+    router   m = T        n = E                     k = h            (MoE layer, replicated over TP)
+    expert   E/ep GEMMs   m = T·topk·ep/E           n = (k_m − 1)·f_e/etp, k = h; fc2 n = h, k = f_e/etp
+    shared   m = T        n = (k_m − 1)·S·f_e/tp    k = h; fc2 n = h, k = S·f_e/tp
+    output   m = T        n = V'/tp                 k = h            (last stage)
+
+Attention core per rank: batch ``b``, ``a/tp`` heads, ``s/cp`` queries against ``s`` keys, head dim ``d``, causal
+for a decoder; ``4·b·(a/tp)·(s/cp)·s·d`` FLOPs counted over the full score matrix and, unfused, ``2·5·b·(a/tp)·s²``
+bytes of score traffic (softmax, its dropout mask and output, read and written). Element-wise traffic of the rest
+of the layer: ``2·16·T·h/w + 2·2·T·f_eff/tp`` bytes (``w = tp`` with SP, else 1; ``f_eff`` the FFN width the
+tokens pass: ``f``, or ``(topk + S)·f_e``), as :func:`llmcomm.overhead.utilization.layer_features` counts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .specs import LayerParams, ModelSpec, ParallelConfig
+from .vocab import FUSED_ATTENTION_BACKENDS, dtype_bytes
+
+CLASSES = ("first", "mid", "last")
+
+
+# --------------------------------------------------------------------------------------- layer assignment
+@lru_cache(maxsize=4096)
+def pipeline_split(num_layers: int, pp: int, vpp: int, first: int | None = None, last: int | None = None,
+                   embedding: bool = False, loss: bool = False) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """``split[stage][chunk] = (first layer, layer count)`` as Megatron-LM assigns them
+    (``megatron/core/transformer/transformer_block.py:76`` ``get_num_layers_to_build`` and
+    ``transformer_layer.py:65`` ``get_transformer_layer_offset``):
+
+    * even: ``N = L + [embedding] + [loss]`` (``account_for_embedding/loss_in_pipeline_split``: the embedding and
+      the loss count as one layer each), ``n = N/pp`` per stage, ``n/v`` per chunk; virtual stage ``vs = c·pp + r``
+      starts at layer ``vs·n/v``, minus 1 after the first virtual stage when the embedding is counted; the first
+      (last) virtual stage builds one layer fewer for the embedding (loss);
+    * uneven (``num_layers_in_first/last_pipeline_stage``, Megatron's ``--decoder-first/last-pipeline-num-layers``, ``F``, ``La``): the first (last) stage holds ``F`` (``La``)
+      layers, ``F/v`` per chunk; the ``M`` middle stages share the rest equally, ``(L − F − La)/M``; chunk ``c``
+      starts at ``c·(F/v + (L − F − La)/v + La/v)`` plus, past stage 0, ``F/v + (middle rank)·(per-middle/v)``.
+
+    Arguments are assumed valid (:mod:`llmcomm.rules`); with the defaults this is ``vs·L/(pp·v)`` onward."""
+    if first is None and last is None:
+        n_total = num_layers + int(embedding) + int(loss)
+        per_chunk = n_total // pp // vpp
+        out = []
+        for r in range(pp):
+            row = []
+            for c in range(vpp):
+                vs = c * pp + r
+                start = vs * per_chunk - (1 if embedding and vs > 0 else 0)
+                count = per_chunk - (1 if embedding and vs == 0 else 0) - (1 if loss and vs == pp * vpp - 1 else 0)
+                row.append((start, count))
+            out.append(tuple(row))
+        return tuple(out)
+    f, la = first or 0, last or 0
+    middle_stages = pp - (first is not None) - (last is not None)
+    middle = num_layers - f - la
+    per_middle = middle // middle_stages if middle_stages > 0 else 0
+    fc, lc, mc = f // vpp, la // vpp, middle // vpp
+    total = fc + mc + lc
+    out = []
+    for r in range(pp):
+        if r == 0 and first is not None:
+            count = f
+        elif r == pp - 1 and last is not None:
+            count = la
+        else:
+            count = per_middle
+        mid_rank = r - (first is not None)
+        row = []
+        for c in range(vpp):
+            start = c * total if r == 0 else c * total + fc + mid_rank * (mc // middle_stages if middle_stages else 0)
+            row.append((start, count // vpp))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def _split_of(parallel: Any, num_layers: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    p = parallel
+    return pipeline_split(num_layers, p.pp, p.vpp, p.num_layers_in_first_pipeline_stage,
+                          p.num_layers_in_last_pipeline_stage, p.account_for_embedding_in_pipeline_split,
+                          p.account_for_loss_in_pipeline_split)
+
+
+def chunk_layers(num_layers: int, parallel: Any, stage: int, chunk: int) -> range:
+    """Global layer indices of model chunk ``chunk`` on pipeline stage ``stage`` (:func:`pipeline_split`;
+    ``parallel`` a :class:`ParallelConfig`)."""
+    start, count = _split_of(parallel, num_layers)[stage][chunk]
+    return range(start, start + count)
+
+
+def stage_layers(num_layers: int, parallel: Any, stage: int) -> list[int]:
+    """Every layer of stage ``stage``, chunk by chunk."""
+    return [la for c in range(parallel.vpp) for la in chunk_layers(num_layers, parallel, stage, c)]
+
+
+@lru_cache(maxsize=512)
+def _stage_counts(model: ModelSpec, split: tuple[tuple[tuple[int, int], ...], ...]) -> tuple[tuple[int, int], ...]:
+    """(layers, MoE layers) held by each stage of a :func:`pipeline_split`."""
+    pat = model.moe_layer_pattern()
+    return tuple((sum(n for _, n in row), sum(pat[la] for s0, n in row for la in range(s0, s0 + n))) for row in split)
+
+
+UNEVEN = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+          "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+
+
+def stage_classes(model: ModelSpec, pp: np.ndarray, vpp: np.ndarray, uneven: dict[str, np.ndarray] | None = None
+                  ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{class: (dense layers, MoE layers)}`` of the first stage, the middle stage with the most MoE layers (the
+    slowest of the middle ones) and the last stage, per configuration; ``uneven``: the arrays of :data:`UNEVEN`
+    (``-1`` for an unset layer count), absent for even splits."""
+    n = len(pp)
+    out = {c: (np.zeros(n, np.int64), np.zeros(n, np.int64)) for c in CLASSES}
+    u = uneven or {}
+    cols = [pp, vpp] + [np.asarray(u.get(k, np.full(n, -1 if "num" in k else 0)), np.int64) for k in UNEVEN]
+    inv, uniq = factorize(cols)
+    for j, (p_, v_, f, la, e, lo) in enumerate(uniq):
+        sel = inv == j
+        counts = _stage_counts(model, pipeline_split(model.num_layers, p_, v_, None if f < 0 else f,
+                                                     None if la < 0 else la, bool(e), bool(lo)))
+        mid = max(counts[1:-1], key=lambda x: (x[1], x[0])) if p_ > 2 else (0, 0)
+        for c, (held, moe) in {"first": counts[0], "last": counts[-1], "mid": mid}.items():
+            out[c][0][sel] = held - moe
+            out[c][1][sel] = moe
+    return out
+
+
+def holds_edges(cls: str, pp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Whether stage class ``cls`` holds the first virtual stage (embedding) and the last (output layer)."""
+    n = len(pp)
+    if cls == "first":
+        return np.ones(n, bool), pp == 1
+    if cls == "mid":
+        return np.zeros(n, bool), np.zeros(n, bool)
+    return pp == 1, np.ones(n, bool)
+
+
+# -------------------------------------------------------------------------------------------- parameters
+def _first_layer(model: ModelSpec, moe: bool) -> int | None:
+    pat = model.moe_layer_pattern()
+    return pat.index(moe) if moe in pat else None
+
+
+def layer_split(model: ModelSpec, tp: np.ndarray, ep: np.ndarray, etp: np.ndarray, moe: bool
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(sharded, expert, replicated)`` of one dense (``moe=False``) or MoE layer per configuration:
+    :meth:`ModelSpec.layer_parameter_split` evaluated once per distinct ``(tp, ep, etp)`` (zeros where the model
+    has no layer of that kind)."""
+    n = len(tp)
+    out = np.zeros((3, n), np.int64)
+    layer = _first_layer(model, moe)
+    if layer is None:
+        return out[0], out[1], out[2]
+    inv, uniq = factorize([tp, ep, etp])
+    vals = np.array([_split(model, layer, *u) for u in uniq], np.int64).T
+    out = vals[:, inv]
+    return out[0], out[1], out[2]
+
+
+@lru_cache(maxsize=4096)
+def _split(model: ModelSpec, layer: int, tp: int, ep: int, etp: int) -> tuple[int, int, int]:
+    s = model.layer_parameter_split(layer, tp, ep, etp=etp)
+    return s.sharded, s.expert, s.replicated
+
+
+def embedding_shard(model: ModelSpec, tp: Any) -> Any:
+    """One TP rank's share of the word embedding (and of an output layer): ``V'·h/tp`` with Megatron's padded
+    vocabulary ``V'`` (:meth:`ModelSpec.padded_vocab_size`); ``tp`` a number or an array."""
+    return model.padded_vocab_size(tp) * model.hidden_size // tp
+
+
+def edge_parameters(model: ModelSpec, tp: Any, pp: Any, holds_first: Any, holds_last: Any) -> tuple[Any, Any]:
+    """``(params, replicated)`` beside the layers on a stage: the word embedding ``V'·h/tp`` (plus ``P·h``
+    learned positions) where it holds the first virtual stage; the final norm (replicated over TP) and, untied
+    or tied with ``pp > 1`` (the last stage's copy), the output layer ``V'·h/tp`` where it holds the last.
+    Arguments broadcast (numbers or arrays)."""
+    h = model.hidden_size
+    vh = embedding_shard(model, tp)
+    pos = ((model.max_position_embeddings or model.seq_length) * h
+           if model.position_embedding_type == "learned_absolute" else 0)
+    norm = model.norm_parameters()
+    out_layer = np.where(np.logical_or(not model.tied_embeddings, np.asarray(pp) > 1), vh, 0)
+    params = np.asarray(holds_first) * (vh + pos) + np.asarray(holds_last) * (norm + out_layer)
+    return params, np.asarray(holds_last) * norm
+
+
+def stage_parameters(model: ModelSpec, tp: np.ndarray, ep: np.ndarray, etp: np.ndarray, pp: np.ndarray,
+                     nd: np.ndarray, nm: np.ndarray, holds_first: np.ndarray, holds_last: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(dense, expert, replicated)`` parameters of one TP rank of a stage of ``nd`` dense and ``nm`` MoE layers:
+    the layers' splits plus :func:`edge_parameters`; equal to the predictor's
+    :func:`llmcomm.predict.dp.stage_parameters` (tested)."""
+    sh_d, _, rep_d = layer_split(model, tp, ep, etp, moe=False)
+    sh_m, ex_m, rep_m = layer_split(model, tp, ep, etp, moe=True)
+    edge, edge_repl = edge_parameters(model, tp, pp, holds_first, holds_last)
+    dense = nd * (sh_d + rep_d) + nm * (sh_m + rep_m) + edge
+    return dense, nm * ex_m, nd * rep_d + nm * rep_m + edge_repl
+
+
+# --------------------------------------------------------------------------------------------- placement
+PLACED_KINDS = ("tp", "dp", "pp", "ep", "edp", "tpep", "mp", "world", "emb", "tpeppp")
+
+
+def class_stages(cls: str, pp: int) -> list[int]:
+    """The pipeline stages a stage class stands for: ``first`` stage 0, ``last`` stage ``pp − 1``, ``mid`` every
+    stage between them."""
+    return [0] if cls == "first" else [pp - 1] if cls == "last" else list(range(1, pp - 1))
+
+
+@lru_cache(maxsize=4096)
+def _placement(parallel: ParallelConfig, gpus_per_node: int) -> dict[str, dict[str, tuple[int, int]]]:
+    from .layout import Layout  # layout imports specs only; imported here to keep this module light
+
+    lay = Layout(parallel, gpus_per_node)
+    stage = lay.coords["pp"].to_numpy()
+    pp_groups = lay.groups("pp")  # (pp groups, stages): column r holds stage r's ranks
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for cls in CLASSES:
+        stages = class_stages(cls, parallel.pp) or [0]
+        ranks = np.flatnonzero(np.isin(stage, stages))
+        d = {}
+        for kind in PLACED_KINDS:
+            g = lay.group_rows(kind, ranks)
+            nodes = np.sort(g // gpus_per_node, axis=1)
+            spans = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
+            size = g.shape[1]
+            d[kind] = (size, -(-size // int(spans.max())))
+        pairs = [(r, q) for r in stages for q in (r - 1, r + 1) if 0 <= q < parallel.pp]
+        same = all((pp_groups[:, r] // gpus_per_node == pp_groups[:, q] // gpus_per_node).all() for r, q in pairs)
+        d["p2p"] = (2, 2 if same else 1)
+        out[cls] = d
+    return out
+
+
+def ranks_per_node(parallel: ParallelConfig, gpus_per_node: int, cls: str = "first") -> dict[str, tuple[int, int]]:
+    """``{kind: (group size, ranks per node)}`` for :data:`PLACED_KINDS` of the groups that hold the ranks of stage
+    class ``cls`` (:func:`class_stages`) under ``parallel.order`` on nodes of ``gpus_per_node`` consecutive ranks
+    (:class:`~llmcomm.layout.Layout`). Ranks per node is ``ceil(size / nodes)`` with ``nodes`` the most nodes one
+    such group spans (the convention of the bandwidth fits, :func:`llmcomm.overhead.bandwidth.regimes`). ``p2p``
+    is a pipeline send's pair: 2 ranks, both on one node when every send and receive of the class's stages stays
+    inside a node, else 1 per node."""
+    return _placement(parallel, gpus_per_node)[cls]
+
+
+@lru_cache(maxsize=4096)
+def _shape_placement(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, order: str, gpus_per_node: int
+                     ) -> dict[str, tuple[int, int]]:
+    """``{"<kind>@<class>": (size, ranks per node)}`` of one shape."""
+    from .specs import ParallelConfig
+
+    shape = ParallelConfig(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, etp=etp, order=order, global_batch=dp)
+    return {f"{kind}@{cls}": v for cls, d in _placement(shape, gpus_per_node).items() for kind, v in d.items()}
+
+
+def placement(t: Any, gpus_per_node: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """:func:`ranks_per_node` for every row of a :class:`~llmcomm.parallel_table.ParallelTable` and every stage class:
+    ``{"<kind>@<class>": (sizes, ranks per node)}``, one layout per distinct shape (``tp, cp, dp, pp, ep, etp,
+    order``)."""
+    n = len(t)
+    if n == 1:  # one configuration: no grouping
+        d = _shape_placement(int(t.tp[0]), int(t.cp[0]), int(t.dp[0]), int(t.pp[0]), int(t.ep[0]),
+                             int(t.expert_tp[0]), str(t.order[0]), gpus_per_node)
+        return {key: (np.array([size], np.int64), np.array([k], np.int64)) for key, (size, k) in d.items()}
+    order_codes, order_names = pd.factorize(t.order)
+    inv, uniq = factorize([t.tp, t.cp, t.dp, t.pp, t.ep, t.expert_tp, order_codes])
+    per = [_shape_placement(*u[:6], str(order_names[u[6]]), gpus_per_node) for u in uniq]
+    out = {}
+    for key in per[0] if per else ():
+        lut = np.array([d[key] for d in per], np.int64).reshape(-1, 2)
+        out[key] = (lut[inv, 0], lut[inv, 1])
+    return out
+
+
+def factorize(keys: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """Rows grouped by the tuple of integer ``keys``: ``(code of each row, distinct tuples)``, by hashing
+    (``pandas.factorize``) one mixed-radix key (each key shifted to start at 0), not by sorting."""
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(0, np.int64), []
+    if n == 1 or all(k[0] == k[-1] and (k == k[0]).all() for k in keys):
+        return np.zeros(n, np.int64), [tuple(int(k[0]) for k in keys)]
+    key = np.zeros(n, np.int64)
+    for k in keys:
+        lo = int(k.min())
+        key = key * (int(k.max()) - lo + 1) + (k - lo)
+    codes, uniq_keys = pd.factorize(key)
+    first = np.zeros(len(uniq_keys), np.int64)
+    first[codes[::-1]] = np.arange(n - 1, -1, -1)  # the first row of each group
+    return codes.astype(np.int64), [tuple(int(k[i]) for k in keys) for i in first]
+
+
+# ------------------------------------------------------------------------------------------ activations
+def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: Any, micro_batch: Any, tp: Any, sp: Any,
+                           recompute: Any, act_bytes: Any, fused_attention: Any = False) -> np.ndarray:
+    """Activation bytes one transformer layer keeps per micro-batch on one GPU (Korthikanti et al. 2023, Table 2,
+    generalized; the formula is in :mod:`llmcomm.overhead.memory`'s docstring). ``seq`` is the sequence per CP
+    rank; ``recompute`` holds ``"none"``/``"selective"``/``"full"``; ``fused_attention``: no ``5·a·s`` score
+    tensors (a fused kernel keeps only its log-sum-exp, ``b·a·s`` fp32, negligible); arguments broadcast."""
+    recompute = np.asarray(recompute)
+    sp_div = np.where(np.asarray(sp, dtype=bool), tp, 1)
+    tokens = seq * micro_batch
+    scale = np.asarray(act_bytes) / 2
+    h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
+    f = model.expert_ffn_hidden_size if moe_layer else model.ffn_hidden_size
+    experts = (model.moe_router_topk + model.num_shared_experts) if moe_layer else 1
+    f_up = 2 * f if model.gated_mlp else f
+    replicated = 4 * h + 2 * h + h + 2 * h + h
+    sharded = 2 * a * d + 4 * g * d + 2 * a * d + experts * (2 * f_up + 2 * f) \
+        + np.where((recompute == "selective") | np.asarray(fused_attention, dtype=bool), 0, 5 * a * seq)
+    kept = scale * tokens * (replicated / sp_div + sharded / tp)
+    full = scale * tokens * 2 * h / sp_div
+    return np.where(recompute == "full", full, kept)
+
+
+# ------------------------------------------------------------------------------------- the description
+@dataclass(frozen=True)
+class Gemm:
+    """``count`` matrix products of an ``m × k`` by a ``k × n`` matrix on one rank, forward pass."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    dtype: str
+    count: int = 1
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.count
+
+
+@dataclass(frozen=True)
+class AttentionCore:
+    """The attention core of one layer on one rank: ``batch`` sequences, ``heads`` query heads, ``q_len`` queries
+    against ``kv_len`` keys of ``head_dim`` channels; ``causal`` for a decoder's mask."""
+
+    batch: int
+    heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    causal: bool = True
+    fused: bool = False  # one kernel (attention_backend flash/fused/auto): no score traffic
+
+    @property
+    def flops(self) -> int:
+        """``Q·Kᵀ`` and ``scores·V``: over the full score matrix unfused (Megatron's convention), the causal half
+        with a fused kernel (it skips the masked blocks)."""
+        full = 4 * self.batch * self.heads * self.q_len * self.kv_len * self.head_dim
+        return full // 2 if self.fused and self.causal else full
+
+    def score_bytes(self, act_bytes: int = 2) -> int:
+        """Unfused score traffic: softmax input/output, dropout mask and output, 5 tensors of ``b·heads·s²`` read
+        and written (in ``act_bytes`` elements; 2 as the utilization model counts); 0 fused."""
+        return 0 if self.fused else 2 * 5 * self.batch * self.heads * self.q_len * self.kv_len * act_bytes // 2
+
+
+@dataclass(frozen=True)
+class LayerStep:
+    """One transformer layer as one rank runs it, forward pass: compute, parameters, activations, calls."""
+
+    layer: int
+    moe: bool
+    gemms: tuple[Gemm, ...]
+    core: AttentionCore
+    elementwise_bytes: int
+    params: LayerParams
+    activation_bytes: float
+    forward_calls: tuple[Any, ...] = ()
+    backward_calls: tuple[Any, ...] = ()
+
+    @property
+    def gemm_flops(self) -> int:
+        return sum(g.flops for g in self.gemms)
+
+
+@dataclass(frozen=True)
+class ChunkStep:
+    stage: int
+    chunk: int
+    virtual_stage: int
+    layers: tuple[LayerStep, ...]
+    holds_embedding: bool
+    holds_output: bool
+    edge_params: int
+    edge_gemms: tuple[Gemm, ...] = ()
+
+
+@dataclass(frozen=True)
+class StageStep:
+    stage: int
+    chunks: tuple[ChunkStep, ...]
+
+    @property
+    def layers(self) -> tuple[LayerStep, ...]:
+        return tuple(la for c in self.chunks for la in c.layers)
+
+
+@dataclass(frozen=True)
+class Step:
+    """The whole step of one configuration: :class:`StageStep` per pipeline stage."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    stages: tuple[StageStep, ...] = field(default_factory=tuple)
+
+
+def layer_gemms(model: ModelSpec, parallel: ParallelConfig, moe: bool) -> tuple[Gemm, ...]:
+    """The forward GEMMs of one layer on one rank (module docstring's table)."""
+    p = parallel
+    T = p.micro_batch * p.sequence_length(model) // p.cp
+    h, a, g, d, tp = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim, p.tp
+    km, dt = (3 if model.gated_mlp else 2), p.act_dtype
+    out = [Gemm("qkv", T, (a * d + 2 * g * d) // tp, h, dt), Gemm("proj", T, h, a * d // tp, dt)]
+    if not moe:
+        f = model.ffn_hidden_size
+        return (*out, Gemm("fc1", T, (km - 1) * f // tp, h, dt), Gemm("fc2", T, h, f // tp, dt))
+    E, fe, etp = model.num_experts, model.expert_ffn_hidden_size, p.expert_tp
+    rows = T * model.moe_router_topk * p.ep // E
+    out += [Gemm("router", T, E, h, dt), Gemm("expert_fc1", rows, (km - 1) * fe // etp, h, dt, E // p.ep),
+            Gemm("expert_fc2", rows, h, fe // etp, dt, E // p.ep)]
+    if model.num_shared_experts:
+        sf = model.num_shared_experts * fe
+        out += [Gemm("shared_fc1", T, (km - 1) * sf // tp, h, dt), Gemm("shared_fc2", T, h, sf // tp, dt)]
+    return tuple(out)
+
+
+def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) -> Step:
+    """The :class:`Step` of one configuration (validated first); ``calls``: attach each layer's calls of
+    micro-batch 0 from the predictor's stage program (:func:`llmcomm.predict.program.layer_forward`,
+    ``layer_backward``), the one home of what is sent."""
+    from .specs import validate
+
+    validate(model, parallel)
+    p = parallel
+    s, tp = p.sequence_length(model), p.tp
+    T = p.micro_batch * s // p.cp
+    h = model.hidden_size
+    fw = tp if p.sp else 1
+    core = AttentionCore(p.micro_batch, model.num_attention_heads // tp, s // p.cp, s, model.head_dim, True,
+                         p.attention_backend in FUSED_ATTENTION_BACKENDS)
+    pattern = model.moe_layer_pattern()
+    ctx = None
+    if calls:
+        from .predict import program
+        from .predict.calls import Context
+
+        ctx = Context(model, p)
+    stages = []
+    for r in range(p.pp):
+        chunks = []
+        for c in range(p.vpp):
+            vs = c * p.pp + r
+            first, last = vs == 0, vs == p.pp * p.vpp - 1
+            layers = []
+            for la in chunk_layers(model.num_layers, p, r, c):
+                moe = pattern[la]
+                f_eff = ((model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size if moe
+                         else model.ffn_hidden_size)
+                act = layer_activation_bytes(model, moe, seq=s / p.cp, micro_batch=p.micro_batch, tp=tp, sp=p.sp,
+                                             recompute=p.recompute, act_bytes=dtype_bytes(p.act_dtype),
+                                             fused_attention=core.fused)
+                layers.append(LayerStep(
+                    la, moe, layer_gemms(model, p, moe), core,
+                    int(2 * 16 * T * h // fw + 2 * 2 * T * f_eff // tp),
+                    model.layer_parameter_split(la, tp, p.ep, etp=p.expert_tp), float(act),
+                    tuple(program.layer_forward(ctx, la, 0)) if ctx else (),
+                    tuple(program.layer_backward(ctx, la, 0)) if ctx else ()))
+            edge, _ = edge_parameters(model, tp, p.pp, first, last)
+            out_gemm = (Gemm("output", T, model.padded_vocab_size(tp) // tp, h, p.act_dtype),) if last else ()
+            chunks.append(ChunkStep(r, c, vs, tuple(layers), first, last, int(edge), out_gemm))
+        stages.append(StageStep(r, tuple(chunks)))
+    return Step(model, p, tuple(stages))
