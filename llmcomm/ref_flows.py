@@ -59,6 +59,11 @@ def ref_flow_arrays(ev: RefEvents, algorithm: str = "ring") -> tuple[np.ndarray,
     return src, dst, nbytes
 
 
+def ref_flow_events(ev: RefEvents, algorithm: str = "ring") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(src, dst, bytes, row)``: :func:`ref_flow_arrays` with the row of ``ev`` each flow comes from."""
+    return _ref_flows(ev, algorithm)
+
+
 def ref_flows_frame(ev: RefEvents, algorithm: str = "ring", tags: bool = True) -> pd.DataFrame:
     """The flows as :func:`llmcomm.trace.flows_from_table` returns them for the written-out table (same
     rows, order, columns and dtypes): ``src, dst, bytes`` plus (``tags``) each flow's event tags."""

@@ -522,6 +522,20 @@ def _schema_diff(got: pa.Schema, want: pa.Schema) -> str:
 def flows_from_table(table: pa.Table, algorithm: str = "ring", tags: bool = True) -> pd.DataFrame:
     """Vectorized flow decomposition of an events table (see the module docstring for the rules);
     ``tags=False`` leaves out the event's tag columns (``src, dst, bytes`` only)."""
+    return _flow_parts(table, algorithm).frame(table, tags)
+
+
+def flow_event_arrays(table: pa.Table, algorithm: str = "ring") -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                         np.ndarray]:
+    """``(src, dst, bytes, event)``: the flows of :func:`flows_from_table` (same order) with the row of the
+    table each comes from, so a flow can carry its event's columns (its start time, for a flow list)."""
+    parts = _flow_parts(table, algorithm)
+    cat = (lambda xs, dt: np.concatenate(xs).astype(dt, copy=False) if xs else np.zeros(0, dt))  # noqa: E731
+    return (cat(parts.src, np.int64), cat(parts.dst, np.int64), cat(parts.bytes, np.float64),
+            cat(parts.events, np.int64))
+
+
+def _flow_parts(table: pa.Table, algorithm: str) -> _FlowParts:
     if algorithm not in ALGORITHMS:
         raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     ev = _EventGroups.of(table)
@@ -533,7 +547,7 @@ def flows_from_table(table: pa.Table, algorithm: str = "ring", tags: bool = True
         _ring_flows(ev, flows)
     else:
         _direct_flows(ev, flows)
-    return flows.frame(table, tags)
+    return flows
 
 
 @dataclass(frozen=True)
