@@ -661,10 +661,11 @@ def published_speedups(data: pd.DataFrame, *, x: str = "model", y: Sequence[str]
 
 
 def call_sequence(data: pd.DataFrame, *, x: str = "step", y: str = "bytes", hue: str = "parallelism",
-                  ax: Axes | None = None, phase: str | None = "phase", title: str | None = None) -> Axes:
+                  ax: Axes | None = None, phase: str | None = "phase", title: str | None = None,
+                  **kwargs: Any) -> Axes:
     """One bar per call in issue order: position ``x``, height ``y`` bytes (log scale), colour by ``hue``
     (the parallelism colours of every figure); with ``phase``, backward calls are drawn lighter. Bars are one
-    line collection, so a stage's hundreds of calls draw at once."""
+    line collection, so a stage's hundreds of calls draw at once. ``kwargs`` go to ``ax.vlines``."""
     ax = axes_or_new(ax, (8, 3))
     xs, ys = data[x].to_numpy(), data[y].to_numpy(np.float64)
     back = (data[phase] == "backward").to_numpy() if phase is not None else np.zeros(len(data), bool)
@@ -672,7 +673,7 @@ def call_sequence(data: pd.DataFrame, *, x: str = "step", y: str = "bytes", hue:
                      for v, b in zip(data[hue], back, strict=True)]).reshape(-1, 4)
     width_pt = max(0.6, min(8.0, 0.8 * 72 * ax.figure.get_figwidth() * 0.75 / max(len(xs), 1)))
     floor = float(ys[ys > 0].min()) / 2 if (ys > 0).any() else 0.5
-    ax.vlines(xs, floor, ys, colors=rgba, linewidth=width_pt)
+    ax.vlines(xs, floor, ys, colors=rgba, linewidth=width_pt, **kwargs)
     ax.set_yscale("log")
     ax.set_ylim(floor, float(ys.max()) * 1.6 if len(ys) else 1.0)
     ax.yaxis.set_major_formatter(FuncFormatter(byte_ticks))

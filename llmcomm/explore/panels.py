@@ -78,19 +78,20 @@ def calls_figure(v: View) -> Figure:
 
 
 def time_figure(v: View) -> Figure:
-    """:func:`llmcomm.plots.breakdown_bars` of the :class:`~llmcomm.overhead.iteration.Breakdown`."""
-    fig, ax = plt.subplots(figsize=(7.0, 3.3), dpi=DPI)
+    """:func:`llmcomm.plots.breakdown_bars` of the :class:`~llmcomm.overhead.iteration.Breakdown` (on axes it
+    sizes itself)."""
     if v.breakdown is None:
+        fig, ax = plt.subplots(figsize=(7.0, 1.6), dpi=DPI)
         ax.axis("off")
         ax.text(0.5, 0.5, f"iteration time not available:\n{v.time_error}", ha="center", va="center",
                 wrap=True, fontsize=9)
         return fig
     b = v.breakdown
-    breakdown_bars(b.to_frame().assign(config=v.choice.label()), x="config", y="seconds", hue="term", ax=ax,
-                   title=f"{b.total_s:.3f} s per iteration on {v.cluster.name}, exposed communication "
-                         f"{100 * b.comm_overhead:.1f}%\n(a point estimate: the cost model gives no interval)")
-    ax.get_legend().set_bbox_to_anchor((0.5, -0.3))  # below the axis label
-    fig.tight_layout()
+    ax = breakdown_bars(b.to_frame().assign(config=v.choice.label()), x="seconds", y="config", hue="term",
+                        title=f"{b.total_s:.3f} s per iteration on {v.cluster.name}, exposed communication "
+                              f"{100 * b.comm_overhead:.1f}%\n(a point estimate: the cost model gives no interval)")
+    fig = ax.figure
+    fig.set_dpi(DPI)
     return fig
 
 
