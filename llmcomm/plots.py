@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.axes import Axes
-from matplotlib.colors import Normalize
+from matplotlib.colors import Normalize, to_rgba
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -660,6 +660,37 @@ def published_speedups(data: pd.DataFrame, *, x: str = "model", y: Sequence[str]
     ax.tick_params(axis="x", rotation=30, labelsize=7)
     ax.set(title=title or "", ylabel="predicted speed-up (×)", xlabel="")
     sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=7, title_fontsize=8)
+    return ax
+
+
+def call_sequence(data: pd.DataFrame, *, x: str = "step", y: str = "bytes", hue: str = "parallelism",
+                  ax: Axes | None = None, phase: str | None = "phase", title: str | None = None,
+                  **kwargs: Any) -> Axes:
+    """One bar per call in issue order: position ``x``, height ``y`` bytes (log scale), colour by ``hue``
+    (the parallelism colours of every figure); with ``phase``, backward calls are drawn lighter. Bars are one
+    line collection, so a stage's hundreds of calls draw at once. ``kwargs`` go to ``ax.vlines``."""
+    ax = axes_or_new(ax, (8, 3))
+    xs, ys = data[x].to_numpy(), data[y].to_numpy(np.float64)
+    back = (data[phase] == "backward").to_numpy() if phase is not None else np.zeros(len(data), bool)
+    rgba = np.array([to_rgba(PARALLELISM_COLORS.get(v, "0.5"), 0.45 if b else 1.0)
+                     for v, b in zip(data[hue], back, strict=True)]).reshape(-1, 4)
+    width_pt = max(0.6, min(8.0, 0.8 * 72 * ax.figure.get_figwidth() * 0.75 / max(len(xs), 1)))
+    floor = float(ys[ys > 0].min()) / 2 if (ys > 0).any() else 0.5
+    ax.vlines(xs, floor, ys, colors=rgba, linewidth=width_pt, **kwargs)
+    ax.set_yscale("log")
+    ax.set_ylim(floor, float(ys.max()) * 1.6 if len(ys) else 1.0)
+    ax.yaxis.set_major_formatter(FuncFormatter(byte_ticks))
+    ax.yaxis.set_major_locator(LogLocator(base=2**10))
+    ax.set(xlabel="call, in issue order", ylabel=f"{y} per call", title=title or "")
+    if len(xs):
+        ax.set_xlim(xs.min() - 0.8, xs.max() + 0.8)
+    handles = [Rectangle((0, 0), 1, 1, color=PARALLELISM_COLORS.get(v, "0.5"), label=str(v))
+               for v in pd.unique(data[hue])]
+    if back.any():
+        handles.append(Rectangle((0, 0), 1, 1, color="0.3", alpha=0.45, label="backward (lighter)"))
+    if handles:
+        ax.legend(handles=handles, fontsize=7, title=hue, title_fontsize=7, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0))
     return ax
 
 
