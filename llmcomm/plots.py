@@ -674,9 +674,9 @@ def call_sequence(data: pd.DataFrame, *, x: str = "step", y: str = "bytes", hue:
     back = (data[phase] == "backward").to_numpy() if phase is not None else np.zeros(len(data), bool)
     rgba = np.array([to_rgba(PARALLELISM_COLORS.get(v, "0.5"), 0.45 if b else 1.0)
                      for v, b in zip(data[hue], back, strict=True)]).reshape(-1, 4)
-    width_pt = max(0.6, min(8.0, 0.8 * 72 * ax.figure.get_figwidth() * 0.75 / max(len(xs), 1)))
+    width_pt = max(0.6, min(8.0, 0.8 * 72 * ax.figure.get_figwidth() * 0.75 / max(len(xs), 1)))  # type: ignore[union-attr]
     floor = float(ys[ys > 0].min()) / 2 if (ys > 0).any() else 0.5
-    ax.vlines(xs, floor, ys, colors=rgba, linewidth=width_pt, **kwargs)
+    ax.vlines(xs, floor, ys, colors=rgba, linewidth=width_pt, **kwargs)  # type: ignore[arg-type]  # an (n, 4) RGBA array
     ax.set_yscale("log")
     ax.set_ylim(floor, float(ys.max()) * 1.6 if len(ys) else 1.0)
     ax.yaxis.set_major_formatter(FuncFormatter(byte_ticks))
