@@ -47,8 +47,9 @@ def test_constructed_differences_are_found_and_described() -> None:
     assert one.loc["measured", "ranks"] == (0,)
     assert "measured has tp broadcast of 40 B over 2 ranks" in one.loc["measured", "what"]
     v = c.verdicts.set_index("parallelism")["verdict"]
-    want = 100 * (40 - int(ev.loc[tp0, "bytes"])) / int(c.by_kind.query("parallelism == 'tp'")["bytes_predicted"].sum())
-    assert v["tp"] == f"differs by {want:+.1f}%"
+    diff = 40 - int(ev.loc[tp0, "bytes"])
+    want = 100 * diff / int(c.by_kind.query("parallelism == 'tp'")["bytes_predicted"].sum())
+    assert v["tp"] == f"differs by {diff:+,d} bytes ({want:+.3g}%)"
     assert v["pp"] == "exact"
     assert c.ordered_ranks == 3  # ranks 1-3 untouched
 
@@ -129,3 +130,22 @@ def test_cli(tmp_path) -> None:  # noqa: ANN001
 
 def test_public_entry_point() -> None:
     assert lc.compare.compare(load_measured("gpt_tp4"), framework="torch").exact
+
+
+def test_a_tiny_difference_never_reads_as_zero_percent_and_missing_ratios_are_not_nan() -> None:
+    """Issue 23 item 18: a few bytes off in gigabytes printed "differs by -0.0%"; a ratio whose predicted side is 0
+    printed ``nan`` in the reports."""
+    from llmcomm.compare import report
+    pred = _predicted()
+    ev = pred.events
+    i = ev.index[(ev["rank"] == 0) & (ev["parallelism"] == "tp")][0]
+    changed = ev.copy()
+    changed.loc[i, "bytes"] = int(ev.loc[i, "bytes"]) - 4
+    c = compare(lc.Trace.from_events(changed, pred.meta), pred)
+    v = c.verdicts.set_index("parallelism")["verdict"]["tp"]
+    assert v.startswith("differs by -4 bytes (") and "-0.0%" not in v and "0.0%)" not in v
+    extra = ev.loc[[i]].assign(op="broadcast", bytes=8)
+    c2 = compare(lc.Trace.from_events(pd.concat([ev, extra], ignore_index=True), pred.meta), pred)
+    assert c2.by_kind["bytes_ratio"].isna().any()  # the measured-only row
+    for text in (report.to_markdown(c2), report.to_html(c2)):
+        assert "nan" not in text.lower().replace("nanosecond", "")

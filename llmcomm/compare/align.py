@@ -186,7 +186,8 @@ def _verdicts(by_kind: pd.DataFrame, one_sided: pd.DataFrame) -> pd.DataFrame:
         elif bm == 0:
             verdict = f"only predicted ({format_bytes(bp)})"
         elif 0.5 <= bm / bp <= 2:
-            verdict = f"differs by {100 * (bm - bp) / bp:+.1f}%"
+            # three significant digits, so that a difference of a few bytes in GBs never reads "-0.0%"
+            verdict = f"differs by {bm - bp:+,d} bytes ({100 * (bm - bp) / bp:+.3g}%)"
         else:
             verdict = f"differs: measured {format_bytes(bm)} is {bm / bp:.3g}× the predicted {format_bytes(bp)}"
         rows.append({"parallelism": par, "verdict": verdict, "bytes_measured": bm, "bytes_predicted": bp,

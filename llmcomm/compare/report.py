@@ -76,7 +76,7 @@ def to_html(c: Comparison) -> str:
         parts.append(f"<h2>{html.escape(s.title)}</h2>")
         if s.table is not None:
             table = s.table.drop(columns=["ranks"], errors="ignore")
-            parts.append(table.to_html(index=False) if not table.empty else f"<p>{s.empty}</p>")
+            parts.append(table.to_html(index=False, na_rep="—") if not table.empty else f"<p>{s.empty}</p>")
         elif s.items:
             parts.append("<ul>" + "".join(
                 f"<li><b>{html.escape(lead)}</b>: {html.escape(text)}</li>" if lead else f"<li>{html.escape(text)}</li>"
@@ -103,6 +103,9 @@ def _table_markdown(df: pd.DataFrame, empty: str = "none") -> str:
 
 
 def _cell(v: Any) -> str:
+    """A table cell: a missing number (a ratio whose predicted side is 0) as an em dash, not ``nan``."""
+    if isinstance(v, float) and v != v:
+        return "—"
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
