@@ -189,9 +189,10 @@ def test_cli() -> None:
                         "a100-80g-hdr200", "--global-batch", "512", "--top", "3", "--tp", "2,4,8"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "candidates" in r.stdout and "time_s" in r.stdout
-    body = [ln for ln in r.stdout.splitlines()[3:] if ln.strip()]
-    assert len(body) == 3 and all(int(ln.split()[0]) in (2, 4, 8) for ln in body)
+    assert "candidates" in r.stdout and "time_s" in r.stdout and "predicted" in r.stdout
+    body = [ln for ln in r.stdout.splitlines()[4:] if ln.strip()]
+    assert len(body) == 3 and all(ln.split()[0].split("·")[0] in ("tp2", "tp4", "tp8") for ln in body)
+    assert all(w in r.stdout for w in ("bubble", "tp_comm", "dp_comm", "memory_GB"))
     bad = subprocess.run([sys.executable, "-m", "llmcomm", "tune", "gpt3-175b", "--gpus", "8", "--cluster",
                           "a100-80g-hdr200", "--global-batch", "64"], capture_output=True, text=True)
     assert bad.returncode != 0 and "does not fit" in bad.stderr and "Traceback" not in bad.stderr
@@ -218,3 +219,35 @@ def test_public_entry_point() -> None:
     """``llmcomm.tune`` is the function the issue names; the modules stay reachable by ``from`` imports."""
     r = lc.tune("gpt3-13b", 64, "a100-80g-hdr200", 512)
     assert r.best["total_s"] == tune("gpt3-13b", 64, A100, 512).best["total_s"]
+
+
+def _tune_cli(capsys, *extra: str) -> tuple[int, str, str]:  # noqa: ANN001
+    from llmcomm.cli import main
+
+    rc = main(["tune", "gpt3-13b", "--gpus", "64", "--batch", "512", "--seq", "2048", "--cluster",
+               "a100-80g-hdr200", "--top", "3", *extra])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_explain_names_the_terms_that_differ(capsys) -> None:  # noqa: ANN001
+    rc, out, _ = _tune_cli(capsys, "--explain")
+    assert rc == 0
+    lines = out.split("(runner-up) loses to")[1].splitlines()[1:]
+    sentences = [ln for ln in lines if ln.strip()]
+    assert 2 <= len(sentences) <= 4 and sentences[-1].strip().startswith("In all the runner-up is")
+    assert all("predicted" in s for s in sentences)
+
+
+def test_cli_constraints_narrow_and_errors_name_the_constraint(capsys) -> None:  # noqa: ANN001
+    rc, out, _ = _tune_cli(capsys, "--constraints", "max_tp=2,cp=1,fp8=off,recompute=full,mb=1")
+    assert rc == 0
+    body = out.split("memory per GPU:")[1].splitlines()[2:]
+    assert body and all(ln.split()[0].split("·")[0] in ("tp1", "tp2") and "full" in ln and "mb1" in ln
+                        for ln in body if ln.strip())
+    for bad, words in (("tq=2", "unknown constraint 'tq'"), ("tp=two", "'tp=two': 'two' is not an integer"),
+                       ("fp8=on", "'fp8=on': the space holds BF16"), ("sp=maybe", "'maybe' is not on/off"),
+                       ("max_tp=0", "must be a positive integer"), ("recompute=some", "recompute takes"),
+                       ("cp=2", "cp=2 is refused by rule 'cost-cp'")):
+        rc, _, err = _tune_cli(capsys, "--constraints", bad)
+        assert rc != 0 and words in err and "Traceback" not in err, (bad, err)
