@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -247,8 +248,8 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: _seq(m, p) < 1,
          lambda m, r: f"seq_len={r.sequence_length(m)} must be a positive integer"),
     Rule("learned-positions", "job",
-         "kit: a learned absolute position table has max_position_embeddings rows (Megatron-LM's "
-         "LanguageModelEmbedding): positions beyond it have no embedding",
+         "megatron/core/models/common/embeddings/language_model_embedding.py:71 (a learned position table of "
+         "max_position_embeddings rows: positions beyond it have no embedding)",
          lambda m, p: np.logical_and(
              np.logical_and(m.position_embedding_type == "learned_absolute", m.max_position_embeddings is not None),
              _seq(m, p) > (m.max_position_embeddings or 0)),
@@ -269,7 +270,7 @@ RULES: tuple[Rule, ...] = (
                       "attention TP is > 1 without sequence parallelism ('During training, performance may degrade "
                       "if MoE and tensor parallelism are enabled without also enabling sequence parallelism'; with "
                       "ep>1: 'When using expert parallelism and tensor parallelism, sequence parallelism must be "
-                      "used'; megatron/core/transformer/moe/moe_layer.py ~636-640)"),
+                      "used'; megatron/core/transformer/moe/moe_layer.py ~636-640, model_parallel_config.py ~560)"),
     # --------------------------------------------------------------------------------------- cost
     Rule("cost-cp", "cost", "kit: context parallelism is not in the formulation yet",
          lambda m, p: p.cp > 1,
@@ -313,12 +314,28 @@ def rules(scopes: Sequence[str]) -> tuple[Rule, ...]:
     return tuple(r for r in RULES if r.scope in scopes)
 
 
-def check(model: Model, p: Any, scopes: Sequence[str] = ("config", "job")) -> None:
-    """Raise :class:`ConfigError` with the first rule of ``scopes`` that the one configuration ``p`` (a
-    ``ParallelConfig``) breaks."""
+def _first_broken(model: Model, p: Any, scopes: tuple[str, ...]) -> str | None:
     for r in rules(scopes):
         if _any(r.bad(model, p)):
-            raise ConfigError(r.message(model, p))
+            return r.message(model, p)
+    return None
+
+
+@lru_cache(maxsize=4096)
+def _first_broken_cached(model: Model, p: Any, scopes: tuple[str, ...]) -> str | None:
+    return _first_broken(model, p, scopes)
+
+
+def check(model: Model, p: Any, scopes: Sequence[str] = ("config", "job")) -> None:
+    """Raise :class:`ConfigError` with the first rule of ``scopes`` that the one configuration ``p`` (a
+    ``ParallelConfig``) breaks. The verdict of frozen (hashable) specs is cached: the rules are pure functions
+    of them."""
+    try:
+        msg = _first_broken_cached(model, p, tuple(scopes))
+    except TypeError:  # an unhashable stand-in
+        msg = _first_broken(model, p, tuple(scopes))
+    if msg is not None:
+        raise ConfigError(msg)
 
 
 class _Row:

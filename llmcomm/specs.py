@@ -864,13 +864,13 @@ def _yaml_number(v: Any) -> Any:
     """A number written as ``1e9`` (PyYAML, following YAML 1.1, reads it as a string without a dot) as a
     float, and an integer as a float (as the fields are floats); anything else unchanged (``None`` too), for
     the type check to judge."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return float(v)
     if isinstance(v, str):
         try:
             return float(v)
         except ValueError:
             return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
     return v
 
 

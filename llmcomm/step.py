@@ -246,17 +246,18 @@ def _placement(parallel: ParallelConfig, gpus_per_node: int) -> dict[str, dict[s
     lay = Layout(parallel, gpus_per_node)
     stage = lay.coords["pp"].to_numpy()
     pp_groups = lay.groups("pp")  # (pp groups, stages): column r holds stage r's ranks
+    spans: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
+    for kind in PLACED_KINDS:  # every group's node span once per kind; the classes pick their groups' rows
+        g, row_of_rank = lay.group_lookup(kind)
+        nodes = np.sort(g // gpus_per_node, axis=1)
+        spans[kind] = (1 + (np.diff(nodes, axis=1) != 0).sum(axis=1), row_of_rank, g.shape[1])
     out: dict[str, dict[str, tuple[int, int]]] = {}
     for cls in CLASSES:
         stages = class_stages(cls, parallel.pp) or [0]
         ranks = np.flatnonzero(np.isin(stage, stages))
         d = {}
-        for kind in PLACED_KINDS:
-            g = lay.group_rows(kind, ranks)
-            nodes = np.sort(g // gpus_per_node, axis=1)
-            spans = 1 + (np.diff(nodes, axis=1) != 0).sum(axis=1)
-            size = g.shape[1]
-            d[kind] = (size, -(-size // int(spans.max())))
+        for kind, (span, row_of_rank, size) in spans.items():
+            d[kind] = (size, -(-size // int(span[row_of_rank[ranks]].max())))
         pairs = [(r, q) for r in stages for q in (r - 1, r + 1) if 0 <= q < parallel.pp]
         same = all((pp_groups[:, r] // gpus_per_node == pp_groups[:, q] // gpus_per_node).all() for r, q in pairs)
         d["p2p"] = (2, 2 if same else 1)

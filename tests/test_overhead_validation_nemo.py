@@ -14,7 +14,7 @@ from llmcomm.overhead import nemo_rows, validation
 from llmcomm.specs import data_dir
 
 # what a 2026 DGX-H100 Llama 3 70B row runs that the formulation cannot express today
-LLAMA70B_MISSING = ("fp8=hybrid", "tp_comm_overlap=True", "overlap_param_gather=True")
+LLAMA70B_MISSING = ("fp8=hybrid", "tp_comm_overlap=True", "overlap_param_gather=True")  # attention_backend: modelled
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,8 @@ def test_refusals_name_the_missing_mechanism(nemo):
     r = t[(t["container"] == "26.04") & (t["model"] == "LLAMA3_70B")]["refused"].iloc[0]
     assert r.startswith("not in the formulation:") and all(m in r for m in LLAMA70B_MISSING)
     r405 = t[(t["container"] == "26.06") & (t["model"] == "LLAMA3.1_405B")]["refused"].iloc[0]
-    assert "cp=2 > 1 is not modelled" in r405  # the uneven split (account_for_*) is modelled now; CP is not
+    # the uneven split (account_for_embedding/loss_in_pipeline_split) is modelled now; FP8 and the overlaps are not
+    assert "account_for_embedding_in_pipeline_split" not in r405 and "fp8=hybrid" in r405
     nano = t[t["model"] == "Nemotron_3_Nano"]["refused"]
     assert nano.str.contains("Mamba").all()
     # the 25.09 table prints no precision: rows whose sizes match only FP8 blocks of the perf matrix are FP8 of
@@ -50,7 +51,7 @@ def test_rows_start_predicting_once_the_formulation_accepts_their_settings(monke
     """No list of supported mechanisms lives in validation: the settings the formulation accepts are read from
     it (its candidate columns / ParallelConfig fields); once they include a row's settings, the row's plan has
     nothing missing and carries them as columns (simulated by widening the accepted set)."""
-    extra = {"fp8", "fp8_recipe", "fp8_param_gather", "tp_comm_overlap", "overlap_param_gather", "attention_backend"}
+    extra = {"fp8", "fp8_recipe", "fp8_param_gather", "tp_comm_overlap", "overlap_param_gather"}
     rows = nemo_rows.read()
     row = rows[(rows["container"] == "26.04") & (rows["model"] == "LLAMA3_70B")].iloc[0]
     _, _, missing, _ = validation._plan(row, ())

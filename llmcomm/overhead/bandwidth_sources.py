@@ -56,22 +56,31 @@ class SourcedBandwidth(Bandwidth):
         scope = "intra" if m == 1 else "inter"
         rows = self._own_rows(op, scope)
         if len(rows):
+            out = super()._resolve(op, n, k)
             measured = rows[(rows["group_size"] == n) & (rows["ranks_per_node"] == k)]
-            ops = sorted(set(rows["op"]))
-            if len(measured) and op in ops:
+            src_op = str(rows["op"].iloc[0])
+            if len(measured) and src_op == op:
                 detail = "measured"
             else:
-                sizes = sorted({(int(g), int(r)) for g, r in zip(rows["group_size"], rows["ranks_per_node"],
-                                                                   strict=True)})
-                detail = (f"carried from measured {'/'.join(ops)} over "
-                          + ", ".join(f"{g} ranks ({r}/node)" for g, r in sizes))
+                detail = f"carried from your {src_op} over {self._picked(rows, out[0])}"
             self.used[(op, n, k)] = (USER, detail)
-            return super()._resolve(op, n, k)
+            return out
         if self.fallback is not None:
             self.used[(op, n, k)] = (self.fallback_label, f"your logs hold no {scope}-node measurements")
             return self.fallback.regime(op, n, k)
         self.used[(op, n, k)] = (DATASHEET, f"your logs hold no {scope}-node measurements")
         return super()._resolve(op, n, k)
+
+    @staticmethod
+    def _picked(rows: pd.DataFrame, x_lo: np.ndarray) -> str:
+        """The measured regime the carrying rules took: the one whose pieces start where the result's do (the
+        rules scale α and β, never the piece boundaries), when exactly one does."""
+        hits = [(int(g), int(r)) for (g, r), grp in rows.groupby(["group_size", "ranks_per_node"], sort=True)
+                if np.array_equal(grp.sort_values("piece")["x_lo"].to_numpy(float), x_lo)]
+        if len(hits) != 1:  # piece boundaries shared by several regimes: name the candidates
+            hits = sorted({(int(g), int(r)) for g, r in zip(rows["group_size"], rows["ranks_per_node"], strict=True)})
+            return "one of " + ", ".join(f"{g} ranks ({r}/node)" for g, r in hits)
+        return f"{hits[0][0]} ranks ({hits[0][1]}/node)"
 
     def sources(self) -> pd.DataFrame:
         """One row per regime resolved so far: ``op, group_size, ranks_per_node, nodes, source, detail``."""

@@ -31,7 +31,10 @@ def _memory(model: ModelSpec, parallel: ParallelConfig) -> MemoryBreakdown:
 
 def overflow_message(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> str | None:
     """``None`` when the configuration fits on ``cluster``'s GPUs, else the sentence saying by how much."""
-    m = _memory(model, parallel)
+    try:
+        m = _memory(model, parallel)
+    except TypeError:  # a spec with an unhashable field: not cached
+        m = memory(model, parallel)
     if m.total <= cluster.gpu_memory_bytes:
         return None
     state = m.weights + m.gradients + m.optimizer

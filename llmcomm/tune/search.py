@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..bounds import check_tune_candidates, check_tune_gpus
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
@@ -163,6 +164,7 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(gpus, (int, np.integer)) or gpus < 1:
         raise ConfigError(f"gpus={gpus!r} must be a positive integer")
+    check_tune_gpus(int(gpus))  # llmcomm.bounds: refused with the limit, not enumerated for minutes
     if not isinstance(global_batch, (int, np.integer)) or global_batch < 1:
         raise ConfigError(f"global_batch={global_batch!r} must be a positive integer")
     if cluster.num_gpus is not None and cluster.num_gpus < gpus:
@@ -171,6 +173,7 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     s = seq_len or model.seq_length
     cands = enumerate_candidates(model, gpus, global_batch, s, space)
     enumerated = len(cands)
+    check_tune_candidates(enumerated)
     if enumerated == 0:
         raise _no_split_error(model, gpus, global_batch)
     mem = memory_table(model, cands)
