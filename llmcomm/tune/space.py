@@ -110,7 +110,8 @@ class SearchSpace:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"space: unknown dimension(s) {unknown}; known: {sorted(known)}")
-        return cls(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in d.items()})
+        values: dict[str, Any] = {k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in d.items()}
+        return cls(**values)
 
 
 def _allowed(values: Sequence[Any], chosen: tuple[Any, ...] | None) -> list[Any]:
