@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import llmcomm as lc
 from llmcomm.overhead.iteration import iteration_times
 from llmcomm.tune import SearchSpace, enumerate_candidates, rule_of_thumb, to_parallel, tune
-from llmcomm.tune.space import divisors
+from llmcomm.tune.space import DIMENSIONS, divisors
 
 A100 = lc.load_cluster("a100-80g-hdr200")
 
@@ -41,7 +41,45 @@ def test_space_narrows() -> None:
     cands = enumerate_candidates(model, 64, 512, space=SearchSpace(tp=(8,), recompute=("full",), sp=(True,)))
     assert set(cands["tp"]) == {8} and set(cands["recompute"]) == {"full"} and cands["sp"].all()
     with pytest.raises(lc.ConfigError, match="unknown dimension"):
-        SearchSpace.from_dict({"cp": (2,)})
+        SearchSpace.from_dict({"dcp": (2,)})
+
+
+def test_stage_splits_place_126_layers_on_16_stages() -> None:
+    from llmcomm.rules import check_split
+    from llmcomm.tune.space import UNSET, stage_splits
+
+    s = stage_splits(126, 16, 2)
+    assert (7, 7) in s and (6, UNSET) in s and (UNSET, 6) in s and (UNSET, UNSET) not in s
+    assert stage_splits(128, 16, 2, uneven=(False,)) == [(UNSET, UNSET)]
+    for n, pp in ((126, 16), (126, 8), (96, 2), (80, 3), (61, 4)):
+        for f, la in stage_splits(n, pp, 2):  # each split is one Megatron-LM accepts
+            check_split(n, lc.ParallelConfig(pp=pp, dp=1, num_layers_in_first_pipeline_stage=None if f < 0 else f,
+                                             num_layers_in_last_pipeline_stage=None if la < 0 else la))
+
+
+def test_dimensions_the_cost_model_refuses_are_named_by_its_rule() -> None:
+    from llmcomm.tune.space import accepted_values, refusals
+
+    model = lc.load_model("llama3-8b")
+    assert accepted_values(model, "cp", [1, 2, 4]) == [1]  # rule cost-cp, today
+    assert accepted_values(model, "fsdp", [False, True]) == [False]
+    assert set(enumerate_candidates(model, 16, 64)["cp"]) == {1}
+    why = refusals(model, 16, 64, 8192, SearchSpace(cp=(1, 2), fsdp=(True,)))
+    assert "cost-cp" in why["cp=2"] and "cost-fsdp" in why["fsdp=True"]
+    moe = lc.load_model("mixtral-8x7b")
+    why = refusals(moe, 64, 256, None, SearchSpace(tp=(2,), etp=(1,)))
+    assert "cost-etp" in why["etp=1"]
+
+
+def test_unfused_rule_is_safe_in_the_formulation() -> None:
+    """The unfused-dominated rule needs time(fused) <= time(unfused), all else equal."""
+    for name, gpus, batch in (("gpt3-13b", 64, 512), ("llama3-8b", 32, 256), ("mixtral-8x7b", 64, 256)):
+        model = lc.load_model(name)
+        cands = enumerate_candidates(model, gpus, batch)
+        t = iteration_times(model, cands, A100.for_world(gpus))
+        key = [c for c in DIMENSIONS if c != "attention_backend"]
+        wide = t.pivot_table(index=key, columns="attention_backend", values="total_s")
+        assert (wide["auto"] <= wide["unfused"] * (1 + 1e-12)).all(), name
 
 
 def test_recompute_rule_is_safe_in_the_formulation() -> None:
@@ -50,7 +88,7 @@ def test_recompute_rule_is_safe_in_the_formulation() -> None:
         model = lc.load_model(name)
         cands = enumerate_candidates(model, gpus, batch)
         t = iteration_times(model, cands, A100.for_world(gpus))
-        key = ["tp", "pp", "dp", "ep", "micro_batch", "vpp", "sp", "distributed_optimizer"]
+        key = [c for c in DIMENSIONS if c != "recompute"]
         wide = t.pivot_table(index=key, columns="recompute", values="total_s")
         assert (wide["none"] <= wide["selective"] * (1 + 1e-12)).all(), name
         assert (wide["selective"] <= wide["full"] * (1 + 1e-12)).all(), name
@@ -68,12 +106,20 @@ def test_same_as_without_rule_is_an_exact_tie() -> None:
 SMALL = ["gpt3-1.3b", "gpt3-6.7b", "gpt3-13b", "llama2-7b", "llama3-8b", "megatron-gpt-18b", "mixtral-8x7b"]
 
 
+def _odd_layers(name: str, layers: int) -> lc.ModelSpec:
+    """A catalogue model with a layer count no pipeline depth divides evenly (as LLaMA-3 405B's 126 on 16)."""
+    import dataclasses
+
+    return dataclasses.replace(lc.load_model(name), num_layers=layers, name=f"{name}-{layers}l")
+
+
 @pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(SMALL), gpus=st.sampled_from([8, 16, 32, 64, 96, 128]),
-       batch=st.sampled_from([64, 96, 128, 256, 512]))
-def test_pruned_optimum_equals_exhaustive(name: str, gpus: int, batch: int) -> None:
-    model = lc.load_model(name)
+       batch=st.sampled_from([64, 96, 128, 256, 512]), layers=st.sampled_from([0, 0, 14, 30, 38]))
+def test_pruned_optimum_equals_exhaustive(name: str, gpus: int, batch: int, layers: int) -> None:
+    """Over the whole space (uneven stages, both attention backends, every recompute), odd layer counts too."""
+    model = _odd_layers(name, layers) if layers else lc.load_model(name)
     try:
         full = tune(model, gpus, A100, batch, prune=False)
     except lc.ConfigError:
@@ -91,11 +137,20 @@ def test_result_tables() -> None:
     t = r.table
     assert (np.diff(t["total_s"].to_numpy()) >= 0).all()
     assert (t["total_bytes"] <= 0.9 * A100.gpu_memory_bytes).all()
-    assert set(r.pruned["rule"]) <= {"memory", "recompute-dominated", "same-as-without"}
+    assert set(r.pruned["rule"]) <= {"memory", "recompute-dominated", "unfused-dominated", "same-as-without"}
     assert r.stats["enumerated"] == len(t) + len(r.pruned)
     best = r.best_parallel()
     assert best.world_size == 64 and best.global_batch == 512
     assert 0 < t["tflops_per_gpu"].iloc[0] < A100.peak_bf16_flops / 1e12
+
+
+def test_uneven_stages_open_gpu_counts() -> None:
+    """96 = 3·32 GPUs: 40 layers go on 3 stages only unevenly (13 + 14 + 13), which the space now holds."""
+    r = tune("gpt3-13b", 96, A100, 64)
+    assert (r.table["pp"] % 3 == 0).all()
+    assert (r.table["num_layers_in_first_pipeline_stage"] >= 0).any()
+    with pytest.raises(lc.ConfigError, match="no tp·pp·dp split is valid"):
+        tune("gpt3-13b", 96, A100, 64, space=SearchSpace(uneven=(False,)))
 
 
 def test_rule_of_thumb() -> None:
@@ -121,7 +176,7 @@ def test_rule_of_thumb_takes_the_largest_tp_the_model_accepts() -> None:
     (("gpt3-175b", 8, 1536), "does not fit on 8 .* smallest power-of-two multiple of 8 GPUs on which a "
                              "configuration fits is 64"),
     (("gpt3-175b", 1000, 1536), "no tp·pp·dp split is valid .* GPU counts that work with this batch: \\[1024"),
-    (("gpt3-13b", 96, 64), "no tp·pp·dp split is valid"),  # 96 = 3·32 but no factor 3 in heads or layers
+    (("gpt3-13b", 104, 64), "no tp·pp·dp split is valid"),  # 104 = 13·8: 40 layers on 13 stages fit no split
     (("gpt3-13b", 0, 64), "gpus=0 must be a positive integer"),
 ])
 def test_bad_input_says_what_would_work(args, rule) -> None:  # noqa: ANN001
@@ -134,9 +189,10 @@ def test_cli() -> None:
                         "a100-80g-hdr200", "--global-batch", "512", "--top", "3", "--tp", "2,4,8"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "candidates" in r.stdout and "time_s" in r.stdout
-    body = [ln for ln in r.stdout.splitlines()[3:] if ln.strip()]
-    assert len(body) == 3 and all(int(ln.split()[0]) in (2, 4, 8) for ln in body)
+    assert "candidates" in r.stdout and "time_s" in r.stdout and "predicted" in r.stdout
+    body = [ln for ln in r.stdout.splitlines()[4:] if ln.strip()]
+    assert len(body) == 3 and all(ln.split()[0].split("·")[0] in ("tp2", "tp4", "tp8") for ln in body)
+    assert all(w in r.stdout for w in ("bubble", "tp_comm", "dp_comm", "memory_GB"))
     bad = subprocess.run([sys.executable, "-m", "llmcomm", "tune", "gpt3-175b", "--gpus", "8", "--cluster",
                           "a100-80g-hdr200", "--global-batch", "64"], capture_output=True, text=True)
     assert bad.returncode != 0 and "does not fit" in bad.stderr and "Traceback" not in bad.stderr
@@ -164,3 +220,35 @@ def test_public_entry_point() -> None:
     entry point."""
     r = lc.tune.tune("gpt3-13b", 64, "a100-80g-hdr200", 512)
     assert r.best["total_s"] == tune("gpt3-13b", 64, A100, 512).best["total_s"]
+
+
+def _tune_cli(capsys, *extra: str) -> tuple[int, str, str]:  # noqa: ANN001
+    from llmcomm.cli import main
+
+    rc = main(["tune", "gpt3-13b", "--gpus", "64", "--batch", "512", "--seq", "2048", "--cluster",
+               "a100-80g-hdr200", "--top", "3", *extra])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_explain_names_the_terms_that_differ(capsys) -> None:  # noqa: ANN001
+    rc, out, _ = _tune_cli(capsys, "--explain")
+    assert rc == 0
+    lines = out.split("(runner-up) loses to")[1].splitlines()[1:]
+    sentences = [ln for ln in lines if ln.strip()]
+    assert 2 <= len(sentences) <= 4 and sentences[-1].strip().startswith("In all the runner-up is")
+    assert all("predicted" in s for s in sentences)
+
+
+def test_cli_constraints_narrow_and_errors_name_the_constraint(capsys) -> None:  # noqa: ANN001
+    rc, out, _ = _tune_cli(capsys, "--constraints", "max_tp=2,cp=1,fp8=off,recompute=full,mb=1")
+    assert rc == 0
+    body = out.split("memory per GPU:")[1].splitlines()[2:]
+    assert body and all(ln.split()[0].split("·")[0] in ("tp1", "tp2") and "full" in ln and "mb1" in ln
+                        for ln in body if ln.strip())
+    for bad, words in (("tq=2", "unknown constraint 'tq'"), ("tp=two", "'tp=two': 'two' is not an integer"),
+                       ("fp8=on", "'fp8=on': the space holds BF16"), ("sp=maybe", "'maybe' is not on/off"),
+                       ("max_tp=0", "must be a positive integer"), ("recompute=some", "recompute takes"),
+                       ("cp=2", "cp=2 is refused by rule 'cost-cp'")):
+        rc, _, err = _tune_cli(capsys, "--constraints", bad)
+        assert rc != 0 and words in err and "Traceback" not in err, (bad, err)

@@ -1,4 +1,9 @@
-"""``llmcomm tune MODEL --gpus N --cluster NAME --global-batch B``: rank parallel configurations.
+"""``llmcomm tune MODEL --gpus N --batch B --seq S --cluster NAME``: rank parallel configurations.
+
+Prints the top configurations with their predicted breakdown (seconds per term of the iteration-time
+formulation) and memory per GPU; ``--explain`` says, in a sentence per term, why the runner-up loses
+(:func:`llmcomm.tune.report.explain`); ``--constraints cp=1,fp8=off,max_tp=8`` narrows the space
+(:mod:`llmcomm.tune.constraints`), and a value the cost model refuses is named with the rule that refuses it.
 
 The work is bounded before it starts (:mod:`llmcomm.bounds`: at most ``MAX_TUNE_GPUS`` GPUs and
 ``MAX_TUNE_CANDIDATES`` candidates), and a search that runs longer than a second says so on the terminal.
@@ -22,9 +27,11 @@ if TYPE_CHECKING:
     from .space import SearchSpace
 
 HELP = "rank parallel configurations of a model on a cluster by predicted iteration time"
-DESCRIPTION = ("Enumerate every valid tp/pp/dp/ep/micro-batch/vpp/SP/recompute/distributed-optimizer configuration, "
-               "drop those that do not fit in GPU memory, and rank the rest with the iteration-time formulation "
-               "(llmcomm.overhead).")
+DESCRIPTION = ("Enumerate every valid tp/cp/pp (with uneven first/last stages)/dp/ep/etp/micro-batch/vpp/SP/"
+               "recompute/distributed-optimizer/attention-backend configuration the cost model can rank, drop those "
+               "that do not fit in GPU memory, and rank the rest by predicted iteration time (llmcomm.overhead).")
+BREAKDOWN = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "ep_comm_s", "pp_comm_s", "bubble_s", "dp_comm_s",
+             "optimizer_s")
 RESTRICTIONS = ("tp", "pp", "ep", "micro_batch", "vpp")
 
 
@@ -33,8 +40,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model(p)
     p.add_argument("--gpus", type=positive_int, required=True, help="number of GPUs")
     add_cluster(p, required=True)
-    p.add_argument("--global-batch", type=positive_int, required=True, help="global batch in sequences")
-    p.add_argument("--seq-len", type=positive_int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--batch", "--global-batch", dest="global_batch", type=positive_int, required=True,
+                   help="global batch in sequences")
+    p.add_argument("--seq", "--seq-len", dest="seq_len", type=positive_int, default=None,
+                   help="sequence length (default: the model's)")
+    p.add_argument("--constraints", default=None, metavar="LIST",
+                   help="narrow the space, comma-separated NAME=VALUE: a dimension (tp=8, cp=1, recompute=full, "
+                        "sp=on, tp=4/8), max_NAME/min_NAME (max_tp=8), fp8=off (default: the whole space)")
+    p.add_argument("--explain", action="store_true",
+                   help="say, a sentence per term, why the runner-up loses to the best configuration")
     p.add_argument("--top", type=positive_int, default=10, help="rows to print")
     p.add_argument("--no-prune", action="store_true", help="evaluate every fitting candidate (exhaustive)")
     p.add_argument("--memory-fraction", type=fraction, default=0.9,
@@ -87,7 +101,7 @@ def _empty_because(model: ModelSpec, gpus: int, global_batch: int, seq_len: int 
 
     from .space import enumerate_candidates
 
-    given = [d for d in RESTRICTIONS if getattr(space, d) is not None]
+    given = [d for d in RESTRICTIONS if getattr(space, d) is not None and d != "cp"]
     if not given:
         return None
     cleared: dict[str, Any] = dict.fromkeys(given)
@@ -118,7 +132,16 @@ def run(args: argparse.Namespace) -> int:
     check_tune_gpus(args.gpus)
     model = load_model(args.model)
     cluster = load_cluster(args.cluster)
-    space = SearchSpace(**{d: getattr(args, d) for d in RESTRICTIONS})
+    from .constraints import parse
+    from .space import refusals
+
+    space = SearchSpace(**{d: getattr(args, d) for d in RESTRICTIONS if getattr(args, d) is not None})
+    if args.constraints:
+        space = parse(args.constraints, args.gpus, space)
+        refused = refusals(model, args.gpus, args.global_batch, args.seq_len, space)
+        if refused:
+            raise ConfigError(f"--constraints {args.constraints}: " + "; ".join(f"{k} is refused by {v}"
+                                                                                for k, v in refused.items()))
     show = not args.quiet and sys.stderr.isatty()
     with progress_line(f"tune: enumerating configurations of {model.name} on {args.gpus:,} GPUs", show):
         n = len(enumerate_candidates(model, args.gpus, args.global_batch, args.seq_len, space))
@@ -137,10 +160,21 @@ def run(args: argparse.Namespace) -> int:
               f"sequence {r.meta['seq_len']}")
         print(f"{s['enumerated']:,} candidates, {s['evaluated']:,} evaluated, {s['pruned']:,} pruned "
               f"({', '.join(f'{k}: {v:,}' for k, v in s['pruned_by_rule'].items())}) in {s['wall_s']:.2f} s")
-    top = r.top(args.top).copy()
-    top["total_bytes"] = (top["total_bytes"] / 1e9).round(1)
-    top = top.rename(columns={"total_s": "time_s", "total_bytes": "memory_GB", "distributed_optimizer": "dist_opt",
-                              "micro_batch": "mb", "comm_overhead": "comm"})
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
+    from .report import explain, label
+
+    head = r.table.head(args.top)
+    top = pd.DataFrame({"config": [label(x) for _, x in head.iterrows()], "time_s": head["total_s"],
+                        **{c.removesuffix("_s"): head[c] for c in BREAKDOWN},
+                        "memory_GB": (head["total_bytes"] / 1e9).round(1), "tflops": head["tflops_per_gpu"]})
+    if not args.quiet:
+        print("predicted seconds per iteration and per term (llmcomm.overhead.iteration_times), memory per GPU:")
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_colwidth", 80):
         print(top.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if args.explain:
+        if len(r.table) < 2:
+            print("\nonly one configuration fits: there is no runner-up to explain")
+        else:
+            print(f"\nwhy {label(r.table.iloc[1])} (runner-up) loses to {label(r.best)}:")
+            for sentence in explain(r.table.iloc[0], r.table.iloc[1]):
+                print(f"  {sentence}")
     return 0

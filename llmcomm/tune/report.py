@@ -43,9 +43,68 @@ def best_by_scale(model: ModelSpec, gpus: Sequence[int], clusters: Sequence[str 
 
 
 def label(r: pd.Series | Mapping[str, Any]) -> str:
-    """A configuration in one short string: ``tp4·pp8·dp32·mb1·v6·sp·selective·dopt``."""
-    return (f"tp{int(r['tp'])}·pp{int(r['pp'])}·dp{int(r['dp'])}·mb{int(r['micro_batch'])}·v{int(r['vpp'])}"
-            f"{'·sp' if r['sp'] else ''}·{r['recompute']}{'·dopt' if r['distributed_optimizer'] else ''}")
+    """A configuration in one short string: ``tp4·pp8·dp32·mb1·v6·sp·selective·dopt``; a context-parallel
+    size, uneven end stages (``·first7·last7``), an expert TP other than tp, FSDP and an unfused attention
+    backend are added where present."""
+    from ..vocab import FUSED_ATTENTION_BACKENDS
+
+    def opt(k: str) -> int:
+        v = r.get(k, -1) if hasattr(r, "get") else -1
+        return -1 if v is None or pd.isna(v) else int(v)
+
+    cp = opt("cp")
+    ends = "".join(f"·{n}{opt(k)}" for n, k in (("first", "num_layers_in_first_pipeline_stage"),
+                                                ("last", "num_layers_in_last_pipeline_stage")) if opt(k) >= 0)
+    ab = r.get("attention_backend", "auto") if hasattr(r, "get") else "auto"
+    return (f"tp{int(r['tp'])}{f'·cp{cp}' if cp > 1 else ''}·pp{int(r['pp'])}·dp{int(r['dp'])}"
+            f"{f'·etp{et}' if (et := opt('etp')) >= 0 else ''}"
+            f"·mb{int(r['micro_batch'])}·v{int(r['vpp'])}{ends}"
+            f"{'·sp' if r['sp'] else ''}·{r['recompute']}{'·dopt' if r['distributed_optimizer'] else ''}"
+            f"{'·fsdp' if r.get('fsdp', False) else ''}"
+            f"{'' if ab in FUSED_ATTENTION_BACKENDS else f'·{ab}'}")
+
+
+# the Breakdown terms of llmcomm.overhead.iteration_times, with the dimensions that move each (for --explain)
+TERMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "forward_s": ("forward compute", ("tp", "cp", "pp", "micro_batch", "attention_backend",
+                                      "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")),
+    "backward_s": ("backward compute", ("tp", "cp", "pp", "micro_batch", "attention_backend",
+                                        "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")),
+    "recompute_s": ("recomputation", ("recompute", "tp", "pp", "micro_batch")),
+    "tp_comm_s": ("tensor-parallel communication", ("tp", "sp", "micro_batch", "recompute", "pp")),
+    "ep_comm_s": ("expert-parallel all-to-all", ("ep", "etp", "tp", "micro_batch")),
+    "pp_comm_s": ("pipeline send/recv", ("pp", "vpp", "micro_batch", "sp", "tp")),
+    "bubble_s": ("pipeline bubble", ("pp", "vpp", "micro_batch", "num_layers_in_first_pipeline_stage",
+                                     "num_layers_in_last_pipeline_stage")),
+    "dp_comm_s": ("data-parallel gradient reduction", ("dp", "cp", "tp", "pp", "distributed_optimizer", "fsdp")),
+    "optimizer_s": ("optimizer step", ("distributed_optimizer", "fsdp", "dp", "tp", "pp")),
+}
+
+
+def explain(best: pd.Series, other: pd.Series, n: int = 3) -> list[str]:
+    """Why ``other`` is slower than ``best``, one sentence per term of the predicted breakdown, the ``n`` terms
+    whose seconds differ most first, each naming the dimensions (of those that move that term) in which the two
+    configurations differ."""
+    diffs = sorted(((float(other[t]) - float(best[t]), t) for t in TERMS if t in best and t in other),
+                   key=lambda x: -abs(x[0]))
+    out = []
+    for d, t in diffs[:n]:
+        if d == 0:
+            break
+        what, dims = TERMS[t]
+        moved = [f"{k} {_v(other[k])} vs {_v(best[k])}" for k in dims if k in best and best[k] != other[k]]
+        why = f" ({', '.join(moved)})" if moved else " (same values of the dimensions that move it)"
+        verb = "loses" if d > 0 else "gains"
+        out.append(f"{what}: the runner-up {verb} {abs(d):.3f} s predicted ({float(other[t]):.3f} s against "
+                   f"{float(best[t]):.3f} s){why}.")
+    gap = float(other["total_s"]) - float(best["total_s"])
+    out.append(f"In all the runner-up is {gap:.3f} s ({gap / float(best['total_s']):.1%}) slower per iteration, "
+               "predicted.")
+    return out
+
+
+def _v(x: Any) -> str:
+    return "unset" if isinstance(x, (int, float)) and not isinstance(x, bool) and x == -1 else str(x)
 
 
 def search_cost(exhaustive: Any, pruned: Any) -> pd.DataFrame:

@@ -14,9 +14,18 @@ candidates by rules that can never remove the optimum, each applied before any t
     Safe because the formulation's time is non-decreasing in recomputation (none ≤ selective ≤ full: each adds
     forward work to the backward pass and full recomputation re-issues the forward TP calls) while nothing else
     changes; ``tests/test_tune.py`` checks that monotonicity over many configurations.
+``unfused-dominated``
+    among candidates equal in everything but ``attention_backend``, an unfused (or ``local``) backend is dropped
+    where a fused twin (``flash``/``fused``/``auto``) fits. Safe because the formulation's fused attention does
+    the same calls with no score-matrix HBM traffic and half the causal score FLOPs, and stores no ``s²``
+    scores (memory never above the unfused twin's), so its time is never above the unfused one's;
+    ``tests/test_tune.py`` checks that over many configurations.
 ``same-as-without``
     the distributed optimizer with ``dp = 1`` shards nothing and issues the same calls as without it: an exact
     tie, so only one copy is evaluated.
+
+Rules that need no time at all are in the space itself (:mod:`.space`): lighter-only uneven end stages, and the
+dimensions the cost model refuses (rule scope ``cost``) never enumerated.
 
 The pruned search returns the same optimum as the exhaustive one (property test over random catalogue models,
 GPU counts and batches); ``TuneResult.stats`` counts what each search enumerated, pruned and evaluated.
@@ -82,9 +91,21 @@ def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
     return level > least.to_numpy()
 
 
+def unfused_dominated(cands: pd.DataFrame) -> np.ndarray:
+    """Rows with an unfused attention backend that have a fused twin (equal in everything else) among ``cands``."""
+    from ..vocab import FUSED_ATTENTION_BACKENDS
+
+    unfused = ~cands["attention_backend"].isin(FUSED_ATTENTION_BACKENDS).to_numpy()
+    if not unfused.any() or unfused.all():
+        return np.zeros(len(cands), bool)
+    key = [c for c in DIMENSIONS if c != "attention_backend"]
+    has_fused = pd.Series(~unfused, index=cands.index).groupby([cands[c] for c in key], sort=False).transform("max")
+    return unfused & has_fused.to_numpy(bool)
+
+
 def same_as_without(cands: pd.DataFrame) -> np.ndarray:
     """The distributed optimizer where it shards nothing (dp = 1): an exact copy of the row without it."""
-    return (cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() == 1))
+    return cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() * cands["cp"].to_numpy() == 1)
 
 
 # ----------------------------------------------------------------------------------- explanations
@@ -165,7 +186,8 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     removed = [cands[~fits].assign(rule="memory")]
     kept = cands[fits]
     if prune:
-        for rule, fn in (("recompute-dominated", recompute_dominated), ("same-as-without", same_as_without)):
+        for rule, fn in (("recompute-dominated", recompute_dominated), ("unfused-dominated", unfused_dominated),
+                         ("same-as-without", same_as_without)):
             drop = fn(kept)
             removed.append(kept[drop].assign(rule=rule))
             kept = kept[~drop]
@@ -205,7 +227,7 @@ def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: i
 
     # the largest TP within a node that the tuner's own rules accept (heads, query groups, FFN, vocabulary...)
     for tp in sorted(divisors(cluster.gpus_per_node), reverse=True):
-        space = SearchSpace(tp=(tp,), micro_batch=(1,), vpp=(1,), sp=(False,))
+        space = SearchSpace(tp=(tp,), micro_batch=(1,), vpp=(1,), sp=(False,), attention_backend=("auto",))
         cands = enumerate_candidates(model, gpus, global_batch, seq_len, space)
         if not cands.empty:
             break
