@@ -117,9 +117,9 @@ def _plan(row: pd.Series, relax: tuple[str, ...]) -> tuple[nemo_rows.RowSettings
         if k in relax:
             relaxed.append(f"{k}={v}")
             continue
-        if k == "overlap_grad_reduce" and k not in getattr(it, "CANDIDATE_DEFAULTS", {}):
-            continue  # passed as iteration_times' keyword
-        if k in accepted or k in ("cp", "fsdp"):  # cp and fsdp: iteration_times names its own rule
+        if v == "unknown":  # the recipe file did not say which value: nothing to time it with
+            missing.append(f"{k}={v}")
+        elif k in accepted or k in ("cp", "fsdp"):  # cp and fsdp: iteration_times names its own rule
             cand[k] = v
         else:
             missing.append(f"{k}={v}")
