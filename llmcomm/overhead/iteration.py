@@ -49,7 +49,9 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
                           reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks)
     overlap_param_gather: dp_exposed = [gradient reduction as above, without the parameter all-gather]
                           + param_gather_exposed(AG of stage 0, its forward, its DDP buckets)
-    overlap_grad_reduce:  the keyword or the column (either turns it on)
+    overlap_grad_reduce:  the keyword or the column (either turns it on); with the distributed optimizer only
+                          the reduce-scatter hides under the backward: the parameter all-gather follows the
+                          optimizer step (exposed in full unless overlap_param_gather)
     fp8:                  the linear layers' GEMMs at the FP8 peak (or the measured GEMM model's FP8 rule),
                           quantization casts as element-wise bytes (:func:`_compute`); TP/DP bytes unchanged
 
@@ -486,7 +488,8 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         for L, C, ff in ((Ld, Cd, model.ffn_hidden_size), (Lm, Cm, fe)):
             L[:, U.I["gemm"]] = C[:, U.I["gemm"]] + (L[:, U.I["gemm"]] - C[:, U.I["gemm"]]) * r
             L[:, U.I["mem"]] += f8 * 3.0 * T * (a * d + ff) / tpf / hbm
-    shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"])
+    need = gemm_model is not None or c["tp_comm_overlap"].any()  # the per-GEMM terms cost time: only when used
+    shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
         sec = {}
         for name, (m_, n_, k_, bt) in shapes.items():
@@ -500,10 +503,11 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
             Lm[:, U.I["gemm"]] = Cm[:, U.I["gemm"]] + moe
     else:
         sec = {name: 2.0 * m_ * n_ * k_ * bt / lin_peak for name, (m_, n_, k_, bt) in shapes.items()}
+    z = np.zeros(len(tp))
     if model.is_moe:
         Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP, BF16)
-    Gag = nd * (sec["qkv"] + sec["fc1"]) + nm * (sec["qkv"] + sec.get("shared_fc1", 0.0))
-    Grs = nd * (sec["proj"] + sec["fc2"]) + nm * (sec["proj"] + sec.get("shared_fc2", 0.0))
+    Gag = nd * (sec.get("qkv", z) + sec.get("fc1", z)) + nm * (sec.get("qkv", z) + sec.get("shared_fc1", 0.0))
+    Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
     E = (holds_first[:, None] * U.embedding_features(b, s, h, hbm)
          + holds_last[:, None] * U.output_features(b, s, tp, h, model.padded_vocab_size(tp), peak, hbm))
     return {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
@@ -690,6 +694,10 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     pp, v, m = st.pp, st.vpp, st.m
     n = len(pp)
     tpo = st.tp_comm_overlap if st.tp_comm_overlap is not None else np.zeros(n, bool)
+    ogr = np.asarray(overlap_grad_reduce, dtype=bool) | (st.overlap_grad_reduce if st.overlap_grad_reduce is not None
+                                                         else False)
+    opg = st.overlap_param_gather if st.overlap_param_gather is not None else np.zeros(n, bool)
+    split_ag = np.broadcast_to(ogr | opg, (n,))
     per: dict[str, dict[str, np.ndarray]] = {}
     for cls, r in st.cls.items():
         fwd, bwd, rec = class_times(r["q"], util)
@@ -702,9 +710,8 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
             tp_s = np.where(tpo, ex, r["tp"])
         q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"]}
-        opg = st.overlap_param_gather
-        if opg is not None and opg.any():
-            q["dp"] = np.where(opg, r["dp"] - r["dp_ag"], r["dp"])
+        if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
+            q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
         q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
         per[cls] = q
     first, mid, last = (per[k] for k in CLASSES)
@@ -726,18 +733,19 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"]
     dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
     dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
-    ogr = np.asarray(overlap_grad_reduce, dtype=bool)
-    if st.overlap_grad_reduce is not None:
-        ogr = ogr | st.overlap_grad_reduce
-    if ogr.any():
+    if np.any(ogr):
         dp_exposed = np.where(ogr, np.maximum(0.0, dp_exposed - pick("bwd")), dp_exposed)
-    opg = st.overlap_param_gather
-    if opg is not None and opg.any():
-        dp_exposed = dp_exposed + np.where(opg, param_gather_exposed(st.cls["first"]["dp_ag"], first["fwd"],
-                                                                     st.buckets), 0.0)
+    ag = np.zeros(n)
+    if split_ag.any():  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
+        cl = st.cls
+        ag = np.maximum(cl["first"]["dp_ag"], np.maximum(np.where(has_last, cl["last"]["dp_ag"], 0.0),
+                                                         np.where(has_mid, cl["mid"]["dp_ag"], 0.0)))
+        hidden = param_gather_exposed(cl["first"]["dp_ag"], first["fwd"], st.buckets)
+        dp_exposed = dp_exposed + np.where(split_ag, np.where(opg, hidden, ag), 0.0)
     out["dp_comm_s"] = dp_exposed
     out["dp_comm_total_s"] = np.maximum(first["dp"], np.maximum(np.where(has_last, last["dp"], 0.0),
-                                                                np.where(has_mid, mid["dp"], 0.0)))
+                                                                np.where(has_mid, mid["dp"], 0.0))) + np.where(
+        split_ag, ag, 0.0)
     out["optimizer_s"] = st.optimizer_bytes / st.hbm / util.scale
     out["comm_bus_bytes"] = m * pick("bus") + st.cls["first"]["dp_bus"]  # + stage 0's gradient reduction
     out["critical"] = np.asarray(CLASSES)[crit]
