@@ -681,6 +681,8 @@ class ParallelConfig:
     overlap_param_gather: bool = False  # --overlap-param-gather: DistOpt all-gathers hidden behind the next forward
     tp_comm_overlap: bool = False  # --tp-comm-overlap: TransformerEngine userbuffers, SP AG/RS under the GEMMs
     fp8: str | None = None  # --fp8-format: None (BF16 GEMMs), "hybrid" or "e4m3" (TransformerEngine FP8 GEMMs)
+    fp8_recipe: str = "delayed"  # --fp8-recipe (transformer_config.py:594): delayed, tensorwise, mxfp8, blockwise, custom
+    fp8_param_gather: bool = False  # --fp8-param-gather: FP8 weights, the DistOpt all-gather moves them in FP8
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):

@@ -161,3 +161,31 @@ def test_measured_gemms_on_h100_and_never_above_the_ceiling():
     layers = m.num_layers // 4
     # the forward of a middle stage is at least its linear GEMMs at the measured ceiling
     assert b.forward_s >= 32 * layers * lin / g.ceiling("bf16")
+
+
+def test_fp8_tensorwise_adds_the_amax_pass_and_unfused_norm_casts():
+    par = ParallelConfig(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, attention_backend="flash", fp8="hybrid")
+    mem_only = Utilization(coef=(0.0, 1.0, 0.0, 0.0, 0.0))
+    c = dataclasses.replace(cluster(1e12, 2e12), hbm_bandwidth=1e9)
+    delayed = iteration_time(MODEL, par, c, StubBandwidth(), mem_only)
+    cs = iteration_time(MODEL, dataclasses.replace(par, fp8_recipe="tensorwise"), c, StubBandwidth(), mem_only)
+    T, h, f, ad = 32, 64, 256, 64
+    assert cs.forward_s - delayed.forward_s == pytest.approx(4 * (2 * T * (ad + f) + 2 * 5 * T * h) / 1e9,
+                                                             rel=1e-12)
+    with pytest.raises(ConfigError, match="fp8_recipe='mxfp8'"):
+        iteration_time(MODEL, dataclasses.replace(par, fp8_recipe="mxfp8"), c, StubBandwidth(), mem_only)
+    with pytest.raises(ConfigError, match="fp8_recipe="):
+        ParallelConfig(fp8_recipe="e8m0")
+
+
+def test_fp8_param_gather_moves_one_byte_per_parameter():
+    c = cluster(1e6, 2e6)
+    f8 = dataclasses.replace(DO, fp8="hybrid")
+    off = iteration_time(MODEL, f8, c, StubBandwidth(), GEMM_ONLY)
+    on = iteration_time(MODEL, dataclasses.replace(f8, fp8_param_gather=True), c, StubBandwidth(), GEMM_ONLY)
+    one = np.ones(1, np.int64)
+    dense, expert, _ = step.stage_parameters(MODEL, one, one, one, one, 4 * one, 0 * one, one > 0, one > 0)
+    # the all-gather (exposed after the optimizer step) carries 1 byte per parameter instead of bf16's 2
+    assert off.dp_comm_s - on.dp_comm_s == pytest.approx(int(dense[0] + expert[0]) * 1e-9, rel=1e-9)
+    with pytest.raises(ConfigError, match="fp8_param_gather needs"):
+        iteration_time(MODEL, dataclasses.replace(DO, fp8_param_gather=True), c, StubBandwidth(), GEMM_ONLY)

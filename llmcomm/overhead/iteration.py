@@ -161,6 +161,8 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["recompute"] = t.recompute_code
     c["fused_attention"] = t.fused_attention
     c["fp8"] = np.not_equal(t.fp8, None).astype(bool)
+    c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
+    c["fp8_param_gather"] = np.asarray(t.fp8_param_gather, dtype=bool)
     c["tp_comm_overlap"] = np.asarray(t.tp_comm_overlap, dtype=bool)
     c["overlap_param_gather"] = np.asarray(t.overlap_param_gather, dtype=bool)
     c["overlap_grad_reduce"] = np.asarray(t.overlap_grad_reduce, dtype=bool)
@@ -223,6 +225,9 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     n = len(tp)
     sp, full = c["sp"], c["recompute"] == 2
     act, gby, pby = c["act_dtype"], c["grad_reduce_dtype"], c["param_dtype"]
+    # fp8_param_gather: the DistOpt all-gathers FP8 weights, 1 byte each (biases and norms, a small share, are
+    # counted at 1 byte too); the predictor does not carry this option yet (its bytes are param_dtype's)
+    pby = np.where(c["fp8_param_gather"], 1, pby) if "fp8_param_gather" in c else pby
     T = c["micro_batch"] * c["seq_len"]
     A = T * h * act
     one = np.ones(n, np.int64)
@@ -450,8 +455,11 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     measured model); the attention core (``fp8_dot_product_attention`` off, Megatron's default), the router and
     the output layer (Megatron's ``output_layer`` is ``tensor_parallel.ColumnParallelLinear``, gpt_model.py, not a TE module)
     stay BF16. Casts are element-wise bytes at HBM bandwidth: the inputs of ``proj`` and ``fc2`` are quantized
-    (read 2 + write 1 bytes per element: ``3·T·(a·d + f)/tp``); ``qkv``/``fc1`` inputs come out of
-    TE's fused LayerNorm already in FP8 (``LayerNormLinear``), weights are cast once per iteration and cached
+    (read 2 + write 1 bytes per element: ``3·T·(a·d + f)/tp``); with ``fp8_recipe='delayed'`` the
+    ``qkv``/``fc1`` inputs come out of TE's fused LayerNorm already in FP8 (``LayerNormLinear``, the scale is
+    last step's); with ``'tensorwise'`` (current scaling: the scale is this tensor's amax) each cast first reads
+    its tensor for the amax (``+2·T·(a·d + f)/tp``) and the two LayerNorm outputs are quantized apart
+    (``+2·5·T·h/w``, ``w = tp`` with SP else 1); weights are cast once per iteration and cached
     across micro-batches (``is_first_microbatch``), not counted; the backward's grad-output casts follow the
     ``backward = 2·forward`` rule of :func:`class_times`. The amax-history reduction (delayed scaling: one
     small all-reduce per step) is not counted.
@@ -488,6 +496,9 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         for L, C, ff in ((Ld, Cd, model.ffn_hidden_size), (Lm, Cm, fe)):
             L[:, U.I["gemm"]] = C[:, U.I["gemm"]] + (L[:, U.I["gemm"]] - C[:, U.I["gemm"]]) * r
             L[:, U.I["mem"]] += f8 * 3.0 * T * (a * d + ff) / tpf / hbm
+            # tensorwise (current scaling): an amax pass (read 2 bytes) before every cast, and the LayerNorm
+            # output of qkv/fc1 quantized apart from the norm (amax + cast, 2 + 3 bytes, full width without SP)
+            L[:, U.I["mem"]] += c["fp8_tensorwise"] * (2.0 * T * (a * d + ff) / tpf + 2 * 5.0 * T * h / fw) / hbm
     need = gemm_model is not None or c["tp_comm_overlap"].any()  # the per-GEMM terms cost time: only when used
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
