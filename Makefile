@@ -37,6 +37,9 @@ figures-quick: $(BASE)
 	$(VENV)/bin/llmcomm reproduce --profile quick
 
 test: $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || [ -n "$$LLMCOMM_CHROMIUM" ] || echo "note: no Chromium here, so \
+	the explorer's browser tests skip; to run them: apt-get install -y chromium (or LLMCOMM_CHROMIUM=/path), \
+	then $(PY) -m pytest -m slow tests/test_explore_browser.py"
 	$(VENV)/bin/ruff check llmcomm tests benchmarks notebooks
 	$(PY) -m pytest -q --durations=15
 

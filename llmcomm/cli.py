@@ -28,7 +28,8 @@ from .cli_options import add_quiet as add_quiet  # re-exported: subcommands used
 from .errors import LLMCommError, UsageError
 
 SUBCOMMAND_MODULES = ("llmcomm.predict.cli", "llmcomm.overhead.cli", "llmcomm.collect.cli", "llmcomm.ingest.cli",
-                      "llmcomm.compare.cli", "llmcomm.tune.cli", "llmcomm.network.cli")
+                      "llmcomm.compare.cli", "llmcomm.tune.cli", "llmcomm.network.cli",
+                      "llmcomm.explore.cli")
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 _RST = re.compile(r":[a-z]+:`~?([^`]+)`|``([^`]+)``|`([^`]+)`")

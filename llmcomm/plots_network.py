@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 
-from .plots import axes_or_new, binary_bytes
+from .plots import axes_or_new, byte_ticks
 
 
 def reach_bars(data: pd.DataFrame, *, x: str = "parallelism", y: str = "share", hue: str = "reach",
@@ -104,6 +104,6 @@ def tier_bytes_bars(data: pd.DataFrame, *, x: str = "tier", y: str = "bytes", hu
     ax.bar(np.arange(len(data)), data[y].to_numpy(), color="C0", width=0.6)
     ax.set_xticks(np.arange(len(data)), data[x].astype(str), rotation=15, ha="right")
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(binary_bytes)
+    ax.yaxis.set_major_formatter(byte_ticks)
     ax.set(ylabel="bytes per iteration (all links of the tier)", xlabel="", title=title or "")
     return ax

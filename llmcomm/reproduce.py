@@ -16,7 +16,6 @@ Inside a notebook, :class:`Outputs` is the one way to write a figure or a checke
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -33,6 +32,7 @@ import yaml
 from .atomic import write_bytes
 from .errors import ConfigError, LLMCommError
 from .paths import PROJECT_ROOT
+from .stable_bytes import figure_bytes, json_bytes, jsonable
 
 ROOT = PROJECT_ROOT
 NOTEBOOKS = ROOT / "notebooks"
@@ -56,20 +56,6 @@ def data_file(relative: str | os.PathLike[str]) -> Path:
 
 class NotebookFailed(LLMCommError, RuntimeError):
     """A notebook raised; the message names the notebook and the failing cell's error."""
-
-
-def _jsonable(v: Any) -> Any:
-    import numpy as np
-
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, np.generic):
-        return v.item()
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    return v
 
 
 @dataclass
@@ -100,33 +86,30 @@ class Outputs:
             print(text)
 
     def figure(self, fig: Any, name: str, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
-        """Save a matplotlib Figure (or an object with ``.figure``) as PNG and PDF, atomically.
-
-        PDFs carry no creation date, and PNGs no software tag, so unchanged figures are byte-identical."""
-        import io
-
+        """Save a matplotlib Figure (or an object with ``.figure``) as PNG and PDF, atomically, with
+        :func:`llmcomm.stable_bytes.figure_bytes` (no dates or version tags, PDF coordinates to 0.001 pt), so an
+        unchanged figure is byte-identical on any machine."""
         fig = getattr(fig, "figure", fig)
         paths = []
         for fmt in formats:
-            buf = io.BytesIO()
-            meta = {"CreationDate": None} if fmt == "pdf" else {"Software": None}
-            fig.savefig(buf, format=fmt, metadata=meta)
+            data = figure_bytes(fig, fmt)
             p = self.figure_dir / f"{name}.{fmt}"
-            if not p.exists() or p.read_bytes() != buf.getvalue():
-                write_bytes(p, buf.getvalue())
+            if not p.exists() or p.read_bytes() != data:
+                write_bytes(p, data)
             paths.append(p)
         self.figures.append(name)
         return paths
 
     def value(self, name: str, value: Any) -> Any:
-        """Record a number that the notebook reports (not a pass/fail check)."""
-        self.values[name] = _jsonable(value)
+        """Record a number that the notebook reports (not a pass/fail check); floats are written with
+        :func:`llmcomm.stable_bytes.rounded`'s six significant digits."""
+        self.values[name] = jsonable(value)
         return value
 
     def check(self, name: str, condition: bool, value: Any = None, expect: str = "") -> None:
         """Record a numeric check and fail the notebook if it does not hold."""
         ok = bool(condition)
-        self.checks[name] = {"passed": ok, "value": _jsonable(value), "expect": expect}
+        self.checks[name] = {"passed": ok, "value": jsonable(value), "expect": expect}
         if not ok:
             raise AssertionError(f"check {name!r} failed: value={value!r} expected {expect}")
 
@@ -134,7 +117,7 @@ class Outputs:
         p = Path(self.out_dir) / "results" / f"{self.notebook}.json"
         doc = {"notebook": self.notebook, "checks": self.checks, "values": self.values,
                "figures": sorted(set(self.figures))}
-        data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+        data = json_bytes(doc)
         if not p.exists() or p.read_bytes() != data:
             write_bytes(p, data)
         return p

@@ -61,8 +61,11 @@ out = Outputs("01_communication_matrix", out_dir)
 # calls' flows: `algorithm="direct"` books a collective as logical traffic between every pair of its group
 # (an all-reduce of `S` bytes sends `2S/n` to each peer), `algorithm="ring"` as what an NCCL ring puts on the
 # wire (each rank to its successor only). Node boundaries (8 GPUs per node) are dashed grey lines; all panels
-# share one colour scale. First, each configuration is checked against the model (heads, layers, experts
-# divisible by the group sizes); one that does not fit is skipped here, visibly.
+# share one colour scale. Cells under 10⁻⁶ of the largest cell are left white, and the colour bar says so
+# (`plots.MATRIX_FLOOR`): the 4-byte loss and gradient-norm all-reduces ("other") would otherwise paint every pair
+# of their group at 10⁻¹⁰ of a PP pair's bytes and hide the pattern; the checks below use every call. First,
+# each configuration is checked against the model (heads, layers, experts divisible by the group sizes); one that
+# does not fit is skipped here, visibly.
 
 # %%
 cases = {k: (model, {**v, "seq_len": seq_len}) for k, v in configs.items()}

@@ -238,7 +238,12 @@ regimes = [(f"all-reduce, {n} GPUs in one node", "all_reduce", n, n) for n in (2
 regimes += [(f"all-reduce, {n} GPUs = {n // 8} nodes x 8", "all_reduce", n, 8) for n in (16, 128)]
 regimes += [(f"all-reduce, {m} nodes x 1 GPU", "all_reduce", m, 1) for m in (8, 64)]
 eff = effective_bandwidth(bw, sizes, regimes)
-ax = plots.effective_bandwidth_lines(eff, x="bytes", y="busbw", hue="label", title=f"effective bus bandwidth, {cl.name} (shipped calibration)")
+placement = {label: "one node" if n == per_node else f"{per_node} GPU{'s' if per_node > 1 else ''} per node"
+             for label, _, n, per_node in regimes}
+ax = plots.effective_bandwidth_lines(eff.assign(placement=eff["label"].map(placement)), x="bytes", y="busbw",
+                                     hue="label", style="placement", title=f"effective bus bandwidth, {cl.name} (shipped calibration)",
+                                     note="steps: where the fit changes message-size piece (up to three per regime, fitted "
+                                          "independently,\nso neighbouring pieces need not join)")
 out.figure(ax, "effective_bandwidth_factors")
 
 m = load_model(model)

@@ -91,7 +91,7 @@ configs = {f"tuner #{i + 1}: {TR.label(r)}": to_parallel(r) for i, r in pruned.t
 configs[f"rule of thumb: {TR.label(thumb)}"] = to_parallel(thumb)
 configs[f"Megatron-LM example: {TR.label(ex)}"] = to_parallel(ex)
 bd = TR.breakdowns(spec, configs, hw)
-ax = plots.breakdown_bars(bd, title=f"{spec.name}, {gpus} GPUs ({hw.name}), batch {global_batch}: predicted "
+ax = plots.breakdown_bars(bd, x="seconds", y="config", hue="term", title=f"{spec.name}, {gpus} GPUs ({hw.name}), batch {global_batch}: predicted "
                                     "iteration time by term")
 out.figure(ax, "breakdown_vs_rule_of_thumb")
 
@@ -114,7 +114,8 @@ display(Markdown(
 # %%
 shift = TR.best_by_scale(spec, gpu_sweep, clusters, global_batch, seq_len=seq_len)
 display(shift[["cluster", "gpus", "config", "total_s", "tflops_per_gpu", "comm_overhead"]])
-ax = plots.best_config_shift(shift, title=f"{spec.name}, batch {global_batch}: the tuner's best configuration")
+ax = plots.best_config_shift(shift, x="gpus", y="tflops_per_gpu", hue="cluster", label="config",
+                             title=f"{spec.name}, batch {global_batch}: the tuner's best configuration (predicted)")
 out.figure(ax, "best_config_shift")
 out.value("configs_across_scale", int(shift["config"].nunique()))
 
@@ -152,8 +153,11 @@ if published_models is not None:
     runs = runs[runs["model"].isin(published_models)]
 pub = TM.published_table(runs)
 display(pub)
-ax = plots.published_speedups(pub, title="Megatron-LM's published configurations (SC'21): predicted speed-up "
-                                         "of the tuner's choice")
+ax = plots.published_speedups(pub, x="model", y=["predicted_speedup_2021", "predicted_speedup"], hue="tuner's features",
+                              labels={"predicted_speedup_2021": "2021's (no SP, no distributed optimizer)",
+                                      "predicted_speedup": "today's (SP, distributed optimizer)"},
+                              title="Megatron-LM's published configurations (SC'21): predicted speed-up "
+                                    "of the tuner's choice")
 out.figure(ax, "published_speedup")
 out.value("published_time_error", dict(zip(pub["model"], pub["published_error"], strict=True)))
 out.value("published_speedup", dict(zip(pub["model"], pub["predicted_speedup"], strict=True)))

@@ -96,9 +96,18 @@ moe_var
 # %%
 long = side.drop(columns="iterations compared").reset_index().melt(id_vars="trace", var_name="metric",
                                                                     value_name="value")
-ax = plots_moe.metric_bars(long, x="metric", y="value", hue="trace",
-                           title="recorded iterations against the reference iteration")
-out.figure(ax.figure, "dense_vs_moe")
+change = long["metric"] == "matrix change per iteration (rel. L1)"
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 1.3]})
+plots_moe.metric_bars(long[~change], x="metric", y="value", hue="trace", ax=axes[0], fmt="{:.0%}",
+                      ylabel="share identical to the reference\n(1 = repeats exactly)",
+                      title="recorded iterations against the reference iteration")
+plots_moe.metric_bars(long[change], x="metric", y="value", hue="trace", ax=axes[1], fmt="{:.2f}",
+                      ylabel="‖M_t − M_t−1‖₁ / ‖M_t−1‖₁\n(0 = repeats exactly)", title="matrix change")
+axes[0].set_ylim(0, 1.3)
+axes[1].get_legend().remove()
+axes[1].set_xticks([0], ["per iteration (rel. L1)"], rotation=0, ha="center")
+fig.tight_layout()
+out.figure(fig, "dense_vs_moe")
 vary = moe_var[moe_var["identical"] < 1]
 print(f"Dense: {side.loc['dense', 'identical call sequences']:.0%} of iterations repeat the reference call "
       f"sequence and the matrix changes by {side.loc['dense', 'matrix change per iteration (rel. L1)']:.3f}. "
@@ -133,7 +142,9 @@ id_table
 
 # %%
 panels = A.identity_panel_cells(A.a2a_cells(ev_m), iteration=1, microbatch=0, layer=layer)
-fig = plots_moe.identity_panels(panels)
+fig = plots_moe.identity_panels(panels, x="dst", y="src", hue="value", col="panel",
+                                title=f"{moe_trace}: the four all-to-alls of MoE layer {layer}, iteration 1, "
+                                      "micro-batch 0 (KiB from sender to receiver)")
 out.figure(fig, "four_all_to_alls")
 print(f"{int(ids['compared'].sum() / 6)} layer-micro-batches in {len(identity_traces)} recorded traces; "
       f"routing counts reproduce every recorded dispatch to "
@@ -157,12 +168,13 @@ per_layer  # expert-load CV per layer
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
-plots_moe.over_training(load_u[load_u["layer"] == layer], y="cv", hue="run", window=smooth_window, ax=axes[0],
-                        ylabel="CV of expert load", title=f"layer {layer}: expert load")
-plots_moe.over_training(uni[uni["layer"] == layer], y="norm_entropy", hue="run", window=smooth_window, ax=axes[1],
-                        ylabel="normalized entropy", title=f"layer {layer}: all-to-all matrix (off-diagonal)")
-plots_moe.over_training(dist[dist["layer"] == layer], y="rel_l1", hue="run", window=smooth_window, ax=axes[2],
-                        ylabel="‖M_t − M_t−1‖₁ / ‖M_t−1‖₁", title=f"layer {layer}: change per iteration")
+layers = f"mean of the {load_u['layer'].nunique()} MoE layers"  # what the tables and the README quote
+plots_moe.over_training(load_u, x="iteration", y="cv", hue="run", window=smooth_window, ax=axes[0],
+                        ylabel="CV of expert load", title=f"expert load ({layers})")
+plots_moe.over_training(uni, x="iteration", y="norm_entropy", hue="run", window=smooth_window, ax=axes[1],
+                        ylabel="normalized entropy", title=f"all-to-all matrix, off-diagonal ({layers})")
+plots_moe.over_training(dist, x="iteration", y="rel_l1", hue="run", window=smooth_window, ax=axes[2],
+                        ylabel="‖M_t − M_t−1‖₁ / ‖M_t−1‖₁", title=f"change per iteration ({layers})")
 fig.tight_layout()
 out.figure(fig, "uniformity_over_training")
 cv = table_c.loc["expert-load CV"]
@@ -171,6 +183,9 @@ print(f"Mean over layers, with balancing the expert-load CV falls from {cv[('bal
       f"without it, from {cv[('balancing off', 'early')]:.2f} to {cv[('balancing off', 'late')]:.2f}. Per layer, "
       "late: " + "; ".join(f"{run} layer {la}: {per_layer.loc[run, ('late', la)]:.2f}"
                           for run in runs for la in per_layer["late"].columns) + ".")
+out.value("expert_load_cv_per_layer", {f"{run} {phase} layer {la}": per_layer.loc[run, (phase, la)]
+                                       for run in runs for phase in ("early", "late")
+                                       for la in per_layer[phase].columns})
 
 # %%
 acf = pd.concat([A.load_autocorrelation(t.routing, layer, acf_lags,
@@ -204,9 +219,10 @@ err_tab
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(13, 3.6), sharey=True)
 for ax, (name, _) in zip(axes, runs.items(), strict=True):
-    e = errs[(errs["run"] == name) & (errs["layer"] == layer)]
-    plots_moe.over_training(e, y="rel_l1", hue="predictor", window=smooth_window, ax=ax,
-                            ylabel="relative L1 error", title=f"{name}, layer {layer}")
+    e = errs[errs["run"] == name]
+    plots_moe.over_training(e, x="iteration", y="rel_l1", hue="predictor", window=smooth_window, ax=ax,
+                            ylabel="relative L1 error of the predicted matrix",
+                            title=f"{name} (mean of the {e['layer'].nunique()} MoE layers)")
 fig.tight_layout()
 out.figure(fig, "predictor_error")
 best_late = err_tab["late"].idxmin(axis=1)
@@ -223,8 +239,9 @@ split_ev = A.exact_bounded_split(A.a2a_cells(ev_m, payload_only=False), ck).assi
     scope=f"recorded events, {ev_m['iteration'].nunique()} iterations")
 splits = pd.concat([split_ev, A.dispatch_exact_bounded(runs, phases=("all", "late"), **training)],
                    ignore_index=True)
-ax = plots_moe.exact_bounded_bars(splits, x="scope", title="all-to-all bytes: exact or bounded")
-out.figure(ax.figure, "exact_vs_bounded")
+fig = plots_moe.exact_bounded_bars(splits, x="share", y="scope", hue="quantity",
+                                   title="all-to-all bytes: exact before the run, or only bounded")
+out.figure(fig, "exact_vs_bounded")
 split_tab = splits.pivot_table(index="scope", columns="quantity", values="share", sort=False)
 split_tab
 

@@ -93,7 +93,7 @@ def test_launch_floor_and_memory_terms_by_hand():
 
 
 def test_utilization_curves_saturate_below_the_limit():
-    from llmcomm.overhead.figures import saturates_below
+    from llmcomm.overhead.extrapolate import saturates_below
 
     curves = pd.DataFrame({"tp": [1, 1, 1, 8, 8], "hidden": [2048, 1024, 4096, 1024, 2048],
                            "utilization": [0.5, 0.2, 0.6, 0.1, 0.1]})

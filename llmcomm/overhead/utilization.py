@@ -210,12 +210,19 @@ class Utilization:
         return (self.coef[I["launch_gemm"]] + self.coef[I["launch_mem"]]) / self.scale
 
     def table(self) -> Any:
-        """Coefficients with standard errors and 95% confidence intervals as a DataFrame."""
+        """Coefficients with standard errors and 95% confidence intervals as a DataFrame, and each one's
+        ``status``: ``fitted``, or ``at bound`` for a coefficient the fit fixed at its physical bound
+        (:mod:`llmcomm.overhead.calibrate`: ``θ_gemm ≥ 1``, fixed costs ``≥ 0``; stored with standard error 0).
+        A bound is not an estimate: its standard error and interval are NaN here, not 0."""
         import pandas as pd
 
-        return pd.DataFrame({"feature": FEATURES, "coef": self.coef,
-                             "stderr": self.stderr or [np.nan] * K,
-                             "ci_low": self.ci_low or [np.nan] * K, "ci_high": self.ci_high or [np.nan] * K})
+        t = pd.DataFrame({"feature": FEATURES, "coef": self.coef,
+                          "stderr": self.stderr or [np.nan] * K,
+                          "ci_low": self.ci_low or [np.nan] * K, "ci_high": self.ci_high or [np.nan] * K})
+        at_bound = t["stderr"].eq(0.0)
+        t.loc[at_bound, ["stderr", "ci_low", "ci_high"]] = np.nan
+        t["status"] = np.where(at_bound, "at bound", np.where(t["stderr"].isna() & ~at_bound, "", "fitted"))
+        return t
 
     # -- storage -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,272 @@
+"""What the explorer shows for one choice of model, cluster and parallel configuration, computed only by the
+package's public functions (this module adds no formula of its own):
+
+==================== ===============================================================================
+panel                computed by
+==================== ===============================================================================
+rank layout          :meth:`llmcomm.layout.Layout.group_table` (Megatron's rank order), nodes of the cluster
+matrices             :func:`llmcomm.predict.predict_traffic` → :meth:`llmcomm.Trace.matrix` per parallelism,
+                     ``algorithm="direct"`` (logical: who talks to whom) and ``"ring"`` (what NCCL's ring
+                     puts on the wire), summed into blocks by :func:`llmcomm.matrix.binned_flows`
+bytes                :meth:`llmcomm.Trace.volumes` by parallelism (nccl-tests sizes, each send counted once)
+call sequence        :func:`llmcomm.predict.program.stage_program` of the chosen rank's stage, one micro-batch;
+                     its groups resolved by :meth:`llmcomm.layout.Layout.group_rows`
+iteration time       :func:`llmcomm.overhead.iteration.iteration_time` → :class:`Breakdown` (no interval: the
+                     cost model gives a point estimate)
+==================== ===============================================================================
+
+A choice that breaks a rule raises the :class:`~llmcomm.errors.ConfigError` the package raises (the CLI's
+message); the iteration time alone may be unavailable for a valid traffic configuration (context parallelism
+is not in the formulation, or the model state does not fit the GPU), and :attr:`View.time_error` says why.
+
+Size: up to :data:`GPU_LEVEL_MAX` GPUs the matrices are drawn per GPU (in blocks of at most
+:data:`MATRIX_CELLS` ranks per side); larger jobs are drawn per node (``level="node"`` of
+:meth:`llmcomm.Trace.matrix`, in blocks of whole nodes), and the layout panel draws only the first
+:data:`LAYOUT_NODES` nodes' GPUs with the per-parallelism summary of the whole job beside it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError, LLMCommError
+from ..layout import Layout
+from ..matrix import binned_flows
+from ..overhead.iteration import Breakdown, iteration_time
+from ..predict import predict_traffic
+from ..predict.calls import Context
+from ..predict.program import stage_program
+from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
+from ..trace import Trace
+from ..vocab import GROUP_PARALLELISMS
+
+GPU_LEVEL_MAX = 4096  # above this many GPUs the matrices are drawn per node
+MATRIX_CELLS = 256  # at most this many cells per side of a drawn matrix (ranks, or nodes, summed into blocks)
+LAYOUT_NODES = 4  # the layout panel draws the GPUs of at most this many nodes
+MAX_WORLD = 131_072  # the largest job the explorer computes (the predictor's tested scale)
+JOB_CACHE = 8  # jobs whose prediction, matrices and time are kept (going back to one is free)
+ALGORITHMS = ("direct", "ring")
+ALGORITHM_LABEL = {"direct": "logical", "ring": "ring"}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One set of the explorer's controls. ``model``: a catalogue name or a YAML path; ``cluster``: a catalogue
+    name or a YAML path (sized to the job); ``rank`` and ``microbatch`` pick the call sequence shown."""
+
+    model: str = "gpt3-6.7b"
+    cluster: str = "a100-80g-hdr200"
+    tp: int = 4
+    pp: int = 2
+    dp: int = 4
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    sp: bool = False
+    micro_batch: int = 1
+    global_batch: int = 32
+    rank: int = 0
+    microbatch: int = 0
+
+    def parallel(self) -> ParallelConfig:
+        """The :class:`ParallelConfig` of this choice (raises its :class:`ConfigError`)."""
+        return ParallelConfig(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, vpp=self.vpp,
+                              sp=self.sp, micro_batch=self.micro_batch, global_batch=self.global_batch)
+
+    def label(self) -> str:
+        dims = " ".join(f"{d}{getattr(self, d)}" for d in ("tp", "pp", "dp", "cp", "ep", "vpp")
+                        if getattr(self, d) > 1 or d in ("tp", "pp", "dp"))
+        name = Path(self.model).stem if self.model.endswith((".yaml", ".yml")) else self.model
+        return f"{name} {dims}{' sp' if self.sp else ''}"
+
+    def replace(self, **kw: Any) -> Choice:
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class View:
+    """Everything the panels draw for one :class:`Choice` (tidy tables; see the module docstring)."""
+
+    choice: Choice
+    model: ModelSpec
+    parallel: ParallelConfig
+    cluster: Cluster
+    layout: Layout
+    trace: Trace
+    level: str  # "gpu" or "node": the unit of the matrices' axes
+    unit: int  # ranks per matrix cell
+    cells: int  # matrix cells per side
+    group_table: pd.DataFrame  # the layout panel's ranks (the first LAYOUT_NODES nodes)
+    group_summary: pd.DataFrame  # per parallelism: groups, size, nodes one group spans
+    matrices: pd.DataFrame  # panel ("tp logical"...), parallelism, algorithm, src, dst, bytes (cells)
+    volumes: pd.DataFrame  # parallelism, bytes, calls, share
+    calls: pd.DataFrame  # the chosen rank's calls of one micro-batch, in issue order
+    breakdown: Breakdown | None
+    time_error: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @property
+    def num_nodes(self) -> int:
+        return math.ceil(self.world_size / self.cluster.gpus_per_node)
+
+
+def resolve_model(name_or_path: str) -> ModelSpec:
+    return load_model(name_or_path.strip())
+
+
+def _group_summary(lay: Layout) -> pd.DataFrame:
+    """Per parallelism with size > 1: number of groups, ranks per group, nodes one group spans (most over
+    its groups) and the rank stride inside a group."""
+    rows = []
+    for p in GROUP_PARALLELISMS:
+        if lay.size(p) == 1:
+            continue
+        g = lay.groups(p)
+        nodes = lay.node_of(g)
+        span = int(max(len(np.unique(r)) for r in nodes[: min(len(nodes), 64)]))
+        rows.append({"parallelism": p, "groups": len(g), "size": g.shape[1], "nodes_per_group": span,
+                     "stride": int(g[0, 1] - g[0, 0]), "first_group": g[0].tolist()[:8]})
+    return pd.DataFrame(rows, columns=["parallelism", "groups", "size", "nodes_per_group", "stride",
+                                       "first_group"])
+
+
+def _matrices(trace: Trace, world: int, gpus_per_node: int) -> tuple[pd.DataFrame, str, int, int]:
+    """Per parallelism present and per algorithm, the matrix summed into at most MATRIX_CELLS² blocks."""
+    level = "gpu" if world <= GPU_LEVEL_MAX else "node"
+    if level == "gpu":
+        cells = min(world, MATRIX_CELLS)
+    else:  # blocks of whole nodes
+        nodes = -(-world // gpus_per_node)
+        cells = -(-nodes // -(-nodes // MATRIX_CELLS))
+    unit = -(-world // cells)  # the block binned_flows and comm_matrix use for `cells`
+    present = [p for p in trace.volumes(["parallelism"])["parallelism"] if p != "other"]
+    order = [p for p in ("tp", "sp", "cp", "ep", "pp", "dp") if p in present]
+    frames = []
+    for p in order:
+        sub = trace.select(parallelism=p)
+        for alg in ALGORITHMS:
+            f = binned_flows(sub, alg, max_cells=cells)
+            frames.append(f.assign(panel=f"{p.upper()} {ALGORITHM_LABEL[alg]}", parallelism=p, algorithm=alg))
+    cols = ["panel", "parallelism", "algorithm", "src", "dst", "bytes"]
+    out = pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
+    return out, level, unit, cells
+
+
+def _volumes(trace: Trace) -> pd.DataFrame:
+    v = trace.volumes(["parallelism"], sent_only=True)
+    v = v[v["bytes"] > 0].reset_index(drop=True)
+    total = float(v["bytes"].sum())
+    return v.assign(share=v["bytes"] / total if total else 0.0)
+
+
+def _calls(model: ModelSpec, parallel: ParallelConfig, lay: Layout, rank: int, microbatch: int) -> pd.DataFrame:
+    """The calls rank ``rank`` issues for micro-batch ``microbatch``, in issue order, with their group."""
+    if not 0 <= rank < parallel.world_size:
+        raise ConfigError(f"rank={rank} is outside 0..{parallel.world_size - 1}")
+    m = parallel.num_microbatches
+    if not 0 <= microbatch < m:
+        raise ConfigError(f"microbatch={microbatch} is outside 0..{m - 1} (num_microbatches={m})")
+    stage = lay.pp_stage(rank)
+    prog = [c for c in stage_program(Context(model, parallel), stage) if c.microbatch == microbatch]
+    pp_group = lay.group_of(rank, "pp")
+    rows = []
+    for i, c in enumerate(prog):
+        if c.group in ("p2p", "cp_p2p"):
+            peers = [pp_group[(stage + c.peer) % parallel.pp]] if c.group == "p2p" else []
+            members = sorted({rank, *peers})
+        else:
+            members = lay.group_rows(c.group, np.array([rank]))[0].tolist()
+        shown = ", ".join(map(str, members[:8])) + (f", … ({len(members)})" if len(members) > 8 else "")
+        rows.append({"step": i, "phase": c.phase, "layer": c.layer, "parallelism": c.parallelism, "op": c.op,
+                     "group": c.group, "ranks": shown, "bytes": c.bytes, "dtype": c.dtype})
+    return pd.DataFrame(rows, columns=["step", "phase", "layer", "parallelism", "op", "group", "ranks", "bytes",
+                                       "dtype"])
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What depends on the job alone, not on the rank and micro-batch shown (cached by :func:`_job`)."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    cluster: Cluster
+    layout: Layout
+    trace: Trace
+    group_table: pd.DataFrame
+    group_summary: pd.DataFrame
+    matrices: pd.DataFrame
+    level: str
+    unit: int
+    cells: int
+    volumes: pd.DataFrame
+    breakdown: Breakdown | None
+    time_error: str
+    timings: dict[str, float]
+
+
+def _stamp(name_or_path: str) -> float:
+    """A file's modification time (so an edited YAML is read again), 0 for a catalogue name."""
+    p = Path(name_or_path.strip())
+    return p.stat().st_mtime if p.is_file() else 0.0
+
+
+@lru_cache(maxsize=JOB_CACHE)
+def _job(key: Choice, _model_stamp: float, _cluster_stamp: float) -> _Job:
+    t0 = time.perf_counter()
+    model = resolve_model(key.model)
+    parallel = key.parallel()
+    if parallel.world_size > MAX_WORLD:
+        raise ConfigError(f"tp*cp*dp*pp={parallel.world_size} GPUs: the explorer computes jobs of at most "
+                          f"{MAX_WORLD:,} GPUs")
+    cluster = load_cluster(key.cluster.strip())
+    sized = cluster.for_world(parallel.world_size) if cluster.num_nodes is None else cluster
+    trace = predict_traffic(model, parallel, sized)  # validates model × parallel × cluster (the CLI's rules)
+    lay = Layout(parallel, sized.gpus_per_node)
+    t1 = time.perf_counter()
+    table = lay.group_table()
+    table = table[table["node"] < LAYOUT_NODES].reset_index(drop=True)
+    summary = _group_summary(lay)
+    t2 = time.perf_counter()
+    matrices, level, unit, cells = _matrices(trace, parallel.world_size, sized.gpus_per_node)
+    volumes = _volumes(trace)
+    t3 = time.perf_counter()
+    breakdown, why = None, ""
+    try:
+        breakdown = iteration_time(model, parallel, sized)
+    except LLMCommError as e:
+        why = str(e)
+    t4 = time.perf_counter()
+    return _Job(model, parallel, sized, lay, trace, table, summary, matrices, level, unit, cells, volumes,
+                breakdown, why, {"predict_s": t1 - t0, "layout_s": t2 - t1, "matrices_s": t3 - t2,
+                                 "time_s": t4 - t3})
+
+
+def compute(choice: Choice) -> View:
+    """The :class:`View` of ``choice``; raises the package's :class:`ConfigError` when a rule is broken.
+
+    The job's part (everything but the call sequence) is cached for the last :data:`JOB_CACHE` jobs, so
+    changing the rank or micro-batch shown, or going back to a configuration just seen, costs no prediction;
+    an edited model or cluster YAML is read again. Work is bounded: a job of more than :data:`MAX_WORLD` GPUs
+    is refused before anything is built."""
+    key = choice.replace(rank=0, microbatch=0)
+    j = _job(key, _stamp(choice.model), _stamp(choice.cluster))
+    t0 = time.perf_counter()
+    calls = _calls(j.model, j.parallel, j.layout, choice.rank, choice.microbatch)
+    timings = {**j.timings, "calls_s": time.perf_counter() - t0}
+    return View(choice, j.model, j.parallel, j.cluster, j.layout, j.trace, j.level, j.unit, j.cells, j.group_table,
+                j.group_summary, j.matrices, j.volumes, calls, j.breakdown, j.time_error, timings)

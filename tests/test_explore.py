@@ -1,0 +1,159 @@
+"""The teaching explorer without a browser: its views equal the package's own results, a broken rule shows the
+package's message and keeps the last view, large jobs switch to node-level matrices, and the page notebook and
+the ``llmcomm explore`` command exist. The browser tests are in ``test_explore_browser.py``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import llmcomm as lc
+from llmcomm.cli import build_parser
+from llmcomm.errors import ConfigError
+from llmcomm.explore import GPU_LEVEL_MAX, Choice, compute, explore
+from llmcomm.explore.panels import FIGURES, PANELS, render, summary_html
+from llmcomm.explore.serve import descendants, free_port, page_notebook
+from llmcomm.overhead.iteration import iteration_time
+from llmcomm.predict import predict_traffic
+
+START = Choice(model="gpt3-6.7b", cluster="a100-80g-hdr200", tp=8, pp=4, dp=1, global_batch=32)
+
+
+@pytest.fixture(scope="module")
+def view():
+    return compute(START)
+
+
+def test_view_is_the_packages_own_results(view) -> None:
+    model, parallel = lc.load_model("gpt3-6.7b"), START.parallel()
+    cluster = lc.load_cluster("a100-80g-hdr200").for_world(32)
+    trace = predict_traffic(model, parallel, cluster)
+    for p in ("tp", "pp"):
+        for alg, label in (("direct", "logical"), ("ring", "ring")):
+            cells = view.matrices[view.matrices.panel == f"{p.upper()} {label}"]
+            m = trace.matrix(alg, parallelism=p).tocoo()
+            assert cells["bytes"].sum() == pytest.approx(float(m.sum()), rel=1e-12)
+            assert set(zip(cells.src, cells.dst, strict=True)) == set(zip(m.row, m.col, strict=True))
+    vol = trace.volumes(["parallelism"], sent_only=True).set_index("parallelism")["bytes"]
+    assert view.volumes.set_index("parallelism")["bytes"].to_dict() == vol[vol > 0].to_dict()
+    assert view.volumes["share"].sum() == pytest.approx(1.0)
+    assert view.breakdown == iteration_time(model, parallel, cluster)
+
+
+def test_layout_panel_says_which_groups_cross_a_node(view) -> None:
+    span = view.group_summary.set_index("parallelism")["nodes_per_group"]
+    assert span["tp"] == 1 and span["pp"] == 4
+    crossed = compute(START.replace(tp=16, pp=2)).group_summary.set_index("parallelism")["nodes_per_group"]
+    assert crossed["tp"] == 2
+    assert set(view.group_table["node"]) == {0, 1, 2, 3}
+
+
+def test_call_sequence_is_one_micro_batch_of_one_rank_in_issue_order(view) -> None:
+    c = view.calls
+    assert len(c) > 0 and list(c["step"]) == list(range(len(c)))
+    assert set(c["parallelism"]) >= {"tp", "pp"}
+    # forward first: Megatron's 1F1B runs a micro-batch's forward before its backward
+    phases = list(c["phase"])
+    assert phases.index("backward") > max(i for i, p in enumerate(phases) if p == "forward") - 1
+    assert (c["bytes"] > 0).all()
+    last = compute(START.replace(rank=31, microbatch=5))  # last stage: receives activations, sends gradients
+    pp = last.calls[last.calls.parallelism == "pp"]
+    assert set(pp["op"]) == {"recv", "send"} and all("23" in r for r in pp["ranks"])
+
+
+def test_broken_rule_is_the_packages_message() -> None:
+    with pytest.raises(ConfigError, match="tp=3 does not divide num_attention_heads=32"):
+        compute(START.replace(tp=3))
+    with pytest.raises(ConfigError, match="does not divide global_batch"):
+        compute(START.replace(micro_batch=2, global_batch=33))
+    with pytest.raises(ConfigError, match="rank=32 is outside"):
+        compute(START.replace(rank=32))
+    with pytest.raises(ConfigError, match="neither a file nor in the catalogue"):
+        compute(START.replace(model="no/such/model.yaml"))
+
+
+def test_time_panel_says_why_when_the_formulation_does_not_apply() -> None:
+    v = compute(START.replace(cp=2, pp=2, tp=8, global_batch=8))
+    assert v.breakdown is None and "is not modelled by the iteration-time formulation" in v.time_error
+    assert "not modelled" in summary_html(v, "time") and "CP logical" in set(v.matrices.panel)
+    assert render(v, "time")[:4] == b"\x89PNG"
+
+
+def test_large_jobs_use_node_level_matrices() -> None:
+    big = compute(Choice(model="gpt3-175b", tp=8, pp=16, dp=64, global_batch=1024))  # 8,192 GPUs
+    assert big.world_size > GPU_LEVEL_MAX and big.level == "node"
+    assert big.unit % big.cluster.gpus_per_node == 0 and big.cells <= 256
+    assert big.matrices["src"].max() < big.world_size and (big.matrices["src"] % big.unit == 0).all()
+    small = compute(Choice(model="gpt3-175b", tp=8, pp=16, dp=32, global_batch=1024))
+    assert small.level == "gpu" and small.cells == 256 and small.unit == 16
+
+
+def test_explorer_keeps_the_last_view_on_a_broken_rule() -> None:
+    e = explore(START)
+    assert e.error == "" and e.renders == 1 and e.view.choice.tp == 8
+    before = {p: e.images[p].value for p in PANELS}
+    e.choose(tp=3)
+    assert e.error == "llmcomm explore: error: tp=3 does not divide num_attention_heads=32"
+    assert "tp=3 does not divide" in e.status.value and "last valid configuration" in e.status.value
+    assert e.renders == 1 and e.view.choice.tp == 8
+    assert all(e.images[p].value == before[p] for p in PANELS)
+    e.choose(tp=16, pp=2)
+    assert e.error == "" and e.renders == 2 and e.view.parallel.tp == 16
+    changed = [p for p in PANELS if e.images[p].value != before[p]]
+    assert changed == list(PANELS)
+    e.choose(model_path="")  # the YAML box empty: the catalogue entry is the model
+    assert e.choice().model == "gpt3-6.7b"
+    with pytest.raises(lc.LLMCommError, match="no control 'nope'"):
+        e.choose(nope=1)
+
+
+def test_every_panel_draws(view) -> None:
+    assert set(FIGURES) == set(PANELS)
+    for p in PANELS:
+        assert render(view, p)[:4] == b"\x89PNG"
+        summary_html(view, p)
+
+
+def test_page_notebook_and_command(tmp_path) -> None:
+    nb = json.loads(page_notebook(tmp_path / "p.ipynb", START.replace(tp=16)).read_text())
+    src = "".join(nb["cells"][0]["source"])
+    assert "explore(" in src and "tp=16" in src and len(nb["cells"]) == 1
+    args = build_parser().parse_args(["explore", "--port", "0"])
+    assert args.func.__module__ == "llmcomm.explore.cli"
+    port = free_port()
+    assert 0 < port < 65536
+    assert descendants(2**22 + 12345) == []
+
+
+def test_explore_command_rejects_a_bad_start(capsys) -> None:
+    from llmcomm.cli import main
+
+    assert main(["explore", "--model", "no-such-model"]) == 1
+    assert "llmcomm explore: error: model 'no-such-model'" in capsys.readouterr().err
+
+
+def test_matrix_cells_follow_comm_matrix_binning(view) -> None:
+    assert view.unit == 1 and view.cells == 32
+    assert np.isin(view.matrices["parallelism"].unique(), ["tp", "pp", "dp", "ep", "cp", "sp"]).all()
+
+
+def test_job_is_cached_but_an_edited_yaml_is_read_again(tmp_path) -> None:
+    import os
+
+    import yaml
+
+    from llmcomm.paths import data_dir
+
+    a, b = compute(START), compute(START.replace(rank=3))
+    assert a.trace is b.trace and list(b.calls["ranks"])[0] != ""  # same job: no second prediction
+    f = tmp_path / "m.yaml"
+    doc = yaml.safe_load((data_dir() / "models" / "gpt3-6.7b.yaml").read_text())
+    f.write_text(yaml.safe_dump(doc))
+    first = compute(START.replace(model=str(f)))
+    assert first.model.num_layers == 32
+    doc["num_layers"] = 16
+    f.write_text(yaml.safe_dump(doc))
+    os.utime(f, (first.model.num_layers + 1e9, first.model.num_layers + 1e9))  # a new modification time
+    assert compute(START.replace(model=str(f))).model.num_layers == 16
