@@ -74,6 +74,7 @@ from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
+from . import interval as _interval
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .capacity import check_fits
@@ -848,12 +849,13 @@ def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None
 
 
 def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
-                    utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False
-                    ) -> pd.DataFrame:
+                    utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False,
+                    interval: bool = True) -> pd.DataFrame:
     """Evaluate a table of configurations with numpy: ``candidates`` holds ``tp, pp, dp`` and optionally any other
     :class:`ParallelConfig` field (absent: its default; :class:`~llmcomm.parallel_table.ParallelTable`); returns
     the candidates with every term of :data:`TERMS`, ``total_s``, ``exposed_comm_s``, ``comm_overhead``,
-    ``critical`` (stage class) and ``num_microbatches``. Raises :class:`ConfigError` naming the first row that
+    ``critical`` (stage class), ``num_microbatches`` and, with ``interval`` and the shipped interval file, the
+    90 % interval ``total_s_lo``, ``total_s_hi`` (:mod:`llmcomm.overhead.interval`). Raises :class:`ConfigError` naming the first row that
     breaks a rule (:func:`candidate_table`)."""
     t = candidate_table(model, candidates)
     bw, ut = _resolve(cluster, bandwidth, utilization)
@@ -864,6 +866,9 @@ def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster
     out["total_s"] = sum(r[k] for k in TERMS)
     out["exposed_comm_s"] = sum(r[k] for k in COMM_TERMS)
     out["comm_overhead"] = out["exposed_comm_s"] / out["total_s"]
+    iv = _interval.apply(out["total_s"].to_numpy()) if interval else None
+    if iv is not None:  # the 90 % interval from the calibration residuals (llmcomm.overhead.interval)
+        out["total_s_lo"], out["total_s_hi"] = iv
     return out
 
 
