@@ -41,6 +41,8 @@ test: $(STAMP)
 	the explorer's browser tests skip; to run them: apt-get install -y chromium (or LLMCOMM_CHROMIUM=/path), \
 	then $(PY) -m pytest -m slow tests/test_explore_browser.py"
 	$(VENV)/bin/ruff check llmcomm tests benchmarks notebooks
+	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 	$(PY) -m pytest -q --durations=15
 
 test-fast: $(STAMP)
@@ -48,6 +50,8 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check llmcomm tests benchmarks notebooks
+	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench,scale]'

@@ -57,15 +57,15 @@ def _load(manifest: Path) -> dict[str, Entry]:
     out: dict[str, Entry] = {}
     for i, row in enumerate(doc.get("files") or []):
         try:
-            e = Entry(**row)
+            entry = Entry(**row)
         except TypeError as err:
             raise DataError(f"{manifest}: entry {i} is malformed: {err}") from None
-        if len(e.sha256) != 64:
-            raise DataError(f"{manifest}: entry {e.name!r} has no 64-digit sha256")
-        if not e.url and not e.mirror_only:
-            raise DataError(f"{manifest}: entry {e.name!r} has no url (rule: a pinned url, or mirror_only: true "
+        if len(entry.sha256) != 64:
+            raise DataError(f"{manifest}: entry {entry.name!r} has no 64-digit sha256")
+        if not entry.url and not entry.mirror_only:
+            raise DataError(f"{manifest}: entry {entry.name!r} has no url (rule: a pinned url, or mirror_only: true "
                             "with a note saying why there is none)")
-        out[e.name] = e
+        out[entry.name] = entry
     return out
 
 

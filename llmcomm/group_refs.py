@@ -12,7 +12,7 @@ and a group's ``j``-th member is ``tables[kind][index, j]``; the issuing rank's 
 ``position_in_row[kind][rank]``. :class:`GroupRefs` holds these columns; :class:`RefEvents` is an events table
 without its ``group`` column plus its :class:`GroupRefs`. :meth:`RefEvents.to_table` writes the member lists
 out (the format is unchanged: files, DataFrames and every reader see full lists); until then, the matrix
-builder (:mod:`llmcomm.matrix`, :mod:`llmcomm.ref_flows`) and the validation work from the references.
+builder (:mod:`llmcomm.matrix`, :mod:`llmcomm.flows`) and the validation work from the references.
 
 The tables must partition the ranks they hold (each rank in at most one row of a table, once): then a rank
 is in the group a row refers to exactly when ``tables[kind][index, position_in_row[kind][rank]] == rank``.
@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import TraceFormatError
+from .events import validate_columns
+from .vocab import EVENTS_SCHEMA
 
 PAIR = -1  # kind code of the pair [rank, peer]
 MAX_LIST_MEMBERS = 2**31 - 1  # values a list<int32> column (32-bit offsets) can hold
@@ -203,8 +205,6 @@ class RefEvents:
 
     def to_table(self) -> pa.Table:
         """The full events table (``EVENTS_SCHEMA``, member lists written out)."""
-        from .vocab import EVENTS_SCHEMA
-
         group = self.refs.list_array(self.ints("rank"), self.ints("peer"))
         t = self.table.combine_chunks() if self.table.num_rows else self.table
         arrays = [group if f.name == "group" else t.column(f.name).cast(f.type) for f in EVENTS_SCHEMA]
@@ -212,15 +212,11 @@ class RefEvents:
 
     def decoded(self, names: list[str]) -> pa.Table:
         """Columns ``names`` of the table with dictionary-encoded ones decoded (``EVENTS_SCHEMA`` types)."""
-        from .vocab import EVENTS_SCHEMA
-
         return pa.Table.from_arrays([self.table.column(c).cast(EVENTS_SCHEMA.field(c).type) for c in names],
                                     names=names)
 
     def check(self, origin: str) -> None:
-        """:meth:`GroupRefs.check` on the references, then :func:`llmcomm.trace.validate_columns` on the table
+        """:meth:`GroupRefs.check` on the references, then :func:`llmcomm.events.validate_columns` on the table
         (all_to_all splits one per member included)."""
-        from .trace import validate_columns
-
         self.refs.check(self.ints("rank"), self.ints("peer"), origin)
         validate_columns(self.table, origin, group_sizes=self.refs.sizes())

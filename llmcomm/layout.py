@@ -32,26 +32,7 @@ import pandas as pd
 
 from .errors import ConfigError
 from .specs import ParallelConfig
-from .vocab import GROUP_PARALLELISMS, LAYOUT_GROUP_KINDS, RANK_DIMS
-
-DIMS = RANK_DIMS
-PARALLELISMS = GROUP_PARALLELISMS
-
-
-def parse_order(order: str) -> tuple[str, ...]:
-    """``"tp-cp-ep-dp-pp"`` -> ``("tp", "cp", "dp", "pp")`` (fastest first); checks it is a permutation."""
-    toks = [t.strip().lower() for t in order.split("-") if t.strip()]
-    if "ep" in toks:
-        i = toks.index("ep")
-        if i + 1 >= len(toks) or toks[i + 1] != "dp":
-            raise ConfigError(f"order={order!r}: 'ep' must come immediately before 'dp'")
-        toks.pop(i)
-    for d in DIMS:  # dimensions left out of the order string are size-1 and placed slowest
-        if d not in toks:
-            toks.append(d)
-    if sorted(toks) != sorted(DIMS) or len(toks) != len(DIMS):
-        raise ConfigError(f"order={order!r} must be a permutation of {'-'.join(DIMS)} (ep optional before dp)")
-    return tuple(toks)
+from .vocab import GROUP_PARALLELISMS, LAYOUT_GROUP_KINDS, RANK_DIMS, parse_order
 
 
 @dataclass(frozen=True)
@@ -155,7 +136,7 @@ class Layout:
         (see :meth:`size`) and ``emb`` (first and last stage of each PP group; the PP group itself when
         ``pp == 1``).
         """
-        if parallelism in DIMS:
+        if parallelism in RANK_DIMS:
             g = np.moveaxis(self._grid, self._axis(parallelism), -1).reshape(-1, self.size(parallelism))
         elif parallelism in ("ep", "edp") and self._expert_grid_differs:
             g = self._expert_groups((parallelism,))
@@ -165,7 +146,7 @@ class Layout:
             slow, fast = (ax_d, ax_c) if self.order.index("cp") < self.order.index("dp") else (ax_c, ax_d)
             rest = [a for a in range(self._grid.ndim) if a not in (slow, fast)]
             arr = np.transpose(self._grid, rest + [slow, fast])
-            arr = arr.reshape(arr.shape[: len(rest)] + (-1,))
+            arr = arr.reshape((*arr.shape[: len(rest)], -1))
             ep = self.parallel.ep
             arr = arr.reshape(arr.shape[:-1] + (arr.shape[-1] // ep, ep))
             if parallelism == "edp":
@@ -250,14 +231,14 @@ class Layout:
     def group_table(self) -> pd.DataFrame:
         """:attr:`coords` plus, per parallelism, the id of the group each rank belongs to (``tp_group``...)."""
         out = self.coords.copy()
-        for p in PARALLELISMS:
+        for p in GROUP_PARALLELISMS:
             out[f"{p}_group"] = self.group_index(p)
         return out
 
     def membership(self) -> pd.DataFrame:
         """Long table ``rank, parallelism, group_id, position`` for every parallelism with size > 1."""
         frames = []
-        for p in PARALLELISMS:
+        for p in GROUP_PARALLELISMS:
             if self.size(p) == 1:
                 continue
             g = self.groups(p)
@@ -286,8 +267,3 @@ def row_index(groups: np.ndarray, world_size: int) -> np.ndarray:
     idx = np.zeros(world_size, dtype=np.int64)
     idx[groups.ravel()] = np.repeat(np.arange(groups.shape[0]), groups.shape[1])
     return idx
-
-
-def layout(parallel: ParallelConfig, gpus_per_node: int = 8) -> Layout:
-    """Shorthand for :class:`Layout`."""
-    return Layout(parallel, gpus_per_node)

@@ -1,6 +1,6 @@
 """The communication matrix built block by block of source ranks, at GPU, node or rack level.
 
-Every event yields only the flows *leaving its own rank* (see :mod:`llmcomm.trace`), so the rows of the
+Every event yields only the flows *leaving its own rank* (see :mod:`llmcomm.flows`), so the rows of the
 matrix that belong to source ranks ``[lo, hi)`` depend only on those ranks' events. The builder therefore
 cuts the events table into blocks of consecutive source ranks, decomposes one block at a time into bare
 ``(src, dst, bytes)`` flows (no tag columns), sums them into that block's rows of the CSR matrix and
@@ -19,7 +19,7 @@ sequence of duplicates and scipy sums them in the same order: the ``"gpu"`` matr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 import pandas as pd
@@ -27,19 +27,17 @@ import pyarrow as pa
 import scipy.sparse as sp
 
 from .errors import ConfigError, TraceFormatError
+from .events import vocabulary_codes
+from .flows import flow_arrays
 from .group_refs import RefEvents
-from .ref_flows import ref_flow_arrays
-from .trace import vocabulary_codes
-from .vocab import OPS
+from .vocab import ALGORITHMS, OPS, AlgorithmName
 
-if TYPE_CHECKING:
-    from .trace import Trace
-
-LEVELS = ("gpu", "node", "rack")
+MatrixLevel = Literal["gpu", "node", "rack"]
+LEVELS: tuple[str, ...] = get_args(MatrixLevel)
 BLOCK_FLOWS = 4_000_000  # group members decomposed at once (~40 bytes each in the temporaries)
 
 
-def level_unit(level: str, gpus_per_node: int = 8, nodes_per_rack: int | None = None) -> int:
+def level_unit(level: MatrixLevel, gpus_per_node: int = 8, nodes_per_rack: int | None = None) -> int:
     """GPUs per matrix index at ``level``: 1, ``gpus_per_node`` or ``gpus_per_node · nodes_per_rack``."""
     if level not in LEVELS:
         raise ConfigError(f"level={level!r} is not one of {list(LEVELS)}")
@@ -54,15 +52,18 @@ def level_unit(level: str, gpus_per_node: int = 8, nodes_per_rack: int | None = 
     return gpus_per_node * nodes_per_rack
 
 
-def flow_arrays(table: pa.Table, algorithm: str = "ring") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(src, dst, bytes)`` of :func:`llmcomm.trace.flows_from_table` without the tag columns."""
-    from .trace import flows_from_table
+def flows_to_matrix(flows: pd.DataFrame, world_size: int) -> sp.csr_matrix:
+    """Sum flows (``src, dst, bytes``) into a sparse ``world × world`` CSR matrix (duplicates added)."""
+    if len(flows) and (flows["src"].max() >= world_size or flows["dst"].max() >= world_size):
+        raise TraceFormatError(f"flows reach rank {max(flows['src'].max(), flows['dst'].max())} "
+                               f">= world_size={world_size}")
+    m = sp.coo_matrix((flows["bytes"].to_numpy(np.float64),
+                       (flows["src"].to_numpy(np.int64), flows["dst"].to_numpy(np.int64))),
+                      shape=(world_size, world_size))
+    return m.tocsr()
 
-    f = flows_from_table(table, algorithm, tags=False)
-    return f["src"].to_numpy(np.int64), f["dst"].to_numpy(np.int64), f["bytes"].to_numpy(np.float64)
 
-
-def _work_per_event(table: pa.Table | RefEvents, algorithm: str) -> np.ndarray:
+def _work_per_event(table: pa.Table | RefEvents, algorithm: AlgorithmName) -> np.ndarray:
     """Work (and memory) an event costs the decomposition: its group size (the flat group members it
     expands to, an upper bound of its flows under either algorithm), at least 1. With referenced groups
     under the ring algorithm only all-to-alls expand; every other row costs one flow."""
@@ -96,21 +97,18 @@ def blocks(rank: np.ndarray, weight: np.ndarray, world_size: int, unit: int,
     return out
 
 
-def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: str = "direct", *, level: str = "gpu",
+def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: AlgorithmName = "direct", *, level: MatrixLevel = "gpu",
                       gpus_per_node: int = 8, nodes_per_rack: int | None = None,
                       block_flows: int = BLOCK_FLOWS) -> sp.csr_matrix:
     """Sparse CSR matrix of bytes from source (row) to destination (column) at ``level``, built one block
     of source ranks at a time (see the module doc). Shape ``(k, k)`` with ``k = ceil(world_size / unit)``.
     ``table`` may hold its groups as references (:class:`llmcomm.group_refs.RefEvents`, a prediction):
-    the flows then come from :func:`llmcomm.ref_flows.ref_flow_arrays`, equal to the list path's."""
-    from .trace import ALGORITHMS
-
+    the flows then come from the references (:func:`llmcomm.flows.flow_arrays`), equal to the list path's."""
     if algorithm not in ALGORITHMS:
         raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     unit = level_unit(level, gpus_per_node, nodes_per_rack)
     k = -(-world_size // unit)
     rank = table.column("rank").to_numpy().astype(np.int64) if table.num_rows else np.zeros(0, np.int64)
-    refs = isinstance(table, RefEvents)
     if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
         raise TraceFormatError(f"events reach rank {int(rank.max())} >= world_size={world_size}")
     weight = _work_per_event(table, algorithm)
@@ -128,7 +126,7 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: s
             part = table.slice(int(a), int(b - a))
         else:  # ascending event indices keep the table's order inside the block
             part = table.take(np.sort(order[a:b]))
-        src, dst, byt = ref_flow_arrays(part, algorithm) if refs else flow_arrays(part, algorithm)
+        src, dst, byt = flow_arrays(part, algorithm)
         if len(dst) and (dst.max() >= world_size or dst.min() < 0):
             raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
         n_rows = (hi - lo + unit - 1) // unit
@@ -150,7 +148,7 @@ class _Growing:
     pages rather than copying), so the blocks never exist twice, as a list + concatenate would."""
 
     def __init__(self, dtype: type) -> None:
-        self.buf = np.zeros(0, dtype)
+        self.buf: np.ndarray = np.zeros(0, dtype)
         self.n = 0
 
     def extend(self, values: np.ndarray) -> None:
@@ -165,7 +163,16 @@ class _Growing:
         return self.buf
 
 
-def binned_flows(trace: Trace, algorithm: str = "direct", max_cells: int = 512) -> pd.DataFrame:
+class _MatrixSource(Protocol):
+    """What :func:`binned_flows` needs of a trace (:class:`llmcomm.trace.Trace` has it)."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    def matrix(self, algorithm: AlgorithmName = ..., world_size: int | None = ..., **kwargs: Any) -> sp.csr_matrix: ...
+
+
+def binned_flows(trace: _MatrixSource, algorithm: AlgorithmName = "direct", max_cells: int = 512) -> pd.DataFrame:
     """Flows summed over blocks of ``k = ceil(world / max_cells)`` consecutive ranks, as tidy
     ``src, dst, bytes`` with ``src``/``dst`` the first rank of each block: what :func:`llmcomm.plots.comm_matrix`
     draws (it bins by the same ``k``), built by the blocked builder at that level, so a 131,072-GPU job is drawn

@@ -30,7 +30,7 @@ from .units import format_bytes
 
 PARALLELISM_COLORS = {"tp": "#4C72B0", "sp": "#64B5CD", "cp": "#8172B3", "pp": "#DD8452",
                       "dp": "#55A868", "ep": "#C44E52", "other": "#8C8C8C"}
-NODE_LINE = {"color": "0.45", "lw": 0.6, "ls": "--"}  # node boundaries: visible on colour and on white
+NODE_LINE: dict[str, Any] = {"color": "0.45", "lw": 0.6, "ls": "--"}  # node boundaries: visible on colour and on white
 MAX_NODE_LINES = 32  # beyond this many nodes the boundary lines would hide the matrix
 MATRIX_FLOOR = 1e-6  # matrix cells under this share of the largest are left white (and the colour bar says so)
 # one colour per term of an iteration (llmcomm.overhead.Breakdown), the same in every breakdown figure
@@ -69,7 +69,7 @@ def log_axis(ax: Axes, axis: str = "x", *, base: float = 10) -> None:
     (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=base)
     lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
     decades = np.log(hi / lo) / np.log(base) if lo > 0 and hi > lo else 0.0
-    subs = (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
+    subs: tuple[float, ...] = (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
     if base == 10 and decades < 0.7:
         subs = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
     a.set_major_locator(LogLocator(base=base, subs=subs))
@@ -88,8 +88,9 @@ def natural_order(values: Sequence[object]) -> list[object]:
         return float(m.group(1)) if m else None
 
     keys = [lead(v) for v in uniq]
-    if all(k is not None for k in keys):
-        return [v for _, v in sorted(zip(keys, uniq, strict=True), key=lambda kv: kv[0])]
+    numbers = [k for k in keys if k is not None]
+    if len(numbers) == len(keys):
+        return [v for _, v in sorted(zip(numbers, uniq, strict=True), key=lambda kv: kv[0])]
     return uniq
 
 
@@ -263,7 +264,9 @@ def volume_bars(data: pd.DataFrame, *, x: str = "config", y: str = "bytes", hue:
             ax.text(i, 101.5, format_bytes(tot, decimals=1), ha="center", va="bottom", fontsize=7)
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
     if not legend:
-        ax.get_legend().remove()
+        shown = ax.get_legend()
+        if shown is not None:
+            shown.remove()
     elif normalize:
         ax.legend(title=hue, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     else:
@@ -396,7 +399,7 @@ def call_duration_spread(data: pd.DataFrame, *, x: str = "duration_us", y: str =
                          hue: str = "parallelism", ax: Axes | None = None, top: int = 10,
                          title: str | None = None, **kwargs: Any) -> Axes:
     """Distribution of each ``y`` collective's duration ``x`` (µs, log-x) over all its calls, coloured by
-    ``hue`` (e.g. :func:`llmcomm.ingest.summary.call_sequence`); the ``top`` collectives with most calls."""
+    ``hue`` (e.g. :func:`llmcomm.analysis.repeatability.call_sequence`); the ``top`` collectives with most calls."""
     ax = axes_or_new(ax, (7, 0.45 * top + 1.2))
     order = data[y].value_counts().index[:top].tolist()
     d = data[data[y].isin(order) & (data[x] > 0)]
@@ -671,9 +674,9 @@ def call_sequence(data: pd.DataFrame, *, x: str = "step", y: str = "bytes", hue:
     back = (data[phase] == "backward").to_numpy() if phase is not None else np.zeros(len(data), bool)
     rgba = np.array([to_rgba(PARALLELISM_COLORS.get(v, "0.5"), 0.45 if b else 1.0)
                      for v, b in zip(data[hue], back, strict=True)]).reshape(-1, 4)
-    width_pt = max(0.6, min(8.0, 0.8 * 72 * ax.figure.get_figwidth() * 0.75 / max(len(xs), 1)))
+    width_pt = max(0.6, min(8.0, 0.8 * 72 * ax.figure.get_figwidth() * 0.75 / max(len(xs), 1)))  # type: ignore[union-attr]
     floor = float(ys[ys > 0].min()) / 2 if (ys > 0).any() else 0.5
-    ax.vlines(xs, floor, ys, colors=rgba, linewidth=width_pt, **kwargs)
+    ax.vlines(xs, floor, ys, colors=rgba, linewidth=width_pt, **kwargs)  # type: ignore[arg-type]  # an (n, 4) RGBA array
     ax.set_yscale("log")
     ax.set_ylim(floor, float(ys.max()) * 1.6 if len(ys) else 1.0)
     ax.yaxis.set_major_formatter(FuncFormatter(byte_ticks))

@@ -73,8 +73,13 @@ class Outputs:
         self.out_dir = Path(self.out_dir) if self.out_dir is not None else FIGURES
 
     @property
+    def root(self) -> Path:
+        """The folder this notebook's figures and results go under (``out_dir``, else ``figures/``)."""
+        return Path(self.out_dir) if self.out_dir is not None else FIGURES
+
+    @property
     def figure_dir(self) -> Path:
-        return Path(self.out_dir) / self.notebook
+        return self.root / self.notebook
 
     def say(self, text: str) -> None:
         """Show a result sentence (Markdown, built by the notebook from its computed values)."""
@@ -114,7 +119,7 @@ class Outputs:
             raise AssertionError(f"check {name!r} failed: value={value!r} expected {expect}")
 
     def save(self) -> Path:
-        p = Path(self.out_dir) / "results" / f"{self.notebook}.json"
+        p = self.root / "results" / f"{self.notebook}.json"
         doc = {"notebook": self.notebook, "checks": self.checks, "values": self.values,
                "figures": sorted(set(self.figures))}
         data = json_bytes(doc)

@@ -106,7 +106,7 @@ def _uneven_vpp_bad(m: Model, p: Any) -> Any:
 
 
 def _smallest_chunk(m: Model, p: Any) -> Any:
-    """The fewest layers any model chunk holds (:func:`llmcomm.step.pipeline_split`), for splits the other rules
+    """The fewest layers any model chunk holds (:func:`llmcomm.stage_split.pipeline_split`), for splits the other rules
     accept."""
     f, la = _first_last(p)
     v = p.vpp

@@ -34,6 +34,7 @@ import yaml
 from . import rules
 from .errors import ConfigError
 from .paths import data_dir
+from .stage_split import pipeline_split
 from .vocab import (
     ATTENTION_BACKENDS,
     MOE_TOKEN_DISPATCHERS,
@@ -41,17 +42,31 @@ from .vocab import (
     PIPELINE_SCHEDULES,
     POSITION_EMBEDDINGS,
     RECOMPUTE_MODES,
+    DispatcherName,
+    DtypeName,
+    NormalizationName,
+    PositionEmbeddingName,
+    RecomputeName,
+    ScheduleName,
     dtype_bytes,
+    parse_order,
 )
-from .vocab import DTYPE_BYTES as DTYPE_BYTES  # re-exported: llmcomm.specs.DTYPE_BYTES is public
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 RERUN_MODES = ("disabled", "validate_results", "report_stats")  # megatron/training/config/resilience_config.py
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "none")  # TopKRouter (sinkhorn not modelled)
 
 
+def _literal_str(hint: Any) -> bool:
+    """A ``Literal`` of strings (a closed set of :mod:`llmcomm.vocab`): read as ``str`` here, its values are
+    checked by the spec's own validation, which names them."""
+    return typing.get_origin(hint) is typing.Literal and all(isinstance(a, str) for a in typing.get_args(hint))
+
+
 def _expected(hint: Any) -> str:
     """How a field's annotation reads in an error message."""
+    if _literal_str(hint):
+        hint = str
     if hint is bool:
         return "true or false (a YAML boolean, unquoted)"
     if hint is int:
@@ -73,6 +88,8 @@ def _expected(hint: Any) -> str:
 def _type_ok(v: Any, hint: Any) -> bool:
     """Whether ``v`` (as YAML or JSON loaded it) has the annotated type: booleans only ``true``/``false`` (not
     the string ``"false"``, not 0/1), integers not booleans nor floats (2048.0 is refused), numbers finite."""
+    if _literal_str(hint):
+        hint = str
     if hint is bool:
         return isinstance(v, bool)
     if hint is int:
@@ -175,8 +192,8 @@ class ModelSpec:
     tied_embeddings: bool = True  # output layer shares the input embedding
     add_bias_linear: bool = False  # biases on the linear layers (GPT-2/3 style)
     add_qkv_bias: bool = False  # biases only on Q, K, V (Qwen2 style)
-    normalization: str = "LayerNorm"  # or "RMSNorm"
-    position_embedding_type: str = "rope"  # "learned_absolute" adds max_position_embeddings·h parameters
+    normalization: NormalizationName = "LayerNorm"
+    position_embedding_type: PositionEmbeddingName = "rope"  # "learned_absolute" adds max_position_embeddings·h parameters
     max_position_embeddings: int | None = None
     num_experts: int = 0  # 0 for a dense model
     moe_router_topk: int = 0
@@ -645,15 +662,15 @@ class ParallelConfig:
     micro_batch: int = 1
     global_batch: int | None = None  # None -> micro_batch · dp (one micro-batch per rank)
     seq_len: int | None = None  # None -> the model's seq_length
-    act_dtype: str = "bf16"
-    grad_reduce_dtype: str = "fp32"
-    param_dtype: str = "bf16"
+    act_dtype: DtypeName = "bf16"
+    grad_reduce_dtype: DtypeName = "fp32"
+    param_dtype: DtypeName = "bf16"
     distributed_optimizer: bool = False
     fsdp: bool = False
-    recompute: str = "none"
-    schedule: str = "1f1b"
+    recompute: RecomputeName = "none"
+    schedule: ScheduleName = "1f1b"
     order: str = DEFAULT_ORDER
-    moe_token_dispatcher_type: str = "alltoall"
+    moe_token_dispatcher_type: DispatcherName = "alltoall"
     etp: int | None = None  # expert tensor-parallel size; None -> tp (Megatron's default)
     overlap_grad_reduce: bool = False
     bucket_size: int | None = None  # DDP bucket, elements; None -> max(40M, 1M·dp·cp) with overlap_grad_reduce
@@ -699,6 +716,7 @@ class ParallelConfig:
 
     @property
     def num_microbatches(self) -> int:
+        assert self.global_batch is not None  # __post_init__ sets it
         return self.global_batch // (self.micro_batch * self.dp)
 
     @property
@@ -751,8 +769,6 @@ class ParallelConfig:
             raise ConfigError(f"schedule={self.schedule!r} is not one of {PIPELINE_SCHEDULES}")
         rules.check(None, self, ("config",))  # the cross-field rules, each with its Megatron-LM source
         self._check_recipe_options()
-        from .layout import parse_order  # local import: layout imports this module
-
         parse_order(self.order)
 
     def _check_recipe_options(self) -> None:
@@ -795,13 +811,11 @@ class ParallelConfig:
 
     def virtual_stage_layers(self, num_layers: int) -> list[int]:
         """Transformer layers of each virtual stage ``vs = chunk·pp + stage`` as Megatron-LM assigns them
-        (:func:`llmcomm.step.pipeline_split`, the one home of the split), after the split's rules
+        (:func:`llmcomm.stage_split.pipeline_split`, the one home of the split), after the split's rules
         (:mod:`llmcomm.rules`, scope ``job``: Megatron's divisibility asserts). Raises :class:`ConfigError`
         naming the broken rule."""
-        from . import step  # step imports this module
-
         rules.check_split(num_layers, self)
-        split = step.pipeline_split(num_layers, self.pp, self.vpp, self.num_layers_in_first_pipeline_stage,
+        split = pipeline_split(num_layers, self.pp, self.vpp, self.num_layers_in_first_pipeline_stage,
                                     self.num_layers_in_last_pipeline_stage,
                                     self.account_for_embedding_in_pipeline_split,
                                     self.account_for_loss_in_pipeline_split)

@@ -97,7 +97,7 @@ def pdf_decimals(decimals: int = PDF_DECIMALS) -> Iterator[None]:
             return b"0" if text in (b"", b"-", b"-0") else text
         return original_repr(obj)
 
-    bp.pdfRepr, bp._path = pdf_repr, _CoarsePaths(original_path, decimals)
+    bp.pdfRepr, bp._path = pdf_repr, _CoarsePaths(original_path, decimals)  # type: ignore[assignment]  # a stand-in for the module
     try:
         yield
     finally:

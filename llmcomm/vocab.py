@@ -3,7 +3,8 @@ which groups a rank belongs to, and the names a :class:`~llmcomm.specs.ParallelC
 
 A closed value set is a :class:`~enum.StrEnum` whose values are the strings written in traces, configs and
 figures (``Op.ALL_REDUCE == "all_reduce"``), so code may compare with either; the matching ``tuple`` of plain
-strings (``OPS``) keeps the order used to encode a column as small integers.
+strings (``OPS``) keeps the order used to encode a column as small integers, and the matching ``Literal``
+(``OpName``) types the fields and arguments that hold one of them (a test checks each against its enum).
 
 Events table (one row = one communication call as one rank issued it; ``EVENTS_SCHEMA``)::
 
@@ -22,7 +23,7 @@ Routing table (MoE; ``ROUTING_SCHEMA``): ``tokens`` that ``src_rank`` routed to 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -121,6 +122,24 @@ PAIR_GROUP_KINDS = ("p2p", "cp_p2p")  # [rank, peer] pairs, built per call
 # whole pipeline group (collectives over it, not send/recv)
 CALL_GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world",
                     "pp", "tpeppp", "tpdpcp")
+
+
+def parse_order(order: str) -> tuple[str, ...]:
+    """A rank order string (``ParallelConfig.order``, Megatron-LM ``--order``-style) as its dimensions, fastest
+    first: ``"tp-cp-ep-dp-pp"`` -> ``("tp", "cp", "dp", "pp")``; checks it is a permutation of ``RANK_DIMS``
+    (``ep`` optional, immediately before ``dp``: it subdivides ``dp`` and adds no dimension)."""
+    toks = [t.strip().lower() for t in order.split("-") if t.strip()]
+    if "ep" in toks:
+        i = toks.index("ep")
+        if i + 1 >= len(toks) or toks[i + 1] != "dp":
+            raise ConfigError(f"order={order!r}: 'ep' must come immediately before 'dp'")
+        toks.pop(i)
+    for d in RANK_DIMS:  # dimensions left out of the order string are size-1 and placed slowest
+        if d not in toks:
+            toks.append(d)
+    if sorted(toks) != sorted(RANK_DIMS) or len(toks) != len(RANK_DIMS):
+        raise ConfigError(f"order={order!r} must be a permutation of {'-'.join(RANK_DIMS)} (ep optional before dp)")
+    return tuple(toks)
 
 
 class Route(StrEnum):
@@ -234,6 +253,28 @@ class PositionEmbedding(StrEnum):
     ROPE = "rope"
     LEARNED_ABSOLUTE = "learned_absolute"
     NONE = "none"
+
+
+# ------------------------------------------------------------------------ the same sets as Literal types
+PhaseName = Literal["forward", "backward", "optimizer", "setup"]
+ParallelismName = Literal["tp", "sp", "cp", "pp", "dp", "ep", "other"]
+OpName = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast"]
+AlgorithmName = Literal["ring", "direct"]
+DtypeName = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+RecomputeName = Literal["none", "selective", "full"]
+ScheduleName = Literal["1f1b", "gpipe", "interleaved"]
+FrameworkName = Literal["megatron", "torch"]
+NormalizationName = Literal["LayerNorm", "RMSNorm"]
+DispatcherName = Literal["allgather", "alltoall", "flex"]
+PositionEmbeddingName = Literal["rope", "learned_absolute", "none"]
+RouteName = Literal["", "dispatch", "combine", "counts", "probs_dispatch", "probs_combine"]
+# each Literal with the StrEnum it spells out (tests/test_vocab.py checks they hold the same values)
+LITERALS: dict[Any, type[StrEnum]] = {
+    PhaseName: Phase, ParallelismName: Parallelism, OpName: Op, AlgorithmName: Algorithm, DtypeName: Dtype,
+    RecomputeName: Recompute, ScheduleName: PipelineSchedule, FrameworkName: Framework,
+    NormalizationName: Normalization, DispatcherName: MoeTokenDispatcher, PositionEmbeddingName: PositionEmbedding,
+    RouteName: Route,
+}
 
 
 # ------------------------------------------------------------------------------------ value tuples

@@ -43,11 +43,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 import llmcomm as lc
-from llmcomm.analysis import bytes_by, diagonal_offsets, matrix_asymmetry, support_violations
+from llmcomm.analysis.api import bytes_by, diagonal_offsets, matrix_asymmetry, support_violations
+from llmcomm.analysis.sweeps import predict_cases, valid_cases
 from llmcomm.matrix import binned_flows
 from llmcomm.plots import apply_style, comm_matrix, comm_matrix_grid
 from llmcomm.predict import predict_traffic
-from llmcomm.predict.sweeps import predict_cases, valid_cases
 from llmcomm.reproduce import Outputs
 
 apply_style()

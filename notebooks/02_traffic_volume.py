@@ -45,7 +45,7 @@ threshold = 0.99
 import matplotlib.pyplot as plt
 
 import llmcomm as lc
-from llmcomm.analysis import (
+from llmcomm.analysis.api import (
     describe_crossing,
     first_crossings,
     largest_parallelism,
@@ -53,8 +53,8 @@ from llmcomm.analysis import (
     tp_microbatch_bytes,
     volume_table,
 )
+from llmcomm.analysis.sweeps import predict_cases, tp_closed_form, tp_share_sweeps
 from llmcomm.plots import apply_style, pair_class_bars, tp_share_curve, volume_bars
-from llmcomm.predict.sweeps import predict_cases, tp_closed_form, tp_share_sweeps
 from llmcomm.reproduce import Outputs
 
 apply_style()

@@ -33,7 +33,7 @@ on_off_bin_s = 0.001          # resolution of the on-off (silent share) measure
 import numpy as np
 import pandas as pd
 
-from llmcomm import analysis as A
+import llmcomm.analysis.api as A
 from llmcomm import plots, read_trace
 from llmcomm.reproduce import Outputs, data_file
 
@@ -56,7 +56,7 @@ print(t, run, f"{t.meta['iterations']} iterations")
 # `bin = micro-batch period / 4` (issue times, not durations: on a shared CPU a gloo call's duration is mostly
 # waiting for its peer); the autocorrelation `r(k)` of each rank's series (statsmodels
 # `acf`), averaged over ranks, should peak at the measured micro-batch period and near the iteration period
-# (`llmcomm.analysis.periods`; within 15%: the peak found is reported with its lag, which need not be the period
+# (`llmcomm.analysis.temporal.periods`; within 15%: the peak found is reported with its lag, which need not be the period
 # itself), above the white-noise band `±1.96/√(n·R)`. The on-off pattern is the share
 # of 1 ms bins of one rank with no call in flight. (3) The ordered call sequence of each (rank, iteration) —
 # micro-batch, layer, phase, parallelism, op, peer, bytes — is compared with the same rank's sequence in the

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from llmcomm import analysis as A
+import llmcomm.analysis.api as A
 from llmcomm import data, plots
 from llmcomm.ingest import ingest_bandwidth, ingest_trace
 from llmcomm.reproduce import Outputs

@@ -42,7 +42,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from llmcomm import analysis as A
+import llmcomm.analysis.api as A
 from llmcomm import data, ingest_trace, plots, plots_moe, read_trace
 from llmcomm.predict import predict_traffic
 from llmcomm.predict.envelope import a2a_envelope, sample_routing

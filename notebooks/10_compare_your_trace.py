@@ -15,7 +15,7 @@
 # it runs: predicted equals recorded, call by call. Does that hold for *your* trace — a run recorded with
 # `llmcomm.record`, a Kineto profile, an AICB workload — and where it does not, which calls differ and why?
 #
-# `llmcomm.compare(measured)` predicts the trace's own configuration and aligns the two on every rank as
+# `llmcomm.compare.compare(measured)` predicts the trace's own configuration and aligns the two on every rank as
 # multisets of calls keyed by (phase, op, group, peer, bytes). What is left over on either side is listed, grouped
 # by what it is; the per-pair matrices are compared; each parallelism gets a one-line verdict. The same function
 # is the project's validation test (`tests/test_predict_vs_recorded.py`) and the `llmcomm compare` command.

@@ -58,9 +58,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from llmcomm import ParallelConfig, Trace, compare, ingest_trace, load_cluster, load_model, plots, read_trace
+from llmcomm import ParallelConfig, Trace, ingest_trace, load_cluster, load_model, plots, read_trace
 from llmcomm import plots_network as PN
-from llmcomm.analysis import with_pipeline_stage
+from llmcomm.analysis.temporal import with_pipeline_stage
+from llmcomm.compare import compare
 from llmcomm.network import link_loads, list_topologies, load_topology
 from llmcomm.network.demand import fabric_bound_share, link_demand
 from llmcomm.network.export import flow_list, to_aicb

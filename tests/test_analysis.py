@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+import llmcomm.analysis.api as A
 from llmcomm import ParallelConfig, Trace, load_model, predict_traffic
-from llmcomm import analysis as A
 from llmcomm.errors import AnalysisError, LLMCommError
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from llmcomm.analysis import moe as M
 from llmcomm.errors import AnalysisError, DataError
-from llmcomm.specs import ParallelConfig, load_model
+from llmcomm.specs import ModelSpec, ParallelConfig, load_model
 
 PAR = ParallelConfig(dp=4, ep=4, micro_batch=2, global_batch=8, act_dtype="fp32", grad_reduce_dtype="fp32",
                      param_dtype="fp32")
@@ -360,16 +360,19 @@ def test_training_phase_and_phase_tables() -> None:
 
 
 def _moe_run(load: np.ndarray):
-    """A stand-in recorded MoE run: 2 ranks (ep 2, 4 experts), both routing ``load[t, e]`` tokens, h = 1."""
-    from types import SimpleNamespace
+    """A recorded MoE run without its events: 2 ranks (ep 2, 4 experts), both routing ``load[t, e]`` tokens,
+    h = 1."""
+    from llmcomm.trace import Trace
 
+    spec = ModelSpec(name="stand-in", num_layers=2, hidden_size=1, ffn_hidden_size=4, num_attention_heads=1,
+                     vocab_size=8, seq_length=4, num_experts=4, moe_router_topk=1, moe_ffn_hidden_size=4)
     par = ParallelConfig(dp=2, ep=2, micro_batch=1, global_batch=2)
     r = pd.concat([_routing(load).assign(src_rank=rank) for rank in (0, 1)], ignore_index=True)
-    return SimpleNamespace(routing=r, meta={"model_spec": {"num_experts": 4, "hidden_size": 1}, "parallel": par})
+    return Trace.from_events(pd.DataFrame(), {"model_spec": spec.to_dict(), "parallel": par.to_dict()}, r)
 
 
 def test_uniformity_over_training_and_dispatch_split() -> None:
-    from llmcomm.specs import DTYPE_BYTES
+    from llmcomm.vocab import DTYPE_BYTES
 
     even = _moe_run(np.full((6, 4), 8))
     skew = _moe_run(np.array([[8, 8, 8, 8]] * 3 + [[32, 0, 0, 0]] * 3))

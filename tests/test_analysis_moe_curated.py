@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmcomm import analysis as A
+import llmcomm.analysis.api as A
 from llmcomm import read_trace
 from llmcomm.collect.curated import RUNS
 from llmcomm.specs import data_dir

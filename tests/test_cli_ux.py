@@ -76,14 +76,19 @@ def test_predict_checks_outputs_before_any_work(tmp_path, out_args, words) -> No
 
 
 def test_unwritable_folder_is_refused(tmp_path) -> None:
+    """An output whose folder cannot take a new file is refused before any work: a path below a regular file
+    (for every user, root included) and a read-only folder (for the users its permissions stop)."""
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a regular file")
+    one_error_line(llmcomm("predict", "tiny-gpt", "--out", str(blocker / "x.parquet")), 2, "is not a folder")
+    assert blocker.read_text() == "a regular file"
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
     try:
-        probe = ro / "probe"
         try:
-            probe.write_text("x")
-            pytest.skip("this user can write in a read-only folder (root); /proc case covers it")
+            (ro / "probe").write_text("x")
+            return  # root writes in a read-only folder: the case below a file above is the one that applies
         except OSError:
             pass
         one_error_line(llmcomm("predict", "tiny-gpt", "--out", str(ro / "x.parquet")), 2, "cannot write in folder")

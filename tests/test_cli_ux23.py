@@ -116,8 +116,9 @@ def test_parallel_dict_and_sequence_beyond_learned_positions_are_refused() -> No
 
 # -- 3: activations counted ------------------------------------------------------------------------------
 def test_time_refuses_a_configuration_whose_activations_do_not_fit(capsys) -> None:
-    from llmcomm.overhead import iteration_time, memory
+    from llmcomm.overhead import iteration_time
     from llmcomm.overhead.capacity import MemoryWarning
+    from llmcomm.overhead.memory import memory
 
     par = lc.ParallelConfig(tp=8, pp=16, dp=12, micro_batch=64, global_batch=1536)
     m = memory(lc.load_model("gpt3-175b"), par)  # the kit's own memory model says how much (448 GB, then 254 GB)

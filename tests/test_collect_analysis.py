@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from llmcomm import analysis as A
+import llmcomm.analysis.api as A
 
 
 def _events(iters: int = 6, mbs: int = 4, calls: int = 5, mb_ns: int = 10_000_000, jitter: float = 0.0,

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmcomm import ModelSpec, ParallelConfig, layout, read_trace
+from llmcomm import Layout, ModelSpec, ParallelConfig, read_trace
 from llmcomm.collect.curated import RUNS
 from llmcomm.specs import data_dir
 
@@ -45,7 +45,7 @@ def test_manifest_and_groups_match_layout(name: str) -> None:
     assert m["torch_version"].startswith("2.") and m["command"].startswith("llmcomm collect")
     assert m["model"] == spec.name and len(m["loss"]) == m["iterations"]
     assert m["loss"][-1] < m["loss"][0] - 0.3, "training loss must fall"
-    lay = layout(par)
+    lay = Layout(par)
     e = t.events
     assert set(e["rank"]) == set(range(par.world_size))
     for tag, dim in (("tp", "tp"), ("sp", "tp"), ("pp", "pp"), ("dp", "dp"), ("ep", "ep")):
@@ -67,7 +67,7 @@ def test_tp_calls_per_layer_and_microbatch(name: str) -> None:
     e = steady(t)
     tp = e[e["parallelism"] == "tp"]
     per_stage = spec.num_layers // par.pp
-    lay = layout(par).coords
+    lay = Layout(par).coords
     for (rank, _it, _mb), g in tp.groupby(["rank", "iteration", "microbatch"]):
         stage = int(lay["pp"].iat[rank])
         layers = g[g["layer"] >= 0]
@@ -99,7 +99,7 @@ def test_sp_turns_all_reduces_into_gathers_and_scatters() -> None:
     ar = e[(e["parallelism"] == "tp") & (e["op"] == "all_reduce")]
     assert (ar["bytes"] == h * F32).all()
     per_stage = spec.num_layers // par.pp
-    lay = layout(par).coords
+    lay = Layout(par).coords
     for (rank, _it), g in ar.groupby(["rank", "iteration"]):
         last = int(lay["pp"].iat[rank]) == par.pp - 1
         assert len(g) == 4 * per_stage + (2 if last else 0)
@@ -118,7 +118,7 @@ def test_pp_sends_and_receives_pair_up(name: str) -> None:
     a = sends.sort_values(key + ["src", "dst"]).reset_index(drop=True)
     c = recvs.sort_values(key + ["src", "dst"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(a, c)
-    lay = layout(par).coords
+    lay = Layout(par).coords
     stage = lay["pp"].to_numpy()
     fwd = a[a["phase"] == "forward"]
     assert (stage[fwd["dst"]] == stage[fwd["src"]] + 1).all()
@@ -146,7 +146,7 @@ def test_dp_all_reduce_bytes_equal_gradient_bytes(name: str) -> None:
     dp = e[e["parallelism"] == "dp"]
     assert (dp["op"] == "all_reduce").all() and (dp["dtype"] == "fp32").all()
     assert (dp["microbatch"] == par.num_microbatches - 1).all(), "gradient sync runs on the last micro-batch"
-    lay = layout(par).coords
+    lay = Layout(par).coords
     per_stage = spec.num_layers // par.pp
     for (rank, _it), g in dp.groupby(["rank", "iteration"]):
         stage = int(lay["pp"].iat[rank])

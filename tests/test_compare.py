@@ -128,4 +128,4 @@ def test_cli(tmp_path) -> None:  # noqa: ANN001
 
 
 def test_public_entry_point() -> None:
-    assert lc.compare(load_measured("gpt_tp4"), framework="torch").exact
+    assert lc.compare.compare(load_measured("gpt_tp4"), framework="torch").exact

@@ -29,7 +29,7 @@ def view():
 def test_view_is_the_packages_own_results(view) -> None:
     model, parallel = lc.load_model("gpt3-6.7b"), START.parallel()
     cluster = lc.load_cluster("a100-80g-hdr200").for_world(32)
-    trace = predict_traffic(model, parallel, cluster)
+    trace = predict_traffic(model, parallel, cluster=cluster)
     for p in ("tp", "pp"):
         for alg, label in (("direct", "logical"), ("ring", "ring")):
             cells = view.matrices[view.matrices.panel == f"{p.upper()} {label}"]

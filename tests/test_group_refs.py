@@ -1,9 +1,12 @@
-"""Groups as references (llmcomm.group_refs, llmcomm.ref_flows): a prediction held as references gives the
+"""Groups as references (llmcomm.group_refs, llmcomm.flows): a prediction held as references gives the
 same events, matrices, selections and volumes as the same prediction with its member lists written out, and
 bad references are refused naming the field and the row."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import conftest
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -11,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmcomm import ModelSpec, ParallelConfig
+from llmcomm import ParallelConfig
 from llmcomm.errors import ConfigError, TraceFormatError
 from llmcomm.group_refs import PAIR, GroupRefs, RefEvents
 from llmcomm.matrix import matrix_from_table
@@ -25,11 +28,8 @@ from llmcomm.trace import (
     validate_events,
 )
 
-TINY = ModelSpec(name="tiny", num_layers=8, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
-                 vocab_size=1000, seq_length=64, tied_embeddings=False)
-MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
-                vocab_size=1000, seq_length=32, num_experts=4, moe_router_topk=2, moe_layer_freq=1,
-                moe_ffn_hidden_size=64)
+TINY = dataclasses.replace(conftest.TINY, num_layers=8, seq_length=64, tied_embeddings=False)
+MOE = dataclasses.replace(conftest.TINY_MOE, moe_layer_freq=1, num_shared_experts=0)  # every layer MoE
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

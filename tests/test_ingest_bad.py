@@ -1,5 +1,6 @@
 """Bad input: every malformed file is a TraceFormatError naming file and field, and nothing is written
-under the output name. Fuzzing: any input either parses or raises the library's own error."""
+under the output name. Fuzzing: any input either raises the library's own error or parses into what the
+reader promises (an events table that passes the trace checks, or a bandwidth table of sane numbers)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ import json
 import tarfile
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmcomm.cli import main
 from llmcomm.errors import LLMCommError, TraceFormatError
+from llmcomm.events import validate_events
 from llmcomm.ingest import (
     aicb,
     exec_trace,
@@ -25,7 +30,11 @@ from llmcomm.ingest import (
     nccl_tests,
     vtrain_lut,
 )
+from llmcomm.ingest.nccl_tests import BANDWIDTH_COLUMNS
+from llmcomm.ingest.readers import TraceTable
 from llmcomm.ingest.sources import Source
+from llmcomm.trace_io import encode_meta
+from llmcomm.vocab import EVENTS_SCHEMA
 
 
 def kineto_doc(rank: int = 0, world: int = 2, nelems: object = 1024, ranks: str = "[0, 1]") -> dict:
@@ -216,11 +225,50 @@ def kineto_like(draw: st.DrawFn) -> bytes:
     return json.dumps(doc).encode()
 
 
+def _check_parsed(result: object, src: Source) -> None:
+    """What a successful parse must return: a trace reader's ``TraceTable`` whose events are in
+    ``EVENTS_SCHEMA`` and pass :func:`llmcomm.events.validate_events`, with JSON-storable metadata; a bandwidth
+    reader's table with exactly the bandwidth columns, sizes and counts >= 0, times and bandwidths finite and
+    >= 0, at least one rank."""
+    if isinstance(result, pd.DataFrame):
+        assert list(result.columns) == list(BANDWIDTH_COLUMNS)
+        for col in ("bytes", "count"):
+            assert (result[col].to_numpy(np.int64) >= 0).all(), col
+        for col in ("time_us", "time_s", "algbw", "busbw"):
+            v = result[col].to_numpy(np.float64)
+            assert (np.isfinite(v) & (v >= 0)).all(), col
+        ranks = result["ranks"].dropna().to_numpy(np.float64)
+        assert (ranks >= 1).all()
+        return
+    assert isinstance(result, TraceTable), type(result)
+    assert result.events.schema.equals(EVENTS_SCHEMA)
+    validate_events(result.events, src.name)  # raises TraceFormatError: a parse that let bad rows through
+    assert isinstance(result.meta, dict)
+    encode_meta(result.meta)
+
+
 def _parses_or_own_error(fn, src: Source) -> None:  # noqa: ANN001
     try:
-        fn(src)
+        result = fn(src)
     except LLMCommError:
-        pass
+        return
+    _check_parsed(result, src)
+
+
+def test_the_fuzz_check_accepts_good_and_rejects_bad_parses() -> None:
+    good = Source("rank0.json", json.dumps(kineto_doc()).encode())
+    _check_parsed(kineto.parse(good, None, 0), good)
+    text = Source("AR_GPU2_LUT", b"size(B),count,type,time(ns),busbw(GB/s),time(ns),busbw(GB/s)\n1024,256,float,5,1,6,1\n")
+    table = vtrain_lut.parse(text)
+    _check_parsed(table, text)
+    with pytest.raises(AssertionError, match="busbw"):
+        _check_parsed(table.assign(busbw=-1.0), text)
+    events = kineto.parse(good, None, 0)
+    schema = events.events.schema
+    bad = events.events.set_column(schema.get_field_index("bytes"), schema.field("bytes"),
+                                   pa.array([-1] * events.events.num_rows, pa.int64()))
+    with pytest.raises(TraceFormatError, match="bytes"):
+        _check_parsed(TraceTable(bad, events.meta), good)
 
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

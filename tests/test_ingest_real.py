@@ -101,7 +101,7 @@ def test_dlrm_eight_ranks(external) -> None:
 
 
 def test_dlrm_matrix_margins(external) -> None:
-    from llmcomm.analysis import a2a_matrix_estimate
+    from llmcomm.analysis.api import a2a_matrix_estimate
 
     path = external("param/dlrm_kineto.tar.gz")
     want = _dlrm_independent(path)

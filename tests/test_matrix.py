@@ -7,20 +7,17 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
+from conftest import TINY, TINY_MOE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmcomm import ModelSpec, ParallelConfig
+from llmcomm import ParallelConfig
 from llmcomm.errors import ConfigError, TraceFormatError
 from llmcomm.matrix import blocks, matrix_from_table
 from llmcomm.predict import predict_traffic
 from llmcomm.trace import Trace, flows_from_table, flows_to_matrix
 
-TINY = ModelSpec(name="tiny", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
-                 vocab_size=1000, seq_length=32, tied_embeddings=True)
-MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
-                vocab_size=1000, seq_length=32, num_experts=4, moe_router_topk=2, moe_layer_freq=2,
-                num_shared_experts=1, moe_ffn_hidden_size=64)
+MOE = TINY_MOE
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

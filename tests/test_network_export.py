@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmcomm import ParallelConfig, Trace, compare, ingest_trace, load_model
+from llmcomm import ParallelConfig, Trace, ingest_trace, load_model
 from llmcomm.cli import main
+from llmcomm.compare import compare
 from llmcomm.network import link_loads, load_topology
 from llmcomm.network.export import flow_list, to_aicb, write_aicb, write_flow_list
 from llmcomm.predict import predict_traffic

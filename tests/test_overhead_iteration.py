@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TINY
 
 from llmcomm import step
 from llmcomm.errors import ConfigError
@@ -14,9 +17,8 @@ from llmcomm.specs import Cluster, ModelSpec, ParallelConfig
 
 CLUSTER = Cluster(name="test", gpus_per_node=8, gpu="NVIDIA H100 test", peak_bf16_flops=1e12,
                   gpu_memory_bytes=80e9, intra_node_bandwidth=1e9, inter_node_bandwidth=1e9)
-MODEL = ModelSpec(name="small", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
-                  vocab_size=128, add_bias_linear=True, position_embedding_type="learned_absolute",
-                  max_position_embeddings=32, seq_length=32)
+MODEL = dataclasses.replace(TINY, name="small", vocab_size=128, add_bias_linear=True,
+                            position_embedding_type="learned_absolute", max_position_embeddings=32)
 # hand-worked with the full score matrix: attention_backend unfused (test_attention_backend_by_hand: fused)
 PAR = ParallelConfig(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4, recompute="full", attention_backend="unfused")
 GEMM_ONLY = Utilization(coef=(1.0, 0.0, 0.0, 0.0, 0.0))
@@ -207,8 +209,19 @@ def test_bad_input():
 
 
 def test_defaults_use_shipped_calibration():
-    b = iteration_time(MODEL, PAR, CLUSTER)
-    assert b.total_s > 0 and 0 < b.comm_overhead < 1
+    """Without a bandwidth or utilization model, iteration_time reads the shipped fits (data/calibration/): the
+    breakdown equals the one with them passed explicitly, and its total is today's value (pinned: a refit of
+    the calibration, or a change of the formulation, must change this number on purpose)."""
+    from llmcomm.overhead import Bandwidth
+    from llmcomm.specs import load_cluster
+
+    a100 = load_cluster("vtrain-a100")  # the cluster the shipped fits were measured on
+    b = iteration_time(MODEL, PAR, a100)
+    assert b == iteration_time(MODEL, PAR, a100, Bandwidth.default(a100), Utilization.default())
+    assert b.total_s == pytest.approx(0.020850792937344362, rel=1e-9)
+    assert b.comm_overhead == pytest.approx(0.08882080198112215, rel=1e-9)
+    # a cluster without fits of its own: the calibration carried over by link ratio
+    assert iteration_time(MODEL, PAR, CLUSTER).total_s == pytest.approx(0.021207202288729715, rel=1e-9)
 
 
 def test_cached_timer_equals_bandwidth_time():

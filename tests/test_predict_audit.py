@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import conftest
 import pytest
 
-from llmcomm import Layout, ModelSpec, ParallelConfig, load_model
+from llmcomm import Layout, ParallelConfig, load_model
 from llmcomm.predict import audit_table, predict_traffic
 
-TINY_MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
-                     vocab_size=1000, seq_length=32, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=64,
-                     num_shared_experts=1, moe_layer_freq=2, gated_mlp=True, tied_embeddings=True,
-                     position_embedding_type="learned_absolute", max_position_embeddings=32)
+TINY_MOE = dataclasses.replace(conftest.TINY_MOE, gated_mlp=True, tied_embeddings=True,
+                              position_embedding_type="learned_absolute", max_position_embeddings=32)
 
 CONFIGS = [
     ("gpt3-125m", ParallelConfig(tp=2, pp=2, dp=2, sp=True, vpp=2, global_batch=8, seq_len=128,

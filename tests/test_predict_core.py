@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TINY
 
-from llmcomm import ConfigError, ModelSpec, ParallelConfig
+from llmcomm import ConfigError, ParallelConfig
 from llmcomm.predict import predict_traffic
 from llmcomm.predict.schedule import interleaved, one_f_one_b
 
-TINY = ModelSpec(name="tiny", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
-                 vocab_size=1000, seq_length=32, tied_embeddings=True)
 H, S = 64, 32
 A = 1 * S * H * 2  # b·s·h·bf16 = 4096
 CE = S * 4  # b·s fp32
@@ -227,7 +226,7 @@ def test_context_parallel_ring_and_dp_cp_group():
 
 
 def test_valid_cases_name_the_broken_rule():
-    from llmcomm.predict.sweeps import valid_cases
+    from llmcomm.analysis.sweeps import valid_cases
 
     cases = {"fits": (TINY, {"tp": 2, "global_batch": 2}), "tp8": (TINY, {"tp": 8, "global_batch": 2}),
              "tp2 of 1.3b": ("gpt3-1.3b", {"tp": 2, "global_batch": 2})}
@@ -237,7 +236,7 @@ def test_valid_cases_name_the_broken_rule():
 
 
 def test_tp_closed_form_by_hand_and_against_the_prediction():
-    from llmcomm.predict.sweeps import tp_closed_form
+    from llmcomm.analysis.sweeps import tp_closed_form
 
     par = pc(tp=2, pp=2, global_batch=2)   # L = 4, m = 2, world 4
     c = tp_closed_form(TINY, par)
@@ -249,7 +248,7 @@ def test_tp_closed_form_by_hand_and_against_the_prediction():
     assert c.iteration_tp_bytes == 2 * 2 * 74112 and c.iteration_tp_sp_bytes == 2 * 2 * 184704
     # the predictor agrees: TP bytes of the iteration, and SP's per-micro-batch TP+SP bytes
     assert vol(predict_traffic(TINY, par), parallelism="tp") == c.iteration_tp_bytes
-    from llmcomm.analysis import tp_microbatch_bytes
+    from llmcomm.analysis.api import tp_microbatch_bytes
 
     assert tp_microbatch_bytes(predict_traffic(TINY, pc(tp=2, pp=2, sp=True, global_batch=2))) == \
         c.iteration_tp_sp_bytes
@@ -257,7 +256,7 @@ def test_tp_closed_form_by_hand_and_against_the_prediction():
 
 
 def test_tp_share_sweeps_skip_tp1_and_keep_interleaved_multiples():
-    from llmcomm.predict.sweeps import tp_share_sweeps
+    from llmcomm.analysis.sweeps import tp_share_sweeps
 
     cases = {"tp2": (TINY, {"tp": 2, "global_batch": 1}), "dp2": (TINY, {"dp": 2, "global_batch": 2}),
              "tp2 vpp +SP": (TINY, {"tp": 2, "pp": 2, "vpp": 2, "sp": True, "global_batch": 2})}

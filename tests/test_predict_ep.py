@@ -5,15 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import TINY_MOE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmcomm import ConfigError, ModelSpec, ParallelConfig
+from llmcomm import ConfigError, ParallelConfig
 from llmcomm.predict import predict_traffic
 
-MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
-                vocab_size=1000, seq_length=32, num_experts=4, moe_router_topk=2, moe_layer_freq=2,
-                num_shared_experts=1, moe_ffn_hidden_size=64)
+MOE = TINY_MOE
 H, S, E, K = 64, 32, 4, 2
 
 

@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import TINY, TINY_MOE
 
 from llmcomm import ConfigError, Layout, ModelSpec, ParallelConfig
 from llmcomm.predict import Context, predict_traffic
@@ -16,15 +17,13 @@ from llmcomm.predict.schedule import interleaved, schedule_table
 
 H, S = 64, 32
 A = S * H * 2  # b·s·h·bf16
-GPT = ModelSpec(name="tiny-gpt", num_layers=4, hidden_size=H, ffn_hidden_size=256, num_attention_heads=4,
-                vocab_size=1000, seq_length=S, tied_embeddings=True, add_bias_linear=True,
-                position_embedding_type="learned_absolute", max_position_embeddings=S)
+GPT = dataclasses.replace(TINY, name="tiny-gpt", add_bias_linear=True, position_embedding_type="learned_absolute",
+                          max_position_embeddings=S)
 ROPE = dataclasses.replace(GPT, name="tiny-rope", position_embedding_type="rope", max_position_embeddings=None,
                            add_bias_linear=False, normalization="RMSNorm")
 E, K = 4, 2
-MOE = ModelSpec(name="tiny-moe", num_layers=4, hidden_size=H, ffn_hidden_size=128, num_attention_heads=4,
-                vocab_size=1000, seq_length=S, num_experts=E, moe_router_topk=K, moe_ffn_hidden_size=64,
-                gated_mlp=True, tied_embeddings=False)
+MOE = dataclasses.replace(TINY_MOE, moe_layer_freq=1, num_shared_experts=0, gated_mlp=True, tied_embeddings=False)
+assert (GPT.hidden_size, GPT.seq_length, MOE.num_experts, MOE.moe_router_topk) == (H, S, E, K)
 
 
 def pc(**kw) -> ParallelConfig:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+from conftest import TINY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmcomm import Layout, ModelSpec, ParallelConfig
+from llmcomm import Layout, ParallelConfig
 from llmcomm.predict import predict_traffic
 
-TINY = ModelSpec(name="tiny", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
-                 vocab_size=1000, seq_length=32, tied_embeddings=True)
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -88,7 +87,7 @@ def _tied(model, p) -> int:
 @given(configs())
 @SETTINGS
 def test_support_is_the_union_of_layout_groups(p):
-    from llmcomm.analysis import support_violations
+    from llmcomm.analysis.api import support_violations
 
     t = predict_traffic(TINY, p)
     assert support_violations(t).empty

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import TINY
 
-from llmcomm import ModelSpec, ParallelConfig, read_trace
+from llmcomm import ParallelConfig, read_trace
 from llmcomm.analysis import dataset as ds
 from llmcomm.analysis.repeatability import repeatability
 from llmcomm.cli import main
@@ -20,9 +21,6 @@ from llmcomm.ingest import ingest_to_dataset
 from llmcomm.ingest import parallel as par
 from llmcomm.predict import predict_traffic
 from llmcomm.trace import Trace
-
-TINY = ModelSpec(name="tiny", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
-                 vocab_size=1000, seq_length=32, tied_embeddings=True)
 
 
 @pytest.fixture(scope="module")

@@ -160,6 +160,7 @@ def test_measured_regret_and_published(external) -> None:  # noqa: ANN001
 
 
 def test_public_entry_point() -> None:
-    """``llmcomm.tune`` is the function the issue names; the modules stay reachable by ``from`` imports."""
-    r = lc.tune("gpt3-13b", 64, "a100-80g-hdr200", 512)
+    """``llmcomm.tune`` is the package (``import llmcomm`` loads it on first use); ``llmcomm.tune.tune`` the
+    entry point."""
+    r = lc.tune.tune("gpt3-13b", 64, "a100-80g-hdr200", 512)
     assert r.best["total_s"] == tune("gpt3-13b", 64, A100, 512).best["total_s"]

@@ -30,18 +30,22 @@ def test_enum_values_are_the_strings_in_files() -> None:
     assert set(vocab.COLLECTIVES) | set(vocab.POINT_TO_POINT) == set(vocab.OPS)
 
 
+def test_literal_types_spell_out_their_enums() -> None:
+    from typing import get_args
+
+    assert len(vocab.LITERALS) == 12
+    for literal, enum in vocab.LITERALS.items():
+        assert get_args(literal) == tuple(str(m.value) for m in enum), enum.__name__
+
+
 def test_modules_share_the_one_definition() -> None:
     import llmcomm.collect.record as record
     from llmcomm import specs, trace
-    from llmcomm.ingest import common
-    from llmcomm.predict import calls, ep
 
-    assert specs.DTYPE_BYTES is vocab.DTYPE_BYTES and specs.dtype_bytes is vocab.dtype_bytes
     assert trace.EVENTS_SCHEMA is vocab.EVENTS_SCHEMA and trace.ROUTING_SCHEMA is vocab.ROUTING_SCHEMA
-    assert trace.DEFAULTS is vocab.EVENT_DEFAULTS and tuple(trace.ROUTING_KEY) == vocab.ROUTING_KEY
-    assert calls.GROUP_KINDS is vocab.CALL_GROUP_KINDS and calls.FRAMEWORKS is vocab.FRAMEWORKS
-    assert ep.ROUTING_COLUMNS is vocab.ROUTING_COLUMNS
-    assert common.DTYPES is vocab.DTYPES
+    # the 0.1 aliases are gone: a vocabulary is imported from llmcomm.vocab, not from a module that uses it
+    for module, name in [(specs, "DTYPE_BYTES"), (trace, "DEFAULTS"), (trace, "ROUTING_KEY")]:
+        assert not hasattr(module, name), name
     assert record.dtype_name(__import__("torch").bfloat16) == "bf16"
     assert specs.data_dir() == lc.paths.data_dir()
 

@@ -1,155 +1,42 @@
 """Analyses over traces: every function takes a :class:`~llmcomm.trace.Trace` (or its events) first and
-returns a tidy DataFrame or a number (Holistic Trace Analysis style).
+returns a tidy DataFrame or a number (Holistic Trace Analysis style), grouped by what it studies:
 
-* :mod:`.volumes` — bytes per parallelism / phase, shares, the TP share (finding F2).
-* :mod:`.pairs` — bytes per pair class (intra- / inter-node), bytes outside every group (finding F1).
-* :mod:`.temporal` — time series, autocorrelation, periods (finding F3).
+* :class:`TraceAnalysis` — one entry point over one trace (HTA's ``TraceAnalysis``): volumes, pairs,
+  temporal pattern, repeatability and all-to-all matrices with the trace given once;
+* :mod:`.volumes` — bytes per parallelism / phase, shares, the TP share (finding F2);
+* :mod:`.pairs` — bytes per pair class (intra- / inter-node), bytes outside every group (finding F1);
+* :mod:`.temporal` — time series, autocorrelation, periods (finding F3);
 * :mod:`.repeatability` — calls numbered in issue order and followed across iterations: identical
-  sequences, message sizes, duration spread (finding F3).
-* :mod:`.alltoall` — all-to-all matrices, exact or estimated from recorded margins (finding F4).
-* :mod:`.moe` — MoE predictability: all-to-all matrices, uniformity, identities, predictors (finding F4).
-* :mod:`.bandwidth` — peak bus bandwidth per sweep of a bandwidth table, small messages, saturation.
+  sequences, message sizes, duration spread (finding F3);
+* :mod:`.alltoall` — all-to-all matrices, exact or estimated from recorded margins (finding F4);
+* :mod:`.moe` — MoE predictability: all-to-all matrices, uniformity, identities, predictors (finding F4);
+* :mod:`.bandwidth` — peak bus bandwidth per sweep of a bandwidth table, small messages, saturation;
+* :mod:`.sweeps` — predictions over several configurations, the TP share as micro-batches grow (F2);
+* :mod:`.dataset` — volumes, matrix, rank summary and repeatability of a dataset, one rank file at a time;
+* :mod:`.api` — every function above in one flat namespace (``import llmcomm.analysis.api as A``), as
+  ``statsmodels.api``.
+
+The modules load on first use (``llmcomm.analysis.volumes.tp_share``).
 """
 
-from .alltoall import a2a_matrix_estimate
-from .bandwidth import bandwidth_summary, node_peaks, saturation_bytes, small_message_fraction
-from .events import events_of, timed_events, trace_of
-from .moe import (
-    a2a_cells,
-    a2a_identities,
-    call_variation,
-    call_variation_table,
-    consecutive_distance,
-    dispatch_exact_bounded,
-    envelope_summary,
-    ep_matrices,
-    exact_bounded_split,
-    expert_load,
-    identity_panel_cells,
-    identity_summary,
-    iteration_matrices,
-    load_autocorrelation,
-    load_uniformity,
-    matrix_stack,
-    matrix_uniformity,
-    moe_repeatability,
-    phase_means,
-    phase_pivot,
-    pooled_identity_summary,
-    position_duration_spread,
-    predict_next,
-    predictor_errors,
-    reference_iteration,
-    routed_uniform_split,
-    routing_matrices,
-    routing_vs_events,
-    sequence_variation,
-    training_phase,
-    uniformity_over_training,
-    uniformity_stats,
-)
-from .pairs import diagonal_offsets, matrix_asymmetry, pair_class_table, pair_classes, support_violations
-from .repeatability import (
-    SEQUENCE_COLUMNS,
-    call_sequence,
-    call_sequences,
-    comm_time_per_iteration,
-    duration_spread,
-    in_issue_order,
-    repeatability,
-    repeatability_summary,
-    size_repeatability,
-    smallest_duration_ratio,
-)
-from .temporal import (
-    acf_peak_near,
-    autocorrelation,
-    comm_time_series,
-    mean_autocorrelation,
-    periods,
-    silent_share,
-    with_pipeline_stage,
-)
-from .volumes import (
-    bytes_by,
-    describe_crossing,
-    first_crossing,
-    first_crossings,
-    largest_parallelism,
-    tp_microbatch_bytes,
-    tp_share,
-    volume_table,
-)
+from __future__ import annotations
 
-__all__ = [
-    "SEQUENCE_COLUMNS",
-    "a2a_cells",
-    "a2a_identities",
-    "a2a_matrix_estimate",
-    "acf_peak_near",
-    "autocorrelation",
-    "bandwidth_summary",
-    "bytes_by",
-    "call_sequence",
-    "call_sequences",
-    "call_variation",
-    "call_variation_table",
-    "comm_time_per_iteration",
-    "comm_time_series",
-    "consecutive_distance",
-    "describe_crossing",
-    "diagonal_offsets",
-    "dispatch_exact_bounded",
-    "duration_spread",
-    "envelope_summary",
-    "ep_matrices",
-    "events_of",
-    "exact_bounded_split",
-    "expert_load",
-    "first_crossing",
-    "first_crossings",
-    "identity_panel_cells",
-    "identity_summary",
-    "in_issue_order",
-    "iteration_matrices",
-    "largest_parallelism",
-    "load_autocorrelation",
-    "load_uniformity",
-    "matrix_asymmetry",
-    "matrix_stack",
-    "matrix_uniformity",
-    "mean_autocorrelation",
-    "moe_repeatability",
-    "node_peaks",
-    "pair_class_table",
-    "pair_classes",
-    "periods",
-    "phase_means",
-    "phase_pivot",
-    "pooled_identity_summary",
-    "position_duration_spread",
-    "predict_next",
-    "predictor_errors",
-    "reference_iteration",
-    "repeatability",
-    "repeatability_summary",
-    "routed_uniform_split",
-    "routing_matrices",
-    "routing_vs_events",
-    "saturation_bytes",
-    "sequence_variation",
-    "silent_share",
-    "size_repeatability",
-    "small_message_fraction",
-    "smallest_duration_ratio",
-    "support_violations",
-    "timed_events",
-    "tp_microbatch_bytes",
-    "tp_share",
-    "trace_of",
-    "training_phase",
-    "uniformity_over_training",
-    "uniformity_stats",
-    "volume_table",
-    "with_pipeline_stage",
-]
+import importlib
+from typing import Any
+
+from .trace_analysis import TraceAnalysis
+
+MODULES = ("alltoall", "api", "bandwidth", "dataset", "events", "moe", "pairs", "repeatability", "sweeps",
+           "temporal", "volumes")
+
+__all__ = ["TraceAnalysis", *MODULES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(MODULES))

@@ -32,8 +32,9 @@ import scipy.sparse as sp
 
 from ..errors import TraceFormatError
 from ..ingest.parallel import map_tasks
+from ..matrix import MatrixLevel
 from ..trace import decode_meta, read_trace
-from ..vocab import EVENTS_SCHEMA
+from ..vocab import EVENTS_SCHEMA, AlgorithmName
 from .repeatability import SEQUENCE_COLUMNS, repeatability
 
 PathLike = str | os.PathLike[str]
@@ -93,7 +94,7 @@ def dataset_volumes(dataset: PathLike, by: Sequence[str] = ("parallelism",), sen
     return out.astype({"bytes": np.int64, "calls": np.int64})
 
 
-def _file_matrix(path: str, algorithm: str, world_size: int, level: str, gpus_per_node: int,
+def _file_matrix(path: str, algorithm: AlgorithmName, world_size: int, level: MatrixLevel, gpus_per_node: int,
                  nodes_per_rack: int | None, filters: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     t = read_trace(path)
     m = t.matrix(algorithm, world_size, level=level, gpus_per_node=gpus_per_node, nodes_per_rack=nodes_per_rack,
@@ -101,8 +102,8 @@ def _file_matrix(path: str, algorithm: str, world_size: int, level: str, gpus_pe
     return m.row.astype(np.int64), m.col.astype(np.int64), m.data
 
 
-def dataset_matrix(dataset: PathLike, algorithm: str = "direct", world_size: int | None = None, *,
-                   level: str = "gpu", gpus_per_node: int = 8, nodes_per_rack: int | None = None,
+def dataset_matrix(dataset: PathLike, algorithm: AlgorithmName = "direct", world_size: int | None = None, *,
+                   level: MatrixLevel = "gpu", gpus_per_node: int = 8, nodes_per_rack: int | None = None,
                    workers: int | None = None, scheduler: str | None = None, **filters: Any) -> sp.csr_matrix:
     """``read_trace(dataset).matrix(algorithm, ...)`` built one rank file at a time (see the module doc)."""
     from ..matrix import level_unit

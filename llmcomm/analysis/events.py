@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import pandas as pd
 
 from ..errors import AnalysisError
 from ..trace import Trace
 
-TraceOrEvents = Trace | pd.DataFrame
+TraceOrEvents: TypeAlias = Trace | pd.DataFrame
 
 
 def events_of(data: TraceOrEvents) -> pd.DataFrame:

@@ -56,8 +56,8 @@ import pandas as pd
 
 from ..errors import AnalysisError, DataError
 from ..layout import Layout
-from ..specs import ParallelConfig
-from ..vocab import DTYPE_BYTES, ROUTING_COLUMNS
+from ..specs import ModelSpec, ParallelConfig
+from ..vocab import DTYPE_BYTES, ROUTING_COLUMNS, AlgorithmName
 from .repeatability import in_issue_order, repeatability
 from .temporal import autocorrelation
 
@@ -81,11 +81,11 @@ def _parallel(parallel: ParallelConfig | Mapping[str, Any]) -> ParallelConfig:
     return parallel if isinstance(parallel, ParallelConfig) else ParallelConfig.from_dict(dict(parallel))
 
 
-def _recorded_moe(trace: Any) -> tuple[Mapping[str, Any], ParallelConfig, int]:
-    """A recorded MoE trace's model spec (its manifest's dict), parallel configuration and dispatch bytes per
-    token ``h · act``."""
-    spec, par = trace.meta["model_spec"], _parallel(trace.meta["parallel"])
-    return spec, par, spec["hidden_size"] * DTYPE_BYTES[par.act_dtype]
+def _recorded_moe(trace: Any) -> tuple[ModelSpec, ParallelConfig, int]:
+    """A recorded MoE trace's model spec and parallel configuration (:meth:`llmcomm.trace.Trace.model_spec`,
+    :meth:`~llmcomm.trace.Trace.parallel_config`) and dispatch bytes per token ``h · act``."""
+    spec, par = trace.model_spec(), trace.parallel_config()
+    return spec, par, spec.hidden_size * DTYPE_BYTES[par.act_dtype]
 
 
 def matrix_stack(cells: pd.DataFrame, keys: Sequence[str], value: str = "value") -> tuple[pd.DataFrame, np.ndarray]:
@@ -151,10 +151,10 @@ def routing_matrices(trace: Any, *, per_microbatch: bool = False) -> pd.DataFram
     if trace.routing is None:
         raise DataError("trace has no routing table (not an MoE run recorded by llmcomm.collect)")
     spec, par, bpt = _recorded_moe(trace)
-    return ep_matrices(trace.routing, par, spec["num_experts"], per_microbatch=per_microbatch, bytes_per_token=bpt)
+    return ep_matrices(trace.routing, par, spec.num_experts, per_microbatch=per_microbatch, bytes_per_token=bpt)
 
 
-def iteration_matrices(trace: Any, algorithm: str = "direct", **filters: Any) -> pd.DataFrame:
+def iteration_matrices(trace: Any, algorithm: AlgorithmName = "direct", **filters: Any) -> pd.DataFrame:
     """The whole communication matrix of each iteration of any trace (dense or MoE): cells ``iteration,
     src, dst, value`` (bytes of :meth:`llmcomm.trace.Trace.flows`; ``direct`` leaves out what a rank sends
     itself)."""
@@ -336,7 +336,7 @@ def routing_vs_events(trace: Any) -> pd.DataFrame:
     keys = ["iteration", "microbatch", "layer", "ep_group"]
     k_e, a_e = matrix_stack(fwd, keys)
     rt = trace.routing[trace.routing["iteration"].isin(k_e["iteration"].unique())]
-    k_r, a_r = matrix_stack(ep_matrices(rt, par, spec["num_experts"], bytes_per_token=bpt, per_microbatch=True),
+    k_r, a_r = matrix_stack(ep_matrices(rt, par, spec.num_experts, bytes_per_token=bpt, per_microbatch=True),
                             keys)
     j = k_e.reset_index().merge(k_r.reset_index(), on=keys, how="left", suffixes=("_e", "_r"))
     if j["index_r"].isna().any():
@@ -409,9 +409,9 @@ def predict_next(stack: np.ndarray, method: str, *, alpha: float = 0.3, window: 
         if window < 1:
             raise AnalysisError(f"window={window} must be >= 1")
         c = np.concatenate([np.zeros((1, *m.shape[1:])), np.cumsum(m, axis=0)])
-        t = np.arange(1, T)
-        lo = np.maximum(0, t - window)
-        p[1:] = (c[t] - c[lo]) / (t - lo)[:, None, None]
+        steps = np.arange(1, T)
+        lo = np.maximum(0, steps - window)
+        p[1:] = (c[steps] - c[lo]) / (steps - lo)[:, None, None]
     else:
         raise AnalysisError(f"method={method!r} is not one of uniform, last, ema, window")
     return p
@@ -651,7 +651,7 @@ def routed_uniform_split(trace: Any) -> tuple[float, int]:
     row totals the same — fixed by tokens × top-k before the run — else NaN; and the number of rows."""
     rows = (routing_matrices(trace, per_microbatch=True)
             .groupby(["iteration", "layer", "microbatch", "ep_group", "src"])["value"].sum())
-    ep = _parallel(trace.meta["parallel"]).ep
+    ep = trace.parallel_config().ep
     return (float(rows.unique()[0]) / ep if rows.nunique() == 1 else float("nan")), len(rows)
 
 

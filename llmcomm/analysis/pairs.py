@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import AnalysisError
+from ..vocab import AlgorithmName
 from .events import TraceOrEvents, trace_of
 from .volumes import with_share
 
@@ -31,7 +32,7 @@ GROUP_KINDS_OF = {"tp": ("tp",), "sp": ("tp", "etp"), "cp": ("cp",), "pp": ("pp"
 VIOLATION_COLUMNS = ["parallelism", "src", "dst", "bytes"]
 
 
-def pair_classes(data: TraceOrEvents, gpus_per_node: int = 8, algorithm: str = "ring") -> pd.DataFrame:
+def pair_classes(data: TraceOrEvents, gpus_per_node: int = 8, algorithm: AlgorithmName = "ring") -> pd.DataFrame:
     """Wire bytes per parallelism and pair class (``intra-node``/``inter-node``), with ``share``."""
     flows = trace_of(data).flows(algorithm)
     same_node = flows["src"].to_numpy() // gpus_per_node == flows["dst"].to_numpy() // gpus_per_node
@@ -42,23 +43,22 @@ def pair_classes(data: TraceOrEvents, gpus_per_node: int = 8, algorithm: str = "
     return with_share(table)
 
 
-def pair_class_table(traces: Mapping[str, TraceOrEvents], gpus_per_node: int = 8, algorithm: str = "ring") -> pd.DataFrame:
+def pair_class_table(traces: Mapping[str, TraceOrEvents], gpus_per_node: int = 8, algorithm: AlgorithmName = "ring") -> pd.DataFrame:
     """Tidy ``config, parallelism, pair_class, bytes, share`` over several traces."""
     return pd.concat([pair_classes(trace, gpus_per_node, algorithm).assign(config=label)
                       for label, trace in traces.items()], ignore_index=True)
 
 
-def support_violations(data: TraceOrEvents, algorithm: str = "direct") -> pd.DataFrame:
+def support_violations(data: TraceOrEvents, algorithm: AlgorithmName = "direct") -> pd.DataFrame:
     """Nonzero matrix entries ``(parallelism, src, dst, bytes)`` whose two ranks share no group of that
     parallelism in the trace's layout (see the module docstring). Empty when every byte flows inside a
     group — finding F1's "determined by the parallel config and the rank mapping"."""
     from ..layout import Layout
-    from ..specs import ParallelConfig
 
     trace = trace_of(data)
     if "parallel" not in trace.meta:
         raise AnalysisError("trace meta has no field 'parallel': the layout that defines the groups is unknown")
-    layout = Layout(ParallelConfig.from_dict(trace.meta["parallel"]), int(trace.meta.get("gpus_per_node", 8)))
+    layout = Layout(trace.parallel_config(), int(trace.meta.get("gpus_per_node", 8)))
     flows = trace.flows(algorithm)
     flows = flows[flows["bytes"] > 0]
     violations = []
@@ -72,7 +72,7 @@ def support_violations(data: TraceOrEvents, algorithm: str = "direct") -> pd.Dat
     return pd.concat(violations, ignore_index=True) if violations else pd.DataFrame(columns=VIOLATION_COLUMNS)
 
 
-def diagonal_offsets(data: TraceOrEvents, algorithm: str = "direct", **filters: Any) -> list[int]:
+def diagonal_offsets(data: TraceOrEvents, algorithm: AlgorithmName = "direct", **filters: Any) -> list[int]:
     """The diagonals the nonzero entries of the communication matrix lie on: the distinct ``dst − src`` of
     its entries with bytes, ascending; ``filters`` select events first (``parallelism="pp"``...)."""
     matrix = trace_of(data).matrix(algorithm, **filters).tocoo()
@@ -80,7 +80,7 @@ def diagonal_offsets(data: TraceOrEvents, algorithm: str = "direct", **filters: 
     return sorted(set((matrix.col[nonzero] - matrix.row[nonzero]).tolist()))
 
 
-def matrix_asymmetry(data: TraceOrEvents, algorithm: str = "direct", **filters: Any) -> float:
+def matrix_asymmetry(data: TraceOrEvents, algorithm: AlgorithmName = "direct", **filters: Any) -> float:
     """``max |M − Mᵀ|`` over the communication matrix's entries (bytes; 0 when symmetric); ``filters``
     select events first."""
     matrix = trace_of(data).matrix(algorithm, **filters)

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
+from ..vocab import AlgorithmName
 from .events import TraceOrEvents, events_of, trace_of
 
 TP_PARALLELISMS = ("tp", "sp")
@@ -34,7 +35,7 @@ def with_share(table: pd.DataFrame) -> pd.DataFrame:
     return table.assign(share=table["bytes"] / total if total else 0.0)
 
 
-def bytes_by(data: TraceOrEvents, by: Iterable[str] = ("parallelism",), algorithm: str | None = None
+def bytes_by(data: TraceOrEvents, by: Iterable[str] = ("parallelism",), algorithm: AlgorithmName | None = None
              ) -> pd.DataFrame:
     """Bytes grouped by ``by`` with each group's ``share`` of the total (message or wire bytes), largest
     first."""
@@ -47,7 +48,7 @@ def bytes_by(data: TraceOrEvents, by: Iterable[str] = ("parallelism",), algorith
     return with_share(grouped).sort_values("bytes", ascending=False, ignore_index=True)
 
 
-def tp_share(data: TraceOrEvents, algorithm: str | None = None) -> float:
+def tp_share(data: TraceOrEvents, algorithm: AlgorithmName | None = None) -> float:
     """Fraction of all bytes that TP (and SP) calls carry."""
     shares = bytes_by(data, ("parallelism",), algorithm)
     return float(shares.loc[shares["parallelism"].isin(TP_PARALLELISMS), "share"].sum())
@@ -72,7 +73,7 @@ def first_crossing(sweep: pd.DataFrame, threshold: float = 0.99) -> int | None:
 def first_crossings(sweeps: pd.DataFrame, threshold: float = 0.99, by: str = "configuration"
                     ) -> dict[str, int | None]:
     """:func:`first_crossing` of each ``by`` group of stacked sweeps (e.g.
-    :func:`llmcomm.predict.sweeps.tp_share_sweeps`), in order of first appearance."""
+    :func:`llmcomm.analysis.sweeps.tp_share_sweeps`), in order of first appearance."""
     return {label: first_crossing(sweeps[sweeps[by] == label], threshold) for label in pd.unique(sweeps[by])}
 
 
@@ -84,7 +85,7 @@ def describe_crossing(microbatches: int | None, up_to: int) -> str:
     return f"from {microbatches:,} micro-batches on"
 
 
-def volume_table(traces: Mapping[str, TraceOrEvents], algorithm: str | None = None) -> pd.DataFrame:
+def volume_table(traces: Mapping[str, TraceOrEvents], algorithm: AlgorithmName | None = None) -> pd.DataFrame:
     """Tidy ``config, parallelism, bytes, share`` over several traces (``{config label: trace}``)."""
     return pd.concat([bytes_by(trace, ["parallelism"], algorithm).assign(config=label)
                       for label, trace in traces.items()], ignore_index=True)

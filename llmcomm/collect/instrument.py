@@ -44,7 +44,7 @@ def _mark(x: Any, rec: Recorder, layer: int) -> Any:
 def mark_layers(blocks: dict[str, nn.Module] | nn.ModuleDict, rec: Recorder) -> None:
     """Tag calls inside each block with its ``layer_id``, forward and backward."""
     for block in blocks.values():
-        lid = int(block.layer_id)
+        lid = int(block.layer_id)  # type: ignore[arg-type]  # an int attribute of the block, not a tensor
 
         def pre(mod: nn.Module, args: tuple, lid: int = lid) -> tuple:
             rec.layer(lid)

@@ -94,7 +94,7 @@ def _first_failure(cfg: RunConfig, failed_at: Any, reported: int, reported_error
     peer that only lost its connection to the rank that raised; ``failed_at`` (set by each failing rank as it
     raises) orders them, and the first one's traceback is read from its :func:`error_path`."""
     times = {r: t for r, t in enumerate(failed_at) if t > 0}
-    first = min(times, key=times.get) if times else reported
+    first = min(times, key=lambda r: times[r]) if times else reported
     text = error_path(cfg.out_dir, first)
     if first == reported or not text.is_file():
         return f"rank {reported} failed:\n{reported_error}"

@@ -66,6 +66,7 @@ import contextlib
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -205,7 +206,7 @@ def _flat_tensors(x: Any) -> list[torch.Tensor]:
 
 
 def _in_setup_helper(max_depth: int = 120) -> bool:
-    f = sys._getframe(2)
+    f: types.FrameType | None = sys._getframe(2)
     for _ in range(max_depth):
         if f is None:
             return False
@@ -310,7 +311,7 @@ class Recorder(TorchDispatchMode):
         if isinstance(pg, str):
             from torch.distributed.distributed_c10d import _resolve_process_group
 
-            pg = _resolve_process_group(pg)
+            pg = _resolve_process_group(pg)  # type: ignore[arg-type]  # a group name, as torch passes it
         ranks = tuple(int(r) for r in dist.get_process_group_ranks(pg))
         self._group_cache[key] = ranks
         return ranks

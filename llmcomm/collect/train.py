@@ -190,8 +190,8 @@ def _local_batch(corpus: Any, it: int, par: ParallelConfig, spec: ModelSpec, see
 
     from .corpus import batch
 
-    rows = par.global_batch // par.dp
-    x_all, y_all = batch(corpus, it, par.global_batch, par.sequence_length(spec), seed)
+    rows = par.num_microbatches * par.micro_batch  # = global_batch / dp
+    x_all, y_all = batch(corpus, it, rows * par.dp, par.sequence_length(spec), seed)
     return (torch.from_numpy(x_all[dp_rank * rows:(dp_rank + 1) * rows]),
             torch.from_numpy(y_all[dp_rank * rows:(dp_rank + 1) * rows]))
 

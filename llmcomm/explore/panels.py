@@ -90,7 +90,7 @@ def time_figure(v: View) -> Figure:
     ax = breakdown_bars(b.to_frame().assign(config=v.choice.label()), x="seconds", y="config", hue="term",
                         title=f"{b.total_s:.3f} s per iteration on {v.cluster.name}, exposed communication "
                               f"{100 * b.comm_overhead:.1f}%\n(a point estimate: the cost model gives no interval)")
-    fig = ax.figure
+    fig = ax.figure  # type: ignore[assignment]  # the Axes of breakdown_bars sits on a Figure
     fig.set_dpi(DPI)
     return fig
 

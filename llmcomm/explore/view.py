@@ -137,7 +137,7 @@ def _group_summary(lay: Layout) -> pd.DataFrame:
         if lay.size(p) == 1:
             continue
         g = lay.groups(p)
-        nodes = lay.node_of(g)
+        nodes = np.asarray(lay.node_of(g))
         span = int(max(len(np.unique(r)) for r in nodes[: min(len(nodes), 64)]))
         rows.append({"parallelism": p, "groups": len(g), "size": g.shape[1], "nodes_per_group": span,
                      "stride": int(g[0, 1] - g[0, 0]), "first_group": g[0].tolist()[:8]})
@@ -160,7 +160,7 @@ def _matrices(trace: Trace, world: int, gpus_per_node: int) -> tuple[pd.DataFram
     for p in order:
         sub = trace.select(parallelism=p)
         for alg in ALGORITHMS:
-            f = binned_flows(sub, alg, max_cells=cells)
+            f = binned_flows(sub, alg, max_cells=cells)  # type: ignore[arg-type]  # alg from vocab.ALGORITHMS
             frames.append(f.assign(panel=f"{p.upper()} {ALGORITHM_LABEL[alg]}", parallelism=p, algorithm=alg))
     cols = ["panel", "parallelism", "algorithm", "src", "dst", "bytes"]
     out = pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
@@ -235,7 +235,7 @@ def _job(key: Choice, _model_stamp: float, _cluster_stamp: float) -> _Job:
                           f"{MAX_WORLD:,} GPUs")
     cluster = load_cluster(key.cluster.strip())
     sized = cluster.for_world(parallel.world_size) if cluster.num_nodes is None else cluster
-    trace = predict_traffic(model, parallel, sized)  # validates model × parallel × cluster (the CLI's rules)
+    trace = predict_traffic(model, parallel, cluster=sized)  # validates model × parallel × cluster (the CLI's rules)
     lay = Layout(parallel, sized.gpus_per_node)
     t1 = time.perf_counter()
     table = lay.group_table()

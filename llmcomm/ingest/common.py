@@ -21,8 +21,10 @@ import pyarrow as pa
 
 from ..errors import TraceFormatError
 from ..specs import ParallelConfig
-from ..vocab import DTYPES as DTYPES  # alias -> (short name, bytes per element)
-from ..vocab import EVENTS_SCHEMA
+from ..vocab import (
+    DTYPES,  # alias -> (short name, bytes per element)
+    EVENTS_SCHEMA,
+)
 
 # collective names as PyTorch (record_param_comms, nccl:* annotations), AICB and Chakra write them
 OP_NAMES: dict[str, str] = {

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConfigError
 from ..specs import ParallelConfig
@@ -91,7 +91,7 @@ def resolve(parallel: ParallelConfig | dict[str, int] | None, src: Source, fmt: 
                                   "(distributedInfo.world_size)")
             dims["dp"] = world // rest
         try:
-            cfg = ParallelConfig(**dims)
+            cfg = ParallelConfig(**cast(dict[str, Any], dims))  # the dimensions, each an int field
         except ConfigError as e:
             raise ConfigError(f"{src.name}: {e}") from None
     if world is not None and cfg.world_size != world:

@@ -210,6 +210,7 @@ def parse(src: Source, tagger: common.GroupTagger | None = None, rank: int | Non
                                "pass rank= or put rank<N> in the file name")
     builder = common.EventBuilder("exec_trace")
     for node_id, attrs, op in pending:
+        assert rank is not None  # refused above when there are calls
         _add_call(builder, index, node_id, attrs, op, rank, origin, tagger)
     meta = {"rank": rank, "rank_from": rank_from if pending else None, "schema": schema, "skipped": skipped,
             "calls": len(builder)}

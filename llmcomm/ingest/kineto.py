@@ -24,7 +24,7 @@ What is read from a trace (Chrome trace format, ``traceEvents`` of complete ``"p
   on a thread other than the ones that hold ``ProfilerStep`` spans (the autograd thread); else ``forward``.
 * **received bytes** of old-style all-to-alls (no split sizes): the output tensor of the enclosing
   ``c10d::alltoall_base_`` op, kept in ``meta['a2a_recv_bytes']`` (call order) for
-  :func:`llmcomm.analysis.a2a_matrix_estimate`.
+  :func:`llmcomm.analysis.alltoall.a2a_matrix_estimate`.
 
 Speed: files in the profiler's own layout (one event per ``"\n  {" ... "\n  }"`` block) take a fast path that
 finds the events above with one regex scan and parses only those blocks plus the document without its
@@ -401,9 +401,10 @@ def _call_from_rpc(event: dict, origin: str, rank: int, world: int | None, group
     if op == "all_to_all":
         split = _alltoall_split(args, origin, group, n_in, elem_size, nbytes)
     elif op in ("send", "recv"):
-        peer = _peer_of(args, origin, op, rank, group)
-        if peer is None:
+        found = _peer_of(args, origin, op, rank, group)
+        if found is None:
             return None  # a point-to-point record without its peer: not representable
+        peer = found
     ts = _num(event.get("ts"), origin, "ts")
     return {"op": op, "bytes": nbytes, "dtype": dtype, "group": group, "split": split, "peer": peer,
             "desc": args.get("Process Group Description") or args.get("Process Group Name"),

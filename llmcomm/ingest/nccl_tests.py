@@ -128,6 +128,7 @@ def parse(src: Source, op: str | None = None) -> pd.DataFrame:
     origin = src.name
     log = _scan(src)
     header = log.header
+    assert header is not None  # _scan raises without one
     time_columns = [i for i, t in enumerate(header) if t == "time"]
     if not time_columns:
         raise TraceFormatError(f"{origin}: field 'time': missing from the header")

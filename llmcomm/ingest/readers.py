@@ -73,8 +73,11 @@ class ReadContext:
 class Reader(Protocol):
     """The reader protocol (see the module docstring)."""
 
-    name: str
-    kind: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
 
     def looks_like(self, source: Source) -> bool: ...
 

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from ..errors import TraceFormatError
 
@@ -172,7 +173,7 @@ def json_list(source: Source, key: str, is_document: Callable[[object], bool], w
     """The JSON document of ``source`` (taken from detection, see :meth:`Source.json`) and its list
     ``doc[key]``; a :class:`TraceFormatError` naming the field when ``is_document`` rejects the document
     (it is not ``what``) or the field is not a list."""
-    doc = source.json(keep=False)
+    doc: Any = source.json(keep=False)
     if not is_document(doc):
         raise TraceFormatError(f"{source.name}: field {key!r}: missing; not {what}")
     items = doc[key]

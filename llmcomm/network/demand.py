@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
+from ..vocab import AlgorithmName
 from .export import flow_list
 from .loads import PairFlows, route
 from .placement import Placement
@@ -32,7 +33,7 @@ MAX_BIN_FLOWS = 50_000_000  # flow-bin overlaps handled at once
 
 
 def link_demand(trace: Trace, topology: Topology | str, placement: Placement = "contiguous", *, bins: int = 200,
-                algorithm: str = "ring", pxn: bool = True, seed: int = 0, iteration: int | None = None) -> pd.DataFrame:
+                algorithm: AlgorithmName = "ring", pxn: bool = True, seed: int = 0, iteration: int | None = None) -> pd.DataFrame:
     """Per time bin and link tier: ``t_start_s, t_end_s, tier, peak_demand, mean_demand, bytes, hottest_lower,
     hottest_direction`` (see the module doc). ``iteration``: which iteration of a multi-iteration trace (default
     its last); times are relative to the iteration's first call."""

@@ -50,6 +50,7 @@ from ..atomic import atomic_path
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import ParallelConfig
+from ..vocab import AlgorithmName
 from .placement import Placement, place
 from .topology import Topology, load_topology
 
@@ -139,15 +140,14 @@ def write_aicb(trace: Trace, path: str | os.PathLike[str], rank: int = 0,
 
 
 def flow_list(trace: Trace, *, topology: Topology | str | None = None, placement: Placement = "contiguous",
-              seed: int = 0, algorithm: str = "ring", start_ns: np.ndarray | pd.Series | None = None) -> pd.DataFrame:
+              seed: int = 0, algorithm: AlgorithmName = "ring", start_ns: np.ndarray | pd.Series | None = None) -> pd.DataFrame:
     """The flow list of the module doc. ``start_ns`` (one value per event row, e.g. a predicted timeline's
     starts) overrides the events' own ``t_start_ns``."""
-    from ..ref_flows import ref_flow_events
-    from ..trace import flow_event_arrays
+    from ..flows import flow_event_arrays
 
     refs = trace.ref_events
     if refs is not None:
-        src, dst, byt, event = ref_flow_events(refs, algorithm)
+        src, dst, byt, event = flow_event_arrays(refs, algorithm)
         cols = refs.decoded(["iteration", "microbatch", "layer", "phase", "parallelism", "op"]).to_pandas()
         t_start = refs.table.column("t_start_ns").to_numpy(zero_copy_only=False) \
             if "t_start_ns" in refs.table.column_names else np.full(refs.num_rows, np.nan)

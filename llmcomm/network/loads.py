@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from ..trace import ALGORITHMS
+from ..vocab import ALGORITHMS, AlgorithmName
 from . import routing as R
 from .placement import Placement, place
 from .topology import Topology, load_topology
@@ -89,7 +89,7 @@ class LinkLoads:
         return self.tiers.set_index("tier")["bytes"]
 
 
-def pair_flows(trace: Trace, topology: Topology, placement: Placement = "contiguous", *, algorithm: str = "ring",
+def pair_flows(trace: Trace, topology: Topology, placement: Placement = "contiguous", *, algorithm: AlgorithmName = "ring",
                seed: int = 0, per_iteration: bool = True) -> tuple[PairFlows, np.ndarray]:
     """The trace's GPU-pair traffic per parallelism, placed on ``topology``: ``(PairFlows, slots)`` where
     ``slots[rank]`` is each rank's GPU slot. ``per_iteration`` divides by the trace's number of iterations."""
@@ -118,7 +118,7 @@ def pair_flows(trace: Trace, topology: Topology, placement: Placement = "contigu
 
 
 def link_loads(trace: Trace, topology: Topology | str, placement: Placement = "contiguous", *,
-               algorithm: str = "ring", ecmp: str = "expected", pxn: bool = True, qps: int = 1, seed: int = 0,
+               algorithm: AlgorithmName = "ring", ecmp: str = "expected", pxn: bool = True, qps: int = 1, seed: int = 0,
                per_iteration: bool = True) -> LinkLoads:
     """Bytes per iteration on every link of ``topology`` for ``trace`` placed by ``placement`` (see the module
     doc; routing rules in :mod:`llmcomm.network.routing`). ``algorithm``: how collectives become flows
@@ -277,7 +277,7 @@ def reach_table(pf: PairFlows, rch: np.ndarray, topo: Topology) -> pd.DataFrame:
     share of that parallelism's bytes."""
     n_reach = len(topo.reach_tiers)
     key = pf.parallelism.astype(np.int64) * n_reach + rch
-    sums = np.bincount(key, weights=pf.bytes, minlength=len(pf.parallelisms) * n_reach)
+    sums: np.ndarray = np.bincount(key, weights=pf.bytes, minlength=len(pf.parallelisms) * n_reach)
     sums = sums.reshape(len(pf.parallelisms), n_reach) if len(pf.parallelisms) else np.zeros((0, n_reach))
     tot = sums.sum(axis=1, keepdims=True)
     share = np.divide(sums, tot, out=np.zeros_like(sums), where=tot > 0)

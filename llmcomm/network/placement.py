@@ -17,6 +17,7 @@ Every policy refuses a job larger than the topology, with the numbers.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -25,7 +26,7 @@ from ..errors import ConfigError
 from .topology import Topology
 
 POLICIES = ("contiguous", "by_rack", "random")
-Placement = str | np.ndarray | Sequence[int] | pd.DataFrame | None
+Placement: TypeAlias = str | np.ndarray | Sequence[int] | pd.DataFrame | None
 
 
 def place(world_size: int, topology: Topology, placement: Placement = "contiguous", *, seed: int = 0) -> np.ndarray:

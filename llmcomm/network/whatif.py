@@ -23,6 +23,7 @@ import pandas as pd
 
 from ..errors import ConfigError
 from ..specs import ModelSpec, ParallelConfig, load_model
+from ..vocab import AlgorithmName
 from . import routing as R
 from .loads import LinkLoads, PairFlows, link_loads, pair_flows
 from .topology import Topology, load_topology
@@ -43,7 +44,7 @@ def with_oversubscription(topology: Topology | str, ratios: Mapping[str, float])
 
 
 def scenarios(model: ModelSpec | str, parallel: ParallelConfig, topology: Topology | str,
-              cases: Sequence[Mapping[str, Any]], *, algorithm: str = "ring") -> tuple[pd.DataFrame, dict[str, LinkLoads]]:
+              cases: Sequence[Mapping[str, Any]], *, algorithm: AlgorithmName = "ring") -> tuple[pd.DataFrame, dict[str, LinkLoads]]:
     """``(table, loads)``: the table described in the module doc and each scenario's :class:`LinkLoads` by label."""
     from ..predict import predict_traffic
 
@@ -81,7 +82,7 @@ def scenarios(model: ModelSpec | str, parallel: ParallelConfig, topology: Topolo
 
 
 def off_rail(model: ModelSpec | str, parallel: ParallelConfig, topology: Topology | str,
-             placement: Any = "contiguous", *, algorithm: str = "ring") -> pd.DataFrame:
+             placement: Any = "contiguous", *, algorithm: AlgorithmName = "ring") -> pd.DataFrame:
     """Per parallelism: scale-out bytes per iteration, the part between GPUs of different rails (what a
     rail-only network relays over NVLink), and its share."""
     from ..predict import predict_traffic

@@ -75,7 +75,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -157,6 +157,18 @@ def bus_factor(op: str, n: np.ndarray | int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------------- model
+@runtime_checkable
+class BandwidthModel(Protocol):
+    """What the iteration-time formulation (:mod:`.iteration`), the utilization fit (:mod:`.calibrate`) and the
+    tuner need of a bandwidth model: the seconds of one call. :class:`Bandwidth` is one; a test's stub with a
+    hand-checkable ``α + β · bytes`` is another."""
+
+    def time(self, op: str, nbytes: Any, group_size: Any, ranks_per_node: Any = None) -> np.ndarray:
+        """Seconds of one ``op`` call of ``nbytes`` (nccl-tests sizes) in a group of ``group_size`` ranks,
+        ``ranks_per_node`` of which share a node; numpy broadcasting over the three."""
+        ...
+
+
 @dataclass(frozen=True, eq=False)
 class Bandwidth:
     """Fitted α–β parameters per regime (see the module docstring for the model and the carrying rules).
@@ -207,7 +219,7 @@ class Bandwidth:
         comes back while the file is unchanged)."""
         p = data_dir() / CALIBRATION_NAME
         stamp = p.stat().st_mtime_ns if p.is_file() else -1
-        return _default_cached(cls, dataclasses.replace(cluster, num_nodes=None), str(p), stamp)
+        return _default_cached(cls, dataclasses.replace(cluster, num_nodes=None), str(p), stamp)  # type: ignore[arg-type]  # a class is hashable
 
     @classmethod
     def _default_uncached(cls, cluster: Cluster) -> Bandwidth:
@@ -513,7 +525,8 @@ def fit_sweep(sweep: pd.DataFrame, max_pieces: int = MAX_PIECES) -> SweepFit:
     head = s.iloc[0]
     regime = {"op": head["op"], "scope": head["scope"], "group_size": int(head["group_size"]),
               "ranks_per_node": int(head["ranks_per_node"]), "nodes": int(head["nodes"])}
-    params, report = [], []
+    params: list[dict[str, Any]] = []
+    report: list[dict[str, Any]] = []
     x_all = s["x"].to_numpy(float)
     x_los = []
     for p, (i, j) in enumerate(zip(edges[:-1], edges[1:], strict=True)):

@@ -34,6 +34,7 @@ from ..specs import Cluster, load_cluster
 from . import iteration as it
 from . import measured
 from . import utilization as U
+from .bandwidth import BandwidthModel
 
 CLUSTER = "vtrain-a100"
 START = (1.5, 1.0, 2e-4, 2e-4, 1e-4)  # only to pick the first critical stage
@@ -49,7 +50,7 @@ class Prepared:
     stages: list[tuple[np.ndarray, it.Stages]]  # (row positions, stages of one model shape)
 
 
-def prepare(rows: pd.DataFrame, cluster: Cluster, bandwidth: Any) -> Prepared:
+def prepare(rows: pd.DataFrame, cluster: Cluster, bandwidth: BandwidthModel) -> Prepared:
     rows = rows.reset_index(drop=True)
     out = []
     for model, g in measured.by_model(rows):
@@ -126,6 +127,7 @@ def fit(prep: Prepared, max_iter: int = 30) -> tuple[U.Utilization, Any]:
         keep &= ~below
         fixed[below] = low[below]
     se, lo, hi = np.zeros(U.K), np.zeros(U.K), np.zeros(U.K)
+    assert res is not None  # the loop fits at least once
     ci = res.conf_int(0.05)
     se[keep], lo[keep], hi[keep] = res.bse, ci[:, 0], ci[:, 1]
     return U.Utilization(coef=tuple(float(x) for x in theta), stderr=tuple(float(x) for x in se),
@@ -178,7 +180,7 @@ def extrapolation(prep: Prepared) -> dict[str, float]:
     return errors(predict(te, u), te.rows["time_s"].to_numpy())
 
 
-def calibrate(bandwidth: Any = None, cv: bool = True) -> tuple[U.Utilization, Prepared]:
+def calibrate(bandwidth: BandwidthModel | None = None, cv: bool = True) -> tuple[U.Utilization, Prepared]:
     """Fit on all single-node rows; with ``cv`` also record cross-validated errors in ``metrics``."""
     cluster = load_cluster(CLUSTER)
     bw, _ = it._resolve(cluster, bandwidth, U.Utilization(coef=START))

@@ -116,14 +116,14 @@ def gpu_key(gpu: str | Cluster) -> str:
 
 
 # --------------------------------------------------------------------------------------------- the model
-def tile_time(th: Sequence[float], b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, *, sms: int,
+def tile_time(th: Sequence[float] | np.ndarray, b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, *, sms: int,
               peak: float, hbm: float, e_in: float, e_out: float) -> np.ndarray:
     """Seconds of the mechanism of the module docstring (no ceiling) for parameters ``th`` = :data:`PARAMS`."""
     eta, k0, t0, bl = (float(x) for x in th)
     b, m, n, k = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (b, m, n, k)))
     per_sm = eta * peak / sms
     bmn = b * m * n
-    splits = []  # per split-K factor: (s, k-slice + k0, k-slice, reduction traffic time or None, valid mask)
+    splits: list[tuple[int, Any, Any, Any, Any]] = []  # per split-K: (s, k-slice + k0, k-slice, reduction time or None, valid mask)
     for s in SPLITS:
         ks = k / s
         if s == 1:

@@ -169,12 +169,12 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["overlap_grad_reduce"] = np.asarray(t.overlap_grad_reduce, dtype=bool)
     c["cp"] = t.cp
     c["bucket_size"] = t.bucket_size
-    for k in step.UNEVEN:  # the pipeline split (llmcomm.step.pipeline_split)
+    for k in step.UNEVEN:  # the pipeline split (llmcomm.stage_split.pipeline_split)
         c[k] = np.asarray(getattr(t, k), np.int64)
-    for f in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
-        c[f] = t.dtype_bytes(f)
-    for key, (_, k) in step.placement(t, gpus_per_node).items():
-        c["k_" + key] = k  # k_<kind>@<class>: ranks per node of the class's groups (for_class picks them)
+    for name in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
+        c[name] = t.dtype_bytes(name)
+    for kind, (_, per_node) in step.placement(t, gpus_per_node).items():
+        c["k_" + kind] = per_node  # k_<kind>@<class>: ranks per node of the class's groups (for_class picks them)
     return c
 
 
@@ -283,10 +283,10 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         psplit = np.rint(local * k * act / ep).astype(np.int64)
         epon = (ep > 1).astype(np.int64)
         rpn_ep = c["k_ep"]
-        for nb, cnt in ((split * ep, 2), (psplit * ep, 1)):
-            items.append(CommItem("ep", "ep", "all_to_all", "forward", nb, cnt * nm * epon, ep, rpn_ep,
+        for nb, n_calls in ((split * ep, 2), (psplit * ep, 1)):
+            items.append(CommItem("ep", "ep", "all_to_all", "forward", nb, n_calls * nm * epon, ep, rpn_ep,
                                   "microbatch"))
-            items.append(CommItem("ep", "ep", "all_to_all", "backward", nb, cnt * nm * epon * rec, ep, rpn_ep,
+            items.append(CommItem("ep", "ep", "all_to_all", "backward", nb, n_calls * nm * epon * rec, ep, rpn_ep,
                                   "microbatch"))
     f, la = holds_first.astype(np.int64), holds_last.astype(np.int64)
     # embedding: SP reduce-scatters only without learned positions (LanguageModelEmbedding), else all-reduce
@@ -560,7 +560,7 @@ class Stages:
     the communication seconds per micro-batch (``tp``, ``ep``, ``pp``) and per iteration (``dp``); plus the
     optimizer's bytes, the micro-batch count ``m``, ``pp`` and ``vpp``."""
 
-    cls: dict[str, dict[str, np.ndarray]]
+    cls: dict[str, dict[str, Any]]
     m: np.ndarray
     pp: np.ndarray
     vpp: np.ndarray

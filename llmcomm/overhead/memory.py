@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -79,9 +80,8 @@ def optimizer_bytes_per_parameter(param_bytes: np.ndarray | int) -> np.ndarray:
     return np.where(np.asarray(param_bytes) >= 4, 8, 12)
 
 
-def model_state_bytes(dense: np.ndarray, expert: np.ndarray, *, dp_cp: np.ndarray, expert_dp: np.ndarray,
-                      param_bytes: np.ndarray, grad_bytes: np.ndarray, distributed_optimizer: np.ndarray,
-                      fsdp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def model_state_bytes(dense: Any, expert: Any, *, dp_cp: Any, expert_dp: Any, param_bytes: Any, grad_bytes: Any,
+                      distributed_optimizer: Any, fsdp: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(weights, gradients, optimizer)`` bytes of ``dense`` + ``expert`` parameters on one GPU (module doc);
     every argument broadcasts (numpy arrays or scalars)."""
     fsdp = np.asarray(fsdp, dtype=bool)
@@ -92,8 +92,7 @@ def model_state_bytes(dense: np.ndarray, expert: np.ndarray, *, dp_cp: np.ndarra
     return held * param_bytes, held * grad_bytes, optimizer
 
 
-def chunks_in_flight(stage: int | np.ndarray, *, pp: np.ndarray, vpp: np.ndarray, microbatches: np.ndarray,
-                     gpipe: np.ndarray) -> np.ndarray:
+def chunks_in_flight(stage: Any, *, pp: Any, vpp: Any, microbatches: Any, gpipe: Any) -> np.ndarray:
     """Model chunks (of ``L/(pp·v)`` layers) whose activations stage ``stage`` holds at its peak."""
     interleaved = np.minimum((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
     one_f_one_b = np.minimum(pp - stage, microbatches)
@@ -111,6 +110,11 @@ def _stage_parameters(model: ModelSpec, shape: ParallelConfig) -> np.ndarray:
     out = np.array([[sp.dense, sp.expert] for sp in (stage_parameters(ctx, r) for r in range(shape.pp))], dtype=float)
     out.flags.writeable = False
     return out
+
+
+def _or_unset(n: int | None) -> int:
+    """A pipeline stage's layer count as :func:`_shape` takes it: -1 for unset."""
+    return -1 if n is None else n
 
 
 def _shape(tp: int, pp: int, ep: int, vpp: int, etp: int, first: int, last: int, emb: bool, loss: bool
@@ -152,7 +156,7 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
     pattern = np.asarray(model.moe_layer_pattern())
     for j, key in enumerate(uniq):
         rows = np.flatnonzero(inv == j)
-        shape = _shape(*key[:7], bool(key[7]), bool(key[8]))
+        shape = _shape(*(int(x) for x in key[:7]), bool(key[7]), bool(key[8]))  # type: ignore[arg-type, call-arg]
         t, p, v = shape.tp, shape.pp, shape.vpp
         params = _stage_parameters(model, shape)
         for r in range(p):
@@ -185,8 +189,8 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
     for one configuration (no activations; not validated): :func:`model_state_bytes` over the stages'
     parameters, without the table machinery of :func:`memory_table` (a fast check for one configuration)."""
     params = _stage_parameters(model, _shape(parallel.tp, parallel.pp, parallel.ep, parallel.vpp, parallel.expert_tp,
-                                             *(-1 if x is None else x for x in (parallel.num_layers_in_first_pipeline_stage,
-                                                                                parallel.num_layers_in_last_pipeline_stage)),
+                                             _or_unset(parallel.num_layers_in_first_pipeline_stage),
+                                             _or_unset(parallel.num_layers_in_last_pipeline_stage),
                                              parallel.account_for_embedding_in_pipeline_split,
                                              parallel.account_for_loss_in_pipeline_split))
     dp_cp = parallel.dp * parallel.cp

@@ -70,7 +70,8 @@ def hardware_flops(model: ModelSpec, parallel: ParallelConfig) -> float:
     f = model.forward_flops(s, model.padded_vocab_size(parallel.tp))
     rec = {"full": f.linear + f.attention, "selective": f.attention, "none": 0.0}[parallel.recompute]
     per_token = 3 * (f.linear + f.attention) + rec + 3 * f.logits
-    return parallel.global_batch * s * per_token / (parallel.tp * parallel.pp * parallel.dp)
+    global_batch = parallel.num_microbatches * parallel.micro_batch * parallel.dp  # the resolved global batch
+    return global_batch * s * per_token / (parallel.tp * parallel.pp * parallel.dp)
 
 
 def breakdowns(cases: Mapping[str, tuple[str, Mapping[str, Any]]] = CASES,

@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace
+from ..vocab import FrameworkName
 from . import expand, program, torch_rules
 from .audit import audit_table
 from .calls import Context
@@ -32,8 +33,8 @@ AUTO_AGGREGATE_ROWS = 500_000
 __all__ = ["predict_traffic", "audit_table", "Context"]
 
 
-def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, cluster: Cluster | None = None,
-                    framework: str = "megatron", routing: pd.DataFrame | np.ndarray | None = None,
+def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, *, cluster: Cluster | None = None,
+                    framework: FrameworkName = "megatron", routing: pd.DataFrame | np.ndarray | None = None,
                     aggregate: bool | None = None) -> Trace:
     """Predict one training iteration's communication of ``model`` under ``parallel``.
 

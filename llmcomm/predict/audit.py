@@ -7,7 +7,7 @@ the calls :func:`llmcomm.predict.predict_traffic` issues on one rank of that sta
 
 Columns: ``stage``, ``scope`` (``micro-batch``: issued for every micro-batch; ``iteration``: once per
 iteration), ``origin`` (Megatron-LM / TransformerEngine function), ``generator`` (the llmcomm function),
-``phase``, ``parallelism``, ``op``, ``group`` (group kind, see :data:`.calls.GROUP_KINDS`), ``bytes``,
+``phase``, ``parallelism``, ``op``, ``group`` (group kind, see :data:`llmcomm.vocab.CALL_GROUP_KINDS`), ``bytes``,
 ``dtype``, ``calls_per_microbatch`` (0 for iteration scope), ``calls_per_iteration`` and
 ``bytes_per_iteration`` (``bytes · calls_per_iteration``).
 """
@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from ..specs import ModelSpec, ParallelConfig, dtype_bytes, load_model, validate
+from ..specs import ModelSpec, ParallelConfig, load_model, validate
+from ..vocab import dtype_bytes
 from . import cp, dp, ep, pp, scalars, tp
 from .batch import batch_broadcast
 from .calls import Call, Context

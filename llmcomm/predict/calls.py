@@ -1,5 +1,5 @@
 """The unit the predictor works in: a :class:`Call` template (one communication call of one pipeline stage,
-with its group named by kind rather than by ranks, ``GROUP_KINDS``), and :class:`Context`, the sizes every generator needs.
+with its group named by kind rather than by ranks, ``llmcomm.vocab.CALL_GROUP_KINDS``), and :class:`Context`, the sizes every generator needs.
 
 Sizes (``b`` micro-batch, ``s`` sequence, ``h`` hidden, ``cp`` context-parallel size, ``tp`` tensor-parallel
 size, ``act`` bytes per activation element)::
@@ -18,27 +18,25 @@ from functools import cached_property
 from .. import step
 from ..errors import ConfigError
 from ..specs import ModelSpec, ParallelConfig
-from ..vocab import CALL_GROUP_KINDS, FRAMEWORKS, dtype_bytes
-
-GROUP_KINDS = CALL_GROUP_KINDS  # the group kinds a Call can name (llmcomm.vocab.GroupKind explains each)
+from ..vocab import FRAMEWORKS, FrameworkName, OpName, ParallelismName, PhaseName, RouteName, dtype_bytes
 
 
 @dataclass(frozen=True)
 class Call:
-    """One call of a stage's program. ``group`` is a kind from ``GROUP_KINDS``; ``peer`` for send/recv is a
+    """One call of a stage's program. ``group`` is a kind from ``CALL_GROUP_KINDS``; ``peer`` for send/recv is a
     stage offset (+1 next, -1 previous, wrapping); ``route`` marks a routed all-to-all
     (``"dispatch"``: rank -> experts, ``"combine"``: experts -> rank) whose splits come from routing."""
 
-    phase: str
-    parallelism: str
-    op: str
-    group: str
+    phase: PhaseName
+    parallelism: ParallelismName
+    op: OpName
+    group: str  # one of CALL_GROUP_KINDS
     bytes: int
-    dtype: str
+    dtype: str  # a short dtype name (vocab.ELEMENT_BYTES)
     layer: int = -1
     microbatch: int = -1
     peer: int = 0
-    route: str = ""
+    route: RouteName = ""
 
 
 def _parallel_field(name: str, doc: str) -> property:
@@ -52,7 +50,7 @@ class Context:
 
     model: ModelSpec
     parallel: ParallelConfig
-    framework: str = "megatron"
+    framework: FrameworkName = "megatron"
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:

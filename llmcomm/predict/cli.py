@@ -66,7 +66,7 @@ def warn_surprises(parallel: ParallelConfig, gpus_per_node: int, cluster: Cluste
         return
     share = f"{crossing} of {len(groups)} TP groups"
     if trace is not None:
-        from ..analysis import pair_classes
+        from ..analysis.api import pair_classes
 
         pc = pair_classes(trace, gpus_per_node)
         tp = pc[pc["parallelism"] == "tp"]
@@ -135,7 +135,7 @@ def _write_matrix(trace: Trace, model_name: str, gpn: int, path: Path, fmt: str)
 
 def summary_text(trace: Trace, gpus_per_node: int = 8) -> str:
     """The summary ``predict`` prints: bytes per parallelism, per phase, per pair class, and the TP share."""
-    from ..analysis import bytes_by, pair_classes, tp_share
+    from ..analysis.api import bytes_by, pair_classes, tp_share
     from ..units import format_bytes
 
     def table(df: pd.DataFrame, keys: list[str]) -> list[str]:

@@ -18,6 +18,7 @@ Peers are CP-group offsets ``+1``/``-1`` (wrapping); calls are tagged ``cp``.
 
 from __future__ import annotations
 
+from ..vocab import PhaseName
 from .calls import Call, Context
 
 
@@ -32,7 +33,7 @@ def kv_bytes(ctx: Context) -> int:
     return ctx.tokens * (m.kv_heads // ctx.tp) * (m.q_head_dim + m.value_head_dim) * ctx.act
 
 
-def _step(ctx: Context, phase: str, nbytes: int, layer: int, mb: int, to: int) -> list[Call]:
+def _step(ctx: Context, phase: PhaseName, nbytes: int, layer: int, mb: int, to: int) -> list[Call]:
     """One ring step: send to CP offset ``to``, receive from ``-to``."""
     return [Call(phase, "cp", "send", "cp_p2p", nbytes, ctx.act_dtype, layer, mb, peer=to),
             Call(phase, "cp", "recv", "cp_p2p", nbytes, ctx.act_dtype, layer, mb, peer=-to)]

@@ -33,7 +33,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .. import step
-from ..specs import LayerParams, dtype_bytes
+from ..specs import LayerParams
+from ..vocab import OpName, PhaseName, dtype_bytes
 from .calls import Call, Context
 
 
@@ -110,7 +111,7 @@ def _sizes(ctx: Context) -> tuple[int, int, str, str]:
     return dtype_bytes(p.grad_reduce_dtype), dtype_bytes(p.param_dtype), p.grad_reduce_dtype, p.param_dtype
 
 
-def fsdp_unit_forward(ctx: Context, dense: int, expert: int, layer: int, mb: int, phase: str = "forward"
+def fsdp_unit_forward(ctx: Context, dense: int, expert: int, layer: int, mb: int, phase: PhaseName = "forward"
                       ) -> list[Call]:
     """FSDP: all-gather of one unit's parameters (``dense·p`` over dp, ``expert·p`` over edp)."""
     if not ctx.parallel.fsdp:
@@ -317,7 +318,7 @@ def buffer_order(bucket_list: list[Bucket]) -> list[Bucket]:
     return [b for b in bucket_list if not b.expert] + [b for b in bucket_list if b.expert]
 
 
-def _bucket_call(ctx: Context, b: Bucket, phase: str, op: str, mb: int) -> Call | None:
+def _bucket_call(ctx: Context, b: Bucket, phase: PhaseName, op: OpName, mb: int) -> Call | None:
     gb, pb, gdt, pdt = _sizes(ctx)
     p = ctx.parallel
     if b.expert and p.expert_dp == 1 or not b.expert and p.dp * p.cp == 1 or not b.numel:
@@ -334,7 +335,7 @@ def grad_sync(ctx: Context, bucket_list: list[Bucket]) -> list[Call]:
     buffer."""
     if ctx.parallel.fsdp or ctx.parallel.overlap_grad_reduce:
         return []
-    op = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
+    op: OpName = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
     calls = [_bucket_call(ctx, b, "optimizer", op, -1) for b in buffer_order(bucket_list)]
     return [dataclasses.replace(c, layer=-1) for c in calls if c is not None]
 
@@ -345,7 +346,7 @@ def overlapped_grad_sync(ctx: Context, bucket_list: list[Bucket], layer: int, mb
     of the bucket group, core/distributed/distributed_data_parallel.py); ``finish_grad_sync`` then only waits."""
     if not ctx.parallel.overlap_grad_reduce or ctx.parallel.fsdp or mb != ctx.num_microbatches - 1:
         return []
-    op = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
+    op: OpName = "reduce_scatter" if ctx.parallel.distributed_optimizer else "all_reduce"
     calls = [_bucket_call(ctx, b, "backward", op, mb) for b in bucket_list if b.layer == layer]
     return [c for c in calls if c is not None]
 

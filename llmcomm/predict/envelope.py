@@ -28,6 +28,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import ModelSpec, ParallelConfig, load_model
+from ..vocab import FrameworkName
 from .calls import Context
 from .ep import check_routing_columns, peer_tokens, routing_counts, uniform_split_bytes
 
@@ -35,7 +36,7 @@ ENVELOPE_COLUMNS = ("layer", "microbatch", "src", "dst", "min_bytes", "expected_
                     "uniform_bytes", "hard_min_bytes", "hard_max_bytes", "iterations")
 
 
-def _context(model: ModelSpec | str, parallel: ParallelConfig, framework: str) -> Context:
+def _context(model: ModelSpec | str, parallel: ParallelConfig, framework: FrameworkName) -> Context:
     spec = load_model(model) if isinstance(model, str) else model
     if not spec.is_moe:
         raise ConfigError(f"model {spec.name} is not an MoE model: it has no all-to-all envelope")
@@ -45,7 +46,7 @@ def _context(model: ModelSpec | str, parallel: ParallelConfig, framework: str) -
 
 
 def dispatch_history(model: ModelSpec | str, parallel: ParallelConfig, routing: pd.DataFrame,
-                     framework: str = "megatron") -> tuple[np.ndarray, np.ndarray]:
+                     framework: FrameworkName = "megatron") -> tuple[np.ndarray, np.ndarray]:
     """Dispatch token matrices of every iteration of ``routing``: ``(iterations, D)`` with ``D`` of shape
     ``(n_iterations, num_layers, num_microbatches, world_size, ep)`` tokens (rank → EP position)."""
     ctx = _context(model, parallel, framework)
@@ -59,7 +60,7 @@ def dispatch_history(model: ModelSpec | str, parallel: ParallelConfig, routing: 
 
 
 def a2a_envelope(model: ModelSpec | str, parallel: ParallelConfig, routing: pd.DataFrame,
-                 framework: str = "megatron") -> pd.DataFrame:
+                 framework: FrameworkName = "megatron") -> pd.DataFrame:
     """Per (MoE layer, micro-batch, src rank, dst rank) of the dispatch all-to-all: min, expected (mean) and
     max bytes over the iterations of ``routing`` (a recorded history, or :func:`sample_routing`), beside the
     uniform expectation and the hard bounds of top-k routing (module docstring). ``src``/``dst`` are global
@@ -85,7 +86,7 @@ def a2a_envelope(model: ModelSpec | str, parallel: ParallelConfig, routing: pd.D
 
 
 def sample_routing(model: ModelSpec | str, parallel: ParallelConfig, expert_probs: np.ndarray, samples: int,
-                   seed: int = 0, framework: str = "megatron") -> pd.DataFrame:
+                   seed: int = 0, framework: FrameworkName = "megatron") -> pd.DataFrame:
     """``samples`` routings (``iteration`` = sample index) in the routing-table form: every rank's ``T``
     tokens per MoE layer and micro-batch pick ``k`` distinct experts by Gumbel-top-k on ``ln p``.
     ``expert_probs``: shape ``(E,)`` (every layer) or ``(num_layers, E)``, non-negative, each row summing to

@@ -58,11 +58,13 @@ splits.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError
-from ..vocab import ROUTING_COLUMNS
+from ..vocab import ROUTING_COLUMNS, OpName, PhaseName, RouteName
 from . import tp as tpmod
 from .calls import Call, Context
 
@@ -79,17 +81,17 @@ def uniform_probs_split_bytes(ctx: Context) -> int:
     return round(ctx.local_tokens * ctx.model.moe_router_topk * ctx.probs_bytes / ctx.parallel.ep)
 
 
-def _a2a(ctx: Context, phase: str, route: str, layer: int, mb: int) -> Call:
+def _a2a(ctx: Context, phase: PhaseName, route: RouteName, layer: int, mb: int) -> Call:
     return Call(phase, "ep", "all_to_all", "ep", uniform_split_bytes(ctx) * ctx.parallel.ep, ctx.act_dtype,
                 layer, mb, route=route)
 
 
-def _probs_a2a(ctx: Context, phase: str, route: str, layer: int, mb: int) -> Call:
+def _probs_a2a(ctx: Context, phase: PhaseName, route: Literal["dispatch", "combine"], layer: int, mb: int) -> Call:
     return Call(phase, "ep", "all_to_all", "ep", uniform_probs_split_bytes(ctx) * ctx.parallel.ep,
-                ctx.probs_dtype, layer, mb, route="probs_" + route)
+                ctx.probs_dtype, layer, mb, route="probs_dispatch" if route == "dispatch" else "probs_combine")
 
 
-def _expert_tp(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
+def _expert_tp(ctx: Context, phase: PhaseName, layer: int, mb: int) -> list[Call]:
     """Expert-TP all-gathers of the received tokens and probabilities, and the reduce-scatter of the output
     (``dispatch_postprocess``/``combine_preprocess``), in issue order for ``phase``."""
     etp = ctx.parallel.expert_tp
@@ -106,7 +108,7 @@ def _expert_tp(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
             Call(phase, "sp", "reduce_scatter", "etp", tok, dt, layer, mb)]
 
 
-def _expert_tp_out(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
+def _expert_tp_out(ctx: Context, phase: PhaseName, layer: int, mb: int) -> list[Call]:
     """``combine_preprocess``'s expert-TP reduce-scatter (backward: all-gather), run in the probabilities'
     dtype: ``reduce_scatter_to_sequence_parallel_region(hidden_states.to(self.probs.dtype), ...)``
     (token_dispatcher.py ~824-833), so in fp32 under ``moe_router_dtype="fp32"``."""
@@ -115,7 +117,7 @@ def _expert_tp_out(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
         return []
     m = ctx.model
     n = ctx.local_tokens * etp * m.moe_router_topk * m.hidden_size * ctx.probs_bytes
-    op = "reduce_scatter" if phase == "forward" else "all_gather"
+    op: OpName = "reduce_scatter" if phase == "forward" else "all_gather"
     return [Call(phase, "sp", op, "etp", n, ctx.probs_dtype, layer, mb)]
 
 
@@ -183,7 +185,7 @@ def expert_bias_allreduce(ctx: Context, stage: int) -> list[Call]:
     return [Call("optimizer", "ep", "all_reduce", "tpdpcp", 4 * n * ctx.model.num_experts, "fp32")]
 
 
-def _allgather_dispatcher(ctx: Context, phase: str, layer: int, mb: int, before: bool) -> list[Call]:
+def _allgather_dispatcher(ctx: Context, phase: PhaseName, layer: int, mb: int, before: bool) -> list[Call]:
     """``MoEAllGatherTokenDispatcher`` calls before (``before``) or after the experts, over ``etp × ep``."""
     n = ctx.parallel.expert_tp * ctx.parallel.ep
     if n == 1:

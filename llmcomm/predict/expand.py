@@ -14,6 +14,7 @@ stands for and ``layer = microbatch = -1``; the row keeps the position of its fi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -184,9 +185,9 @@ def to_ref_events(lay: Layout, parts: Sequence[dict[str, np.ndarray | pa.Array]]
         elif f.name == "source":
             arrays.append(pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), pa.array(["predicted"])))
         elif pa.types.is_dictionary(f.type):
-            arrays.append(pa.chunked_array([pa.DictionaryArray.from_arrays(p[f.name].indices.cast(pa.int32()),
-                                                                           p[f.name].dictionary)
-                                            for p in parts], f.type))
+            columns = [cast(pa.DictionaryArray, p[f.name]) for p in parts]
+            arrays.append(pa.chunked_array([pa.DictionaryArray.from_arrays(c.indices.cast(pa.int32()), c.dictionary)
+                                            for c in columns], f.type))
         else:
             arrays.append(pa.chunked_array([pa.array(p[f.name]).cast(f.type) for p in parts], f.type))
     kind = np.concatenate([p["group_kind"] for p in parts]) if parts else np.zeros(0, np.int8)

@@ -21,7 +21,7 @@ vocabulary).
 from __future__ import annotations
 
 from .. import step
-from ..specs import dtype_bytes
+from ..vocab import PhaseName, dtype_bytes
 from .calls import Call, Context
 
 
@@ -41,7 +41,7 @@ def send_backward(ctx: Context, mb: int, layer: int) -> Call:
     return Call("backward", "pp", "send", "p2p", ctx.p2p_bytes, ctx.act_dtype, layer, mb, peer=-1)
 
 
-def partitioned_gathers(ctx: Context, phase: str, mb: int, layer: int) -> list[Call]:
+def partitioned_gathers(ctx: Context, phase: PhaseName, mb: int, layer: int) -> list[Call]:
     """DeepSpeed's PipelineEngine (:attr:`Context.pipe_partitioned`) rebuilds a partitioned pipeline tensor
     with an all-gather over TP (``PartitionedTensor.full``, ``deepspeed/runtime/pipe/engine.py``): forward,
     the received activation (``_exec_recv_activations``); backward, the received gradient

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..specs import dtype_bytes
+from ..vocab import dtype_bytes
 from . import cp, dp, ep, pp, scalars, tp
 from .batch import batch_broadcast
 from .calls import Call, Context

@@ -31,7 +31,7 @@ Differences from Megatron-LM (:mod:`.program`), with ``A = b·s·h·act`` and ``
 from __future__ import annotations
 
 from ..errors import ConfigError
-from ..vocab import dtype_bytes
+from ..vocab import OpName, ParallelismName, PhaseName, dtype_bytes
 from . import ep as epmod
 from . import pp
 from .calls import Call, Context
@@ -52,21 +52,21 @@ def _check(ctx: Context) -> None:
             raise ConfigError(f"framework='torch': {flag} is not used by the collector's torch workloads")
     m = ctx.model
     for flag, bad in (("multi_latent_attention", m.multi_latent_attention), ("qk_layernorm", m.qk_layernorm),
-                      ("moe_shared_expert_gate", m.moe_shared_expert_gate), ("mtp_num_layers", m.mtp_num_layers),
+                      ("moe_shared_expert_gate", m.moe_shared_expert_gate), ("mtp_num_layers", m.mtp_num_layers != 0),
                       ("softmax_type", m.softmax_type != "vanilla"), ("hybrid_override_pattern",
                                                                      bool(m.hybrid_override_pattern))):
         if bad:
             raise ConfigError(f"framework='torch': model field {flag} is not used by the collector's torch workloads")
 
 
-def _tp(ctx: Context, phase: str, op: str, nbytes: int, layer: int, mb: int) -> Call:
+def _tp(ctx: Context, phase: PhaseName, op: OpName, nbytes: int, layer: int, mb: int) -> Call:
     """A TP-group call; tagged ``sp`` when sequence parallelism is on and it is a gather or scatter (the
     recorder's convention: without SP the logits all-gather is ``tp``)."""
-    par = "sp" if ctx.sp and op in ("all_gather", "reduce_scatter") else "tp"
+    par: ParallelismName = "sp" if ctx.sp and op in ("all_gather", "reduce_scatter") else "tp"
     return Call(phase, par, op, "tp", nbytes, ctx.act_dtype, layer, mb)
 
 
-def _block(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
+def _block(ctx: Context, phase: PhaseName, layer: int, mb: int) -> list[Call]:
     if ctx.tp == 1:
         return []
     a = ctx.act_bytes
@@ -75,7 +75,7 @@ def _block(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
     return [_tp(ctx, phase, "all_reduce", a, layer, mb)]
 
 
-def _moe(ctx: Context, phase: str, layer: int, mb: int) -> list[Call]:
+def _moe(ctx: Context, phase: PhaseName, layer: int, mb: int) -> list[Call]:
     if ctx.parallel.ep == 1:
         return []
     e = ctx.model.num_experts

@@ -28,12 +28,13 @@ carries them), the all-reduces ``tp``. Sources: NVIDIA/Megatron-LM ``megatron/co
 
 from __future__ import annotations
 
+from ..vocab import OpName, ParallelismName, PhaseName
 from .calls import Call, Context
 
 
-def _c(ctx: Context, phase: str, op: str, nbytes: int, layer: int, mb: int, dtype: str | None = None) -> Call:
+def _c(ctx: Context, phase: PhaseName, op: OpName, nbytes: int, layer: int, mb: int, dtype: str | None = None) -> Call:
     """A call on the TP group; sequence-parallel all-gathers/reduce-scatters are tagged ``sp``."""
-    par = "sp" if op in ("all_gather", "reduce_scatter") else "tp"
+    par: ParallelismName = "sp" if op in ("all_gather", "reduce_scatter") else "tp"
     return Call(phase, par, op, "tp", nbytes, dtype or ctx.act_dtype, layer, mb)
 
 

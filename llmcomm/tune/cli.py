@@ -13,8 +13,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from ..cli_options import add_cluster, add_model, add_quiet, fraction, int_list, positive_int
+
+if TYPE_CHECKING:
+    from ..specs import ModelSpec
+    from .space import SearchSpace
 
 HELP = "rank parallel configurations of a model on a cluster by predicted iteration time"
 DESCRIPTION = ("Enumerate every valid tp/pp/dp/ep/micro-batch/vpp/SP/recompute/distributed-optimizer configuration, "
@@ -74,8 +79,8 @@ def progress_line(label: str, enabled: bool, after_s: float = 1.0) -> Iterator[N
             sys.stderr.flush()
 
 
-def _empty_because(model: object, gpus: int, global_batch: int, seq_len: int | None,
-                   space: object) -> str | None:
+def _empty_because(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
+                   space: SearchSpace) -> str | None:
     """Which of the restrictions left no candidate: those whose removal alone gives some (with the values that
     would work), or ``None`` when the space is empty without any restriction too."""
     import dataclasses
@@ -85,12 +90,13 @@ def _empty_because(model: object, gpus: int, global_batch: int, seq_len: int | N
     given = [d for d in RESTRICTIONS if getattr(space, d) is not None]
     if not given:
         return None
-    if not len(enumerate_candidates(model, gpus, global_batch, seq_len,
-                                    dataclasses.replace(space, **dict.fromkeys(given)))):
+    cleared: dict[str, Any] = dict.fromkeys(given)
+    if not len(enumerate_candidates(model, gpus, global_batch, seq_len, dataclasses.replace(space, **cleared))):
         return None
     parts = []
     for d in given:
-        c = enumerate_candidates(model, gpus, global_batch, seq_len, dataclasses.replace(space, **{d: None}))
+        one: dict[str, Any] = {d: None}
+        c = enumerate_candidates(model, gpus, global_batch, seq_len, dataclasses.replace(space, **one))
         if len(c):
             values = sorted(int(v) for v in c[d].unique())
             parts.append(f"--{d.replace('_', '-')} {','.join(map(str, getattr(space, d)))} (values that work "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -73,7 +74,8 @@ class SearchSpace:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"space: unknown dimension(s) {unknown}; known: {sorted(known)}")
-        return cls(**{k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in d.items()})
+        values: dict[str, Any] = {k: (tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in d.items()}
+        return cls(**values)
 
 
 def _allowed(values: Sequence[int], chosen: tuple[int, ...] | None) -> list[int]:

@@ -15,10 +15,12 @@ from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
-from ..analysis.volumes import bytes_by, tp_share
 from ..errors import ConfigError
+from ..predict import predict_traffic
 from ..specs import ModelSpec, ParallelConfig, load_model, validate
 from ..trace import Trace
+from ..vocab import AlgorithmName
+from .volumes import bytes_by, tp_share
 
 Case = tuple[str | ModelSpec, dict]
 
@@ -46,21 +48,17 @@ def valid_cases(cases: Mapping[str, Case]) -> tuple[dict[str, Case], dict[str, s
 def predict_cases(cases: Mapping[str, tuple[str | ModelSpec, dict]], **kw) -> dict[str, Trace]:
     """``{label: (model, ParallelConfig keyword arguments)}`` -> ``{label: predicted Trace}``; ``kw`` go
     to :func:`~llmcomm.predict.predict_traffic`."""
-    from . import predict_traffic
-
     return {label: predict_traffic(_model(model), ParallelConfig(**parallel), **kw)
             for label, (model, parallel) in cases.items()}
 
 
 def tp_share_vs_microbatches(model: ModelSpec, parallel: ParallelConfig, microbatches: Iterable[int],
-                             algorithm: str | None = None) -> pd.DataFrame:
+                             algorithm: AlgorithmName | None = None) -> pd.DataFrame:
     """TP share of the bytes for each number of micro-batches ``m`` (global batch = m · micro_batch · dp):
     columns ``microbatches``, bytes of ``tp``, ``pp``, ``dp``, ``ep``, and ``tp_share``.
 
     TP and PP bytes grow as ``m`` (per micro-batch terms) while DP bytes are per iteration, so the share
     is ``m·t / (m·t + m·p + d)``, rising towards ``t / (t + p)``."""
-    from . import predict_traffic
-
     rows = []
     for m in microbatches:
         swept = dataclasses.replace(parallel, global_batch=m * parallel.micro_batch * parallel.dp)
