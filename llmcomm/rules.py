@@ -145,6 +145,8 @@ def _unmodelled(p: Any) -> Any:
     return np.logical_or.reduce([np.asarray(_non_default(p, f), dtype=bool) for f in COST_UNMODELLED_FIELDS])
 
 
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")  # transformer_config.py:594
+
 RULES: tuple[Rule, ...] = (
     # ------------------------------------------------------------------------------------ config
     Rule("positive-sizes", "config", "kit: every size is a positive integer (ParallelConfig.validate's type checks)",
@@ -160,6 +162,13 @@ RULES: tuple[Rule, ...] = (
     Rule("batch-divisible", "config", "megatron/core/num_microbatches_calculator.py:381",
          lambda m, p: p.global_batch % (p.micro_batch * p.dp) != 0,
          lambda m, r: f"micro_batch*dp={r.micro_batch * r.dp} does not divide global_batch={r.global_batch}"),
+    Rule("fp8-format", "config", "megatron/core/transformer/transformer_config.py:587 (fp8: None, 'e4m3' or 'hybrid')",
+         lambda m, p: np.asarray([v not in (None, "hybrid", "e4m3") for v in np.atleast_1d(
+             np.asarray(p.fp8, dtype=object))], dtype=bool).reshape(np.shape(p.tp)),
+         lambda m, r: f"fp8={r.fp8!r} is not one of None, 'hybrid', 'e4m3' (Megatron-LM's --fp8-format)"),
+    Rule("fp8-recipe", "config", "megatron/core/transformer/transformer_config.py:594",
+         lambda m, p: np.isin(np.asarray(p.fp8_recipe, dtype=object), FP8_RECIPES, invert=True),
+         lambda m, r: f"fp8_recipe={r.fp8_recipe!r} is not one of {FP8_RECIPES} (Megatron-LM's --fp8-recipe)"),
     Rule("sp-needs-tp", "config",
          "megatron/training/arguments.py:1433 (Megatron turns SP off at tp = 1; the kit refuses instead)",
          lambda m, p: np.logical_and(p.sp, p.tp == 1),
@@ -271,7 +280,33 @@ RULES: tuple[Rule, ...] = (
                       "if MoE and tensor parallelism are enabled without also enabling sequence parallelism'; with "
                       "ep>1: 'When using expert parallelism and tensor parallelism, sequence parallelism must be "
                       "used'; megatron/core/transformer/moe/moe_layer.py ~636-640, model_parallel_config.py ~560)"),
+    Rule("param-gather-needs-distopt", "megatron",
+         "megatron/training/arguments.py:1027 (only with the distributed optimizer) and :1029 (needs "
+         "--overlap-grad-reduce), Megatron-LM d98e8a6",
+         lambda m, p: np.logical_and(p.overlap_param_gather, np.logical_not(np.logical_and(
+             p.distributed_optimizer, p.overlap_grad_reduce))),
+         lambda m, r: "overlap_param_gather needs distributed_optimizer=True and overlap_grad_reduce=True"),
+    Rule("fp8-param-gather-needs-distopt", "megatron",
+         "megatron/training/arguments.py:1095 (--fp8-param-gather only with the distributed optimizer or FSDP) and "
+         "megatron/core/transformer/transformer_config.py:602 (fp8_param: only together with fp8)",
+         lambda m, p: np.logical_and(p.fp8_param_gather, np.logical_or(
+             np.logical_not(p.distributed_optimizer), np.equal(np.asarray(p.fp8, dtype=object), None))),
+         lambda m, r: "fp8_param_gather needs distributed_optimizer=True and fp8 set"),
+    Rule("tp-comm-overlap-needs-sp", "megatron",
+         "megatron/training/arguments.py:1442 (Megatron-LM d98e8a6: TP comm/GEMM overlap only with sequence "
+         "parallelism; at tp = 1 nothing is overlapped and the kit accepts the flag as a no-op, as Megatron-Bridge "
+         "turns it off there)",
+         lambda m, p: np.logical_and.reduce([np.asarray(p.tp_comm_overlap, dtype=bool), p.tp > 1,
+                                             np.logical_not(p.sp)]),
+         lambda m, r: "tp_comm_overlap needs sp=True when tp > 1"),
     # --------------------------------------------------------------------------------------- cost
+    Rule("cost-fp8-recipe", "cost",
+         "kit: the formulation times the delayed and tensorwise (per-tensor current) scaling recipes; mxfp8 is "
+         "Blackwell-only (transformer_config.py:594), blockwise and custom scale per block or by user code",
+         lambda m, p: np.logical_and(np.not_equal(np.asarray(p.fp8, dtype=object), None),
+                                     np.isin(np.asarray(p.fp8_recipe, dtype=object), ("delayed", "tensorwise"),
+                                             invert=True)),
+         lambda m, r: f"fp8_recipe={r.fp8_recipe!r} is not modelled by the iteration-time formulation"),
     Rule("cost-cp", "cost", "kit: context parallelism is not in the formulation yet",
          lambda m, p: p.cp > 1,
          lambda m, r: f"cp={r.cp} > 1 is not modelled by the iteration-time formulation"),

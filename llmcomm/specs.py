@@ -693,6 +693,13 @@ class ParallelConfig:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     attention_backend: str = "auto"  # Megatron-LM's --attention-backend (llmcomm.vocab.AttentionBackend)
+    # overlap and precision of today's recipes (issue 20), Megatron-LM's names; in time only
+    # (llmcomm.overhead.iteration: the equations and their sources)
+    overlap_param_gather: bool = False  # --overlap-param-gather: DistOpt all-gathers hidden behind the next forward
+    tp_comm_overlap: bool = False  # --tp-comm-overlap: TransformerEngine userbuffers, SP AG/RS under the GEMMs
+    fp8: str | None = None  # --fp8-format: None (BF16 GEMMs), "hybrid" or "e4m3" (TransformerEngine FP8 GEMMs)
+    fp8_recipe: str = "delayed"  # --fp8-recipe (transformer_config.py:594): delayed, tensorwise, mxfp8, blockwise, custom
+    fp8_param_gather: bool = False  # --fp8-param-gather: FP8 weights, the DistOpt all-gather moves them in FP8
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):

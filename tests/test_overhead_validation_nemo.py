@@ -14,7 +14,8 @@ from llmcomm.overhead import nemo_rows, validation
 from llmcomm.specs import data_dir
 
 # what a 2026 DGX-H100 Llama 3 70B row runs that the formulation cannot express today
-LLAMA70B_MISSING = ("fp8=hybrid", "tp_comm_overlap=True", "overlap_param_gather=True")  # attention_backend: modelled
+# every setting of the 2026 DGX-H100 Llama 3 70B row is modelled now (fp8, fp8_recipe, fp8_param_gather,
+# tp_comm_overlap, overlap_param_gather, attention_backend): it is predicted
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +34,12 @@ def test_every_row_is_predicted_or_refused_with_a_reason(nemo):
 
 def test_refusals_name_the_missing_mechanism(nemo):
     t, _ = nemo
-    r = t[(t["container"] == "26.04") & (t["model"] == "LLAMA3_70B")]["refused"].iloc[0]
-    assert r.startswith("not in the formulation:") and all(m in r for m in LLAMA70B_MISSING)
+    row = t[(t["container"] == "26.04") & (t["model"] == "LLAMA3_70B")].iloc[0]
+    assert row["refused"] == "" and row["predicted_s"] > 0
     r405 = t[(t["container"] == "26.06") & (t["model"] == "LLAMA3.1_405B")]["refused"].iloc[0]
-    # the uneven split (account_for_embedding/loss_in_pipeline_split) is modelled now; FP8 and the overlaps are not
-    assert "account_for_embedding_in_pipeline_split" not in r405 and "fp8=hybrid" in r405
+    # the uneven split (account_for_embedding/loss_in_pipeline_split), fp8 and the overlaps are modelled now
+    assert "account_for_embedding_in_pipeline_split" not in r405 and "fp8" not in r405
+    assert "'cost-cp'" in r405  # context parallelism is not
     nano = t[t["model"] == "Nemotron_3_Nano"]["refused"]
     assert nano.str.contains("Mamba").all()
     # the 25.09 table prints no precision: rows whose sizes match only FP8 blocks of the perf matrix are FP8 of

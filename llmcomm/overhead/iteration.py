@@ -43,6 +43,21 @@ and orders. The layers of each stage, their parameters and the validity rules co
 :class:`~llmcomm.overhead.bandwidth.Bandwidth` (``time(op, bytes, group_size, ranks_per_node)``) and a
 :class:`~llmcomm.overhead.utilization.Utilization`; both default to the kit's shipped calibration.
 
+Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megatron-LM's name)::
+
+    tp_comm_overlap:      tp_r = tp_overlap_exposed(...)  (TE userbuffers: each block's SP all-gather /
+                          reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks)
+    overlap_param_gather: dp_exposed = [gradient reduction as above, without the parameter all-gather]
+                          + param_gather_exposed(AG of stage 0, its forward, its DDP buckets)
+    overlap_grad_reduce:  the keyword or the column (either turns it on); with the distributed optimizer only
+                          the reduce-scatter hides under the backward: the parameter all-gather follows the
+                          optimizer step (exposed in full unless overlap_param_gather)
+    fp8:                  the linear layers' GEMMs at the FP8 peak (or the measured GEMM model's FP8 rule),
+                          quantization casts as element-wise bytes (:func:`_compute`); TP/DP bytes unchanged
+
+On a cluster whose GPU has a measured GEMM model (:func:`measured_gemm`: H100, H200 at their datasheet peak)
+the linear GEMMs are timed by it; A100 clusters keep the utilization fit's ``FLOPs/peak`` (byte-identical).
+
 Not modelled (rejected with :class:`ConfigError`): context parallelism and FSDP.
 """
 
@@ -59,6 +74,7 @@ from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
+from . import interval as _interval
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .capacity import check_fits
@@ -145,6 +161,14 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["act_is_fp16"] = (t.act_dtype == "fp16").astype(np.int64)
     c["recompute"] = t.recompute_code
     c["fused_attention"] = t.fused_attention
+    c["fp8"] = np.not_equal(t.fp8, None).astype(bool)
+    c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
+    c["fp8_param_gather"] = np.asarray(t.fp8_param_gather, dtype=bool)
+    c["tp_comm_overlap"] = np.asarray(t.tp_comm_overlap, dtype=bool)
+    c["overlap_param_gather"] = np.asarray(t.overlap_param_gather, dtype=bool)
+    c["overlap_grad_reduce"] = np.asarray(t.overlap_grad_reduce, dtype=bool)
+    c["cp"] = t.cp
+    c["bucket_size"] = t.bucket_size
     for k in step.UNEVEN:  # the pipeline split (llmcomm.stage_split.pipeline_split)
         c[k] = np.asarray(getattr(t, k), np.int64)
     for name in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
@@ -176,6 +200,7 @@ class CommItem:
     size: np.ndarray
     rpn: np.ndarray
     per: str  # "microbatch" or "iteration"
+    ub: bool = False  # a transformer block's SP all-gather / reduce-scatter (TransformerEngine userbuffers)
 
 
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
@@ -201,6 +226,9 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     n = len(tp)
     sp, full = c["sp"], c["recompute"] == 2
     act, gby, pby = c["act_dtype"], c["grad_reduce_dtype"], c["param_dtype"]
+    # fp8_param_gather: the DistOpt all-gathers FP8 weights, 1 byte each (biases and norms, a small share, are
+    # counted at 1 byte too); the predictor does not carry this option yet (its bytes are param_dtype's)
+    pby = np.where(c["fp8_param_gather"], 1, pby) if "fp8_param_gather" in c else pby
     T = c["micro_batch"] * c["seq_len"]
     A = T * h * act
     one = np.ones(n, np.int64)
@@ -210,9 +238,10 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     rpn_tp = c["k_tp"]
     items: list[CommItem] = []
 
-    def tpc(op: str, phase: str, nbytes: np.ndarray, count: np.ndarray, par: str | None = None) -> None:
+    def tpc(op: str, phase: str, nbytes: np.ndarray, count: np.ndarray, par: str | None = None,
+            ub: bool = False) -> None:
         par = par or ("sp" if op in ("all_gather", "reduce_scatter") else "tp")
-        items.append(CommItem("tp", par, op, phase, nbytes, count * tpon, tp, rpn_tp, "microbatch"))
+        items.append(CommItem("tp", par, op, phase, nbytes, count * tpon, tp, rpn_tp, "microbatch", ub))
 
     nsp, ysp = (~sp).astype(np.int64), sp.astype(np.int64)
     fr = full.astype(np.int64)
@@ -220,10 +249,10 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     blocks = 2 * nd + nm * (2 if model.num_shared_experts else 1)
     tpc("all_reduce", "forward", A, blocks * nsp)
     tpc("all_reduce", "backward", A, blocks * nsp * (1 + fr))
-    tpc("all_gather", "forward", A, blocks * ysp)
-    tpc("reduce_scatter", "forward", A, blocks * ysp)
-    tpc("all_gather", "backward", A, blocks * ysp * (2 + fr))
-    tpc("reduce_scatter", "backward", A, blocks * ysp * (1 + fr))
+    tpc("all_gather", "forward", A, blocks * ysp, ub=True)
+    tpc("reduce_scatter", "forward", A, blocks * ysp, ub=True)
+    tpc("all_gather", "backward", A, blocks * ysp * (2 + fr), ub=True)
+    tpc("reduce_scatter", "backward", A, blocks * ysp * (1 + fr), ub=True)
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher, expert TP = TP (llmcomm.predict.ep)
         k, E = model.moe_router_topk, model.num_experts
         local = np.where(sp, T // tp, T)
@@ -370,11 +399,80 @@ def _stage_params(model: ModelSpec, c: dict[str, np.ndarray], nd: np.ndarray, nm
 
 
 # ----------------------------------------------------------------------------------------- compute
+def measured_gemm(cluster: Cluster) -> Any:
+    """The cluster's measured GEMM model (:func:`llmcomm.overhead.gemm.load_gemm_model`: H100, H200), or
+    ``None`` where there is none (A100: the utilization fit's term is kept; B200: no table) or where the
+    cluster's ``peak_bf16_flops`` is not the datasheet figure the model was fitted with (within 0.1 %: another
+    part, e.g. H100 PCIe, or a hypothetical GPU; the fit belongs to its figures, :func:`load_gemm_model`)."""
+    from ..errors import DataError
+    from .gemm import GemmModel, load_gemm_model
+
+    try:
+        g = load_gemm_model(cluster)
+    except DataError:
+        return None
+    if not isinstance(g, GemmModel) or not np.isclose(g.peak.get("bf16", 0.0), cluster.peak_bf16_flops, rtol=1e-3):
+        return None
+    return g
+
+
+def layer_gemm_shapes(model: ModelSpec, T: np.ndarray, tp: np.ndarray, etp: np.ndarray, ep: np.ndarray
+                      ) -> dict[str, tuple[np.ndarray, ...]]:
+    """``name -> (m, n, k, batch)`` of one layer's forward linear GEMMs on one rank, the step description's
+    :func:`llmcomm.step.layer_gemms` over arrays (``T = b·s/cp`` tokens; tested equal to it): ``qkv``, ``proj``,
+    ``fc1``, ``fc2`` of a dense layer; ``expert_fc1``/``expert_fc2`` (``E/ep`` experts of ``T·topk·ep/E`` rows
+    each, balanced routing) and ``shared_fc1``/``shared_fc2`` of an MoE layer (zero-sized where absent)."""
+    h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
+    km = 3 if model.gated_mlp else 2
+    f = model.ffn_hidden_size
+    one = np.ones_like(T)
+    out = {"qkv": (T, (a * d + 2 * g * d) // tp, h * one, one), "proj": (T, h * one, a * d // tp, one),
+           "fc1": (T, (km - 1) * f // tp, h * one, one), "fc2": (T, h * one, f // tp, one)}
+    if model.is_moe:
+        E, fe = model.num_experts, model.expert_ffn_hidden_size
+        et = np.where(etp > 0, etp, tp)
+        rows = T * model.moe_router_topk * ep // E
+        out["expert_fc1"] = (rows, (km - 1) * fe // et, h * one, E // ep)
+        out["expert_fc2"] = (rows, h * one, fe // et, E // ep)
+        if model.num_shared_experts:
+            sf = model.num_shared_experts * fe
+            out["shared_fc1"] = (T, (km - 1) * sf // tp, h * one, one)
+            out["shared_fc2"] = (T, h * one, sf // tp, one)
+    return out
+
+
 def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarray, np.ndarray],
-             holds_first: np.ndarray, holds_last: np.ndarray, peak: float, hbm: float) -> dict[str, np.ndarray]:
+             holds_first: np.ndarray, holds_last: np.ndarray, peak: float, hbm: float,
+             peak_fp8: float | None = None, gemm_model: Any = None) -> dict[str, np.ndarray]:
     """Utilization features of one stage class per micro-batch: one pass of a dense layer (``Ld``) and of an
     MoE layer (``Lm``), their attention cores (``Cd``, ``Cm``; selective recomputation), the embedding and
-    output layer's forward pass (``E``), the layer counts ``nd``, ``nm`` and the recompute flags."""
+    output layer's forward pass (``E``), the layer counts ``nd``, ``nm`` and the recompute flags; ``Gag`` and
+    ``Grs``: the GEMM features of the stage's TransformerEngine linears whose input is SP-all-gathered (``qkv``,
+    ``fc1``) and whose output is SP-reduce-scattered (``proj``, ``fc2``), what ``tp_comm_overlap`` hides them under.
+
+    FP8 (``fp8`` rows, TransformerEngine's ``fp8_autocast`` around the transformer layers): the linear layers'
+    GEMMs (qkv, proj, fc1, fc2, the experts') run at ``peak_fp8`` instead of the BF16 peak, with the same
+    efficiency rule (the utilization fit's ``θ_gemm``; :mod:`llmcomm.overhead.gemm` states the FP8 rule of the
+    measured model); the attention core (``fp8_dot_product_attention`` off, Megatron's default), the router and
+    the output layer (Megatron's ``output_layer`` is ``tensor_parallel.ColumnParallelLinear``, gpt_model.py, not a TE module)
+    stay BF16. Casts are element-wise bytes at HBM bandwidth: the inputs of ``proj`` and ``fc2`` are quantized
+    (read 2 + write 1 bytes per element: ``3·T·(a·d + f)/tp``); with ``fp8_recipe='delayed'`` the
+    ``qkv``/``fc1`` inputs come out of TE's fused LayerNorm already in FP8 (``LayerNormLinear``, the scale is
+    last step's); with ``'tensorwise'`` (current scaling: the scale is this tensor's amax) each cast first reads
+    its tensor for the amax (``+2·T·(a·d + f)/tp``) and the two LayerNorm outputs are quantized apart
+    (``+2·5·T·h/w``, ``w = tp`` with SP else 1); weights are cast once per iteration and cached
+    across micro-batches (``is_first_microbatch``), not counted; the backward's grad-output casts follow the
+    ``backward = 2·forward`` rule of :func:`class_times`. The amax-history reduction (delayed scaling: one
+    small all-reduce per step) is not counted.
+
+    Measured GEMMs (``gemm_model``, a :class:`~llmcomm.overhead.gemm.GemmModel`: H100, H200): the linear layers'
+    GEMMs of :func:`layer_gemm_shapes` (the step description's, :func:`llmcomm.step.layer_gemms`) are timed by it
+    one by one (``bf16``, or ``fp8`` by its stated FP8 rule) and that time, in seconds, replaces their
+    ``FLOPs / peak`` in the gemm feature: the utilization fit's ``θ_gemm`` (fitted on A100, shipped at its bound
+    1.0) then multiplies measured time, which at 1.0 leaves it as measured. The backward is ``2·forward``
+    (dgrad and wgrad have the forward's FLOPs; their shapes are not timed apart). A100 (no GEMM table) keeps the
+    ``FLOPs/peak`` features byte for byte.
+    """
     b, s, tp = c["micro_batch"], c["seq_len"], c["tp"]
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
     k = 3 if model.gated_mlp else 2
@@ -383,15 +481,50 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     fz = c["fused_attention"]
     Ld, Cd = U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak, hbm, fw, fz)
     Lm, Cm = np.zeros_like(Ld), np.zeros_like(Cd)
+    fe = (model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size if model.is_moe else 0
     if model.is_moe:
-        fe = (model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size
         Lm, Cm = U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw, fz)
-        Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP)
+    T = (b * s).astype(np.float64)
+    tpf = tp.astype(np.float64)
+    f8 = c["fp8"]
+    lin_peak = np.full(len(tp), peak)
+    if f8.any():
+        if not peak_fp8:
+            raise ConfigError("fp8 is set but the cluster states no peak_fp8_flops (no FP8 tensor cores, e.g. "
+                              "A100, or not in the cluster file)")
+        lin_peak = np.where(f8, peak_fp8, peak)
+        r = peak / lin_peak  # the linear GEMMs' share of the gemm feature, moved to the FP8 peak
+        for L, C, ff in ((Ld, Cd, model.ffn_hidden_size), (Lm, Cm, fe)):
+            L[:, U.I["gemm"]] = C[:, U.I["gemm"]] + (L[:, U.I["gemm"]] - C[:, U.I["gemm"]]) * r
+            L[:, U.I["mem"]] += f8 * 3.0 * T * (a * d + ff) / tpf / hbm
+            # tensorwise (current scaling): an amax pass (read 2 bytes) before every cast, and the LayerNorm
+            # output of qkv/fc1 quantized apart from the norm (amax + cast, 2 + 3 bytes, full width without SP)
+            L[:, U.I["mem"]] += c["fp8_tensorwise"] * (2.0 * T * (a * d + ff) / tpf + 2 * 5.0 * T * h / fw) / hbm
+    need = gemm_model is not None or c["tp_comm_overlap"].any()  # the per-GEMM terms cost time: only when used
+    shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
+    if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
+        sec = {}
+        for name, (m_, n_, k_, bt) in shapes.items():
+            t16 = gemm_model.time(m_, n_, k_, bt, "bf16")
+            sec[name] = np.where(f8, gemm_model.time(m_, n_, k_, bt, "fp8"), t16) if f8.any() else t16
+        dense = sec["qkv"] + sec["proj"] + sec["fc1"] + sec["fc2"]
+        Ld[:, U.I["gemm"]] = Cd[:, U.I["gemm"]] + dense
+        if model.is_moe:
+            moe = (sec["qkv"] + sec["proj"] + sec["expert_fc1"] + sec["expert_fc2"] + sec.get("shared_fc1", 0.0)
+                   + sec.get("shared_fc2", 0.0))
+            Lm[:, U.I["gemm"]] = Cm[:, U.I["gemm"]] + moe
+    else:
+        sec = {name: 2.0 * m_ * n_ * k_ * bt / lin_peak for name, (m_, n_, k_, bt) in shapes.items()}
+    z = np.zeros(len(tp))
+    if model.is_moe:
+        Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP, BF16)
+    Gag = nd * (sec.get("qkv", z) + sec.get("fc1", z)) + nm * (sec.get("qkv", z) + sec.get("shared_fc1", 0.0))
+    Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
     E = (holds_first[:, None] * U.embedding_features(b, s, h, hbm)
          + holds_last[:, None] * U.output_features(b, s, tp, h, model.padded_vocab_size(tp), peak, hbm))
     return {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
             "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
-            "sel": (c["recompute"] == 1).astype(np.float64)}
+            "sel": (c["recompute"] == 1).astype(np.float64), "Gag": Gag, "Grs": Grs}
 
 
 def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -433,6 +566,10 @@ class Stages:
     vpp: np.ndarray
     optimizer_bytes: np.ndarray
     hbm: float
+    tp_comm_overlap: np.ndarray | None = None
+    overlap_param_gather: np.ndarray | None = None
+    overlap_grad_reduce: np.ndarray | None = None
+    buckets: np.ndarray | None = None  # DDP buckets of the first stage (overlap_param_gather)
 
 
 def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any) -> Stages:
@@ -453,10 +590,11 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
     hl3 = np.concatenate([e[1] for e in edges])
     layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
                np.concatenate([layers[cls][1] for cls in CLASSES]))
-    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm)
+    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, measured_gemm(cluster))
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
-    tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus")}
+    tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
+                                     "ub_rs_f", "ub_b", "dp_ag")}
     items = [(it, it.count > 0) for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
              if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
     items = [(it, live) for it, live in items if live.any()]
@@ -470,6 +608,11 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
             tt = np.zeros(n3)
             tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
         tot[it.term] += it.count * tt
+        if it.ub:
+            tot["ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f"] += \
+                it.count * tt
+        elif it.term == "dp" and it.op == "all_gather":
+            tot["dp_ag"] += it.count * tt
         tot[it.term + "_bus"] += it.count * (bus_factor(it.op, it.size) * it.nbytes)  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
@@ -478,12 +621,18 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
         sl = slice(i * n, (i + 1) * n)
         r: dict[str, Any] = {"q": {k: v[sl] for k, v in q3.items()}}
         r.update({k: v[sl] for k, v in tot.items()})
+        r["tp_size"] = c["tp"]
         per_class[cls] = r
         exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
         params = np.maximum(params, np.where(exists, dn3[sl], 0))
     shard = np.where(c["distributed_optimizer"], c["dp"], 1)
     m = c["global_batch"] // (c["micro_batch"] * c["dp"])
-    return Stages(per_class, m, pp, c["vpp"], ADAM_BYTES_PER_PARAM * params / shard, hbm)
+    # DDP buckets of stage 0 (Megatron's default bucket: max(40M, 1M·dp·cp) parameters,
+    # megatron/training/training.py:2189), at least one per model chunk
+    bucket = np.where(c["bucket_size"] > 0, c["bucket_size"], np.maximum(40_000_000, 1_000_000 * c["dp"] * c["cp"]))
+    nb = np.maximum(c["vpp"], -(-dn3[:n] // bucket))
+    return Stages(per_class, m, pp, c["vpp"], ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
+                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb)
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
@@ -508,15 +657,73 @@ def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> 
     return out
 
 
+def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: np.ndarray, g_ag: np.ndarray,
+                       g_rs: np.ndarray, tp_size: np.ndarray, full: np.ndarray) -> np.ndarray:
+    """TP seconds per micro-batch left exposed with ``tp_comm_overlap`` (TransformerEngine userbuffers), from the
+    stage's TP seconds ``tp`` of which ``ag_f``/``rs_f`` are the blocks' forward SP all-gathers/reduce-scatters and
+    ``bwd`` their backward ones, and the forward seconds ``g_ag`` (qkv, fc1) and ``g_rs`` (proj, fc2) of the GEMMs
+    they feed::
+
+        exposed = tp − (ag_f + rs_f + bwd)
+                + max(0, ag_f − g_ag·(t−1)/t)           ring_exchange (qkv_fprop, fc1_fprop), num_splits = t = tp
+                + max(0, rs_f − g_rs·(4−1)/4)           pipeline (proj_fprop, fc2_fprop), num_splits = 4
+                + max(0, bwd − (2 + full)·(g_ag + g_rs)·(t−1)/t)   dgrad ring_exchange / bulk under dgrad+wgrad
+
+    A split-pipelined overlap of ``s`` chunks hides the communication under all but one chunk of the GEMM (the
+    chunk computed before the first transfer arrives, or after the last leaves): the stated share, ``1/s`` of
+    the GEMM cannot hide anything. Methods and ``num_splits`` are TransformerEngine's defaults
+    (transformer_engine/pytorch/module/base.py:357, the ``methods`` table of ``initialize_ub``, and :387,
+    ``"num_splits": tp_size if method == "ring_exchange" else 4``; TransformerEngine d0067d0). Not counted: the 16 SMs the pipeline
+    method's communication kernels take from the GEMM (``num_sm``), and FP8 all-gather buffers (``fp8_buf``,
+    base.py:391: with FP8 *and* userbuffers the all-gathered GEMM inputs travel in FP8): the bytes stay those of
+    :func:`comm_items`, BF16 activations, which is what Megatron sends over NCCL without userbuffers (TE
+    quantizes after the gather)."""
+    t = tp_size.astype(np.float64)
+    hide = (t - 1.0) / t
+    return (tp - (ag_f + rs_f + bwd) + np.maximum(0.0, ag_f - g_ag * hide) + np.maximum(0.0, rs_f - 0.75 * g_rs)
+            + np.maximum(0.0, bwd - (2.0 + full) * (g_ag + g_rs) * hide))
+
+
+def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+    """Seconds of the distributed optimizer's parameter all-gather left exposed with ``overlap_param_gather``:
+    the gathers of stage 0 move into the next iteration's forward (Megatron-LM's forward pre-hook waits for a
+    bucket's gather and dispatches the next bucket's: megatron/core/distributed/distributed_data_parallel.py:517
+    ``_make_forward_pre_hook``, param_and_grad_buffer.py:538 ``finish_param_sync``, Megatron-LM d98e8a6), in
+    forward order over ``nb`` equal buckets (``max(40M, 1M·dp)`` parameters each,
+    distributed_data_parallel.py:134, at least one per model chunk)::
+
+        exposed = max(ag/nb, ag − fwd·(nb − 1)/nb)
+
+    the first bucket before any layer can run, then each bucket under the forward of the previous bucket's
+    layers (first micro-batch). Later stages start their first forward ``r`` steps later: their gathers hide
+    in that wait (not checked)."""
+    nb = buckets.astype(np.float64)
+    return np.maximum(ag / nb, ag - fwd * (nb - 1.0) / nb)
+
+
 def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
     """The terms of :data:`TERMS` from :class:`Stages` and a utilization model (module docstring)."""
     pp, v, m = st.pp, st.vpp, st.m
     n = len(pp)
+    tpo = st.tp_comm_overlap if st.tp_comm_overlap is not None else np.zeros(n, bool)
+    ogr = np.asarray(overlap_grad_reduce, dtype=bool) | (st.overlap_grad_reduce if st.overlap_grad_reduce is not None
+                                                         else False)
+    opg = st.overlap_param_gather if st.overlap_param_gather is not None else np.zeros(n, bool)
+    split_ag = np.broadcast_to(ogr | opg, (n,))
     per: dict[str, dict[str, np.ndarray]] = {}
     for cls, r in st.cls.items():
         fwd, bwd, rec = class_times(r["q"], util)
-        q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": r["tp"], "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
+        tp_s = r["tp"]
+        if tpo.any():
+            q_ = r["q"]
+            th = util.coef[U.I["gemm"]] / util.scale
+            ex = tp_overlap_exposed(r["tp"], r["ub_ag_f"], r["ub_rs_f"], r["ub_b"], th * q_["Gag"], th * q_["Grs"],
+                                    r["tp_size"], q_["full"])
+            tp_s = np.where(tpo, ex, r["tp"])
+        q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"]}
+        if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
+            q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
         q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
         per[cls] = q
     first, mid, last = (per[k] for k in CLASSES)
@@ -538,11 +745,19 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"]
     dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
     dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
-    if overlap_grad_reduce:
-        dp_exposed = np.maximum(0.0, dp_exposed - pick("bwd"))
+    if np.any(ogr):
+        dp_exposed = np.where(ogr, np.maximum(0.0, dp_exposed - pick("bwd")), dp_exposed)
+    ag = np.zeros(n)
+    if split_ag.any():  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
+        cl = st.cls
+        ag = np.maximum(cl["first"]["dp_ag"], np.maximum(np.where(has_last, cl["last"]["dp_ag"], 0.0),
+                                                         np.where(has_mid, cl["mid"]["dp_ag"], 0.0)))
+        hidden = param_gather_exposed(cl["first"]["dp_ag"], first["fwd"], st.buckets)
+        dp_exposed = dp_exposed + np.where(split_ag, np.where(opg, hidden, ag), 0.0)
     out["dp_comm_s"] = dp_exposed
     out["dp_comm_total_s"] = np.maximum(first["dp"], np.maximum(np.where(has_last, last["dp"], 0.0),
-                                                                np.where(has_mid, mid["dp"], 0.0)))
+                                                                np.where(has_mid, mid["dp"], 0.0))) + np.where(
+        split_ag, ag, 0.0)
     out["optimizer_s"] = st.optimizer_bytes / st.hbm / util.scale
     out["comm_bus_bytes"] = m * pick("bus") + st.cls["first"]["dp_bus"]  # + stage 0's gradient reduction
     out["critical"] = np.asarray(CLASSES)[crit]
@@ -634,12 +849,13 @@ def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None
 
 
 def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
-                    utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False
-                    ) -> pd.DataFrame:
+                    utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False,
+                    interval: bool = True) -> pd.DataFrame:
     """Evaluate a table of configurations with numpy: ``candidates`` holds ``tp, pp, dp`` and optionally any other
     :class:`ParallelConfig` field (absent: its default; :class:`~llmcomm.parallel_table.ParallelTable`); returns
     the candidates with every term of :data:`TERMS`, ``total_s``, ``exposed_comm_s``, ``comm_overhead``,
-    ``critical`` (stage class) and ``num_microbatches``. Raises :class:`ConfigError` naming the first row that
+    ``critical`` (stage class), ``num_microbatches`` and, with ``interval`` and the shipped interval file, the
+    90 % interval ``total_s_lo``, ``total_s_hi`` (:mod:`llmcomm.overhead.interval`). Raises :class:`ConfigError` naming the first row that
     breaks a rule (:func:`candidate_table`)."""
     t = candidate_table(model, candidates)
     bw, ut = _resolve(cluster, bandwidth, utilization)
@@ -650,6 +866,9 @@ def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster
     out["total_s"] = sum(r[k] for k in TERMS)
     out["exposed_comm_s"] = sum(r[k] for k in COMM_TERMS)
     out["comm_overhead"] = out["exposed_comm_s"] / out["total_s"]
+    iv = _interval.apply(out["total_s"].to_numpy()) if interval else None
+    if iv is not None:  # the 90 % interval from the calibration residuals (llmcomm.overhead.interval)
+        out["total_s_lo"], out["total_s_hi"] = iv
     return out
 
 

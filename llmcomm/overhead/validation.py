@@ -38,19 +38,24 @@ CLUSTER = "vtrain-a100"
 
 
 def predict_rows(rows: pd.DataFrame, cluster: Cluster | None = None, bandwidth: Any = None,
-                 utilization: Utilization | None = None) -> pd.DataFrame:
+                 utilization: Utilization | None = None, interval: bool = True) -> pd.DataFrame:
     """``rows`` (from :func:`llmcomm.overhead.measured.read`) with the predicted breakdown of each row and
     ``predicted_s``, ``ape`` (absolute percentage error as a fraction)."""
     cluster = cluster or load_cluster(CLUSTER)
     parts = []
     for model, g in measured.by_model(rows):
-        r = iteration_times(model, measured.candidates(g), cluster, bandwidth, utilization)
+        r = iteration_times(model, measured.candidates(g), cluster, bandwidth, utilization, interval=interval)
         r.index = g.index
-        parts.append(pd.concat([g, r[[*TERMS, "total_s", "exposed_comm_s", "comm_overhead", "critical"]]], axis=1))
+        iv = [c for c in INTERVAL if c in r.columns]
+        parts.append(pd.concat([g, r[[*TERMS, "total_s", "exposed_comm_s", "comm_overhead", "critical", *iv]]],
+                               axis=1))
     out = pd.concat(parts).loc[rows.index]
     out["predicted_s"] = out["total_s"]
     out["ape"] = (out["predicted_s"] - out["time_s"]).abs() / out["time_s"]
     return out
+
+
+INTERVAL = ("total_s_lo", "total_s_hi")  # columns iteration_times gives when it carries intervals
 
 
 def summary(pred: pd.DataFrame) -> dict[str, Any]:
@@ -63,7 +68,10 @@ def summary(pred: pd.DataFrame) -> dict[str, Any]:
         groups[str(gname)] = {"rows": int(len(g)), "mape": float(g["ape"].mean()),
                               "median_ape": float(g["ape"].median()), "worst_ape": float(g["ape"].max()),
                               "spearman": rho}
-    return {"rows": int(len(pred)), "mape": float(pred["ape"].mean()), "median_ape": float(pred["ape"].median()),
+    cov = (float(((pred["total_s_lo"] <= pred["time_s"]) & (pred["time_s"] <= pred["total_s_hi"])).mean())
+           if "total_s_lo" in pred.columns else None)
+    return {"interval_coverage_90": cov,
+            "rows": int(len(pred)), "mape": float(pred["ape"].mean()), "median_ape": float(pred["ape"].median()),
             "worst_ape": float(pred["ape"].max()), "min_group_spearman": float(np.nanmin(
                 [g["spearman"] for g in groups.values()])), "groups": groups, "vtrain_reported": VTRAIN_REPORTED}
 
@@ -76,7 +84,6 @@ def validate_multi(bandwidth: Any = None, utilization: Utilization | None = None
 
 NAMES = ("vtrain-multi", "nemo-h100")
 ALWAYS_COLUMNS = frozenset({"tp", "pp", "dp", "global_batch", "seq_len"})
-INTERVAL = ("total_s_lo", "total_s_hi")  # columns iteration_times gives when it carries intervals
 
 
 def validate(name: str, *, relax: tuple[str, ...] = (), bandwidth: Any = None,
@@ -117,9 +124,9 @@ def _plan(row: pd.Series, relax: tuple[str, ...]) -> tuple[nemo_rows.RowSettings
         if k in relax:
             relaxed.append(f"{k}={v}")
             continue
-        if k == "overlap_grad_reduce" and k not in getattr(it, "CANDIDATE_DEFAULTS", {}):
-            continue  # passed as iteration_times' keyword
-        if k in accepted or k in ("cp", "fsdp"):  # cp and fsdp: iteration_times names its own rule
+        if v == "unknown":  # the recipe file did not say which value: nothing to time it with
+            missing.append(f"{k}={v}")
+        elif k in accepted or k in ("cp", "fsdp"):  # cp and fsdp: iteration_times names its own rule
             cand[k] = v
         else:
             missing.append(f"{k}={v}")

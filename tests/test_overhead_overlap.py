@@ -1,0 +1,191 @@
+"""Overlap and FP8 in the iteration-time formulation (issue 20), each on a hand-worked case."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from llmcomm import step
+from llmcomm.errors import ConfigError
+from llmcomm.overhead import Utilization, iteration_time
+from llmcomm.overhead.iteration import (
+    layer_gemm_shapes,
+    measured_gemm,
+    param_gather_exposed,
+    tp_overlap_exposed,
+)
+from llmcomm.specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
+from llmcomm.step import layer_gemms
+
+MODEL = ModelSpec(name="small", num_layers=4, hidden_size=64, ffn_hidden_size=256, num_attention_heads=4,
+                  vocab_size=128, add_bias_linear=True, position_embedding_type="learned_absolute",
+                  max_position_embeddings=32, seq_length=32)
+GEMM_ONLY = Utilization(coef=(1.0, 0.0, 0.0, 0.0, 0.0))
+
+
+def cluster(peak: float, fp8: float | None = None) -> Cluster:
+    return Cluster(name="test", gpus_per_node=8, gpu="test GPU", peak_bf16_flops=peak, peak_fp8_flops=fp8,
+                   gpu_memory_bytes=80e9, intra_node_bandwidth=1e9, inter_node_bandwidth=1e9)
+
+
+class StubBandwidth:
+    """1 µs per call plus 1 ns per byte (easy to add up by hand)."""
+
+    def time(self, op, nbytes, group_size, ranks_per_node):
+        return 1e-6 + np.asarray(nbytes, dtype=float) * 1e-9
+
+
+def call(nbytes: float) -> float:
+    return 1e-6 + nbytes * 1e-9
+
+
+def test_tp_overlap_exposed_by_hand():
+    # tp = 4: ring_exchange hides under 3/4 of the GEMM, pipeline (4 splits) under 3/4 too
+    one = np.ones(1)
+    ex = tp_overlap_exposed(12 * one, 3 * one, 2 * one, 5 * one, 2 * one, 2 * one, 4 * one, 0 * one)
+    # 12 - 10 + max(0, 3 - 1.5) + max(0, 2 - 1.5) + max(0, 5 - 2*4*0.75)
+    assert ex[0] == pytest.approx(4.0)
+    # full recomputation: the backward has 3 GEMM passes to hide under
+    ex = tp_overlap_exposed(12 * one, 3 * one, 2 * one, 7 * one, 2 * one, 2 * one, 4 * one, one)
+    assert ex[0] == pytest.approx(12 - 12 + 1.5 + 0.5 + 0.0)
+
+
+def test_param_gather_exposed_by_hand():
+    ag, nb = np.array([4.0, 4.0]), np.array([4, 4])
+    # short forward: the gathers outrun it (4 - 2*3/4); long forward: only the first bucket waits (4/4)
+    assert param_gather_exposed(ag, np.array([2.0, 10.0]), nb).tolist() == pytest.approx([2.5, 1.0])
+    assert param_gather_exposed(ag[:1], np.array([100.0]), np.array([1]))[0] == 4.0  # one bucket: nothing hides
+
+
+SP = ParallelConfig(tp=2, pp=1, dp=1, sp=True, micro_batch=1, global_batch=1, attention_backend="unfused")
+
+
+def test_tp_comm_overlap_hides_the_blocks_sp_calls_under_slow_gemms():
+    A = 32 * 64 * 2  # b*s*h*bf16
+    # 4 layers x 2 blocks: forward 8 AG + 8 RS, backward 16 AG + 8 RS, each call(A)
+    ub = 40 * call(A)
+    off = iteration_time(MODEL, SP, cluster(1e6), StubBandwidth(), GEMM_ONLY)
+    on = iteration_time(MODEL, dataclasses.replace(SP, tp_comm_overlap=True), cluster(1e6), StubBandwidth(),
+                        GEMM_ONLY)
+    assert on.tp_comm_s == pytest.approx(off.tp_comm_s - ub, rel=1e-12)  # GEMMs of seconds hide every call
+    assert on.forward_s == off.forward_s and on.dp_comm_s == off.dp_comm_s
+    fast = cluster(1e30)  # GEMMs take no time: nothing to hide under
+    assert iteration_time(MODEL, dataclasses.replace(SP, tp_comm_overlap=True), fast, StubBandwidth(),
+                          GEMM_ONLY).tp_comm_s == pytest.approx(
+        iteration_time(MODEL, SP, fast, StubBandwidth(), GEMM_ONLY).tp_comm_s, rel=1e-12)
+
+
+def test_tp_comm_overlap_rules():
+    c, bw = cluster(1e12), StubBandwidth()
+    with pytest.raises(ConfigError, match="tp_comm_overlap needs sp"):
+        iteration_time(MODEL, ParallelConfig(tp=2, tp_comm_overlap=True), c, bw, GEMM_ONLY)
+    iteration_time(MODEL, ParallelConfig(tp=1, tp_comm_overlap=True), c, bw, GEMM_ONLY)  # nothing to overlap
+    with pytest.raises(ConfigError, match="overlap_param_gather needs distributed_optimizer"):
+        iteration_time(MODEL, ParallelConfig(dp=2, overlap_param_gather=True, overlap_grad_reduce=True), c, bw,
+                       GEMM_ONLY)
+
+
+DO = ParallelConfig(tp=1, pp=1, dp=2, micro_batch=1, global_batch=2, distributed_optimizer=True,
+                    overlap_grad_reduce=True, attention_backend="unfused")
+
+
+def test_overlap_param_gather_by_hand():
+    c = cluster(1e6)  # forward and backward of seconds: the reduce-scatter hides under the backward
+    b = iteration_time(MODEL, DO, c, StubBandwidth(), GEMM_ONLY)
+    # the backward (seconds) hides the reduce-scatter; the parameter all-gather follows the optimizer step
+    assert b.dp_comm_s > 0 and b.dp_comm_total_s > b.dp_comm_s
+    one = np.ones(1, np.int64)
+    dense, expert, _ = step.stage_parameters(MODEL, one, one, one, one, 4 * one, 0 * one, one > 0, one > 0)
+    params = int(dense[0] + expert[0])
+    on = iteration_time(MODEL, dataclasses.replace(DO, overlap_param_gather=True), c, StubBandwidth(), GEMM_ONLY)
+    assert on.dp_comm_s == pytest.approx(b.dp_comm_s, rel=1e-12)  # one bucket: it cannot hide behind anything
+    # four buckets: three hide under the first micro-batch's forward, the first bucket's gather stays
+    four = dataclasses.replace(DO, overlap_param_gather=True, bucket_size=-(-params // 4))
+    q = iteration_time(MODEL, four, c, StubBandwidth(), GEMM_ONLY)
+    assert q.dp_comm_s == pytest.approx(b.dp_comm_s / 4, rel=0.02)  # the bytes split in 4, less 3 call latencies
+
+
+def test_fp8_moves_the_linear_gemms_to_the_fp8_peak():
+    par = ParallelConfig(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, attention_backend="unfused")
+    T, h, f, a, d = 32, 64, 256, 4, 16
+    lin = 2 * T * (4 * h * h + 2 * h * f)  # qkv + proj + fc1 + fc2 of one layer
+    core = 4 * T * T * a * d
+    out = 2 * T * h * 128  # output layer, BF16
+    peak = 1e12
+    bf = iteration_time(MODEL, par, cluster(peak, 2 * peak), StubBandwidth(), GEMM_ONLY)
+    f8 = iteration_time(MODEL, dataclasses.replace(par, fp8="hybrid"), cluster(peak, 2 * peak), StubBandwidth(),
+                        GEMM_ONLY)
+    assert bf.forward_s == pytest.approx((4 * (lin + core) + out) / peak, rel=1e-12)
+    assert f8.forward_s == pytest.approx((4 * (lin / 2 + core) + out) / peak, rel=1e-12)
+    with pytest.raises(ConfigError, match="peak_fp8_flops"):
+        iteration_time(MODEL, dataclasses.replace(par, fp8="e4m3"), cluster(peak), StubBandwidth(), GEMM_ONLY)
+    with pytest.raises(ConfigError, match="fp8="):
+        ParallelConfig(fp8="e5m2")
+
+
+def test_fp8_casts_are_elementwise_bytes():
+    par = ParallelConfig(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, attention_backend="flash")
+    mem_only = Utilization(coef=(0.0, 1.0, 0.0, 0.0, 0.0))
+    c = dataclasses.replace(cluster(1e12, 2e12), hbm_bandwidth=1e9)
+    bf = iteration_time(MODEL, par, c, StubBandwidth(), mem_only)
+    f8 = iteration_time(MODEL, dataclasses.replace(par, fp8="hybrid"), c, StubBandwidth(), mem_only)
+    # per layer forward: proj and fc2 inputs quantized, 3 bytes per element of T*(a*d + f)
+    assert f8.forward_s - bf.forward_s == pytest.approx(4 * 3 * 32 * (64 + 256) / 1e9, rel=1e-12)
+
+
+def test_layer_gemm_shapes_equal_the_step_description():
+    for name, par in (("llama3-8b", ParallelConfig(tp=4, sp=True, micro_batch=2)),
+                      ("qwen3-30b-a3b", ParallelConfig(tp=2, sp=True, dp=8, ep=8))):
+        m = load_model(name)
+        T = par.micro_batch * par.sequence_length(m)
+        got = layer_gemm_shapes(m, np.array([T]), np.array([par.tp]), np.array([par.expert_tp]), np.array([par.ep]))
+        for g in layer_gemms(m, par, m.is_moe):
+            if g.name == "router":
+                continue
+            mm, nn, kk, bb = got[g.name]
+            assert (int(mm[0]), int(nn[0]), int(kk[0]), int(bb[0])) == (g.m, g.n, g.k, g.count), g.name
+
+
+def test_measured_gemms_on_h100_and_never_above_the_ceiling():
+    h100 = load_cluster("h100-80g-ndr400")
+    g = measured_gemm(h100)
+    assert g is not None and measured_gemm(load_cluster("vtrain-a100")) is None
+    m = load_model("llama3-70b")
+    par = ParallelConfig(tp=8, pp=4, dp=2, sp=True, micro_batch=1, global_batch=64, distributed_optimizer=True)
+    b = iteration_time(m, par, h100.for_world(64))
+    T, h = 8192, m.hidden_size
+    lin = 2 * T * h * (m.num_attention_heads * m.head_dim * 2 + 2 * m.query_groups * m.head_dim
+                       + 3 * m.ffn_hidden_size) / 8
+    layers = m.num_layers // 4
+    # the forward of a middle stage is at least its linear GEMMs at the measured ceiling
+    assert b.forward_s >= 32 * layers * lin / g.ceiling("bf16")
+
+
+def test_fp8_tensorwise_adds_the_amax_pass_and_unfused_norm_casts():
+    par = ParallelConfig(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, attention_backend="flash", fp8="hybrid")
+    mem_only = Utilization(coef=(0.0, 1.0, 0.0, 0.0, 0.0))
+    c = dataclasses.replace(cluster(1e12, 2e12), hbm_bandwidth=1e9)
+    delayed = iteration_time(MODEL, par, c, StubBandwidth(), mem_only)
+    cs = iteration_time(MODEL, dataclasses.replace(par, fp8_recipe="tensorwise"), c, StubBandwidth(), mem_only)
+    T, h, f, ad = 32, 64, 256, 64
+    assert cs.forward_s - delayed.forward_s == pytest.approx(4 * (2 * T * (ad + f) + 2 * 5 * T * h) / 1e9,
+                                                             rel=1e-12)
+    with pytest.raises(ConfigError, match="fp8_recipe='mxfp8'"):
+        iteration_time(MODEL, dataclasses.replace(par, fp8_recipe="mxfp8"), c, StubBandwidth(), mem_only)
+    with pytest.raises(ConfigError, match="fp8_recipe="):
+        ParallelConfig(fp8_recipe="e8m0")
+
+
+def test_fp8_param_gather_moves_one_byte_per_parameter():
+    c = cluster(1e6, 2e6)
+    f8 = dataclasses.replace(DO, fp8="hybrid")
+    off = iteration_time(MODEL, f8, c, StubBandwidth(), GEMM_ONLY)
+    on = iteration_time(MODEL, dataclasses.replace(f8, fp8_param_gather=True), c, StubBandwidth(), GEMM_ONLY)
+    one = np.ones(1, np.int64)
+    dense, expert, _ = step.stage_parameters(MODEL, one, one, one, one, 4 * one, 0 * one, one > 0, one > 0)
+    # the all-gather (exposed after the optimizer step) carries 1 byte per parameter instead of bf16's 2
+    assert off.dp_comm_s - on.dp_comm_s == pytest.approx(int(dense[0] + expert[0]) * 1e-9, rel=1e-9)
+    with pytest.raises(ConfigError, match="fp8_param_gather needs"):
+        iteration_time(MODEL, dataclasses.replace(DO, fp8_param_gather=True), c, StubBandwidth(), GEMM_ONLY)
