@@ -290,7 +290,8 @@ RULES: tuple[Rule, ...] = (
          "megatron/training/arguments.py:1095 (--fp8-param-gather only with the distributed optimizer or FSDP) and "
          "megatron/core/transformer/transformer_config.py:602 (fp8_param: only together with fp8)",
          lambda m, p: np.logical_and(p.fp8_param_gather, np.logical_or(
-             np.logical_not(p.distributed_optimizer), np.equal(np.asarray(p.fp8, dtype=object), None))),
+             np.logical_not(p.distributed_optimizer),
+             np.equal(np.asarray(p.fp8, dtype=object), None))),  # type: ignore[call-overload]  # object vs None
          lambda m, r: "fp8_param_gather needs distributed_optimizer=True and fp8 set"),
     Rule("tp-comm-overlap-needs-sp", "megatron",
          "megatron/training/arguments.py:1442 (Megatron-LM d98e8a6: TP comm/GEMM overlap only with sequence "
@@ -303,7 +304,7 @@ RULES: tuple[Rule, ...] = (
     Rule("cost-fp8-recipe", "cost",
          "kit: the formulation times the delayed and tensorwise (per-tensor current) scaling recipes; mxfp8 is "
          "Blackwell-only (transformer_config.py:594), blockwise and custom scale per block or by user code",
-         lambda m, p: np.logical_and(np.not_equal(np.asarray(p.fp8, dtype=object), None),
+         lambda m, p: np.logical_and(np.not_equal(np.asarray(p.fp8, dtype=object), None),  # type: ignore[call-overload]
                                      np.isin(np.asarray(p.fp8_recipe, dtype=object), ("delayed", "tensorwise"),
                                              invert=True)),
          lambda m, r: f"fp8_recipe={r.fp8_recipe!r} is not modelled by the iteration-time formulation"),

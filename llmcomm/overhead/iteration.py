@@ -161,7 +161,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["act_is_fp16"] = (t.act_dtype == "fp16").astype(np.int64)
     c["recompute"] = t.recompute_code
     c["fused_attention"] = t.fused_attention
-    c["fp8"] = np.not_equal(t.fp8, None).astype(bool)
+    c["fp8"] = np.not_equal(t.fp8, None).astype(bool)  # type: ignore[call-overload]  # object array vs None
     c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
     c["fp8_param_gather"] = np.asarray(t.fp8_param_gather, dtype=bool)
     c["tp_comm_overlap"] = np.asarray(t.tp_comm_overlap, dtype=bool)
@@ -426,7 +426,7 @@ def layer_gemm_shapes(model: ModelSpec, T: np.ndarray, tp: np.ndarray, etp: np.n
     km = 3 if model.gated_mlp else 2
     f = model.ffn_hidden_size
     one = np.ones_like(T)
-    out = {"qkv": (T, (a * d + 2 * g * d) // tp, h * one, one), "proj": (T, h * one, a * d // tp, one),
+    out: dict[str, tuple[np.ndarray, ...]] = {"qkv": (T, (a * d + 2 * g * d) // tp, h * one, one), "proj": (T, h * one, a * d // tp, one),
            "fc1": (T, (km - 1) * f // tp, h * one, one), "fc2": (T, h * one, f // tp, one)}
     if model.is_moe:
         E, fe = model.num_experts, model.expert_ffn_hidden_size
@@ -752,6 +752,7 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
         cl = st.cls
         ag = np.maximum(cl["first"]["dp_ag"], np.maximum(np.where(has_last, cl["last"]["dp_ag"], 0.0),
                                                          np.where(has_mid, cl["mid"]["dp_ag"], 0.0)))
+        assert st.buckets is not None, "stages() sets the first stage's DDP buckets"
         hidden = param_gather_exposed(cl["first"]["dp_ag"], first["fwd"], st.buckets)
         dp_exposed = dp_exposed + np.where(split_ag, np.where(opg, hidden, ag), 0.0)
     out["dp_comm_s"] = dp_exposed
