@@ -31,7 +31,7 @@ exercise = {"tp": 16, "pp": 2}  # the same 32 GPUs with TP across two nodes
 # %%
 import pandas as pd
 
-from llmcomm.analysis import pair_classes
+from llmcomm.analysis.api import pair_classes
 from llmcomm.explore import Choice, compute, explore
 from llmcomm.explore.panels import FIGURES, PANEL_TITLES
 from llmcomm.plots import apply_style
@@ -48,7 +48,8 @@ first = Choice(model=model, cluster=cluster, **start)
 # `tp-cp-ep-dp-pp` order, nodes of the cluster), the matrices from `predict_traffic` and `Trace.matrix`
 # (logical: who talks to whom; ring: what NCCL's ring puts on the wire), the bytes from `Trace.volumes`, the call
 # sequence from the predictor's stage program, and the time from the iteration-time formulation
-# (`llmcomm.overhead.iteration.iteration_time`; a point estimate: the cost model gives no interval).
+# (`llmcomm.overhead.iteration.iteration_time`, with the 90% interval of `llmcomm.overhead.interval` from the
+# single-node calibration residuals).
 
 # %%
 explorer = explore(first)

@@ -157,3 +157,12 @@ def test_job_is_cached_but_an_edited_yaml_is_read_again(tmp_path) -> None:
     f.write_text(yaml.safe_dump(doc))
     os.utime(f, (first.model.num_layers + 1e9, first.model.num_layers + 1e9))  # a new modification time
     assert compute(START.replace(model=str(f))).model.num_layers == 16
+
+
+def test_time_panel_shows_the_cost_models_interval(view) -> None:
+    """Issue 25: the breakdown with the cost model's interval (llmcomm.overhead.interval)."""
+    from llmcomm.explore import panels
+    from llmcomm.overhead import interval
+    lo, hi = interval.apply(np.array([view.breakdown.total_s]))
+    text = panels.summary_html(view, "time")
+    assert f"90% interval {lo[0]:.3f}–{hi[0]:.3f} s" in text and lo[0] < view.breakdown.total_s < hi[0]

@@ -157,7 +157,8 @@ def test_rule_of_thumb() -> None:
     r = rule_of_thumb(lc.load_model("gpt3-175b"), 1024, A100, 1536)
     assert r["tp"] == 8 and r["micro_batch"] == 1 and r["total_bytes"] <= 0.9 * 80e9
     smaller = enumerate_candidates(lc.load_model("gpt3-175b"), 1024, 1536,
-                                   space=SearchSpace(tp=(8,), micro_batch=(1,), vpp=(1,), sp=(False,)))
+                                   space=SearchSpace(tp=(8,), micro_batch=(1,), vpp=(1,), sp=(False,),
+                                                     uneven=(False,)))
     from llmcomm.overhead.memory import memory_table
 
     fits = smaller[memory_table(lc.load_model("gpt3-175b"), smaller)["total_bytes"] <= 0.9 * 80e9]
@@ -252,3 +253,15 @@ def test_cli_constraints_narrow_and_errors_name_the_constraint(capsys) -> None: 
                        ("cp=2", "cp=2 is refused by rule 'cost-cp'")):
         rc, _, err = _tune_cli(capsys, "--constraints", bad)
         assert rc != 0 and words in err and "Traceback" not in err, (bad, err)
+
+
+def test_rule_of_thumb_keeps_even_pipeline_stages() -> None:
+    """A user's starting point has even stages: with uneven splits in the space the rule had picked
+    gpt3-175b tp8·pp2 with a 47-layer first stage and full recomputation (1.70× slower than the tuner's pick)."""
+    import llmcomm as lc
+    from llmcomm.tune import rule_of_thumb
+
+    spec, hw = lc.load_model("gpt3-175b"), lc.load_cluster("a100-80g-hdr200")
+    r = rule_of_thumb(spec, 1024, hw, 1536, None)
+    assert r["num_layers_in_first_pipeline_stage"] == -1 and r["num_layers_in_last_pipeline_stage"] == -1
+    assert (r["tp"], r["pp"]) == (8, 4)

@@ -7,9 +7,11 @@ import html
 import io
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ..overhead import interval
 from ..plots import breakdown_bars, call_sequence, comm_matrix_grid, layout_grid, volume_bars
 from ..units import format_bytes
 from .view import LAYOUT_NODES, View
@@ -89,7 +91,7 @@ def time_figure(v: View) -> Figure:
     b = v.breakdown
     ax = breakdown_bars(b.to_frame().assign(config=v.choice.label()), x="seconds", y="config", hue="term",
                         title=f"{b.total_s:.3f} s per iteration on {v.cluster.name}, exposed communication "
-                              f"{100 * b.comm_overhead:.1f}%\n(a point estimate: the cost model gives no interval)")
+                              f"{100 * b.comm_overhead:.1f}%\n{_interval_text(b.total_s)}")
     fig = ax.figure  # type: ignore[assignment]  # the Axes of breakdown_bars sits on a Figure
     fig.set_dpi(DPI)
     return fig
@@ -144,5 +146,15 @@ def summary_html(v: View, panel: str) -> str:
         f = f.assign(seconds=f["seconds"].map(lambda x: f"{x:.4f}"), share=(100 * f["share"]).map(
             lambda x: f"{x:.1f}%"))
         return (f"<p>critical stage: {html.escape(v.breakdown.critical_stage)}; total "
-                f"{v.breakdown.total_s:.4f} s</p>" + _table(f, "llmcomm-table"))
+                f"{v.breakdown.total_s:.4f} s; {html.escape(_interval_text(v.breakdown.total_s))}</p>"
+                + _table(f, "llmcomm-table"))
     return ""
+
+
+def _interval_text(total_s: float) -> str:
+    """The cost model's 90 % interval (:func:`llmcomm.overhead.interval.apply`) as a phrase."""
+    iv = interval.apply(np.array([total_s]))
+    if iv is None:
+        return "(a point estimate: no interval file shipped)"
+    return (f"90% interval {float(iv[0][0]):.3f}–{float(iv[1][0]):.3f} s (single-node calibration residuals; "
+            "multi-node coverage is lower, see notebook 07)")

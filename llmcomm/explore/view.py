@@ -11,8 +11,8 @@ matrices             :func:`llmcomm.predict.predict_traffic` → :meth:`llmcomm.
 bytes                :meth:`llmcomm.Trace.volumes` by parallelism (nccl-tests sizes, each send counted once)
 call sequence        :func:`llmcomm.predict.program.stage_program` of the chosen rank's stage, one micro-batch;
                      its groups resolved by :meth:`llmcomm.layout.Layout.group_rows`
-iteration time       :func:`llmcomm.overhead.iteration.iteration_time` → :class:`Breakdown` (no interval: the
-                     cost model gives a point estimate)
+iteration time       :func:`llmcomm.overhead.iteration.iteration_time` → :class:`Breakdown`, with the 90 %
+                     interval of :mod:`llmcomm.overhead.interval` in the panel
 ==================== ===============================================================================
 
 A choice that breaks a rule raises the :class:`~llmcomm.errors.ConfigError` the package raises (the CLI's

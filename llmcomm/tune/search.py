@@ -220,14 +220,17 @@ def _iteration_flops(model: ModelSpec, table: pd.DataFrame) -> np.ndarray:
 def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: int, seq_len: int | None = None,
                   memory_fraction: float = 0.9) -> dict[str, Any]:
     """The configuration a Megatron-LM user would start from: TP = GPUs per node, the smallest PP that fits in
-    memory, micro-batch 1, no recomputation unless needed (then selective, then full), no distributed optimizer
+    memory with even stages, micro-batch 1, no recomputation unless needed (then selective, then full), no distributed optimizer
     unless needed."""
     from ..overhead.memory import memory_table
     from ..vocab import RECOMPUTE_CODE
 
     # the largest TP within a node that the tuner's own rules accept (heads, query groups, FFN, vocabulary...)
     for tp in sorted(divisors(cluster.gpus_per_node), reverse=True):
-        space = SearchSpace(tp=(tp,), micro_batch=(1,), vpp=(1,), sp=(False,), attention_backend=("auto",))
+        # even pipeline stages: the starting point of a user (uneven first/last stages are a tuning step, and
+        # a lighter stage paired with the smallest fitting PP would otherwise be "the rule")
+        space = SearchSpace(tp=(tp,), micro_batch=(1,), vpp=(1,), sp=(False,), attention_backend=("auto",),
+                            uneven=(False,))
         cands = enumerate_candidates(model, gpus, global_batch, seq_len, space)
         if not cands.empty:
             break
