@@ -320,7 +320,7 @@ def test_collect_timeout_message_says_what_the_rank_was_doing() -> None:
     from llmcomm.collect.launch import _stage_text
 
     assert "still starting" in _stage_text(-2) and "set-up" in _stage_text(-1)
-    assert _stage_text(3) == "3 iteration(s) done"
+    assert _stage_text(3) == "at iteration 3: 3 iteration(s) done"
 
 
 # -- 11: tune option ranges and the filter that rejected everything -------------------------------------------

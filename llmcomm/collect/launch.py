@@ -86,7 +86,7 @@ def _stage_text(progress: int) -> str:
         return "still starting: importing torch and joining the process group"
     if progress == -1:
         return "still in set-up: building the model and its process groups"
-    return f"{progress} iteration(s) done"
+    return f"at iteration {progress}: {progress} iteration(s) done"
 
 
 def _first_failure(cfg: RunConfig, failed_at: Any, reported: int, reported_error: str) -> str:
