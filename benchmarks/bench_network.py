@@ -22,9 +22,10 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
+
+from _cases import run_case
 
 DEFAULT = ["gpt3:131072:expected", "mixtral:131072:expected", "gpt3:131072:sample", "gpt3:1048576:expected"]
 TARGETS = {("gpt3", 131072): (10.0, 4.0), ("mixtral", 131072): (10.0, 4.0)}
@@ -82,19 +83,11 @@ def main() -> int:
         model, gpus, ecmp = case.split(":")
         target = TARGETS.get((model, int(gpus)))
         tgt = f"< {target[0]:g} s, < {target[1]:g} GiB" if target else ""
-        try:
-            p = subprocess.run([sys.executable, __file__, "--one", case], capture_output=True, text=True,
-                               timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            print(f"| {model} | {int(gpus):,} | {ecmp} | timed out after {args.timeout:g} s | | | | | | | {tgt} |")
-            ok = False
-            continue
-        if p.returncode != 0:
-            why = "killed (out of memory?)" if p.returncode < 0 else p.stderr.strip().splitlines()[-1][:80]
+        r, why = run_case(__file__, case, args.timeout)
+        if r is None:
             print(f"| {model} | {int(gpus):,} | {ecmp} | {why} | | | | | | | {tgt} |")
             ok = False
             continue
-        r = json.loads(p.stdout.strip().splitlines()[-1])
         met = target is None or (r["loads_s"] < target[0] and r["peak_rss_gib"] < target[1])
         ok &= met
         print(f"| {model} | {r['gpus']:,} | {ecmp} | {r['pods']} | {r['predict_s']:.1f} s | {r['loads_s']:.1f} s "

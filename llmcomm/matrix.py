@@ -26,6 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import scipy.sparse as sp
 
+from .bounds import check_matrix_flows
 from .errors import ConfigError, TraceFormatError
 from .events import vocabulary_codes
 from .flows import flow_arrays
@@ -112,6 +113,7 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: A
     if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
         raise TraceFormatError(f"events reach rank {int(rank.max())} >= world_size={world_size}")
     weight = _work_per_event(table, algorithm)
+    check_matrix_flows(int(weight.sum()), algorithm=algorithm, world_size=world_size)
     sorted_ranks = bool(np.all(rank[1:] >= rank[:-1])) if len(rank) else True
     order = None if sorted_ranks else np.argsort(rank, kind="stable")
     srank = rank if order is None else rank[order]

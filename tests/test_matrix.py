@@ -159,3 +159,21 @@ def test_binned_flows_draw_what_the_flow_table_draws(world, max_cells):
     assert k == k2 and want.shape == got.shape
     assert np.allclose(np.nan_to_num(got), np.nan_to_num(want), rtol=1e-12, atol=0)
     assert np.array_equal(np.isnan(got), np.isnan(want))
+
+
+def test_a_world_spanning_direct_matrix_beyond_the_bound_is_refused_up_front() -> None:
+    """Megatron's rerun check all-reduces an int32 over the world: at 131,072 GPUs the direct matrix would expand
+    ~17 G flows; it is refused with the number before any is built (it ran out of memory before)."""
+    import time
+
+    import llmcomm as lc
+    from llmcomm.predict import predict_traffic
+
+    m = lc.load_model("gpt3-175b")
+    p = lc.ParallelConfig(tp=8, pp=16, dp=1024, micro_batch=1, global_batch=12 * 1024, seq_len=2048)
+    t = predict_traffic(m, p)
+    t0 = time.perf_counter()
+    with pytest.raises(lc.ConfigError, match=r"would expand up to [\d,]+ flows, above the 500,000,000"):
+        t.matrix("direct")
+    assert time.perf_counter() - t0 < 30
+    assert t.matrix("ring").shape == (131072, 131072)  # the ring matrix stays small
