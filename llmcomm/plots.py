@@ -786,5 +786,7 @@ def overhead_by_cluster(data: pd.DataFrame, *, x: str = "case", y: str = "comm_o
         ax.bar(np.arange(len(wide)) + (i - (n - 1) / 2) * w, wide[c].to_numpy(), width=w, label=c, **kwargs)
     ax.set_xticks(range(len(wide)), list(wide.index))
     ax.set(ylabel="exposed communication / iteration")
-    ax.legend(fontsize=7)
+    # below the axes: inside, the legend covered the tallest bars
+    ax.legend(fontsize=7, title=hue, title_fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2,
+              frameon=False)
     return ax
