@@ -36,26 +36,24 @@ PARALLEL_FIELDS = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "micro_batch", "gl
 
 
 # ------------------------------------------------------------------------------------------ value types
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (``--tp 0`` and ``--tp two`` are usage errors naming the flag)."""
+def _int_at_least(text: str, low: int, rule: str) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be a positive integer")
+    if v < low:
+        raise argparse.ArgumentTypeError(f"{v} must be {rule}")
     return v
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``--tp 0`` and ``--tp two`` are usage errors naming the flag)."""
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
-    return v
+    return _int_at_least(text, 0, ">= 0")
 
 
 def positive_float(text: str) -> float:
