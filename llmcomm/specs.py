@@ -143,6 +143,15 @@ def _from_fields(cls: type, d: Mapping[str, Any], origin: str, what: str) -> Any
         raise ConfigError(f"{origin}: {e}") from None
 
 
+@functools.lru_cache(maxsize=1024)
+def _moe_layer_pattern(is_moe: bool, freq: int | tuple[int, ...], num_layers: int) -> tuple[bool, ...]:
+    if not is_moe:
+        return (False,) * num_layers
+    if isinstance(freq, tuple):
+        return tuple(bool(x) for x in freq)
+    return tuple(i % freq == 0 for i in range(num_layers))
+
+
 # --------------------------------------------------------------------------------------------- model
 @dataclass(frozen=True)
 class LayerParams:
@@ -326,13 +335,9 @@ class ModelSpec:
         return sharded, repl
 
     def moe_layer_pattern(self) -> tuple[bool, ...]:
-        """Which layers are MoE layers (``True``), in order."""
-        if not self.is_moe:
-            return (False,) * self.num_layers
-        if isinstance(self.moe_layer_freq, tuple):
-            return tuple(bool(x) for x in self.moe_layer_freq)
-        k = self.moe_layer_freq
-        return tuple(i % k == 0 for i in range(self.num_layers))
+        """Which layers are MoE layers (``True``), in order (cached: the memory model and the tuner ask once per
+        layer and candidate)."""
+        return _moe_layer_pattern(self.is_moe, self.moe_layer_freq, self.num_layers)
 
     @property
     def num_moe_layers(self) -> int:
