@@ -22,7 +22,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .specs import ParallelConfig
-from .vocab import PIPELINE_SCHEDULES, RECOMPUTE_MODES
+from .vocab import ATTENTION_BACKENDS, PIPELINE_SCHEDULES, RECOMPUTE_MODES
 
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
 DIM_NAMES = {"tp": "tensor", "pp": "pipeline", "dp": "data", "ep": "expert", "cp": "context"}
@@ -32,7 +32,8 @@ FROM_METADATA = "the trace's metadata"
 # options whose argparse destination is the ParallelConfig field of the same name
 PARALLEL_FIELDS = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "micro_batch", "global_batch", "seq_len",
                    "recompute", "distributed_optimizer", "fsdp", "schedule", "pipe_partitioned",
-                   "overlap_grad_reduce")
+                   "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "attention_backend", "fp8",
+                   "fp8_recipe")
 
 
 # ------------------------------------------------------------------------------------------ value types
@@ -200,6 +201,23 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
     if "overlap_grad_reduce" in extras:
         flag("overlap_grad_reduce", "Megatron-LM's bucketed overlap of the DP gradient reduction with the "
                                     "backward pass")
+    if "overlap_param_gather" in extras:
+        flag("overlap_param_gather", "Megatron-LM's --overlap-param-gather: the distributed optimizer's parameter "
+                                     "all-gathers hidden in the next forward")
+    if "tp_comm_overlap" in extras:
+        flag("tp_comm_overlap", "Megatron-LM's --tp-comm-overlap (TransformerEngine userbuffers: SP all-gathers and "
+                                "reduce-scatters overlapped with their GEMMs)")
+    if "attention_backend" in extras:
+        p.add_argument("--attention-backend", default=default("attention_backend"), choices=ATTENTION_BACKENDS,
+                       help="Megatron-LM's --attention-backend: flash/fused/auto one fused kernel (no score "
+                            "traffic), unfused the 2022 path" + (f" (default: {meta})" if meta else ""))
+    if "fp8" in extras:
+        p.add_argument("--fp8", default=None, choices=("hybrid", "e4m3"),
+                       help="Megatron-LM's --fp8-format (TransformerEngine FP8 GEMMs; default: BF16)")
+    if "fp8_recipe" in extras:
+        p.add_argument("--fp8-recipe", default=default("fp8_recipe"), choices=("delayed", "tensorwise"),
+                       help="Megatron-LM's --fp8-recipe (the two the formulation times)"
+                            + (f" (default: {meta})" if meta else ""))
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:

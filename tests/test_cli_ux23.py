@@ -458,3 +458,18 @@ def test_real_notebook_run_prints_no_kernel_tcp_warning(tmp_path, capfd) -> None
 
     reproduce("quick", only=["00"], out_dir=tmp_path / "f", progress=False)
     assert "without encryption" not in capfd.readouterr().err
+
+
+def test_time_takes_the_cost_models_megatron_flags(capsys) -> None:
+    """Issue 20 item 12: `llmcomm time` takes --fp8, --tp-comm-overlap, --overlap-param-gather and
+    --attention-backend; each reaches the formulation (FP8 GEMMs make the iteration shorter)."""
+    base = ["time", "llama3-70b", "--tp", "4", "--pp", "8", "--dp", "2", "--vpp", "5", "--sp",
+            "--distributed-optimizer", "--overlap-grad-reduce", "--global-batch", "128", "--seq-len", "8192",
+            "--cluster", "h100-80g-ndr400", "--recompute", "full", "-q"]
+    totals = {}
+    for name, extra in {"bf16": [], "fp8": ["--tp-comm-overlap", "--overlap-param-gather", "--fp8", "hybrid"],
+                        "unfused": ["--attention-backend", "unfused"]}.items():
+        rc, out, err = run(capsys, *base, *extra)
+        assert rc == 0, err
+        totals[name] = float(out.split()[0])
+    assert totals["fp8"] < totals["bf16"] < totals["unfused"], totals
