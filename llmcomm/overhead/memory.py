@@ -99,7 +99,7 @@ def chunks_in_flight(stage: Any, *, pp: Any, vpp: Any, microbatches: Any, gpipe:
     return np.where(np.asarray(gpipe, dtype=bool), microbatches * vpp, np.where(vpp > 1, interleaved, one_f_one_b))
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=8192)
 def _stage_parameters(model: ModelSpec, shape: ParallelConfig) -> np.ndarray:
     """``(pp, 2)`` dense and expert parameters one GPU of each stage holds (the predictor's
     :func:`~llmcomm.predict.dp.stage_parameters`, which depends on :func:`_shape` only; cached, read-only)."""
@@ -109,6 +109,47 @@ def _stage_parameters(model: ModelSpec, shape: ParallelConfig) -> np.ndarray:
     ctx = Context(model, shape, "megatron")
     out = np.array([[sp.dense, sp.expert] for sp in (stage_parameters(ctx, r) for r in range(shape.pp))], dtype=float)
     out.flags.writeable = False
+    return out
+
+
+@dataclass(frozen=True)
+class _StageInfo:
+    """What the memory model reads of one stage layout, per stage ``r`` (arrays of length ``pp``)."""
+
+    dense: np.ndarray  # dense parameters one GPU holds (reduced over DP×CP)
+    expert: np.ndarray  # routed-expert parameters (reduced over the expert-data-parallel group)
+    layers_per_chunk: np.ndarray  # layers held / vpp
+    moe_share: np.ndarray  # share of the held layers that are MoE layers
+    linear: np.ndarray  # the layers' TP-sharded and expert parameters: the linear layers' weights (and biases)
+    #                     TransformerEngine runs in FP8; not norms, router, embedding or output layer
+
+
+@lru_cache(maxsize=8192)
+def _stage_info(model: ModelSpec, shape: ParallelConfig) -> _StageInfo:
+    """:class:`_StageInfo` of a :func:`_shape`: parameters from the step description's vectorized
+    :func:`llmcomm.step.stage_parameters` (equal to the predictor's, ``tests/test_overhead_memory.py``), layer
+    counts from :func:`llmcomm.step.stage_layers`; cached per shape (the tuner asks once per shape, not per row
+    and stage)."""
+    p = shape.pp
+    held = [step.stage_layers(model.num_layers, shape, r) for r in range(p)]
+    pattern = np.asarray(model.moe_layer_pattern(), dtype=bool)
+    nm = np.array([int(pattern[h].sum()) if h else 0 for h in held], np.int64)
+    nd = np.array([len(h) for h in held], np.int64) - nm
+    r = np.arange(p)
+    ones = np.ones(p, np.int64)
+    tp, ep, etp = shape.tp * ones, shape.ep * ones, shape.expert_tp * ones
+    dense, expert, _ = step.stage_parameters(model, tp, ep, etp, p * ones, nd, nm, r == 0, r == p - 1)
+    lin = np.zeros(p)
+    if (~pattern).any():
+        sh, _, _ = step.layer_split(model, tp[:1], ep[:1], etp[:1], moe=False)
+        lin = lin + nd * float(sh[0])
+    if pattern.any():
+        sh, ex, _ = step.layer_split(model, tp[:1], ep[:1], etp[:1], moe=True)
+        lin = lin + nm * float(sh[0] + ex[0])
+    share = np.where(nd + nm > 0, nm / np.maximum(nd + nm, 1), 0.0)
+    out = _StageInfo(dense.astype(float), expert.astype(float), (nd + nm) / shape.vpp, share, lin)
+    for a in (out.dense, out.expert, out.layers_per_chunk, out.moe_share, out.linear):
+        a.flags.writeable = False
     return out
 
 
@@ -150,34 +191,32 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
                     fused_attention=tab.fused_attention)
     per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) for moe in (False, True)}
     sbh = seq * mb * model.hidden_size
-    best = np.full((n, 6), -np.inf)
+    best = np.empty((n, 6))
+    expert_dp, dp_cp = tab.expert_dp, dp * cp
     keys = [tp, pp, ep, vpp, tab.expert_tp, *(np.asarray(getattr(tab, k), np.int64) for k in step.UNEVEN)]
     inv, uniq = step.factorize(keys)
-    pattern = np.asarray(model.moe_layer_pattern())
+    order = np.argsort(inv, kind="stable")
+    bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
     for j, key in enumerate(uniq):
-        rows = np.flatnonzero(inv == j)
+        rows = order[bounds[j]:bounds[j + 1]]
         shape = _shape(*(int(x) for x in key[:7]), bool(key[7]), bool(key[8]))  # type: ignore[arg-type, call-arg]
         t, p, v = shape.tp, shape.pp, shape.vpp
-        params = _stage_parameters(model, shape)
-        for r in range(p):
-            held = step.stage_layers(model.num_layers, shape, r)
-            layers_per_chunk = len(held) / v  # chunks of a stage hold equal layers but for the embedding/loss slots
-            moe_share = pattern[held].mean() if held else 0.0
-            mean_layer = (1 - moe_share) * per_layer[False][rows] + moe_share * per_layer[True][rows]
-            chunks = chunks_in_flight(r, pp=p, vpp=v, microbatches=microbatches[rows], gpipe=gpipe[rows])
-            activations = chunks * layers_per_chunk * mean_layer
-            if r == 0:
-                activations = activations + -(-chunks // v) * sbh[rows] / np.where(sp[rows], t, 1)
-            if r == p - 1:
-                activations = activations + 4 * sbh[rows] / t * (1 + model.padded_vocab_size(int(t)) / model.hidden_size)
-            w, g, o = model_state_bytes(params[r, 0], params[r, 1], dp_cp=dp[rows] * cp[rows],
-                                        expert_dp=tab.expert_dp[rows], param_bytes=pbytes[rows],
-                                        grad_bytes=gbytes[rows], distributed_optimizer=dist_opt[rows],
-                                        fsdp=fsdp[rows])
-            total = w + g + o + activations
-            better = total > best[rows, 4]
-            idx = rows[better]
-            best[idx] = np.column_stack([w, g, o, activations, total, np.full(len(rows), r)])[better]
+        info = _stage_info(model, shape)
+        r = np.arange(p)[:, None]  # stages × rows below
+        mean_layer = ((1 - info.moe_share)[:, None] * per_layer[False][rows]
+                      + info.moe_share[:, None] * per_layer[True][rows])
+        chunks = chunks_in_flight(r, pp=p, vpp=v, microbatches=microbatches[rows], gpipe=gpipe[rows])
+        activations = chunks * info.layers_per_chunk[:, None] * mean_layer
+        activations[0] += -(-chunks[0] // v) * sbh[rows] / np.where(sp[rows], t, 1)
+        activations[p - 1] += 4 * sbh[rows] / t * (1 + model.padded_vocab_size(int(t)) / model.hidden_size)
+        w, g, o = model_state_bytes(info.dense[:, None], info.expert[:, None], dp_cp=dp_cp[rows],
+                                    expert_dp=expert_dp[rows], param_bytes=pbytes[rows], grad_bytes=gbytes[rows],
+                                    distributed_optimizer=dist_opt[rows], fsdp=fsdp[rows])
+        total = w + g + o + activations
+        peak = np.argmax(total, axis=0)  # the first stage of the largest total
+        cols = np.arange(len(rows))
+        best[rows] = np.column_stack([w[peak, cols], g[peak, cols], o[peak, cols], activations[peak, cols],
+                                      total[peak, cols], peak])
     index = candidates.index if isinstance(candidates, pd.DataFrame) else None
     out = pd.DataFrame(best, columns=[f"{c}_bytes" for c in (*COLUMNS, "total")] + ["stage"], index=index)
     out["stage"] = out["stage"].astype(np.int64)
