@@ -71,36 +71,84 @@ def test_dimensions_the_cost_model_refuses_are_named_by_its_rule() -> None:
     assert "cost-etp" in why["etp=1"]
 
 
-def test_unfused_rule_is_safe_in_the_formulation() -> None:
-    """The unfused-dominated rule needs time(fused) <= time(unfused), all else equal."""
-    for name, gpus, batch in (("gpt3-13b", 64, 512), ("llama3-8b", 32, 256), ("mixtral-8x7b", 64, 256)):
-        model = lc.load_model(name)
-        cands = enumerate_candidates(model, gpus, batch)
-        t = iteration_times(model, cands, A100.for_world(gpus))
-        key = [c for c in DIMENSIONS if c != "attention_backend"]
-        wide = t.pivot_table(index=key, columns="attention_backend", values="total_s")
-        assert (wide["auto"] <= wide["unfused"] * (1 + 1e-12)).all(), name
+H100 = lc.load_cluster("h100-80g-ndr400")
+# (model, GPUs, batch, cluster) of the rule-safety checks: A100 (BF16) and H100 (FP8 in the space too)
+SAFETY = (("gpt3-13b", 64, 512, A100), ("llama3-8b", 32, 256, A100), ("mixtral-8x7b", 64, 256, A100),
+          ("gpt3-13b", 32, 256, H100), pytest.param("mixtral-8x7b", 32, 128, H100, marks=pytest.mark.slow))
 
 
-def test_recompute_rule_is_safe_in_the_formulation() -> None:
-    """The recompute-dominated rule needs time(none) <= time(selective) <= time(full), all else equal."""
-    for name, gpus, batch in (("gpt3-13b", 64, 512), ("llama3-8b", 32, 256), ("mixtral-8x7b", 64, 256)):
-        model = lc.load_model(name)
-        cands = enumerate_candidates(model, gpus, batch)
-        t = iteration_times(model, cands, A100.for_world(gpus))
-        key = [c for c in DIMENSIONS if c != "recompute"]
-        wide = t.pivot_table(index=key, columns="recompute", values="total_s")
-        assert (wide["none"] <= wide["selective"] * (1 + 1e-12)).all(), name
-        assert (wide["selective"] <= wide["full"] * (1 + 1e-12)).all(), name
+def _evaluated(name: str, gpus: int, batch: int, cluster: lc.Cluster):  # noqa: ANN202
+    """Every candidate of the full space (flags, FP8 where the GPU has it), timed."""
+    model = lc.load_model(name)
+    cands = enumerate_candidates(model, gpus, batch, space=SearchSpace().for_cluster(cluster))
+    return iteration_times(model, cands, cluster.for_world(gpus))
+
+
+def _twins(t, dim: str):  # noqa: ANN001, ANN202
+    """``total_s`` of rows equal in everything but ``dim``, one column per value of ``dim``."""
+    key = [c for c in DIMENSIONS if c != dim]
+    filled = t.assign(**{c: t[c].astype(object).where(t[c].notna(), "none") for c in key})
+    return filled.pivot_table(index=key, columns=dim, values="total_s")
+
+
+@pytest.mark.parametrize("name, gpus, batch, cluster", SAFETY)
+def test_unfused_rule_is_safe_in_the_formulation(name, gpus, batch, cluster) -> None:  # noqa: ANN001
+    """The unfused-dominated rule needs time(fused) <= time(unfused), all else equal (every flag, FP8 too)."""
+    wide = _twins(_evaluated(name, gpus, batch, cluster), "attention_backend")
+    assert (wide["auto"] <= wide["unfused"] * (1 + 1e-12)).all(), name
+
+
+@pytest.mark.parametrize("name, gpus, batch, cluster", SAFETY)
+def test_recompute_rule_is_safe_in_the_formulation(name, gpus, batch, cluster) -> None:  # noqa: ANN001
+    """The recompute-dominated rule needs time(none) <= time(selective) <= time(full), all else equal, for every
+    combination of the overlap flags and FP8 (it acts before they are expanded)."""
+    wide = _twins(_evaluated(name, gpus, batch, cluster), "recompute")
+    assert (wide["none"] <= wide["selective"] * (1 + 1e-12)).all(), name
+    assert (wide["selective"] <= wide["full"] * (1 + 1e-12)).all(), name
+
+
+@pytest.mark.parametrize("name, gpus, batch", [("llama3-8b", 16, 128),
+                                               pytest.param("gpt3-13b", 32, 256, marks=pytest.mark.slow),
+                                               pytest.param("mixtral-8x7b", 32, 128, marks=pytest.mark.slow)])
+def test_flag_rules_are_safe_in_the_formulation(name, gpus, batch) -> None:  # noqa: ANN001
+    """fp8-param-gather-dominated: time(on) <= time(off); overlap-dominated: overlap_grad_reduce on <= off without
+    the distributed optimizer, and overlap_param_gather on <= off with overlap_grad_reduce on; all else equal."""
+    t = _evaluated(name, gpus, batch, H100)
+    fpg = _twins(t[t["fp8"].notna() & t["distributed_optimizer"]], "fp8_param_gather").dropna()
+    assert len(fpg) and (fpg[True] <= fpg[False] * (1 + 1e-12)).all()
+    ogr = _twins(t[~t["distributed_optimizer"]], "overlap_grad_reduce").dropna()
+    assert len(ogr) and (ogr[True] <= ogr[False] * (1 + 1e-12)).all()
+    opg = _twins(t[t["distributed_optimizer"] & t["overlap_grad_reduce"]], "overlap_param_gather").dropna()
+    assert len(opg) and (opg[True] <= opg[False] * (1 + 1e-12)).all()
+    # the memory model reads none of the time-only flags; fp8_param_gather never needs more memory
+    from llmcomm.overhead.memory import memory_table
+
+    mem = memory_table(lc.load_model(name), t)["total_bytes"]
+    fp = _twins(t.assign(total_s=mem)[t["fp8"].notna() & t["distributed_optimizer"]], "fp8_param_gather").dropna()
+    assert (fp[True] <= fp[False]).all()
+
+
+def test_overlap_rules_not_applied_where_not_provable() -> None:
+    """The two comparisons the overlap rule leaves to evaluation do go both ways somewhere (why they are not
+    rules): tp_comm_overlap on and off, the distributed optimizer's overlaps both on and both off."""
+    t = _evaluated("gpt3-13b", 32, 256, H100)
+    tpo = _twins(t[(t["tp"] > 1) & t["sp"]], "tp_comm_overlap").dropna()
+    assert (tpo[True] <= tpo[False]).mean() > 0.5  # mostly better; evaluated because not always
 
 
 def test_same_as_without_rule_is_an_exact_tie() -> None:
     model = lc.load_model("gpt3-13b")
-    cands = enumerate_candidates(model, 8, 64, space=SearchSpace(tp=(8,), pp=(1,)))
-    t = iteration_times(model, cands, A100.for_world(8))
-    a = t[t["distributed_optimizer"]].sort_values(["micro_batch", "sp", "recompute"])["total_s"].to_numpy()
-    b = t[~t["distributed_optimizer"]].sort_values(["micro_batch", "sp", "recompute"])["total_s"].to_numpy()
-    assert np.array_equal(a, b)
+    for cluster in (A100, H100):
+        space = SearchSpace(tp=(8,), pp=(1,), overlap_param_gather=(False,), fp8_param_gather=(False,))
+        cands = enumerate_candidates(model, 8, 64, space=space.for_cluster(cluster))
+        t = iteration_times(model, cands, cluster.for_world(8))
+        key = ["micro_batch", "sp", "recompute", "attention_backend", "tp_comm_overlap", "overlap_grad_reduce"]
+        a = t[t["distributed_optimizer"] & t["fp8"].isna()].sort_values(key)["total_s"].to_numpy()
+        b = t[~t["distributed_optimizer"] & t["fp8"].isna()].sort_values(key)["total_s"].to_numpy()
+        assert len(a) and np.array_equal(a, b)
+    t = _evaluated("gpt3-1.3b", 8, 64, H100)  # tp_comm_overlap at tp = 1: nothing to overlap
+    tie = _twins(t[t["tp"] == 1], "tp_comm_overlap").dropna()
+    assert len(tie) and (tie[True] == tie[False]).all()
 
 
 SMALL = ["gpt3-1.3b", "gpt3-6.7b", "gpt3-13b", "llama2-7b", "llama3-8b", "megatron-gpt-18b", "mixtral-8x7b"]
@@ -114,22 +162,26 @@ def _odd_layers(name: str, layers: int) -> lc.ModelSpec:
 
 
 @pytest.mark.slow
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(SMALL), gpus=st.sampled_from([8, 16, 32, 64, 96, 128]),
-       batch=st.sampled_from([64, 96, 128, 256, 512]), layers=st.sampled_from([0, 0, 14, 30, 38]))
-def test_pruned_optimum_equals_exhaustive(name: str, gpus: int, batch: int, layers: int) -> None:
-    """Over the whole space (uneven stages, both attention backends, every recompute), odd layer counts too."""
+       batch=st.sampled_from([64, 96, 128, 256, 512]), layers=st.sampled_from([0, 0, 14, 30, 38]),
+       cluster=st.sampled_from(["a100", "h100"]))
+def test_pruned_optimum_equals_exhaustive(name: str, gpus: int, batch: int, layers: int, cluster: str) -> None:
+    """Over the whole space (uneven stages, both attention backends, every recompute, the overlap flags, on H100
+    FP8 and its parameter gather too), odd layer counts too; the counts add up to the exhaustive enumeration."""
     model = _odd_layers(name, layers) if layers else lc.load_model(name)
+    hw = A100 if cluster == "a100" else H100
     try:
-        full = tune(model, gpus, A100, batch, prune=False)
+        full = tune(model, gpus, hw, batch, prune=False)
     except lc.ConfigError:
         with pytest.raises(lc.ConfigError):
-            tune(model, gpus, A100, batch, prune=True)
+            tune(model, gpus, hw, batch, prune=True)
         return
-    pruned = tune(model, gpus, A100, batch, prune=True)
+    pruned = tune(model, gpus, hw, batch, prune=True)
     assert pruned.best["total_s"] == full.best["total_s"]
     assert pruned.stats["evaluated"] <= full.stats["evaluated"]
-    assert pruned.stats["evaluated"] + pruned.stats["pruned"] == full.stats["enumerated"]
+    assert pruned.stats["evaluated"] + pruned.stats["pruned"] == full.stats["enumerated"] == pruned.stats["enumerated"]
+    assert full.stats["evaluated"] + full.stats["pruned"] == full.stats["enumerated"]
 
 
 def test_result_tables() -> None:
@@ -137,8 +189,9 @@ def test_result_tables() -> None:
     t = r.table
     assert (np.diff(t["total_s"].to_numpy()) >= 0).all()
     assert (t["total_bytes"] <= 0.9 * A100.gpu_memory_bytes).all()
-    assert set(r.pruned["rule"]) <= {"memory", "recompute-dominated", "unfused-dominated", "same-as-without"}
-    assert r.stats["enumerated"] == len(t) + len(r.pruned)
+    assert set(r.pruned["rule"]) <= {"memory", "recompute-dominated", "unfused-dominated", "same-as-without",
+                                     "fp8-param-gather-dominated", "overlap-dominated"}
+    assert r.stats["enumerated"] == len(t) + r.pruned["rows"].sum()
     best = r.best_parallel()
     assert best.world_size == 64 and best.global_batch == 512
     assert 0 < t["tflops_per_gpu"].iloc[0] < A100.peak_bf16_flops / 1e12

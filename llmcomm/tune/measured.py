@@ -34,7 +34,7 @@ import yaml
 from ..paths import data_dir
 from ..specs import load_cluster, load_model
 from .report import label
-from .search import tune
+from .search import MEGATRON_DEFAULT_FLAGS, tune
 from .space import SearchSpace
 
 PUBLISHED = "published/megatron_sc21.yaml"
@@ -119,12 +119,14 @@ def published_table(runs: pd.DataFrame | None = None, **tune_kw: Any) -> pd.Data
         model, cluster = load_model(r.model), load_cluster(r.cluster)
         then_attention = ("unfused",)  # Megatron-LM 2021 materialized the scores (no fused attention kernel yet)
         published_space = SearchSpace(tp=(r.tp,), pp=(r.pp,), sp=(False,), distributed_optimizer=(False,),
-                                      recompute=("full",), attention_backend=then_attention, uneven=(False,))
+                                      recompute=("full",), attention_backend=then_attention, uneven=(False,),
+                                      **MEGATRON_DEFAULT_FLAGS)
         pub = tune(model, r.gpus, cluster, r.global_batch, space=published_space, **tune_kw)
         best = tune(model, r.gpus, cluster, r.global_batch, space=SearchSpace(attention_backend=then_attention),
                     **tune_kw)
         then = tune(model, r.gpus, cluster, r.global_batch, space=SearchSpace(sp=(False,),  # uneven stages: 2024
-                    distributed_optimizer=(False,), attention_backend=then_attention, uneven=(False,)), **tune_kw)
+                    distributed_optimizer=(False,), attention_backend=then_attention, uneven=(False,),
+                    **MEGATRON_DEFAULT_FLAGS), **tune_kw)
         pb, tb = pub.best, best.best
         measured = measured_time_s(r.model, r.gpus, r.global_batch, r.tflops_per_gpu)
         out.append({

@@ -45,13 +45,26 @@ from ..bounds import check_tune_candidates, check_tune_gpus
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
-from .space import DIMENSIONS, SearchSpace, divisors, enumerate_candidates, splits
+from .space import (
+    DIMENSIONS,
+    TWIN_COLUMNS,
+    SearchSpace,
+    divisors,
+    enumerate_base,
+    enumerate_candidates,
+    expand_time_flags,
+    splits,
+    time_flag_multiplicity,
+)
 
 
 @dataclass(frozen=True)
 class TuneResult:
     """``table``: every evaluated candidate that fits, fastest first, with its predicted terms, memory and
-    throughput; ``pruned``: the rest, each with the ``rule`` that removed it; ``stats``: counts and wall time."""
+    throughput; ``pruned``: the rest, each with the ``rule`` that removed it and the number of configurations
+    of the space it stands for (``rows``: a row removed before the time-only flags were expanded stands for each
+    of its flag combinations, :func:`~llmcomm.tune.space.time_flag_multiplicity`); ``stats``: counts and wall
+    time."""
 
     table: pd.DataFrame
     pruned: pd.DataFrame
@@ -80,6 +93,13 @@ def to_parallel(row: pd.Series | dict) -> ParallelConfig:
     return ParallelTable.from_frame(pd.DataFrame([dict(row)]), required=("tp", "pp", "dp")).row(0)
 
 
+# Megatron-LM's defaults of the precision and overlap dimensions: BF16, nothing overlapped (the rule of thumb's and
+# the 2021 configurations' values)
+MEGATRON_DEFAULT_FLAGS: dict[str, tuple[Any, ...]] = {
+    "fp8": (None,), "fp8_param_gather": (False,), "tp_comm_overlap": (False,), "overlap_grad_reduce": (False,),
+    "overlap_param_gather": (False,)}
+
+
 # ------------------------------------------------------------------------------------------- rules
 def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
     """Rows whose recomputation is above the least one that fits among rows equal in everything else."""
@@ -87,7 +107,8 @@ def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
 
     level = cands["recompute"].map(RECOMPUTE_CODE).to_numpy()
     key = [c for c in DIMENSIONS if c != "recompute"]
-    least = pd.Series(level, index=cands.index).groupby([cands[c] for c in key], sort=False).transform("min")
+    least = pd.Series(level, index=cands.index).groupby([cands[c] for c in key], sort=False,
+                                                        dropna=False).transform("min")
     return level > least.to_numpy()
 
 
@@ -99,13 +120,79 @@ def unfused_dominated(cands: pd.DataFrame) -> np.ndarray:
     if not unfused.any() or unfused.all():
         return np.zeros(len(cands), bool)
     key = [c for c in DIMENSIONS if c != "attention_backend"]
-    has_fused = pd.Series(~unfused, index=cands.index).groupby([cands[c] for c in key], sort=False).transform("max")
+    has_fused = pd.Series(~unfused, index=cands.index).groupby([cands[c] for c in key], sort=False,
+                                                               dropna=False).transform("max")
     return unfused & has_fused.to_numpy(bool)
 
 
+def _has_twin(cands: pd.DataFrame, drop: np.ndarray, changes: dict[str, Any]) -> np.ndarray:
+    """``drop`` narrowed to the rows whose twin (the same row with ``changes`` applied) is among ``cands``: rows
+    and twins coded by one integer key over :data:`DIMENSIONS` (:func:`pandas.factorize` per column)."""
+    if not drop.any():
+        return drop
+    key = [c for c in DIMENSIONS if c in cands.columns]
+    idx = np.flatnonzero(drop)
+    n = len(cands)
+    code_have = np.zeros(n, np.int64)
+    code_want = np.zeros(len(idx), np.int64)
+    for c in key:
+        col = cands[c].to_numpy()
+        twin = np.full(len(idx), changes[c], dtype=col.dtype if col.dtype != object else object) if c in changes \
+            else col[idx]
+        codes, uniq = pd.factorize(np.concatenate([col, twin]), use_na_sentinel=False)
+        code_have = code_have * len(uniq) + codes[:n]
+        code_want = code_want * len(uniq) + codes[n:]
+    out = np.zeros(n, bool)
+    out[idx] = np.isin(code_want, code_have)
+    return out
+
+
 def same_as_without(cands: pd.DataFrame) -> np.ndarray:
-    """The distributed optimizer where it shards nothing (dp = 1): an exact copy of the row without it."""
-    return cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() * cands["cp"].to_numpy() == 1)
+    """Exact ties, one copy kept: the distributed optimizer where it shards nothing (dp·cp = 1, no FP8 parameter
+    gather) is the row without it; ``tp_comm_overlap`` at tp = 1 overlaps nothing (Megatron-Bridge turns it off
+    there; the formulation's TP term is empty) and is the row without it. Each only where that twin is kept."""
+    dopt = (cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() * cands["cp"].to_numpy() == 1)
+            & ~cands.get("fp8_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool)
+            & ~cands.get("overlap_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool))
+    out = _has_twin(cands, dopt, {"distributed_optimizer": False})
+    if "tp_comm_overlap" in cands:
+        tpo = cands["tp_comm_overlap"].to_numpy(bool) & (cands["tp"].to_numpy() == 1)
+        out |= _has_twin(cands, tpo, {"tp_comm_overlap": False})
+    return out
+
+
+def fp8_param_gather_dominated(cands: pd.DataFrame) -> np.ndarray:
+    """FP8 rows with the distributed optimizer and ``fp8_param_gather`` off whose twin with it on is among
+    ``cands`` (it fits: its memory is never above, :mod:`llmcomm.overhead.memory`). Safe: the flag changes only
+    the bytes of the parameter all-gather (1 byte per parameter instead of 2, ``overhead/iteration.py``), a
+    term the formulation's time is non-decreasing in; tested."""
+    if "fp8_param_gather" not in cands:
+        return np.zeros(len(cands), bool)
+    off = (~cands["fp8_param_gather"].to_numpy(bool) & cands["distributed_optimizer"].to_numpy(bool)
+           & cands["fp8"].notna().to_numpy())
+    return _has_twin(cands, off, {"fp8_param_gather": True})
+
+
+def overlap_dominated(cands: pd.DataFrame) -> np.ndarray:
+    """Rows whose overlap flags a twin among ``cands`` improves on, provably in the formulation
+    (:func:`llmcomm.overhead.iteration.combine`), all else equal:
+
+    * ``overlap_grad_reduce`` off without the distributed optimizer: on, the exposed gradient all-reduce is
+      ``max(0, dp_exposed − backward of a micro-batch)`` ≤ ``dp_exposed`` and nothing else moves;
+    * ``overlap_grad_reduce`` on and ``overlap_param_gather`` off with the distributed optimizer: with the
+      gather overlapped its exposed part ``max(ag/nb, ag − fwd·(nb−1)/nb)`` ≤ ``ag`` and nothing else moves.
+
+    Not pruned (neither provably better): the distributed optimizer with both off against both on (with the
+    reduce-scatter overlapped the last stage's parameter all-gather is no longer hidden behind the earlier
+    stages' backward), and ``tp_comm_overlap`` (less TP time on the last stage hides less of its gradient
+    reduction behind the pipeline drain): both are evaluated."""
+    if "overlap_grad_reduce" not in cands:
+        return np.zeros(len(cands), bool)
+    dopt = cands["distributed_optimizer"].to_numpy(bool)
+    ogr, opg = cands["overlap_grad_reduce"].to_numpy(bool), cands["overlap_param_gather"].to_numpy(bool)
+    out = _has_twin(cands, ~dopt & ~ogr, {"overlap_grad_reduce": True})
+    out |= _has_twin(cands, dopt & ogr & ~opg, {"overlap_param_gather": True})
+    return out
 
 
 # ----------------------------------------------------------------------------------- explanations
@@ -135,7 +222,7 @@ def _does_not_fit_error(model: ModelSpec, gpus: int, cluster: Cluster, global_ba
     budget = memory_fraction * cluster.gpu_memory_bytes
     fits_at = None
     for factor in (2, 4, 8, 16, 32, 64, 128, 256):
-        cands = enumerate_candidates(model, gpus * factor, global_batch, seq_len, space)
+        cands = enumerate_base(model, gpus * factor, global_batch, seq_len, space)
         if len(cands) and (memory_table(model, cands)["total_bytes"] <= budget).any():
             fits_at = gpus * factor
             break
@@ -170,26 +257,48 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     if cluster.num_gpus is not None and cluster.num_gpus < gpus:
         raise ConfigError(f"cluster {cluster.name} holds {cluster.num_gpus} GPUs, fewer than gpus={gpus}")
     space = space if isinstance(space, SearchSpace) else SearchSpace.from_dict(space)
+    space = space.for_cluster(cluster)
+    if not cluster.peak_fp8_flops and any(v is not None for v in space.fp8 or ()):
+        raise ConfigError(f"space: fp8={space.fp8!r} on {cluster.name}, whose GPU ({cluster.gpu}) states no FP8 "
+                          "peak (peak_fp8_flops): only fp8=None (BF16) can run there")
     s = seq_len or model.seq_length
-    cands = enumerate_candidates(model, gpus, global_batch, s, space)
-    enumerated = len(cands)
+    # the time-only flags off (space.expand_time_flags); pruned: without the rows two rules remove whatever the
+    # memory budget (space.dominated_combinations), each counted in the row that dominates it
+    base = enumerate_base(model, gpus, global_batch, s, space, dominated=prune)
+    flags = time_flag_multiplicity(model, base, space)
+    twins = [base.pop(c).to_numpy() if c in base else np.zeros(len(base), np.int64) for c in TWIN_COLUMNS]
+    enumerated = int((flags * (1 + twins[0] + twins[1])).sum())
     check_tune_candidates(enumerated)
     if enumerated == 0:
         raise _no_split_error(model, gpus, global_batch)
-    mem = memory_table(model, cands)
-    cands = pd.concat([cands, mem], axis=1)
+    mem = memory_table(model, base)
+    base = pd.concat([base, mem], axis=1)
     budget = memory_fraction * cluster.gpu_memory_bytes
-    fits = cands["total_bytes"].to_numpy() <= budget
+    fits = base["total_bytes"].to_numpy() <= budget
     if not fits.any():
         raise _does_not_fit_error(model, gpus, cluster, global_batch, s, space, memory_fraction,
-                                  float(cands["total_bytes"].min()))
-    removed = [cands[~fits].assign(rule="memory")]
-    kept = cands[fits]
-    if prune:
+                                  float(base["total_bytes"].min()))
+    removed = [base[~fits].assign(rule="memory")]
+    for rule, k, change in (("unfused-dominated", 0, {"attention_backend": "unfused"}),
+                            ("fp8-param-gather-dominated", 1, {"fp8_param_gather": False})):
+        if twins[k].any():  # the left-out twins, one row per dominating row standing for all of them
+            removed.append(base[twins[k] > 0].assign(rule=rule, twins=twins[k][twins[k] > 0], **change))
+    kept = base[fits]
+    if prune:  # rules on the memory-model rows: each holds for every combination of the time-only flags
         for rule, fn in (("recompute-dominated", recompute_dominated), ("unfused-dominated", unfused_dominated),
+                         ("fp8-param-gather-dominated", fp8_param_gather_dominated),
                          ("same-as-without", same_as_without)):
             drop = fn(kept)
             removed.append(kept[drop].assign(rule=rule))
+            kept = kept[~drop]
+    # a memory-model row removed stands for its time-flag combinations (column ``rows``), removed by the same rule
+    removed = [r.assign(rows=time_flag_multiplicity(model, r, space) * r.pop("twins").to_numpy() if "twins" in r
+                        else time_flag_multiplicity(model, r, space)) for r in removed]
+    kept = expand_time_flags(model, kept.reset_index(drop=True), space)
+    if prune:
+        for rule, fn in (("overlap-dominated", overlap_dominated), ("same-as-without", same_as_without)):
+            drop = fn(kept)
+            removed.append(kept[drop].assign(rule=rule, rows=1))
             kept = kept[~drop]
     t_eval = time.perf_counter()
     cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
@@ -200,8 +309,9 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     table["tflops_per_gpu"] = flops / table["total_s"] / gpus / 1e12
     table = table.sort_values(["total_s", "tp", "pp", "micro_batch"], kind="stable").reset_index(drop=True)
     pruned = pd.concat(removed, ignore_index=True)
-    stats = {"enumerated": enumerated, "evaluated": len(table), "pruned": len(pruned),
-             "pruned_by_rule": pruned["rule"].value_counts().to_dict(), "prune": prune,
+    by_rule = pruned.groupby("rule", sort=False)["rows"].sum().sort_values(ascending=False, kind="stable")
+    stats = {"enumerated": enumerated, "evaluated": len(table), "pruned": int(pruned["rows"].sum()),
+             "pruned_by_rule": {k: int(v) for k, v in by_rule.items()}, "prune": prune,
              "wall_s": time.perf_counter() - t0, "evaluate_s": eval_s}
     return TuneResult(table, pruned, stats, model, cluster_n, gpus, global_batch,
                       {"seq_len": s, "memory_fraction": memory_fraction})
@@ -230,7 +340,7 @@ def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: i
         # even pipeline stages: the starting point of a user (uneven first/last stages are a tuning step, and
         # a lighter stage paired with the smallest fitting PP would otherwise be "the rule")
         space = SearchSpace(tp=(tp,), micro_batch=(1,), vpp=(1,), sp=(False,), attention_backend=("auto",),
-                            uneven=(False,))
+                            uneven=(False,), **MEGATRON_DEFAULT_FLAGS)
         cands = enumerate_candidates(model, gpus, global_batch, seq_len, space)
         if not cands.empty:
             break

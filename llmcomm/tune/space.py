@@ -30,6 +30,7 @@ and with ``vpp > 1`` the formulation refuses it (rule ``cost-account-interleaved
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterator, Sequence
@@ -42,7 +43,7 @@ import pandas as pd
 from .. import rules
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
-from ..specs import ModelSpec
+from ..specs import ModelSpec, ParallelConfig
 from ..vocab import ATTENTION_BACKENDS
 from ..vocab import RECOMPUTE_MODES as RECOMPUTE
 
@@ -62,7 +63,9 @@ class SearchSpace:
     value the cost model accepts, :func:`accepted_values`). Narrow any dimension by giving a tuple, e.g.
     ``SearchSpace(tp=(8,), recompute=("selective",))``. ``etp=None``: expert TP equals tp (Megatron's default);
     ``uneven``: which pipeline splits, even (``False``) and/or uneven first/last stages (``True``);
-    ``max_stage_offset``: how many layers lighter than a middle stage an uneven end stage may be."""
+    ``max_stage_offset``: how many layers lighter than a middle stage an uneven end stage may be; ``fp8``: the
+    ``--fp8-format`` values (``None`` is BF16; the space's ``None`` resolves per cluster, :meth:`for_cluster`);
+    the overlap flags and ``fp8_param_gather`` take both values where Megatron-LM allows them."""
 
     tp: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
@@ -76,6 +79,12 @@ class SearchSpace:
     distributed_optimizer: tuple[bool, ...] = (False, True)
     fsdp: tuple[bool, ...] | None = None
     attention_backend: tuple[str, ...] = ("auto", "unfused")  # Megatron-LM's default (fused) and the 2021 kernels
+    fp8: tuple[str | None, ...] | None = None  # None: (None, "hybrid") on a GPU with an FP8 peak, else (None,)
+    fp8_param_gather: tuple[bool, ...] = (False, True)  # only with fp8 and the distributed optimizer
+    tp_comm_overlap: tuple[bool, ...] = (False, True)  # only with SP where tp > 1
+    overlap_grad_reduce: tuple[bool, ...] = (False, True)
+    overlap_param_gather: tuple[bool, ...] = (False, True)  # only with the distributed optimizer and grad overlap
+    cp_comm_type: tuple[str, ...] | None = None  # where ParallelConfig has the field: every value the cost accepts
     uneven: tuple[bool, ...] = (False, True)
     max_micro_batch: int = 16
     max_vpp: int = 8
@@ -92,7 +101,12 @@ class SearchSpace:
             v = getattr(self, f)
             if v is not None and (not v or any(not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
                 raise ConfigError(f"space: {f}={v!r} must be a non-empty tuple of positive integers")
-        for f in ("sp", "distributed_optimizer", "fsdp", "uneven"):
+        if self.fp8 is not None and (not self.fp8 or any(v not in FP8_FORMATS for v in self.fp8)):
+            raise ConfigError(f"space: fp8={self.fp8!r} must be a non-empty tuple of {FP8_FORMATS}")
+        if self.cp_comm_type is not None and (not self.cp_comm_type
+                                              or any(not isinstance(v, str) for v in self.cp_comm_type)):
+            raise ConfigError(f"space: cp_comm_type={self.cp_comm_type!r} must be a non-empty tuple of strings")
+        for f in ("sp", "distributed_optimizer", "fsdp", "uneven", *BOOL_TIME_FLAGS, "fp8_param_gather"):
             v = getattr(self, f)
             if v is not None and (not v or any(not isinstance(x, (bool, np.bool_)) for x in v)):
                 raise ConfigError(f"space: {f}={v!r} must be a non-empty tuple of booleans")
@@ -101,6 +115,14 @@ class SearchSpace:
                 raise ConfigError(f"space: {f}={getattr(self, f)!r} must be a positive integer")
         if not isinstance(self.max_stage_offset, (int, np.integer)) or self.max_stage_offset < 0:
             raise ConfigError(f"space: max_stage_offset={self.max_stage_offset!r} must be a non-negative integer")
+
+    def for_cluster(self, cluster: Any) -> SearchSpace:
+        """This space with ``fp8=None`` resolved: BF16 and ``hybrid`` FP8 on a GPU that states an FP8 peak
+        (``Cluster.peak_fp8_flops``: H100, H200), BF16 only otherwise (A100: no FP8 tensor cores)."""
+        if self.fp8 is not None:
+            return self
+        fp8: tuple[str | None, ...] = (None, "hybrid") if getattr(cluster, "peak_fp8_flops", None) else (None,)
+        return dataclasses.replace(self, fp8=fp8)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SearchSpace:
@@ -119,10 +141,42 @@ def _allowed(values: Sequence[Any], chosen: tuple[Any, ...] | None) -> list[Any]
 
 
 SCOPES = ("config", "job", "megatron", "cost")  # the rules (llmcomm.rules) every configuration of the space keeps
-DIMENSIONS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
-              "num_layers_in_last_pipeline_stage", "sp", "recompute", "distributed_optimizer", "fsdp",
-              "attention_backend")
+FP8_FORMATS = (None, "hybrid", "e4m3")  # Megatron-LM's --fp8-format (None: BF16), rule 'fp8-format'
+BOOL_TIME_FLAGS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")  # time only: not in memory
+# the rules that say which combinations of the time-only flags (and fp8_param_gather) a row may take
+FLAG_RULES = ("param-gather-needs-distopt", "fp8-param-gather-needs-distopt", "tp-comm-overlap-needs-sp")
+HAS_CP_COMM_TYPE = "cp_comm_type" in {f.name for f in dataclasses.fields(ParallelConfig)}
+MEMORY_DIMENSIONS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
+                     "num_layers_in_last_pipeline_stage", "sp", "recompute", "distributed_optimizer", "fsdp",
+                     "attention_backend", "fp8", "fp8_param_gather", *(("cp_comm_type",) if HAS_CP_COMM_TYPE else ()))
+DIMENSIONS = (*MEMORY_DIMENSIONS, *BOOL_TIME_FLAGS)
 SHORT = {"num_layers_in_first_pipeline_stage": "first", "num_layers_in_last_pipeline_stage": "last"}
+
+
+class _Columns:
+    """The fields :data:`FLAG_RULES` read, as arrays (ParallelConfig's default where not given): the rules'
+    predicates on a few columns, without building a whole :class:`ParallelTable`."""
+
+    def __init__(self, n: int, columns: dict[str, Any]) -> None:
+        self._n, self._cols = n, columns
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._cols:
+            return np.asarray(self._cols[name])
+        default = ParallelConfig.__dataclass_fields__[name].default
+        return np.full(self._n, default, dtype=object if default is None or isinstance(default, str) else None)
+
+
+def _flag_ok(model: ModelSpec, n: int, **columns: Any) -> np.ndarray:
+    """Rows (of ``n``; columns named as ParallelConfig fields) that break none of :data:`FLAG_RULES` (the only
+    rules the flags enter)."""
+    table = _Columns(n, columns)
+    ok = np.ones(n, bool)
+    for name in FLAG_RULES:
+        ok &= ~np.broadcast_to(np.asarray(rules.BY_NAME[name].bad(model, table), dtype=bool), (n,))
+    return ok
 
 
 def accepted_values(model: ModelSpec, field: str, values: Sequence[Any]) -> list[Any]:
@@ -188,8 +242,34 @@ def _cp_values(model: ModelSpec, space: SearchSpace, gpus: int) -> tuple[int, ..
     return tuple(accepted_values(model, "cp", divisors(gpus))) if space.cp is None else space.cp
 
 
+def _cp_comm_types(model: ModelSpec, space: SearchSpace) -> tuple[str, ...]:
+    """The ``cp_comm_type`` values of rows with ``cp > 1``: ``space.cp_comm_type``, or every value of the
+    specs' vocabulary that no ``cost`` rule refuses (probed at ``cp = 2``); ``()`` where ParallelConfig has no
+    such field."""
+    if not HAS_CP_COMM_TYPE:
+        return ()
+    if space.cp_comm_type is not None:
+        return space.cp_comm_type
+    from .. import vocab
+
+    values = tuple(getattr(vocab, "CP_COMM_TYPES", ("p2p",)))
+    table = ParallelTable.from_columns(len(values), model, cp=2, cp_comm_type=np.asarray(values, dtype=object))
+    ok = rules.valid(model, table, ("cost",))
+    return tuple(v for v, k in zip(values, ok, strict=True) if k)
+
+
+def _product(columns: dict[str, Sequence[Any]]) -> dict[str, np.ndarray]:
+    """The Cartesian product of ``columns`` as one array per name (first name slowest)."""
+    names = list(columns)
+    grids = np.meshgrid(*(np.arange(len(columns[k])) for k in names), indexing="ij")
+    return {k: np.asarray(list(columns[k]), dtype=object)[g.ravel()] for k, g in zip(names, grids, strict=True)}
+
+
 def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
-                    space: SearchSpace) -> tuple[pd.DataFrame, ParallelTable]:
+                    space: SearchSpace, dominated: bool = False) -> tuple[pd.DataFrame, ParallelTable]:
+    """Every row of the space but the time-only flags (:data:`BOOL_TIME_FLAGS`, False here), before the rules.
+    ``dominated``: leave out the rows two pruning rules would remove whatever the memory budget
+    (:func:`dominated_combinations`), counted in the columns :data:`TWIN_COLUMNS` of the row that dominates them."""
     s = seq_len or model.seq_length
     L = model.num_layers
     fsdps = tuple(accepted_values(model, "fsdp", [False, True])) if space.fsdp is None else space.fsdp
@@ -211,18 +291,136 @@ def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int
         mbs = _allowed([b for b in divisors(per_replica) if b <= space.max_micro_batch], space.micro_batch)
         for f, la, vpps in split_cache[pp]:
             for mb, v in itertools.product(mbs, vpps):
-                m = per_replica // mb
-                for sp, rec, do, fs, ab in itertools.product(space.sp, space.recompute, space.distributed_optimizer,
-                                                             fsdps, space.attention_backend):
-                    rows.append((tp, cp, pp, dp, ep, et, mb, v, f, la, sp, rec, do, fs, ab, m))
-    cols = [*DIMENSIONS, "num_microbatches"]
-    df = pd.DataFrame(rows, columns=cols)
+                rows.append((tp, cp, pp, dp, ep, et, mb, v, f, la, per_replica // mb))
+    shape_cols = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
+                  "num_layers_in_last_pipeline_stage", "num_microbatches")
+    shapes = np.array(rows, np.int64).reshape(-1, len(shape_cols))
+    # the categorical dimensions: their product once, the fp8_param_gather combinations Megatron-LM refuses
+    # dropped by its rule (FLAG_RULES), then every shape row times every combination
+    fp8s = space.fp8 if space.fp8 is not None else (None,)
+    combos = _product({"sp": space.sp, "recompute": space.recompute, "distributed_optimizer":
+                       space.distributed_optimizer, "fsdp": fsdps, "attention_backend": space.attention_backend,
+                       "fp8": fp8s, "fp8_param_gather": space.fp8_param_gather})
+    nc = len(combos["sp"])
+    keep = _flag_ok(model, nc, sp=np.ones(nc, bool), distributed_optimizer=combos["distributed_optimizer"].astype(bool),
+                    fp8=combos["fp8"], fp8_param_gather=combos["fp8_param_gather"].astype(bool))
+    combos = {k: v[keep] for k, v in combos.items()}
+    twins = dominated_combinations(space, combos) if dominated else None
+    if twins is not None:
+        combos = {k: v[twins["keep"]] for k, v in combos.items()}
+    nc = len(combos["sp"])
+    ns = len(shapes)
+    si, ci = np.repeat(np.arange(ns), nc), np.tile(np.arange(nc), ns)
+    cols: dict[str, Any] = {c: shapes[si, i] for i, c in enumerate(shape_cols)}
+    for k in ("sp", "distributed_optimizer", "fsdp", "fp8_param_gather"):
+        cols[k] = combos[k].astype(bool)[ci]
+    cols["recompute"] = combos["recompute"].astype(str)[ci]
+    cols["attention_backend"] = combos["attention_backend"].astype(str)[ci]
+    cols["fp8"] = combos["fp8"][ci]
+    for k in TWIN_COLUMNS:
+        cols[k] = (twins[k][twins["keep"]] if twins is not None else np.zeros(nc, np.int64))[ci]
+    if HAS_CP_COMM_TYPE:
+        types = _cp_comm_types(model, space) or (ParallelConfig.__dataclass_fields__["cp_comm_type"].default,)
+        cp_gt1 = cols["cp"] > 1
+        default = ParallelConfig.__dataclass_fields__["cp_comm_type"].default
+        reps = np.where(cp_gt1, len(types), 1)
+        cols = {k: np.repeat(v, reps) for k, v in cols.items()}
+        idx = np.concatenate([np.arange(r) for r in reps]) if len(reps) else np.zeros(0, np.int64)
+        cct = np.asarray(types, dtype=object)[np.minimum(idx, len(types) - 1)]
+        cols["cp_comm_type"] = np.where(np.repeat(cp_gt1, reps), cct, default)
+    for k in BOOL_TIME_FLAGS:
+        cols[k] = np.zeros(len(cols["tp"]), bool)
+    df = pd.DataFrame({c: cols[c] for c in (*DIMENSIONS, "num_microbatches", *TWIN_COLUMNS) if c != "fp8"})
+    # fp8 holds None (BF16) or a format name: an object column (pandas would read None as a missing string)
+    df.insert(DIMENSIONS.index("fp8"), "fp8", pd.Series(cols["fp8"], dtype=object))
     df["global_batch"] = global_batch
     df["seq_len"] = s
     df["schedule"] = np.where(df["vpp"] > 1, "interleaved", "1f1b")
     table = ParallelTable.from_columns(len(df), model, **{c: df[c].to_numpy() for c in df.columns
-                                                          if c != "num_microbatches"})
+                                                          if c not in ("num_microbatches", *TWIN_COLUMNS)})
     return df, table
+
+
+# per row of a space built with ``dominated=True``: how many rows of the full space it stands for (its twins), by
+# the rule that removes them
+TWIN_COLUMNS = ("unfused_twins", "fp8_param_gather_twins")
+
+
+def dominated_combinations(space: SearchSpace, combos: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Of the categorical combinations ``combos`` (arrays over combinations), which to build (``keep``) and how
+    many left-out twins each kept one stands for, by rule — the two pruning rules whose dominating twin never
+    needs more memory, so that they hold whatever the memory budget and can act before anything is built:
+
+    ``unfused-dominated``: a combination with an unfused (or ``local``) attention backend where the space holds
+        a fused one: the fused twin is never slower (:func:`llmcomm.tune.search.unfused_dominated`) and keeps no
+        ``s²`` scores (memory never above), so it fits whenever the unfused one does;
+    ``fp8-param-gather-dominated``: FP8 with the distributed optimizer and ``fp8_param_gather`` off where the
+        space holds it on: never slower (:func:`llmcomm.tune.search.fp8_param_gather_dominated`) and its FP8
+        primary weights need less memory (:mod:`llmcomm.overhead.memory`).
+
+    The count assumes that no rule outside :data:`FLAG_RULES` reads ``attention_backend`` or
+    ``fp8_param_gather`` (so a twin is valid where its kept row is); ``tests/test_tune.py`` checks the counts
+    against the exhaustive enumeration."""
+    from ..vocab import FUSED_ATTENTION_BACKENDS
+
+    ab = combos["attention_backend"].astype(str)
+    fused = np.isin(ab, FUSED_ATTENTION_BACKENDS)
+    n_unfused = sum(b not in FUSED_ATTENTION_BACKENDS for b in space.attention_backend)
+    has_fused = any(b in FUSED_ATTENTION_BACKENDS for b in space.attention_backend)
+    fp8 = np.not_equal(combos["fp8"], None).astype(bool)  # type: ignore[call-overload]
+    dopt = combos["distributed_optimizer"].astype(bool)
+    fpg = combos["fp8_param_gather"].astype(bool)
+    fpg_both = True in space.fp8_param_gather and False in space.fp8_param_gather
+    fpg_dominated = fpg_both & fp8 & dopt & ~fpg
+    keep = ~(has_fused & ~fused) & ~fpg_dominated
+    factor = np.where(fpg_both & fp8 & dopt & fpg, 2, 1)  # a kept fp8_param_gather row stands for its off twin too
+    return {"keep": keep, "unfused_twins": np.where(has_fused & fused, n_unfused, 0) * factor,
+            "fp8_param_gather_twins": np.where(factor == 2, 1, 0)}
+
+
+def time_flag_combinations(space: SearchSpace) -> list[dict[str, bool]]:
+    """Every combination of :data:`BOOL_TIME_FLAGS` values the space allows (before the rules)."""
+    return [dict(zip(BOOL_TIME_FLAGS, c, strict=True))
+            for c in itertools.product(*(getattr(space, k) for k in BOOL_TIME_FLAGS))]
+
+
+def _flag_masks(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> list[tuple[dict[str, bool], np.ndarray]]:
+    n = len(cands)
+    fixed = {"tp": cands["tp"].to_numpy(), "sp": cands["sp"].to_numpy(bool),
+             "distributed_optimizer": cands["distributed_optimizer"].to_numpy(bool)}
+    return [(combo, _flag_ok(model, n, **fixed, **{k: np.full(n, v) for k, v in combo.items()}))
+            for combo in time_flag_combinations(space)]
+
+
+def time_flag_multiplicity(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> np.ndarray:
+    """How many rows of the full space each row of ``cands`` (time-only flags off) stands for: its valid
+    combinations of :data:`BOOL_TIME_FLAGS` (:func:`expand_time_flags`)."""
+    out = np.zeros(len(cands), np.int64)
+    for _, ok in _flag_masks(model, cands, space):
+        out += ok
+    return out
+
+
+def expand_time_flags(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> pd.DataFrame:
+    """``cands`` (rows with the time-only flags off) times every combination of :data:`BOOL_TIME_FLAGS` that
+    Megatron-LM accepts for each row (:data:`FLAG_RULES`: ``tp_comm_overlap`` needs SP where tp > 1,
+    ``overlap_param_gather`` the distributed optimizer and ``overlap_grad_reduce``), in row order. The memory
+    model reads none of these flags (their buffers are not modelled: TransformerEngine's userbuffers, a few
+    ``s·b·h`` per GPU), so the tuner filters memory before expanding."""
+    if cands.empty:
+        return cands.reset_index(drop=True)
+    masks = _flag_masks(model, cands, space)
+    reps = np.zeros(len(cands), np.int64)
+    for _, ok in masks:
+        reps += ok
+    rows = np.concatenate([np.flatnonzero(ok) for _, ok in masks])
+    which = np.concatenate([np.full(int(ok.sum()), j) for j, (_, ok) in enumerate(masks)])
+    order = np.lexsort((which, rows))
+    rows, which = rows[order], which[order]
+    out = cands.iloc[rows].reset_index(drop=True)
+    for k in BOOL_TIME_FLAGS:
+        out[k] = np.array([c[k] for c, _ in masks], bool)[which]
+    return out
 
 
 def enumerate_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None = None,
@@ -230,12 +428,22 @@ def enumerate_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len
     """Every valid configuration as one row (columns named as :class:`~llmcomm.specs.ParallelConfig`
     fields, :data:`UNSET` for an optional integer left to its default, plus ``num_microbatches``); see the
     module docstring for the rules."""
-    df, table = _raw_candidates(model, gpus, global_batch, seq_len, space or SearchSpace())
-    return df[rules.valid(model, table, SCOPES)].reset_index(drop=True)
+    base = enumerate_base(model, gpus, global_batch, seq_len, space)
+    return expand_time_flags(model, base, space or SearchSpace())
+
+
+def enumerate_base(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None = None,
+                   space: SearchSpace | None = None, *, dominated: bool = False) -> pd.DataFrame:
+    """The valid rows of the space with the time-only flags (:data:`BOOL_TIME_FLAGS`) off: what the memory model
+    needs (:func:`expand_time_flags` gives the rest); ``dominated``: without the rows
+    :func:`dominated_combinations` leaves out, counted in :data:`TWIN_COLUMNS`."""
+    df, table = _raw_candidates(model, gpus, global_batch, seq_len, space or SearchSpace(), dominated)
+    out = df[rules.valid(model, table, SCOPES)].reset_index(drop=True)
+    return out if dominated else out.drop(columns=list(TWIN_COLUMNS))
 
 
 EXPLICIT = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp", "fsdp", "attention_backend", "sp", "recompute",
-            "distributed_optimizer")
+            "distributed_optimizer", "fp8", "cp_comm_type")
 
 
 def refusals(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
