@@ -273,11 +273,15 @@ def factorize(keys: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]
 
 # ------------------------------------------------------------------------------------------ activations
 def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: Any, micro_batch: Any, tp: Any, sp: Any,
-                           recompute: Any, act_bytes: Any, fused_attention: Any = False) -> np.ndarray:
+                           recompute: Any, act_bytes: Any, fused_attention: Any = False, fp8: Any = False
+                           ) -> np.ndarray:
     """Activation bytes one transformer layer keeps per micro-batch on one GPU (Korthikanti et al. 2023, Table 2,
     generalized; the formula is in :mod:`llmcomm.overhead.memory`'s docstring). ``seq`` is the sequence per CP
     rank; ``recompute`` holds ``"none"``/``"selective"``/``"full"``; ``fused_attention``: no ``5·a·s`` score
-    tensors (a fused kernel keeps only its log-sum-exp, ``b·a·s`` fp32, negligible); arguments broadcast."""
+    tensors (a fused kernel keeps only its log-sum-exp, ``b·a·s`` fp32, negligible); ``fp8``: the four linear
+    layers' saved inputs (QKV and fc1 input ``h`` each, projection input ``a·d``, fc2 input ``x·f``) are the FP8
+    copies TransformerEngine quantized for the GEMM, 1 byte per element instead of ``act_bytes``; arguments
+    broadcast."""
     recompute = np.asarray(recompute)
     sp_div = np.where(np.asarray(sp, dtype=bool), tp, 1)
     tokens = seq * micro_batch
@@ -290,6 +294,10 @@ def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: Any, micro
     sharded = 2 * a * d + 4 * g * d + 2 * a * d + experts * (2 * f_up + 2 * f) \
         + np.where((recompute == "selective") | np.asarray(fused_attention, dtype=bool), 0, 5 * a * seq)
     kept = scale * tokens * (replicated / sp_div + sharded / tp)
+    fp8 = np.asarray(fp8, dtype=bool)
+    if fp8.any():  # the linear inputs at 1 byte: 2 bytes-per-element units of `scale` become 1/2
+        saved_inputs = tokens * ((h + h) / sp_div + (a * d + experts * f) / tp)
+        kept = kept - np.where(fp8, (scale - 0.5) * 2 * saved_inputs, 0.0)
     full = scale * tokens * 2 * h / sp_div
     return np.where(recompute == "full", full, kept)
 
@@ -441,7 +449,7 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
                          else model.ffn_hidden_size)
                 act = layer_activation_bytes(model, moe, seq=s / p.cp, micro_batch=p.micro_batch, tp=tp, sp=p.sp,
                                              recompute=p.recompute, act_bytes=dtype_bytes(p.act_dtype),
-                                             fused_attention=core.fused)
+                                             fused_attention=core.fused, fp8=p.fp8 is not None)
                 layers.append(LayerStep(
                     la, moe, layer_gemms(model, p, moe), core,
                     int(2 * 16 * T * h // fw + 2 * 2 * T * f_eff // tp),

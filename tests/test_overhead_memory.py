@@ -130,3 +130,55 @@ def test_unsplit_model_by_hand() -> None:
     assert m.activations == pytest.approx(32 * s * per_token + sbh + 4 * sbh * (1 + model.padded_vocab_size(1) / h))
     fused = memory(model, lc.ParallelConfig(dp=4, micro_batch=1, global_batch=8, seq_len=4096))
     assert m.activations - fused.activations == pytest.approx(32 * s * 5 * 32 * s)
+
+
+def test_fused_attention_keeps_no_scores_korthikanti() -> None:
+    """A fused kernel stores no s² tensors: with no recomputation it keeps Korthikanti's selective-recomputation
+    figure (34·s·b·h/t with SP, Table 2), the log-sum-exp being b·a·s fp32 (< 0.1 % here)."""
+    sbh = S * B * H
+    assert _layer({"sp": True, "fused_attention": True}) == pytest.approx(sbh * 34 / 8)
+    assert _layer({"fused_attention": True}) == pytest.approx(sbh * (10 + 24 / 8))
+
+
+def test_fp8_activations_keep_the_linear_inputs_in_one_byte() -> None:
+    """GPT with SP and selective recomputation, Korthikanti's 34·s·b·h/t term by term: the QKV and fc1 inputs
+    (2h each, replicated), the projection input (2h) and the fc2 input (8h) at 1 byte: 34 − 1 − 1 − 1 − 4 = 27."""
+    sbh = S * B * H
+    assert _layer({"sp": True, "recompute": "selective", "fp8": True}) == pytest.approx(sbh * 27 / 8)
+    assert _layer({"recompute": "full", "fp8": True}) == pytest.approx(2 * sbh)  # only the layer input: bf16
+
+
+def test_fp8_weight_copies_by_hand() -> None:
+    """FP8 adds the row-wise and column-wise FP8 copies of the linear weights (2 bytes each parameter);
+    fp8_param_gather makes them the primary weights (no bf16 copy of those)."""
+    model = lc.load_model("llama3-8b")
+    base = dict(tp=2, pp=1, dp=4, sp=True, global_batch=8, distributed_optimizer=True)
+    bf16 = memory(model, lc.ParallelConfig(**base))
+    fp8 = memory(model, lc.ParallelConfig(**base, fp8="hybrid"))
+    primary = memory(model, lc.ParallelConfig(**base, fp8="hybrid", fp8_param_gather=True))
+    lin = model.num_layers * model.layer_parameter_split(0, 2).sharded  # the layers' TP-sharded parameters
+    assert fp8.weights - bf16.weights == pytest.approx(2 * lin)
+    assert primary.weights == pytest.approx(bf16.weights)  # 1 + 1 FP8 bytes instead of 2 bf16 bytes
+    assert fp8.gradients == bf16.gradients and fp8.optimizer == bf16.optimizer
+    assert primary.total < fp8.total
+    assert fp8.activations < bf16.activations
+
+
+def test_context_parallel_activations_are_per_cp_rank_plus_buffers() -> None:
+    """cp = 2 at sequence s keeps what cp = 1 keeps at s/2 (Korthikanti at the local sequence), plus the ring's
+    two K/V receive buffers of the running layer, 2·2·g·d·(s/cp)·b/tp bytes·2 (bf16)."""
+    model = lc.load_model("llama3-8b")
+    g, d = model.query_groups, model.head_dim
+    kw = dict(tp=2, pp=2, sp=True, micro_batch=1, distributed_optimizer=True)
+    cp2 = memory(model, lc.ParallelConfig(cp=2, dp=2, global_batch=8, seq_len=16384, **kw))
+    half = memory(model, lc.ParallelConfig(cp=1, dp=2, global_batch=8, seq_len=8192, **kw))
+    ring = 2 * (2 * g * d * 8192 * 1 / 2) * 2
+    assert cp2.activations == pytest.approx(half.activations + ring)
+    # the other kinds, by their formulas (cp_comm_type where ParallelConfig has it)
+    from llmcomm.overhead.memory import cp_buffer_bytes
+
+    a = model.num_attention_heads
+    common = dict(cp=4, seq_local=4096, micro_batch=1, tp=2, act_bytes=2)
+    assert cp_buffer_bytes(model, cp_comm_type="a2a", **common) == pytest.approx((a * d + 2 * g * d) * 4096 / 2 * 2)
+    assert cp_buffer_bytes(model, cp_comm_type="allgather", **common) == pytest.approx(2 * g * d * 4 * 4096 / 2 * 2)
+    assert cp_buffer_bytes(model, cp_comm_type="p2p", **{**common, "cp": 1}) == 0

@@ -17,6 +17,31 @@ bytes per parameter: 18 for bf16 parameters with fp32 gradients, ``6 + 12/d`` wi
 
 For bf16 parameters, fp16 gradients and no sharding this is ZeRO's ``2 + 2 + 12 = 16`` bytes per parameter.
 
+FP8 (``fp8`` set; TransformerEngine's FP8 GEMMs). On Hopper an FP8 GEMM needs its weight in FP8 twice, row-wise
+for the forward GEMM and column-wise (transposed) for the data-gradient GEMM (TransformerEngine docs, "Performance
+considerations: handling transposes": "for FP8 on Hopper architecture, some tensors need to be physically
+transposed in memory"); TransformerEngine keeps both between micro-batches (the weight cast once per iteration,
+``is_first_microbatch``). With ``P_lin`` the linear layers' weights a GPU holds (the layers' TP-sharded and
+expert parameters)::
+
+    weights += 2 · P_lin                                  (FP8 row-wise + column-wise copies beside the bf16 ones)
+    weights  = (P − P_lin)·bytes(param) + 2 · P_lin       with fp8_param_gather: the primary weights are FP8
+                                                          (Megatron-LM --fp8-param-gather, fp8_model_init), no bf16
+                                                          copy; the fp32 master copy is the optimizer's (unchanged)
+
+Activations under FP8: the linear layers' saved inputs are the FP8 copies quantized for the GEMM, 1 byte per
+element (:func:`llmcomm.step.layer_activation_bytes`, ``fp8``).
+
+Context parallelism (``cp > 1``): every activation term above is per CP rank (``s = seq / cp``, Korthikanti's
+formula at the local sequence), and the layer that runs holds the attention's communication buffers once::
+
+    p2p (ring, TransformerEngine AttnFuncWithCPAndKVP2P): 2 receive buffers of the local K and V,
+                                                     2 · 2·g·d·(s/cp)·b/tp · bytes(act)
+    a2a (Ulysses):       the re-sharded Q, K, V,     (a·d + 2·g·d)·(s/cp)·b/tp · bytes(act)
+    allgather:           the all-gathered K and V,   2·g·d·s·b/tp · bytes(act)
+
+(``cp_comm_type``; ``p2p`` where ParallelConfig has no such field yet, Megatron-LM's default).
+
 Activations (Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models", MLSys 2023,
 Table 2, generalized to grouped-query attention, gated MLPs and MoE), bytes per layer per micro-batch with 16-bit
 activations, ``s`` the sequence per CP rank, ``b`` micro-batch, ``t`` tp::
@@ -90,6 +115,29 @@ def model_state_bytes(dense: Any, expert: Any, *, dp_cp: Any, expert_dp: Any, pa
     o = optimizer_bytes_per_parameter(param_bytes)
     optimizer = np.where(shard_opt, dense * o / dp_cp + expert * o / expert_dp, (dense + expert) * o)
     return held * param_bytes, held * grad_bytes, optimizer
+
+
+def fp8_weight_bytes(linear: Any, *, fp8: Any, fp8_param_gather: Any, param_bytes: Any, shard: Any = 1
+                     ) -> np.ndarray:
+    """Bytes FP8 adds to the weights of ``linear`` linear-layer parameters (module doc): ``2·P_lin`` of FP8
+    row-wise and column-wise copies; with ``fp8_param_gather`` the FP8 copies replace the ``param_bytes`` ones
+    (``(2 − param_bytes)·P_lin``, 0 for bf16). ``shard``: FSDP's sharding of the held weights (1 without)."""
+    held = np.asarray(linear, dtype=float) / shard
+    return np.where(np.asarray(fp8, dtype=bool),
+                    np.where(np.asarray(fp8_param_gather, dtype=bool), (2.0 - param_bytes) * held, 2.0 * held), 0.0)
+
+
+def cp_buffer_bytes(model: ModelSpec, *, cp: Any, cp_comm_type: Any, seq_local: Any, micro_batch: Any, tp: Any,
+                    act_bytes: Any) -> np.ndarray:
+    """The attention's context-parallel communication buffers of the layer that runs (module doc), 0 at
+    ``cp = 1``; ``seq_local`` is the sequence per CP rank."""
+    g, a, d = model.query_groups, model.num_attention_heads, model.head_dim
+    tokens = np.asarray(seq_local, dtype=float) * micro_batch
+    kv = 2 * g * d * tokens / tp * act_bytes  # the local K and V
+    kind = np.asarray(cp_comm_type, dtype=object)
+    out = np.where(kind == "a2a", (a * d + 2 * g * d) * tokens / tp * act_bytes,
+                   np.where(kind == "allgather", kv * cp, 2 * kv))
+    return np.where(np.asarray(cp) > 1, out, 0.0)
 
 
 def chunks_in_flight(stage: Any, *, pp: Any, vpp: Any, microbatches: Any, gpipe: Any) -> np.ndarray:
@@ -187,8 +235,13 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
     sp, recompute = tab.sp, tab.recompute.astype(str)
     gpipe = tab.schedule == "gpipe"
     dist_opt, fsdp = tab.distributed_optimizer, tab.fsdp
+    fp8 = np.not_equal(np.asarray(tab.fp8, dtype=object), None).astype(bool)  # type: ignore[call-overload]
+    fp8_primary = np.asarray(tab.fp8_param_gather, dtype=bool) & fp8
     layer_kw = dict(seq=seq, micro_batch=mb, tp=tp, sp=sp, recompute=recompute, act_bytes=act,
-                    fused_attention=tab.fused_attention)
+                    fused_attention=tab.fused_attention, fp8=fp8)
+    cp_comm = np.asarray(getattr(tab, "cp_comm_type", np.full(n, "p2p", dtype=object)), dtype=object)
+    cp_buffers = cp_buffer_bytes(model, cp=cp, cp_comm_type=cp_comm, seq_local=seq, micro_batch=mb, tp=tp,
+                                 act_bytes=act)
     per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) for moe in (False, True)}
     sbh = seq * mb * model.hidden_size
     best = np.empty((n, 6))
@@ -206,12 +259,14 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
         mean_layer = ((1 - info.moe_share)[:, None] * per_layer[False][rows]
                       + info.moe_share[:, None] * per_layer[True][rows])
         chunks = chunks_in_flight(r, pp=p, vpp=v, microbatches=microbatches[rows], gpipe=gpipe[rows])
-        activations = chunks * info.layers_per_chunk[:, None] * mean_layer
+        activations = chunks * info.layers_per_chunk[:, None] * mean_layer + cp_buffers[rows]
         activations[0] += -(-chunks[0] // v) * sbh[rows] / np.where(sp[rows], t, 1)
         activations[p - 1] += 4 * sbh[rows] / t * (1 + model.padded_vocab_size(int(t)) / model.hidden_size)
         w, g, o = model_state_bytes(info.dense[:, None], info.expert[:, None], dp_cp=dp_cp[rows],
                                     expert_dp=expert_dp[rows], param_bytes=pbytes[rows], grad_bytes=gbytes[rows],
                                     distributed_optimizer=dist_opt[rows], fsdp=fsdp[rows])
+        w = w + fp8_weight_bytes(info.linear[:, None], fp8=fp8[rows], fp8_param_gather=fp8_primary[rows],
+                                 param_bytes=pbytes[rows], shard=np.where(fsdp[rows], dp_cp[rows], 1))
         total = w + g + o + activations
         peak = np.argmax(total, axis=0)  # the first stage of the largest total
         cols = np.arange(len(rows))
