@@ -301,7 +301,7 @@ def test_cli_constraints_narrow_and_errors_name_the_constraint(capsys) -> None: 
     assert body and all(ln.split()[0].split("·")[0] in ("tp1", "tp2") and "full" in ln and "mb1" in ln
                         for ln in body if ln.strip())
     for bad, words in (("tq=2", "unknown constraint 'tq'"), ("tp=two", "'tp=two': 'two' is not an integer"),
-                       ("fp8=on", "'fp8=on': the space holds BF16"), ("sp=maybe", "'maybe' is not on/off"),
+                       ("fp8=maybe", "fp8 takes on, off, hybrid or e4m3"), ("sp=maybe", "'maybe' is not on/off"),
                        ("max_tp=0", "must be a positive integer"), ("recompute=some", "recompute takes"),
                        ("cp=2", "cp=2 is refused by rule 'cost-cp'")):
         rc, _, err = _tune_cli(capsys, "--constraints", bad)

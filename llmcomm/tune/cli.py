@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="sequence length (default: the model's)")
     p.add_argument("--constraints", default=None, metavar="LIST",
                    help="narrow the space, comma-separated NAME=VALUE: a dimension (tp=8, cp=1, recompute=full, "
-                        "sp=on, tp=4/8), max_NAME/min_NAME (max_tp=8), fp8=off (default: the whole space)")
+                        "sp=on, tp=4/8), max_NAME/min_NAME (max_tp=8), fp8=on/off, tpo/ogr/opg=on/off (default: the whole space)")
     p.add_argument("--explain", action="store_true",
                    help="say, a sentence per term, why the runner-up loses to the best configuration")
     p.add_argument("--top", type=positive_int, default=10, help="rows to print")

@@ -2,10 +2,11 @@
 
 Each comma-separated item is ``NAME=VALUE``: ``NAME`` a dimension of the space (``tp``, ``cp``, ``pp``, ``ep``,
 ``etp``, ``micro_batch`` or ``mb``, ``vpp``, ``sp``, ``recompute``, ``distributed_optimizer`` or ``dist_opt``,
-``fsdp``, ``attention_backend``, ``uneven``) with one value or several joined by ``/`` (``tp=4/8``), or
-``max_NAME`` / ``min_NAME`` for an integer dimension (``max_tp=8``). Booleans read ``on/off``, ``true/false``,
-``yes/no``, ``1/0``. ``fp8`` names the FP8 switch: :class:`~llmcomm.specs.ParallelConfig` has no FP8 field yet,
-so the space holds BF16 configurations only and ``fp8=off`` narrows nothing while ``fp8=on`` is refused.
+``fsdp``, ``attention_backend``, ``uneven``, ``fp8``, ``fp8_param_gather``, ``tp_comm_overlap``,
+``overlap_grad_reduce``, ``overlap_param_gather``, ``cp_comm_type``) with one value or several joined by ``/``
+(``tp=4/8``), or ``max_NAME`` / ``min_NAME`` for an integer dimension (``max_tp=8``). Booleans read ``on/off``,
+``true/false``, ``yes/no``, ``1/0``. ``fp8`` takes ``on`` (Megatron-LM's ``hybrid`` format), ``off`` (BF16),
+``hybrid`` or ``e4m3``.
 Every error is a :class:`~llmcomm.errors.UsageError` naming the item and the rule it breaks.
 """
 
@@ -19,12 +20,15 @@ from ..vocab import ATTENTION_BACKENDS, RECOMPUTE_MODES
 from .space import SearchSpace, divisors
 
 INT_DIMS = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp")
-BOOL_DIMS = ("sp", "distributed_optimizer", "fsdp", "uneven")
+BOOL_DIMS = ("sp", "distributed_optimizer", "fsdp", "uneven", "fp8_param_gather", "tp_comm_overlap",
+             "overlap_grad_reduce", "overlap_param_gather")
 STR_DIMS = {"recompute": RECOMPUTE_MODES, "attention_backend": ATTENTION_BACKENDS}
+FP8 = {"on": "hybrid", "hybrid": "hybrid", "e4m3": "e4m3", **{f: None for f in ("off", "false", "no", "0", "bf16")}}
 ALIASES = {"mb": "micro_batch", "dist_opt": "distributed_optimizer", "dopt": "distributed_optimizer",
-           "attention": "attention_backend"}
+           "attention": "attention_backend", "tpo": "tp_comm_overlap", "ogr": "overlap_grad_reduce",
+           "opg": "overlap_param_gather"}
 TRUE, FALSE = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
-KNOWN = (*INT_DIMS, *BOOL_DIMS, *STR_DIMS, *ALIASES, "fp8", *(f"max_{d}" for d in INT_DIMS),
+KNOWN = (*INT_DIMS, *BOOL_DIMS, *STR_DIMS, *ALIASES, "fp8", "cp_comm_type", *(f"max_{d}" for d in INT_DIMS),
          *(f"min_{d}" for d in INT_DIMS))
 
 
@@ -65,10 +69,13 @@ def parse(text: str, gpus: int, space: SearchSpace | None = None) -> SearchSpace
         if key in chosen or (key.startswith(("max_", "min_")) and key in bounds):
             raise UsageError(f"--constraints {raw!r}: {name} is constrained twice")
         if key == "fp8":
-            if _bool(raw, value):
-                raise UsageError(f"--constraints {raw!r}: the space holds BF16 configurations only "
-                                 "(ParallelConfig has no FP8 field and the iteration-time formulation no FP8 "
-                                 "GEMM/communication terms yet); fp8=off is the only value accepted")
+            bad = [v for v in value.split("/") if v.strip().lower() not in FP8]
+            if bad:
+                raise UsageError(f"--constraints {raw!r}: fp8 takes on, off, hybrid or e4m3; got {bad}")
+            chosen[key] = tuple(dict.fromkeys(FP8[v.strip().lower()] for v in value.split("/")))
+            continue
+        if key == "cp_comm_type":
+            chosen[key] = tuple(dict.fromkeys(v.strip() for v in value.split("/") if v.strip()))
             continue
         if key.startswith(("max_", "min_")):
             bounds[key] = [_int(raw, value)]

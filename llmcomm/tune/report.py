@@ -44,8 +44,9 @@ def best_by_scale(model: ModelSpec, gpus: Sequence[int], clusters: Sequence[str 
 
 def label(r: pd.Series | Mapping[str, Any]) -> str:
     """A configuration in one short string: ``tp4·pp8·dp32·mb1·v6·sp·selective·dopt``; a context-parallel
-    size, uneven end stages (``·first7·last7``), an expert TP other than tp, FSDP and an unfused attention
-    backend are added where present."""
+    size, uneven end stages (``·first7·last7``), an expert TP other than tp, FSDP, an unfused attention
+    backend, FP8 (``·fp8-hybrid``, ``·fpg`` its parameter gather) and the overlap flags (``·tpo``
+    tp_comm_overlap, ``·ogr`` overlap_grad_reduce, ``·opg`` overlap_param_gather) are added where present."""
     from ..vocab import FUSED_ATTENTION_BACKENDS
 
     def opt(k: str) -> int:
@@ -61,22 +62,29 @@ def label(r: pd.Series | Mapping[str, Any]) -> str:
             f"·mb{int(r['micro_batch'])}·v{int(r['vpp'])}{ends}"
             f"{'·sp' if r['sp'] else ''}·{r['recompute']}{'·dopt' if r['distributed_optimizer'] else ''}"
             f"{'·fsdp' if r.get('fsdp', False) else ''}"
-            f"{'' if ab in FUSED_ATTENTION_BACKENDS else f'·{ab}'}")
+            f"{'' if ab in FUSED_ATTENTION_BACKENDS else f'·{ab}'}"
+            f"{f'·fp8-{f8}' if (f8 := r.get('fp8')) is not None and not pd.isna(f8) else ''}"
+            + "".join(f"·{short}" for short, k in (("fpg", "fp8_param_gather"), ("tpo", "tp_comm_overlap"),
+                                                  ("ogr", "overlap_grad_reduce"), ("opg", "overlap_param_gather"))
+                      if bool(r.get(k, False))))
 
 
 # the Breakdown terms of llmcomm.overhead.iteration_times, with the dimensions that move each (for --explain)
 TERMS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "forward_s": ("forward compute", ("tp", "cp", "pp", "micro_batch", "attention_backend",
+    "forward_s": ("forward compute", ("tp", "cp", "pp", "micro_batch", "attention_backend", "fp8",
                                       "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")),
-    "backward_s": ("backward compute", ("tp", "cp", "pp", "micro_batch", "attention_backend",
+    "backward_s": ("backward compute", ("tp", "cp", "pp", "micro_batch", "attention_backend", "fp8",
                                         "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")),
     "recompute_s": ("recomputation", ("recompute", "tp", "pp", "micro_batch")),
-    "tp_comm_s": ("tensor-parallel communication", ("tp", "sp", "micro_batch", "recompute", "pp")),
+    "tp_comm_s": ("tensor-parallel communication", ("tp", "sp", "micro_batch", "recompute", "pp",
+                                                    "tp_comm_overlap")),
     "ep_comm_s": ("expert-parallel all-to-all", ("ep", "etp", "tp", "micro_batch")),
     "pp_comm_s": ("pipeline send/recv", ("pp", "vpp", "micro_batch", "sp", "tp")),
     "bubble_s": ("pipeline bubble", ("pp", "vpp", "micro_batch", "num_layers_in_first_pipeline_stage",
                                      "num_layers_in_last_pipeline_stage")),
-    "dp_comm_s": ("data-parallel gradient reduction", ("dp", "cp", "tp", "pp", "distributed_optimizer", "fsdp")),
+    "dp_comm_s": ("data-parallel gradient reduction", ("dp", "cp", "tp", "pp", "distributed_optimizer", "fsdp",
+                                                       "overlap_grad_reduce", "overlap_param_gather",
+                                                       "fp8_param_gather")),
     "optimizer_s": ("optimizer step", ("distributed_optimizer", "fsdp", "dp", "tp", "pp")),
 }
 
