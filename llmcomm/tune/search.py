@@ -20,9 +20,26 @@ candidates by rules that can never remove the optimum, each applied before any t
     the same calls with no score-matrix HBM traffic and half the causal score FLOPs, and stores no ``s²``
     scores (memory never above the unfused twin's), so its time is never above the unfused one's;
     ``tests/test_tune.py`` checks that over many configurations.
+``fp8-param-gather-dominated``
+    FP8 with the distributed optimizer and ``fp8_param_gather`` off, where its twin with it on is in the space:
+    the flag only shrinks the parameter all-gather (1 byte per parameter) and makes the primary weights FP8
+    (memory never above), so the twin is never slower and fits whenever it does.
+``overlap-dominated``
+    ``overlap_grad_reduce`` off without the distributed optimizer, and ``overlap_param_gather`` off with both the
+    distributed optimizer and ``overlap_grad_reduce`` on: each twin with the flag on only subtracts hidden time
+    from the exposed DP term (``max(0, x − y) ≤ x``; :func:`overlap_dominated` has the proof and what it does not
+    cover: ``tp_comm_overlap`` and the distributed optimizer's "both off" are evaluated, not pruned).
 ``same-as-without``
-    the distributed optimizer with ``dp = 1`` shards nothing and issues the same calls as without it: an exact
-    tie, so only one copy is evaluated.
+    the distributed optimizer with ``dp·cp = 1`` shards nothing and issues the same calls as without it, and
+    ``tp_comm_overlap`` at tp = 1 overlaps nothing: exact ties, so only one copy is evaluated.
+
+The order: the space's rows without the time-only flags (:data:`~llmcomm.tune.space.BOOL_TIME_FLAGS`, which the
+memory model does not read) are built first; ``unfused-dominated`` and ``fp8-param-gather-dominated`` act while
+they are built (their dominating twin never needs more memory, so no budget can undo them:
+:func:`~llmcomm.tune.space.dominated_combinations`, which counts what it leaves out); memory, ``recompute-dominated``
+and ``same-as-without`` act on those rows (each safe for every flag combination: the tests check the
+formulation's monotonicity over the full space, flags and FP8 included); then the flags are expanded and
+``overlap-dominated`` and ``same-as-without`` act on the expanded rows.
 
 Rules that need no time at all are in the space itself (:mod:`.space`): lighter-only uneven end stages, and the
 dimensions the cost model refuses (rule scope ``cost``) never enumerated.
