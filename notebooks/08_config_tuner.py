@@ -170,7 +170,7 @@ pub = TM.published_table(runs)
 display(pub)
 ax = plots.published_speedups(pub, x="model", y=["predicted_speedup_2021", "predicted_speedup"], hue="tuner's features",
                               labels={"predicted_speedup_2021": "2021's (no SP, no distributed optimizer)",
-                                      "predicted_speedup": "today's (SP, distributed optimizer)"},
+                                      "predicted_speedup": "today's (SP, distributed optimizer, overlap flags)"},
                               title="Megatron-LM's published configurations (SC'21): predicted speed-up "
                                     "of the tuner's choice")
 out.figure(ax, "published_speedup")
@@ -183,7 +183,7 @@ display(Markdown(
     f"the time the paper measured (mean {100 * err.mean():.0f}%; nothing was fitted on these runs). The tuner's "
     f"choice is predicted {pub['predicted_speedup_2021'].min():.2f}–{pub['predicted_speedup_2021'].max():.2f}× as "
     f"fast with 2021's features and {pub['predicted_speedup'].min():.2f}–{pub['predicted_speedup'].max():.2f}× "
-    "with SP and the distributed optimizer (predicted, not measured)."))
+    "with SP, the distributed optimizer and the overlap flags (predicted, not measured; A100 has no FP8)."))
 
 # %% [markdown]
 # ## Today's space on H100: LLaMA-3 405B at 8K on 16,384 GPUs, and the search cost

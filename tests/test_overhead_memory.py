@@ -182,3 +182,11 @@ def test_context_parallel_activations_are_per_cp_rank_plus_buffers() -> None:
     assert cp_buffer_bytes(model, cp_comm_type="a2a", **common) == pytest.approx((a * d + 2 * g * d) * 4096 / 2 * 2)
     assert cp_buffer_bytes(model, cp_comm_type="allgather", **common) == pytest.approx(2 * g * d * 4 * 4096 / 2 * 2)
     assert cp_buffer_bytes(model, cp_comm_type="p2p", **{**common, "cp": 1}) == 0
+
+
+def test_model_state_counts_the_fp8_weight_copies() -> None:
+    model = lc.load_model("llama3-8b")
+    for fpg in (False, True):
+        par = lc.ParallelConfig(tp=2, pp=1, dp=4, sp=True, global_batch=8, distributed_optimizer=True, fp8="hybrid",
+                                fp8_param_gather=fpg)
+        assert model_state(model, par)[0] == pytest.approx(memory(model, par).weights, rel=1e-12)

@@ -282,16 +282,19 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
     """``(weights, gradients, optimizer)`` bytes per GPU of the pipeline stage that holds the most model state,
     for one configuration (no activations; not validated): :func:`model_state_bytes` over the stages'
     parameters, without the table machinery of :func:`memory_table` (a fast check for one configuration)."""
-    params = _stage_parameters(model, _shape(parallel.tp, parallel.pp, parallel.ep, parallel.vpp, parallel.expert_tp,
-                                             _or_unset(parallel.num_layers_in_first_pipeline_stage),
-                                             _or_unset(parallel.num_layers_in_last_pipeline_stage),
-                                             parallel.account_for_embedding_in_pipeline_split,
-                                             parallel.account_for_loss_in_pipeline_split))
+    shape = _shape(parallel.tp, parallel.pp, parallel.ep, parallel.vpp, parallel.expert_tp,
+                   _or_unset(parallel.num_layers_in_first_pipeline_stage),
+                   _or_unset(parallel.num_layers_in_last_pipeline_stage),
+                   parallel.account_for_embedding_in_pipeline_split, parallel.account_for_loss_in_pipeline_split)
+    params = _stage_parameters(model, shape)
     dp_cp = parallel.dp * parallel.cp
     w, g, o = model_state_bytes(params[:, 0], params[:, 1], dp_cp=dp_cp, expert_dp=parallel.expert_dp,
                                 param_bytes=dtype_bytes(parallel.param_dtype),
                                 grad_bytes=dtype_bytes(parallel.grad_reduce_dtype),
                                 distributed_optimizer=parallel.distributed_optimizer, fsdp=parallel.fsdp)
+    if parallel.fp8 is not None:  # the FP8 weight copies (module doc)
+        w = w + fp8_weight_bytes(_stage_info(model, shape).linear, fp8=True, fp8_param_gather=parallel.fp8_param_gather,
+                                 param_bytes=dtype_bytes(parallel.param_dtype), shard=dp_cp if parallel.fsdp else 1)
     i = int(np.argmax(w + g + o))
     return float(w[i]), float(g[i]), float(o[i])
 
