@@ -112,7 +112,7 @@ def to_parallel(row: pd.Series | dict) -> ParallelConfig:
 
 # Megatron-LM's defaults of the precision and overlap dimensions: BF16, nothing overlapped (the rule of thumb's and
 # the 2021 configurations' values)
-MEGATRON_DEFAULT_FLAGS: dict[str, tuple[Any, ...]] = {
+MEGATRON_DEFAULT_FLAGS: dict[str, Any] = {
     "fp8": (None,), "fp8_param_gather": (False,), "tp_comm_overlap": (False,), "overlap_grad_reduce": (False,),
     "overlap_param_gather": (False,)}
 

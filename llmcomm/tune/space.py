@@ -320,12 +320,12 @@ def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int
     for k in TWIN_COLUMNS:
         cols[k] = (twins[k][twins["keep"]] if twins is not None else np.zeros(nc, np.int64))[ci]
     if HAS_CP_COMM_TYPE:
-        types = _cp_comm_types(model, space) or (ParallelConfig.__dataclass_fields__["cp_comm_type"].default,)
+        default = str(ParallelConfig.__dataclass_fields__["cp_comm_type"].default)
+        types = _cp_comm_types(model, space) or (default,)
         cp_gt1 = cols["cp"] > 1
-        default = ParallelConfig.__dataclass_fields__["cp_comm_type"].default
         reps = np.where(cp_gt1, len(types), 1)
         cols = {k: np.repeat(v, reps) for k, v in cols.items()}
-        idx = np.concatenate([np.arange(r) for r in reps]) if len(reps) else np.zeros(0, np.int64)
+        idx = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)  # 0.. within each row's copies
         cct = np.asarray(types, dtype=object)[np.minimum(idx, len(types) - 1)]
         cols["cp_comm_type"] = np.where(np.repeat(cp_gt1, reps), cct, default)
     for k in BOOL_TIME_FLAGS:
