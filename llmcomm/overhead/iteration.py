@@ -75,6 +75,7 @@ from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
 from . import interval as _interval
+from . import overlap as _overlap
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .capacity import check_fits
@@ -201,6 +202,7 @@ class CommItem:
     rpn: np.ndarray
     per: str  # "microbatch" or "iteration"
     ub: bool = False  # a transformer block's SP all-gather / reduce-scatter (TransformerEngine userbuffers)
+    grad: str = ""  # a gradient-buffer reduction: "plain" / "edge" / "shared" chunk bucket or "expert" (overlap)
 
 
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
@@ -345,10 +347,11 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     sh = shared.astype(np.int64)
     chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge - sh * vh, has_edge), (vh, has_edge * sh))
     for op, cnt in (("all_reduce", 1 - dist), ("reduce_scatter", dist)):
-        for nb, k_ in chunk_sizes:
-            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration"))
+        for (nb, k_), tag in zip(chunk_sizes, ("plain", "edge", "shared"), strict=True):
+            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration",
+                                  grad=tag))
         items.append(CommItem("dp", "dp", op, "optimizer", expert // v * gby, v * cnt * edpon, edp, rpn_edp,
-                              "iteration"))
+                              "iteration", grad="expert"))
     items.append(CommItem("dp", "tp", "all_reduce", "optimizer", repl * gby, tpon * ysp * (repl > 0), tp, rpn_tp,
                           "iteration"))
     tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
@@ -570,6 +573,12 @@ class Stages:
     overlap_param_gather: np.ndarray | None = None
     overlap_grad_reduce: np.ndarray | None = None
     buckets: np.ndarray | None = None  # DDP buckets of the first stage (overlap_param_gather)
+    # pipeline / MoE overlap and the gradient buckets of stage 0's first chunk (llmcomm.overhead.overlap)
+    overlap_p2p_comm: np.ndarray | None = None
+    moe_a2a_overlap: np.ndarray | None = None
+    grad_buckets: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None  # overlap.first_chunk_buckets
+    vp_last_group: np.ndarray | None = None
+    mlp_share: np.ndarray | None = None
 
 
 def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any) -> Stages:
@@ -595,6 +604,10 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
                                      "ub_rs_f", "ub_b", "dp_ag")}
+    # for llmcomm.overhead.overlap: one call's seconds of each gradient bucket kind, all of them, the sends
+    # (seconds of one, count per micro-batch) and the all-to-alls
+    tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
+                                          "pp_sb", "pp_nb", "ep_a2a")})
     items = [(it, it.count > 0) for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
              if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
     items = [(it, live) for it, live in items if live.any()]
@@ -613,6 +626,15 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
                 it.count * tt
         elif it.term == "dp" and it.op == "all_gather":
             tot["dp_ag"] += it.count * tt
+        if it.grad:
+            tot["g_" + it.grad] += tt
+            tot["g_all"] += it.count * tt
+        elif it.term == "pp" and it.op == "send":
+            f_ = it.phase == "forward"
+            tot["pp_sf" if f_ else "pp_sb"] += tt
+            tot["pp_nf" if f_ else "pp_nb"] += it.count
+        elif it.op == "all_to_all":
+            tot["ep_a2a"] += it.count * tt
         tot[it.term + "_bus"] += it.count * (bus_factor(it.op, it.size) * it.nbytes)  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
@@ -627,12 +649,18 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
         params = np.maximum(params, np.where(exists, dn3[sl], 0))
     shard = np.where(c["distributed_optimizer"], c["dp"], 1)
     m = c["global_batch"] // (c["micro_batch"] * c["dp"])
-    # DDP buckets of stage 0 (Megatron's default bucket: max(40M, 1M·dp·cp) parameters,
-    # megatron/training/training.py:2189), at least one per model chunk
-    bucket = np.where(c["bucket_size"] > 0, c["bucket_size"], np.maximum(40_000_000, 1_000_000 * c["dp"] * c["cp"]))
-    nb = np.maximum(c["vpp"], -(-dn3[:n] // bucket))
-    return Stages(per_class, m, pp, c["vpp"], ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
-                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb)
+    # DDP buckets of stage 0: its first chunk split into buckets by the predictor's layout (the one rule:
+    # llmcomm.predict.dp.chunk_is_bucketed, bucket_elements; overlap.bucket_profile), each later chunk one
+    v = c["vpp"]
+    profiles = _overlap.first_chunk_buckets(model, t, c["overlap_grad_reduce"] | c["overlap_param_gather"])
+    nb0 = np.ones(n, np.int64)
+    for rows, ready, _ in profiles:
+        nb0[rows] = len(ready)
+    mlp = _overlap.moe_mlp_share(model, c["seq_len"], c["fused_attention"]) if model.is_moe else None
+    return Stages(per_class, m, pp, v, ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
+                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
+                  np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
+                  _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp)
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
@@ -722,6 +750,7 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
             tp_s = np.where(tpo, ex, r["tp"])
         q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"]}
+        _pipeline_and_moe_overlap(st, cls, r, q, util)  # overlap_p2p_comm, moe_a2a_overlap (overlap.py)
         if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
             q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
         q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
@@ -745,8 +774,8 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"]
     dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
     dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
-    if np.any(ogr):
-        dp_exposed = np.where(ogr, np.maximum(0.0, dp_exposed - pick("bwd")), dp_exposed)
+    if np.any(ogr):  # Megatron's buckets and schedule: llmcomm.overhead.overlap.grad_reduce_exposed
+        dp_exposed = np.where(ogr, _grad_reduce(st, per, has_mid, has_last), dp_exposed)
     ag = np.zeros(n)
     if split_ag.any():  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
         cl = st.cls
@@ -764,6 +793,56 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     out["critical"] = np.asarray(CLASSES)[crit]
     out["critical_index"] = crit
     out["num_microbatches"] = m
+    return out
+
+
+def _pipeline_and_moe_overlap(st: Stages, cls: str, r: dict[str, Any], q: dict[str, np.ndarray],
+                              util: U.Utilization) -> None:
+    """``q["pp"]`` under ``overlap_p2p_comm`` (interleaved only) and ``q["ep"]`` under ``moe_a2a_overlap``, in place
+    (:func:`llmcomm.overhead.overlap.p2p_exposed`, :func:`~llmcomm.overhead.overlap.a2a_pair_exposed`)."""
+    v = st.vpp
+    if st.overlap_p2p_comm is not None and st.overlap_p2p_comm.any():
+        on = st.overlap_p2p_comm & (v > 1)  # Megatron turns it off without interleaving (arguments.py:1005-1012)
+        ex = _overlap.p2p_exposed(r["pp_nf"], r["pp_sf"], r["pp_nb"], r["pp_sb"], q["fwd"] / v,
+                                  (q["bwd"] + q["rec"]) / v)
+        q["pp"] = np.where(on, ex, q["pp"])
+    if st.moe_a2a_overlap is not None and st.moe_a2a_overlap.any() and st.mlp_share is not None:
+        nm = r["q"]["nm"]
+        rank = {"first": 0, "mid": 1, "last": st.pp - 1}[cls]
+        share = _overlap.paired_share(st.m, st.pp, v, rank, st.vp_last_group)
+        a2a = r["ep_a2a"]
+        one = a2a / (4.0 * np.maximum(nm, 1.0))  # dispatch and combine, forward and backward: a quarter each
+        t_layer = util.layer_pass(r["q"]["Lm"])  # forward of one MoE layer
+        pair = _overlap.a2a_pair_exposed(one, one, (1.0 - st.mlp_share) * t_layer, st.mlp_share * t_layer)
+        ex = q["ep"] - a2a + share * nm * pair + (1.0 - share) * a2a
+        q["ep"] = np.where(st.moe_a2a_overlap, ex, q["ep"])
+
+
+def _grad_reduce(st: Stages, per: dict[str, dict[str, np.ndarray]], has_mid: np.ndarray, has_last: np.ndarray
+                 ) -> np.ndarray:
+    """The exposed gradient reduction and the calls after it with ``overlap_grad_reduce``: the latest of stage 0,
+    stage 1 (the middle stage closest to it) and the last stage (:func:`llmcomm.overhead.overlap.grad_reduce_exposed`,
+    time 0 = stage 0's last backward). A backward step is ``bwd + rec + tp + ep + pp`` of a micro-batch over
+    ``v`` chunks; stage ``r`` ends ``r`` steps of the last stage's before stage 0 (as without overlap)."""
+    v, pp = st.vpp, st.pp
+    L = st.vp_last_group if st.vp_last_group is not None else pp
+
+    def bstep(q: dict[str, np.ndarray]) -> np.ndarray:
+        return q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
+
+    b0, bl = bstep(per["first"]) / v, bstep(per["last"]) / v
+    f = st.cls["first"]
+    d0 = f["g_edge"] + f["g_shared"] + f["g_expert"]
+    bucketed0 = d0.copy()  # one bucket: all of it after the backward
+    for rows, ready, before in st.grad_buckets or []:
+        bucketed0[rows] = _overlap.first_chunk_exposed(d0[rows], bstep(per["first"])[rows], ready, before)
+    out = np.zeros(len(pp))
+    for cls, edge, lead, live in (("first", 0, 0.0, True), ("mid", -1, bl, has_mid),
+                                  ("last", v - 1, (pp - 1) * bl, has_last)):
+        r, q = st.cls[cls], per[cls]
+        e = _overlap.grad_reduce_exposed(r["g_edge"] + r["g_shared"] + r["g_expert"], r["g_plain"] + r["g_expert"],
+                                         edge, q["dp"] - r["g_all"], cls == "first", v, L, b0, lead, bucketed0)
+        out = np.maximum(out, np.where(live, e, 0.0))
     return out
 
 
