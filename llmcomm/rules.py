@@ -341,7 +341,8 @@ RULES: tuple[Rule, ...] = (
          "model here (the predictor refuses them too: llmcomm.predict.ep); allgather's calls are not written",
          lambda m, p: np.logical_and(m.is_moe, np.logical_or(
              p.moe_token_dispatcher_type != "alltoall",
-             np.not_equal(np.asarray(getattr(p, "moe_flex_dispatcher_backend", None), dtype=object), None))),
+             np.not_equal(np.asarray(getattr(p, "moe_flex_dispatcher_backend", None), dtype=object),  # type: ignore[call-overload]
+                          None))),
          lambda m, r: (f"moe_token_dispatcher_type={r.moe_token_dispatcher_type!r}, moe_flex_dispatcher_backend="
                        f"{getattr(r, 'moe_flex_dispatcher_backend', None)!r}: only the alltoall MoE token "
                        "dispatcher is modelled by the iteration-time formulation; the flex dispatcher's DeepEP/"

@@ -28,8 +28,8 @@ the last the output layer and the loss) make the slowest stage set the pace. The
     dp_exposed = max over stages of the gradient reduction (all-reduce, or reduce-scatter + parameter
                  all-gather with the distributed optimizer) + SP norm all-reduce + tied-embedding all-reduce,
                  minus, for the last stage, the (p − 1) backward steps it finishes ahead of stage 0; with
-                 ``overlap_grad_reduce`` all but the last micro-batch's backward hides it (Megatron-LM's
-                 bucketed overlap): exposed = max(0, dp − backward of one micro-batch)
+                 ``overlap_grad_reduce`` Megatron-LM's buckets and schedule decide what hides behind the
+                 backward still to run (:func:`llmcomm.overhead.overlap.grad_reduce_exposed`)
     optimizer  = bytes_per_param · params_on_gpu / HBM bandwidth      (Adam, :data:`ADAM_BYTES_PER_PARAM`)
 
 ``exposed_comm_s = tp + ep + pp (each m·on the critical stage) + dp_exposed``; ``comm_overhead =
@@ -48,10 +48,19 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
     tp_comm_overlap:      tp_r = tp_overlap_exposed(...)  (TE userbuffers: each block's SP all-gather /
                           reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks)
     overlap_param_gather: dp_exposed = [gradient reduction as above, without the parameter all-gather]
-                          + param_gather_exposed(AG of stage 0, its forward, its DDP buckets)
-    overlap_grad_reduce:  the keyword or the column (either turns it on); with the distributed optimizer only
-                          the reduce-scatter hides under the backward: the parameter all-gather follows the
-                          optimizer step (exposed in full unless overlap_param_gather)
+                          + param_gather_exposed(AG of stage 0, its forward, its DDP buckets: the
+                          predictor's first-chunk layout, one bucket per later chunk)
+    overlap_grad_reduce:  the keyword or the column (either turns it on): each stage's and chunk's buffers
+                          reduced as Megatron dispatches them (only stage 0's first chunk bucketed; interleaved
+                          chunks aligned to stage 0, the first layers' reduction exposed), then finish_grad_sync
+                          and the calls after it (:mod:`llmcomm.overhead.overlap`); with the distributed optimizer
+                          only the reduce-scatter hides: the parameter all-gather follows the optimizer step
+                          (exposed in full unless overlap_param_gather)
+    overlap_p2p_comm:     interleaved only: pp_r = overlap.p2p_exposed (each send behind the other direction's
+                          compute step of one chunk)
+    moe_a2a_overlap:      ep_r: the all-to-alls of the paired steps of the combined 1F1B schedule behind the
+                          other micro-batch's attention and MLP (overlap.a2a_pair_exposed); the flex dispatcher
+                          (moe_flex_dispatcher_backend) is refused, rule 'cost-dispatcher'
     fp8:                  the linear layers' GEMMs at the FP8 peak (or the measured GEMM model's FP8 rule),
                           quantization casts as element-wise bytes (:func:`_compute`); TP/DP bytes unchanged
 
@@ -808,8 +817,9 @@ def _pipeline_and_moe_overlap(st: Stages, cls: str, r: dict[str, Any], q: dict[s
         q["pp"] = np.where(on, ex, q["pp"])
     if st.moe_a2a_overlap is not None and st.moe_a2a_overlap.any() and st.mlp_share is not None:
         nm = r["q"]["nm"]
-        rank = {"first": 0, "mid": 1, "last": st.pp - 1}[cls]
-        share = _overlap.paired_share(st.m, st.pp, v, rank, st.vp_last_group)
+        rank: np.ndarray | int = st.pp - 1 if cls == "last" else (1 if cls == "mid" else 0)
+        group = st.vp_last_group if st.vp_last_group is not None else st.pp
+        share = _overlap.paired_share(st.m, st.pp, v, rank, group)
         a2a = r["ep_a2a"]
         one = a2a / (4.0 * np.maximum(nm, 1.0))  # dispatch and combine, forward and backward: a quarter each
         t_layer = util.layer_pass(r["q"]["Lm"])  # forward of one MoE layer
