@@ -201,3 +201,21 @@ def test_overlap_rules_name_the_mechanism():
                        SLOW, bw, GEMM_ONLY)
     with pytest.raises(ConfigError, match="moe_flex_dispatcher_backend"):
         ParallelConfig(moe_flex_dispatcher_backend="nvshmem")
+
+
+def test_time_takes_the_overlap_flags(capsys) -> None:
+    """`llmcomm time` takes --overlap-p2p-comm, --moe-a2a-overlap and --moe-flex-dispatcher-backend and each
+    reaches the formulation: the interleaved sends and the MoE all-to-alls hide (shorter), flex is refused."""
+    from llmcomm.cli import main
+
+    def total(*args: str) -> float:
+        assert main(["time", *args, "--cluster", "h100-80g-ndr400", "-q"]) == 0
+        return float(capsys.readouterr().out.split()[0])
+
+    dense = ("gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "4", "--vpp", "2", "--sp", "--global-batch", "256",
+             "--recompute", "selective", "--distributed-optimizer", "--overlap-grad-reduce")
+    assert total(*dense, "--overlap-p2p-comm") < total(*dense)
+    moe = ("qwen3-30b-a3b", "--dp", "16", "--ep", "16", "--global-batch", "256", "--recompute", "selective")
+    assert total(*moe, "--moe-a2a-overlap") < total(*moe)
+    assert main(["time", *moe, "--moe-flex-dispatcher-backend", "deepep", "--cluster", "h100-80g-ndr400"]) != 0
+    assert "DeepEP/HybridEP kernels" in capsys.readouterr().err

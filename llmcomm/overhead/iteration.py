@@ -726,8 +726,8 @@ def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -
     the gathers of stage 0 move into the next iteration's forward (Megatron-LM's forward pre-hook waits for a
     bucket's gather and dispatches the next bucket's: megatron/core/distributed/distributed_data_parallel.py:517
     ``_make_forward_pre_hook``, param_and_grad_buffer.py:538 ``finish_param_sync``, Megatron-LM d98e8a6), in
-    forward order over ``nb`` equal buckets (``max(40M, 1M·dp)`` parameters each,
-    distributed_data_parallel.py:134, at least one per model chunk)::
+    forward order over ``nb`` equal buckets (stage 0's: its first chunk's in the predictor's layout,
+    :func:`llmcomm.overhead.overlap.bucket_profile`, plus one per later chunk)::
 
         exposed = max(ag/nb, ag − fwd·(nb − 1)/nb)
 
