@@ -34,7 +34,7 @@ PARALLEL_FIELDS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "
                    "recompute", "distributed_optimizer", "fsdp", "schedule", "pipe_partitioned",
                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "attention_backend", "fp8",
                    "fp8_recipe")
-PARALLEL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_backend")  # issue 20: overlap
+PARALLEL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_backend", "align_grad_reduce")  # issue 20: overlap
 
 
 # ------------------------------------------------------------------------------------------ value types
@@ -232,6 +232,11 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
                        help="Megatron-LM's overlap_moe_expert_parallel_comm (NVIDIA's recipes: moe_a2a_overlap): "
                             "one micro-batch's expert all-to-alls behind another's compute (needs --ep > 1)"
                             + (f" (default: {meta})" if meta else " (default: off)"))
+    if "align_grad_reduce" in extras:
+        p.add_argument("--no-align-grad-reduce", dest="align_grad_reduce", action="store_false",
+                       default=None if from_metadata else True,
+                       help="Megatron-LM's --no-align-grad-reduce: with --overlap-grad-reduce each pipeline stage "
+                            "launches its chunks' gradient reductions on its own (default: aligned to stage 0)")
     if "moe_flex_dispatcher_backend" in extras:
         p.add_argument("--moe-flex-dispatcher-backend", default=None, choices=MOE_FLEX_BACKENDS,
                        help="Megatron-LM's --moe-flex-dispatcher-backend (the flex dispatcher's DeepEP/HybridEP "

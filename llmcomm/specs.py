@@ -711,6 +711,7 @@ class ParallelConfig:
     overlap_p2p_comm: bool = False  # --overlap-p2p-communication: interleaved schedule's async send/recv (else no-op)
     moe_a2a_overlap: bool = False  # NVIDIA's recipes' name for Megatron-LM's overlap_moe_expert_parallel_comm
     moe_flex_dispatcher_backend: str | None = None  # --moe-flex-dispatcher-backend (deepep, hybridep, ncclep): flex
+    align_grad_reduce: bool = True  # Megatron-LM's default (--no-align-grad-reduce): stages launch chunk reductions together
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):

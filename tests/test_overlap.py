@@ -66,6 +66,13 @@ def test_grad_reduce_exposed_by_hand():
     # ended 3 steps before it, chunk 0 after its end: both at -3, serially: -3 + 2 + 2 = 1
     a3 = dict(args, first=False, lead=one(3.0))
     assert O.grad_reduce_exposed(one(0.0), one(2.0), -1, one(0.0), **a3)[0] == pytest.approx(1.0)
+    # align_grad_reduce=False: each stage launches a chunk when it finishes it. Stage 0, chunk 1 (1 s) at -2, its
+    # bucketed chunk 0 (3 s in one call, 1 s past its backward when bucketed) queues behind: done at 2 (aligned: 3)
+    un = dict(args, align=False, bucketed0=one(1.0))
+    assert O.grad_reduce_exposed(one(3.0), one(1.0), 0, one(0.0), **un)[0] == pytest.approx(2.0)
+    assert O.grad_reduce_exposed(one(3.0), one(1.0), 0, one(0.0), **dict(un, align=True))[0] == pytest.approx(3.0)
+    # stage 3: chunk 1 at -(2 + 3) = -5, chunk 0 at -3: done at -1 (aligned: chunk 1 at -3, chunk 0 at 1)
+    assert O.grad_reduce_exposed(one(0.0), one(2.0), -1, one(0.0), **dict(a3, align=False))[0] == pytest.approx(-1.0)
     # 1F1B (v = 1), stage 0: its bucketed first chunk (given) and the rest (0.5 s)
     a1 = dict(args, v=one(1), bucketed0=one(1.0))
     assert O.grad_reduce_exposed(one(4.0), one(0.0), 0, one(0.5), **a1)[0] == pytest.approx(1.5)
@@ -151,6 +158,13 @@ def test_grad_reduce_interleaved_first_layers_are_exposed():
     four = dataclasses.replace(base, overlap_grad_reduce=True, bucket_size=-(-chunk0 // 4))
     assert iteration_time(MODEL, four, SLOW, StubBandwidth(), GEMM_ONLY).dp_comm_s == pytest.approx(
         on.dp_comm_s, rel=1e-12)
+    # --no-align-grad-reduce: stage 0 dispatches chunk 0's buckets as they fill; the last two wait: the one that
+    # holds layer 0's first tensors (their gradients are the backward's last) and the embedding's
+    bl = dp.buckets(Context(MODEL, four), 0, 0)
+    assert len(bl) == 4 and bl[-2].layer == 0 and bl[-1].layer == -1
+    free = iteration_time(MODEL, dataclasses.replace(four, align_grad_reduce=False), SLOW, StubBandwidth(), GEMM_ONLY)
+    tail = (bl[-2].numel + bl[-1].numel) / chunk0
+    assert free.dp_comm_s == pytest.approx(on.dp_comm_s - call(4 * chunk0) * (1 - tail), rel=1e-12)
 
 
 # --------------------------------------------------------------------------------------- overlap_p2p_comm
@@ -215,6 +229,7 @@ def test_time_takes_the_overlap_flags(capsys) -> None:
     dense = ("gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "4", "--vpp", "2", "--sp", "--global-batch", "256",
              "--recompute", "selective", "--distributed-optimizer", "--overlap-grad-reduce")
     assert total(*dense, "--overlap-p2p-comm") < total(*dense)
+    assert total(*dense, "--no-align-grad-reduce") != total(*dense)
     moe = ("qwen3-30b-a3b", "--dp", "16", "--ep", "16", "--global-batch", "256", "--recompute", "selective")
     assert total(*moe, "--moe-a2a-overlap") < total(*moe)
     assert main(["time", *moe, "--moe-flex-dispatcher-backend", "deepep", "--cluster", "h100-80g-ndr400"]) != 0

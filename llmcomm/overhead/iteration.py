@@ -588,6 +588,7 @@ class Stages:
     grad_buckets: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None  # overlap.first_chunk_buckets
     vp_last_group: np.ndarray | None = None
     mlp_share: np.ndarray | None = None
+    align_grad_reduce: np.ndarray | None = None
 
 
 def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any) -> Stages:
@@ -669,7 +670,8 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
     return Stages(per_class, m, pp, v, ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
                   c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
                   np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
-                  _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp)
+                  _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
+                  np.asarray(t.align_grad_reduce, dtype=bool))
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
@@ -844,14 +846,15 @@ def _grad_reduce(st: Stages, per: dict[str, dict[str, np.ndarray]], has_mid: np.
     f = st.cls["first"]
     d0 = f["g_edge"] + f["g_shared"] + f["g_expert"]
     bucketed0 = d0.copy()  # one bucket: all of it after the backward
-    for rows, ready, before in st.grad_buckets or []:
-        bucketed0[rows] = _overlap.first_chunk_exposed(d0[rows], bstep(per["first"])[rows], ready, before)
+    for rows, ready, before in st.grad_buckets or []:  # its first chunk's last backward: one chunk step
+        bucketed0[rows] = _overlap.first_chunk_exposed(d0[rows], b0[rows], ready, before)
     out = np.zeros(len(pp))
     for cls, edge, lead, live in (("first", 0, 0.0, True), ("mid", -1, bl, has_mid),
                                   ("last", v - 1, (pp - 1) * bl, has_last)):
         r, q = st.cls[cls], per[cls]
         e = _overlap.grad_reduce_exposed(r["g_edge"] + r["g_shared"] + r["g_expert"], r["g_plain"] + r["g_expert"],
-                                         edge, q["dp"] - r["g_all"], cls == "first", v, L, b0, lead, bucketed0)
+                                         edge, q["dp"] - r["g_all"], cls == "first", v, L, b0, lead, bucketed0,
+                                         st.align_grad_reduce if st.align_grad_reduce is not None else True)
         out = np.maximum(out, np.where(live, e, 0.0))
     return out
 

@@ -39,9 +39,11 @@ Gradient reduction (``overlap_grad_reduce``), per pipeline stage ``r`` and model
       exposed_dp     = max(0, max_r [max(finish(r), −lead(r)) + rest(r)])    lead(r) = r·b, rest: the calls
                                                                              after finish_grad_sync
 
-  Not modelled: ``align_grad_reduce=False`` (each stage on its own, stage 0's first chunk bucketed under its last
-  backward), idle time inside the cool-down (it would only hide more), and the bandwidth the reductions take
-  from the concurrent TP/PP calls.
+  With ``align_grad_reduce=False`` (``--no-align-grad-reduce``: ``grad_sync_func`` unset) every stage enables
+  grad sync before each chunk's last backward (schedules.py:1419-1426): chunk ``c`` goes out when the stage
+  itself finishes it, ``launch(r, c) = −(c·L·b + lead(r))``, and stage 0's first chunk fills its buckets under
+  its last backward in the interleaved schedule too. Not modelled: idle time inside the cool-down (it would
+  only hide more), and the bandwidth the reductions take from the concurrent TP/PP calls.
 
 Pipeline send/recv (``overlap_p2p_comm``, Megatron's ``--overlap-p2p-communication``; the alternative is
 ``batch_p2p_comm``, one batched ``isend``/``irecv`` that the step waits for, schedules.py:1086-1087): in the
@@ -173,26 +175,29 @@ def vp_last_group(m: np.ndarray, pp: np.ndarray, group: np.ndarray | None = None
 
 def grad_reduce_exposed(d_edge: np.ndarray, d_plain: np.ndarray, edge_chunk: np.ndarray | int, rest: np.ndarray,
                         first: bool, v: np.ndarray, L: np.ndarray, b: np.ndarray, lead: np.ndarray | float,
-                        bucketed0: np.ndarray | None = None) -> np.ndarray:
+                        bucketed0: np.ndarray | None = None, align: np.ndarray | bool = True) -> np.ndarray:
     """Seconds after the end of stage 0's last backward until a stage has finished its gradient reduction and
     the calls after it (``rest``), under ``overlap_grad_reduce`` (module docstring; negative: done before stage 0
     ends). Chunk ``edge_chunk`` (``-1``: none) reduces ``d_edge`` seconds, every other chunk ``d_plain``; ``b``:
     stage 0's backward step of one chunk and micro-batch; ``lead``: how much earlier than stage 0 this stage
-    ends (``r·b``); ``first``: the stage is stage 0, whose first chunk, when ``v = 1``, fills its buckets over
-    its last backward and finishes ``bucketed0`` after it (:func:`first_chunk_exposed`)::
+    ends (``r·b``); ``first``: the stage is stage 0, whose first chunk, when ``v = 1`` or without ``align``,
+    fills its buckets over its last backward and finishes ``bucketed0`` after it (:func:`first_chunk_exposed`)::
 
-        launch(c) = −max(c·L·b, lead)        finish = max_c [launch(c) + Σ_{j ≤ c} d_j]
-        exposed   = max(finish, −lead) + rest"""
+        launch(c) = −max(c·L·b, lead)   (align; else −(c·L·b + lead))
+        finish    = max_c [launch(c) + Σ_{j ≤ c} d_j]     exposed = max(finish, −lead) + rest"""
     vmax = int(np.max(v)) if np.size(v) else 1
-    finish = np.full(np.shape(v), -np.inf)
+    align = np.asarray(align, dtype=bool)
+    later = np.full(np.shape(v), -np.inf)  # when the queue of chunks v−1 … 1 is done
     acc = np.zeros(np.shape(v))
-    for c in range(vmax):
+    for c in range(1, vmax):
         live = c < v
         acc = acc + np.where(live, np.where(np.equal(edge_chunk, c), d_edge, d_plain), 0.0)
-        launch = -np.maximum(c * L * b, lead)
-        finish = np.where(live, np.maximum(finish, launch + acc), finish)
-    if first and bucketed0 is not None:
-        finish = np.where(v == 1, bucketed0, finish)
+        launch = np.where(align, -np.maximum(c * L * b, lead), -(c * L * b + lead))
+        later = np.where(live, np.maximum(later, launch + acc), later)
+    d0 = np.where(np.equal(edge_chunk, 0), d_edge, d_plain)
+    finish = np.maximum(later, -np.asarray(lead)) + d0  # chunk 0: after the stage's last backward
+    if first and bucketed0 is not None:  # its buckets under that backward (1F1B, or not aligned)
+        finish = np.where(align & (v > 1), finish, np.maximum(later + d0, bucketed0))
     return np.maximum(finish, -np.asarray(lead)) + rest
 
 

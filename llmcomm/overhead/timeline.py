@@ -32,7 +32,10 @@ one such call after another::
 
 the DP gradient reductions of the last micro-batch's backward with ``overlap_grad_reduce`` (at the layer the
 predictor puts them, where their bucket is ready: :func:`llmcomm.predict.dp.overlapped_grad_sync`;
-``finish_grad_sync`` — the stage's first optimizer-phase call — waits for them), and the pipeline sends with
+``finish_grad_sync`` — the stage's first optimizer-phase call — waits for them; that is
+``align_grad_reduce=False``'s dispatch: with Megatron's default the formulation delays a later stage's and, in
+the interleaved schedule, each chunk's to when stage 0 finishes the chunk, which is not drawn), and the
+pipeline sends with
 ``overlap_p2p_comm`` in the interleaved schedule (the receiver still waits for the tensor). Not drawn:
 ``tp_comm_overlap`` (inside the GEMMs) and ``moe_a2a_overlap`` (two micro-batches' layers interleaved).
 
