@@ -761,7 +761,7 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
             tp_s = np.where(tpo, ex, r["tp"])
         q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"]}
-        _pipeline_and_moe_overlap(st, cls, r, q, util)  # overlap_p2p_comm, moe_a2a_overlap (overlap.py)
+        _overlap.pipeline_and_moe(st, cls, r, q, util.layer_pass)  # overlap_p2p_comm, moe_a2a_overlap
         if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
             q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
         q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
@@ -786,7 +786,7 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
     dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
     if np.any(ogr):  # Megatron's buckets and schedule: llmcomm.overhead.overlap.grad_reduce_exposed
-        dp_exposed = np.where(ogr, _grad_reduce(st, per, has_mid, has_last), dp_exposed)
+        dp_exposed = np.where(ogr, _overlap.stage_grad_reduce(st, per, has_mid, has_last), dp_exposed)
     ag = np.zeros(n)
     if split_ag.any():  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
         cl = st.cls
@@ -804,58 +804,6 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     out["critical"] = np.asarray(CLASSES)[crit]
     out["critical_index"] = crit
     out["num_microbatches"] = m
-    return out
-
-
-def _pipeline_and_moe_overlap(st: Stages, cls: str, r: dict[str, Any], q: dict[str, np.ndarray],
-                              util: U.Utilization) -> None:
-    """``q["pp"]`` under ``overlap_p2p_comm`` (interleaved only) and ``q["ep"]`` under ``moe_a2a_overlap``, in place
-    (:func:`llmcomm.overhead.overlap.p2p_exposed`, :func:`~llmcomm.overhead.overlap.a2a_pair_exposed`)."""
-    v = st.vpp
-    if st.overlap_p2p_comm is not None and st.overlap_p2p_comm.any():
-        on = st.overlap_p2p_comm & (v > 1)  # Megatron turns it off without interleaving (arguments.py:1005-1012)
-        ex = _overlap.p2p_exposed(r["pp_nf"], r["pp_sf"], r["pp_nb"], r["pp_sb"], q["fwd"] / v,
-                                  (q["bwd"] + q["rec"]) / v)
-        q["pp"] = np.where(on, ex, q["pp"])
-    if st.moe_a2a_overlap is not None and st.moe_a2a_overlap.any() and st.mlp_share is not None:
-        nm = r["q"]["nm"]
-        rank: np.ndarray | int = st.pp - 1 if cls == "last" else (1 if cls == "mid" else 0)
-        group = st.vp_last_group if st.vp_last_group is not None else st.pp
-        share = _overlap.paired_share(st.m, st.pp, v, rank, group)
-        a2a = r["ep_a2a"]
-        one = a2a / (4.0 * np.maximum(nm, 1.0))  # dispatch and combine, forward and backward: a quarter each
-        t_layer = util.layer_pass(r["q"]["Lm"])  # forward of one MoE layer
-        pair = _overlap.a2a_pair_exposed(one, one, (1.0 - st.mlp_share) * t_layer, st.mlp_share * t_layer)
-        ex = q["ep"] - a2a + share * nm * pair + (1.0 - share) * a2a
-        q["ep"] = np.where(st.moe_a2a_overlap, ex, q["ep"])
-
-
-def _grad_reduce(st: Stages, per: dict[str, dict[str, np.ndarray]], has_mid: np.ndarray, has_last: np.ndarray
-                 ) -> np.ndarray:
-    """The exposed gradient reduction and the calls after it with ``overlap_grad_reduce``: the latest of stage 0,
-    stage 1 (the middle stage closest to it) and the last stage (:func:`llmcomm.overhead.overlap.grad_reduce_exposed`,
-    time 0 = stage 0's last backward). A backward step is ``bwd + rec + tp + ep + pp`` of a micro-batch over
-    ``v`` chunks; stage ``r`` ends ``r`` steps of the last stage's before stage 0 (as without overlap)."""
-    v, pp = st.vpp, st.pp
-    L = st.vp_last_group if st.vp_last_group is not None else pp
-
-    def bstep(q: dict[str, np.ndarray]) -> np.ndarray:
-        return q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
-
-    b0, bl = bstep(per["first"]) / v, bstep(per["last"]) / v
-    f = st.cls["first"]
-    d0 = f["g_edge"] + f["g_shared"] + f["g_expert"]
-    bucketed0 = d0.copy()  # one bucket: all of it after the backward
-    for rows, ready, before in st.grad_buckets or []:  # its first chunk's last backward: one chunk step
-        bucketed0[rows] = _overlap.first_chunk_exposed(d0[rows], b0[rows], ready, before)
-    out = np.zeros(len(pp))
-    for cls, edge, lead, live in (("first", 0, 0.0, True), ("mid", -1, bl, has_mid),
-                                  ("last", v - 1, (pp - 1) * bl, has_last)):
-        r, q = st.cls[cls], per[cls]
-        e = _overlap.grad_reduce_exposed(r["g_edge"] + r["g_shared"] + r["g_expert"], r["g_plain"] + r["g_expert"],
-                                         edge, q["dp"] - r["g_all"], cls == "first", v, L, b0, lead, bucketed0,
-                                         st.align_grad_reduce if st.align_grad_reduce is not None else True)
-        out = np.maximum(out, np.where(live, e, 0.0))
     return out
 
 

@@ -83,7 +83,8 @@ requirements are rules (:mod:`llmcomm.rules`: ``a2a-overlap-*``).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -91,6 +92,9 @@ from ..parallel_table import ParallelTable
 from ..predict import dp as _dp
 from ..predict.calls import Context
 from ..specs import ModelSpec, ParallelConfig
+
+if TYPE_CHECKING:
+    from .iteration import Stages
 
 
 def pipelined_exposed(total: np.ndarray, window: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -241,3 +245,56 @@ def moe_mlp_share(model: ModelSpec, seq: np.ndarray, fused: np.ndarray) -> np.nd
     core = 4.0 * np.asarray(seq, dtype=np.float64) * a * d * np.where(np.asarray(fused, dtype=bool), 0.5, 1.0)
     attn = 2.0 * h * (a * d + 2 * g * d) + 2.0 * a * d * h + core + 2.0 * h * (model.num_experts or 0)
     return mlp / (mlp + attn)
+
+
+# ------------------------------------------------- applied to the stage classes of llmcomm.overhead.iteration
+def pipeline_and_moe(st: Stages, cls: str, r: dict[str, Any], q: dict[str, np.ndarray],
+                     layer_pass: Callable[[np.ndarray], np.ndarray]) -> None:
+    """``q["pp"]`` under ``overlap_p2p_comm`` (interleaved only) and ``q["ep"]`` under ``moe_a2a_overlap``, in place
+    (:func:`p2p_exposed`, :func:`a2a_pair_exposed`); ``st``, ``r``, ``q``: :func:`llmcomm.overhead.iteration.combine`'s
+    stages, the class's raw and its timed terms."""
+    v = st.vpp
+    if st.overlap_p2p_comm is not None and st.overlap_p2p_comm.any():
+        on = st.overlap_p2p_comm & (v > 1)  # Megatron turns it off without interleaving (arguments.py:1005-1012)
+        ex = p2p_exposed(r["pp_nf"], r["pp_sf"], r["pp_nb"], r["pp_sb"], q["fwd"] / v, (q["bwd"] + q["rec"]) / v)
+        q["pp"] = np.where(on, ex, q["pp"])
+    if st.moe_a2a_overlap is not None and st.moe_a2a_overlap.any() and st.mlp_share is not None:
+        nm = r["q"]["nm"]
+        rank: np.ndarray | int = st.pp - 1 if cls == "last" else (1 if cls == "mid" else 0)
+        group = st.vp_last_group if st.vp_last_group is not None else st.pp
+        share = paired_share(st.m, st.pp, v, rank, group)
+        a2a = r["ep_a2a"]
+        one = a2a / (4.0 * np.maximum(nm, 1.0))  # dispatch and combine, forward and backward: a quarter each
+        t_layer = layer_pass(r["q"]["Lm"])  # forward of one MoE layer
+        pair = a2a_pair_exposed(one, one, (1.0 - st.mlp_share) * t_layer, st.mlp_share * t_layer)
+        ex = q["ep"] - a2a + share * nm * pair + (1.0 - share) * a2a
+        q["ep"] = np.where(st.moe_a2a_overlap, ex, q["ep"])
+
+
+def stage_grad_reduce(st: Stages, per: dict[str, dict[str, np.ndarray]], has_mid: np.ndarray,
+                      has_last: np.ndarray) -> np.ndarray:
+    """The exposed gradient reduction and the calls after it with ``overlap_grad_reduce``: the latest of stage 0,
+    stage 1 (the middle stage closest to it) and the last stage (:func:`grad_reduce_exposed`,
+    time 0 = stage 0's last backward). A backward step is ``bwd + rec + tp + ep + pp`` of a micro-batch over
+    ``v`` chunks; stage ``r`` ends ``r`` steps of the last stage's before stage 0 (as without overlap)."""
+    v, pp = st.vpp, st.pp
+    L = st.vp_last_group if st.vp_last_group is not None else pp
+
+    def bstep(q: dict[str, np.ndarray]) -> np.ndarray:
+        return q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
+
+    b0, bl = bstep(per["first"]) / v, bstep(per["last"]) / v
+    f = st.cls["first"]
+    d0 = f["g_edge"] + f["g_shared"] + f["g_expert"]
+    bucketed0 = d0.copy()  # one bucket: all of it after the backward
+    for rows, ready, before in st.grad_buckets or []:  # its first chunk's last backward: one chunk step
+        bucketed0[rows] = first_chunk_exposed(d0[rows], b0[rows], ready, before)
+    out = np.zeros(len(pp))
+    for cls, edge, lead, live in (("first", 0, 0.0, True), ("mid", -1, bl, has_mid),
+                                  ("last", v - 1, (pp - 1) * bl, has_last)):
+        r, q = st.cls[cls], per[cls]
+        e = grad_reduce_exposed(r["g_edge"] + r["g_shared"] + r["g_expert"], r["g_plain"] + r["g_expert"], edge,
+                                q["dp"] - r["g_all"], cls == "first", v, L, b0, lead, bucketed0,
+                                st.align_grad_reduce if st.align_grad_reduce is not None else True)
+        out = np.maximum(out, np.where(live, e, 0.0))
+    return out
