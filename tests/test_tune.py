@@ -318,3 +318,18 @@ def test_rule_of_thumb_keeps_even_pipeline_stages() -> None:
     r = rule_of_thumb(spec, 1024, hw, 1536, None)
     assert r["num_layers_in_first_pipeline_stage"] == -1 and r["num_layers_in_last_pipeline_stage"] == -1
     assert (r["tp"], r["pp"]) == (8, 4)
+
+
+def test_pipeline_and_moe_overlap_flags_when_opened() -> None:
+    """overlap_p2p_comm and moe_a2a_overlap (off in the default space): opened, the pruned search keeps the
+    exhaustive optimum and the counts add up; without the interleaved schedule overlap_p2p_comm is an exact tie."""
+    space = {"overlap_p2p_comm": (False, True), "moe_a2a_overlap": (False, True)}
+    full = tune("mixtral-8x7b", 32, H100, 128, space=space, prune=False)
+    pruned = tune("mixtral-8x7b", 32, H100, 128, space=space)
+    assert pruned.best["total_s"] == full.best["total_s"]
+    assert pruned.stats["evaluated"] + pruned.stats["pruned"] == full.stats["enumerated"]
+    t = full.table
+    assert t["moe_a2a_overlap"].any() and t["overlap_p2p_comm"].any()
+    assert not (t["moe_a2a_overlap"] & (t["recompute"] == "full")).any()  # Megatron's rule
+    tie = _twins(t[t["vpp"] == 1], "overlap_p2p_comm").dropna()
+    assert len(tie) and (tie[True] == tie[False]).all()

@@ -3,7 +3,8 @@
 Each comma-separated item is ``NAME=VALUE``: ``NAME`` a dimension of the space (``tp``, ``cp``, ``pp``, ``ep``,
 ``etp``, ``micro_batch`` or ``mb``, ``vpp``, ``sp``, ``recompute``, ``distributed_optimizer`` or ``dist_opt``,
 ``fsdp``, ``attention_backend``, ``uneven``, ``fp8``, ``fp8_param_gather``, ``tp_comm_overlap``,
-``overlap_grad_reduce``, ``overlap_param_gather``, ``cp_comm_type``) with one value or several joined by ``/``
+``overlap_grad_reduce``, ``overlap_param_gather``, ``overlap_p2p_comm`` / ``p2p``, ``moe_a2a_overlap`` / ``a2a`` (off
+in the default space: ``p2p=off/on`` opens it), ``cp_comm_type``) with one value or several joined by ``/``
 (``tp=4/8``), or ``max_NAME`` / ``min_NAME`` for an integer dimension (``max_tp=8``). Booleans read ``on/off``,
 ``true/false``, ``yes/no``, ``1/0``. ``fp8`` takes ``on`` (Megatron-LM's ``hybrid`` format), ``off`` (BF16),
 ``hybrid`` or ``e4m3``.
@@ -21,12 +22,12 @@ from .space import SearchSpace, divisors
 
 INT_DIMS = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp")
 BOOL_DIMS = ("sp", "distributed_optimizer", "fsdp", "uneven", "fp8_param_gather", "tp_comm_overlap",
-             "overlap_grad_reduce", "overlap_param_gather")
+             "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm", "moe_a2a_overlap")
 STR_DIMS = {"recompute": RECOMPUTE_MODES, "attention_backend": ATTENTION_BACKENDS}
 FP8 = {"on": "hybrid", "hybrid": "hybrid", "e4m3": "e4m3", **{f: None for f in ("off", "false", "no", "0", "bf16")}}
 ALIASES = {"mb": "micro_batch", "dist_opt": "distributed_optimizer", "dopt": "distributed_optimizer",
            "attention": "attention_backend", "tpo": "tp_comm_overlap", "ogr": "overlap_grad_reduce",
-           "opg": "overlap_param_gather"}
+           "opg": "overlap_param_gather", "p2p": "overlap_p2p_comm", "a2a": "moe_a2a_overlap"}
 TRUE, FALSE = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
 KNOWN = (*INT_DIMS, *BOOL_DIMS, *STR_DIMS, *ALIASES, "fp8", "cp_comm_type", *(f"max_{d}" for d in INT_DIMS),
          *(f"min_{d}" for d in INT_DIMS))

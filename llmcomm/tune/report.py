@@ -65,7 +65,8 @@ def label(r: pd.Series | Mapping[str, Any]) -> str:
             f"{'' if ab in FUSED_ATTENTION_BACKENDS else f'·{ab}'}"
             f"{f'·fp8-{f8}' if (f8 := r.get('fp8')) is not None and not pd.isna(f8) else ''}"
             + "".join(f"·{short}" for short, k in (("fpg", "fp8_param_gather"), ("tpo", "tp_comm_overlap"),
-                                                  ("ogr", "overlap_grad_reduce"), ("opg", "overlap_param_gather"))
+                                                  ("ogr", "overlap_grad_reduce"), ("opg", "overlap_param_gather"),
+                                                  ("p2p", "overlap_p2p_comm"), ("a2a", "moe_a2a_overlap"))
                       if bool(r.get(k, False))))
 
 

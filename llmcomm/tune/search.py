@@ -114,7 +114,7 @@ def to_parallel(row: pd.Series | dict) -> ParallelConfig:
 # the 2021 configurations' values)
 MEGATRON_DEFAULT_FLAGS: dict[str, Any] = {
     "fp8": (None,), "fp8_param_gather": (False,), "tp_comm_overlap": (False,), "overlap_grad_reduce": (False,),
-    "overlap_param_gather": (False,)}
+    "overlap_param_gather": (False,), "overlap_p2p_comm": (False,), "moe_a2a_overlap": (False,)}
 
 
 # ------------------------------------------------------------------------------------------- rules
@@ -167,7 +167,9 @@ def _has_twin(cands: pd.DataFrame, drop: np.ndarray, changes: dict[str, Any]) ->
 def same_as_without(cands: pd.DataFrame) -> np.ndarray:
     """Exact ties, one copy kept: the distributed optimizer where it shards nothing (dp·cp = 1, no FP8 parameter
     gather) is the row without it; ``tp_comm_overlap`` at tp = 1 overlaps nothing (Megatron-Bridge turns it off
-    there; the formulation's TP term is empty) and is the row without it. Each only where that twin is kept."""
+    there; the formulation's TP term is empty) and is the row without it; so is ``overlap_p2p_comm`` without the
+    interleaved schedule (Megatron turns it off there, :mod:`llmcomm.overhead.overlap`). Each only where that
+    twin is kept."""
     dopt = (cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() * cands["cp"].to_numpy() == 1)
             & ~cands.get("fp8_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool)
             & ~cands.get("overlap_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool))
@@ -175,6 +177,9 @@ def same_as_without(cands: pd.DataFrame) -> np.ndarray:
     if "tp_comm_overlap" in cands:
         tpo = cands["tp_comm_overlap"].to_numpy(bool) & (cands["tp"].to_numpy() == 1)
         out |= _has_twin(cands, tpo, {"tp_comm_overlap": False})
+    if "overlap_p2p_comm" in cands:  # without the interleaved schedule Megatron turns it off: a no-op
+        p2p = cands["overlap_p2p_comm"].to_numpy(bool) & (cands["vpp"].to_numpy() == 1)
+        out |= _has_twin(cands, p2p, {"overlap_p2p_comm": False})
     return out
 
 
@@ -194,10 +199,15 @@ def overlap_dominated(cands: pd.DataFrame) -> np.ndarray:
     """Rows whose overlap flags a twin among ``cands`` improves on, provably in the formulation
     (:func:`llmcomm.overhead.iteration.combine`), all else equal:
 
-    * ``overlap_grad_reduce`` off without the distributed optimizer: on, the exposed gradient all-reduce is
-      ``max(0, dp_exposed − backward of a micro-batch)`` ≤ ``dp_exposed`` and nothing else moves;
+    * ``overlap_grad_reduce`` off without the distributed optimizer: on, each stage's reductions are launched
+      during its last backward steps instead of after them (:mod:`llmcomm.overhead.overlap`: launch times ≤ 0,
+      the same serial reductions), so every stage finishes no later, the calls after ``finish_grad_sync`` are
+      unchanged and the stage times do not move;
     * ``overlap_grad_reduce`` on and ``overlap_param_gather`` off with the distributed optimizer: with the
       gather overlapped its exposed part ``max(ag/nb, ag − fwd·(nb−1)/nb)`` ≤ ``ag`` and nothing else moves.
+
+    Both are checked over the full space of three models (``tests/test_tune.py``), since the formulation's DP
+    schedule is another module's and may change.
 
     Not pruned (neither provably better): the distributed optimizer with both off against both on (with the
     reduce-scatter overlapped the last stage's parameter all-gather is no longer hidden behind the earlier

@@ -84,6 +84,10 @@ class SearchSpace:
     tp_comm_overlap: tuple[bool, ...] = (False, True)  # only with SP where tp > 1
     overlap_grad_reduce: tuple[bool, ...] = (False, True)
     overlap_param_gather: tuple[bool, ...] = (False, True)  # only with the distributed optimizer and grad overlap
+    # off by default (Megatron-LM's default; opening both costs 1.0-1.6 s of CPU per MoE search on 1,024 GPUs,
+    # over the 1 s target): SearchSpace(overlap_p2p_comm=(False, True)) or --constraints opens them
+    overlap_p2p_comm: tuple[bool, ...] = (False,)  # the interleaved schedule's async send/recv (else a no-op)
+    moe_a2a_overlap: tuple[bool, ...] = (False,)  # MoE with ep > 1, interleaved where pp > 1, no full recompute
     cp_comm_type: tuple[str, ...] | None = None  # where ParallelConfig has the field: every value the cost accepts
     uneven: tuple[bool, ...] = (False, True)
     max_micro_batch: int = 16
@@ -142,9 +146,14 @@ def _allowed(values: Sequence[Any], chosen: tuple[Any, ...] | None) -> list[Any]
 
 SCOPES = ("config", "job", "megatron", "cost")  # the rules (llmcomm.rules) every configuration of the space keeps
 FP8_FORMATS = (None, "hybrid", "e4m3")  # Megatron-LM's --fp8-format (None: BF16), rule 'fp8-format'
-BOOL_TIME_FLAGS = ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")  # time only: not in memory
+# time only: not in memory (the flags ParallelConfig has; overlap_p2p_comm and moe_a2a_overlap came with issue 20)
+BOOL_TIME_FLAGS = tuple(f for f in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
+                                    "overlap_p2p_comm", "moe_a2a_overlap")
+                        if f in {x.name for x in dataclasses.fields(ParallelConfig)})
 # the rules that say which combinations of the time-only flags (and fp8_param_gather) a row may take
-FLAG_RULES = ("param-gather-needs-distopt", "fp8-param-gather-needs-distopt", "tp-comm-overlap-needs-sp")
+FLAG_RULES = tuple(r for r in ("param-gather-needs-distopt", "fp8-param-gather-needs-distopt",
+                               "tp-comm-overlap-needs-sp", "a2a-overlap-needs-ep", "a2a-overlap-needs-vpp",
+                               "a2a-overlap-no-full-recompute") if r in rules.BY_NAME)
 HAS_CP_COMM_TYPE = "cp_comm_type" in {f.name for f in dataclasses.fields(ParallelConfig)}
 MEMORY_DIMENSIONS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
                      "num_layers_in_last_pipeline_stage", "sp", "recompute", "distributed_optimizer", "fsdp",
@@ -387,7 +396,9 @@ def time_flag_combinations(space: SearchSpace) -> list[dict[str, bool]]:
 def _flag_masks(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> list[tuple[dict[str, bool], np.ndarray]]:
     n = len(cands)
     fixed = {"tp": cands["tp"].to_numpy(), "sp": cands["sp"].to_numpy(bool),
-             "distributed_optimizer": cands["distributed_optimizer"].to_numpy(bool)}
+             "distributed_optimizer": cands["distributed_optimizer"].to_numpy(bool), "ep": cands["ep"].to_numpy(),
+             "pp": cands["pp"].to_numpy(), "vpp": cands["vpp"].to_numpy(),
+             "recompute": cands["recompute"].to_numpy(dtype=object)}
     return [(combo, _flag_ok(model, n, **fixed, **{k: np.full(n, v) for k, v in combo.items()}))
             for combo in time_flag_combinations(space)]
 
