@@ -227,6 +227,8 @@ class ModelSpec:
     source: str = ""
     published_parameters: float | None = None
     published_active_parameters: float | None = None
+    # nemo (issue 20): True where the only published figure is the model's name ("8B"), not a parameter count
+    published_is_nominal: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_layer_freq, list):
