@@ -202,8 +202,8 @@ def mb_row(r):
             if isinstance(found[-1][0] if found else None, str) and found[-1][0].startswith("base_cfg."):
                 f = found[-1][0][len("base_cfg."):]  # the perf function copies a workload field
                 v, line = fields.get(f, (None, None))
-                found.append((v, cite(wpath, line, cname) if line else f"WorkloadBaseConfig default {f}=None "
-                              "(scripts/performance/utils/utils.py)"))
+                found.append((v, cite(wpath, line, cname) if line else f"scripts/performance/utils/utils.py "
+                              f"(WorkloadBaseConfig default {f}=None; {cname} does not set it)"))
             if name in workload_set:
                 if found:
                     s[name].setdefault("overrides", [c for _, c in found])
@@ -510,20 +510,24 @@ def nemo_row(r):
                               "is not stated")
         else:
             src_ = s["fp8_e4m3" if e4 else "fp8_hybrid"]["cite"]
-            s["fp8"] = {"value": fmt, "cite": f"the table's precision FP8 (nemo_performance_summary.md:{r['source_line']}); "
-                        f"format from {src_} read as {NEMO_FP8_FORMAT}",
+            s["fp8"] = {"value": fmt, "cite": f"{src_} ({'fp8_e4m3' if e4 else 'fp8_hybrid'}; the table's precision "
+                        f"FP8, nemo_performance_summary.md:{r['source_line']}), read as {NEMO_FP8_FORMAT}",
                         **({"note": f"fp8 itself is {on!r} at {s['fp8_enabled']['cite']}: the run enabled it on "
                                     "its command line"} if on is not True else {})}
             lines = [kv.get(f"model.{k}", (None, None))[1] for k in ("fp8_margin", "fp8_interval",
                                                                   "fp8_amax_history_len", "fp8_amax_compute_algo")]
-            s["fp8_recipe"] = {"value": "delayed", "cite": MCORE_DELAYED + (f" ({path}:{min(x for x in lines if x)}-"
-                                                                          f"{max(x for x in lines if x)})"
-                                                                          if any(lines) else "")}
-            s["fp8_param_gather"] = {"value": False, "cite": "NeMo 1.0 / Megatron-Core core_r0.8.0: no FP8 "
-                                     "parameter all-gather option in the config or the script (bf16 parameters, "
-                                     "megatron_amp_O2)"}
+            lines = [x for x in lines if x]
+            s["fp8_recipe"] = {"value": "delayed", "cite": (f"{path}:{min(lines)}-{max(lines)} (fp8_margin, "
+                                                            "fp8_interval, fp8_amax_history_len, "
+                                                            "fp8_amax_compute_algo: DelayedScaling's parameters); "
+                                                            if lines else f"{path}; ") + MCORE_DELAYED}
+            amp = s.get("megatron_amp_O2", {}).get("cite", path)
+            s["fp8_param_gather"] = {"value": False, "cite": f"{amp} (megatron_amp_O2: bf16 parameters; neither the "
+                                     "config nor the script has an FP8-parameter option, Megatron-Core core_r0.8.0 "
+                                     "none of --fp8-param-gather's kind)"}
     elif r["precision"] == "BF16":
-        s["fp8"] = {"value": None, "cite": f"the table's precision BF16 (nemo_performance_summary.md:{r['source_line']})"}
+        s["fp8"] = {"value": None, "cite": f"{path} (the table's precision BF16, nemo_performance_summary.md:"
+                    f"{r['source_line']})"}
     caveats = {}
     if not all(c["agree"] for c in checks.values()):
         caveats["run_overrides"] = ("the table's sizes differ from this config and its example script at this node "
