@@ -29,7 +29,10 @@ def test_every_row_is_predicted_or_refused_with_a_reason(nemo):
     refused = t[t["predicted_s"].isna()]
     assert (refused["refused"].str.len() > 0).all()
     assert (t.loc[t["predicted_s"].notna(), "refused"] == "").all()
-    assert not s["fitted_on_these_rows"]
+    # only the FP8 factor is fitted on these rows, on one release (named); nothing else
+    assert s["fitted_on_these_rows"] == bool(s["fitted_on"])
+    assert len({r.split("/")[0] for r in s["fitted_on"]}) <= 1
+    assert s["not_fitted_on"]["rows"] == s["predicted"] - len(s["fitted_on"])
 
 
 def test_refusals_name_the_missing_mechanism(nemo):
@@ -176,3 +179,39 @@ def test_recipe_file_cites_every_setting_it_states(external):
             agree = all(c["agree"] for k, c in r["checks"].items() if k in ("tp", "pp", "cp", "vp", "gbs"))
             assert agree or r.get("caveats"), r["row"]  # a disagreement is said
     assert read >= 10
+
+
+@pytest.mark.parametrize("model", ["GPT3-5B", "GPT3-20B", "Nemotron-8B", "Nemotron-22B"])
+def test_new_catalogue_models_match_the_published_flops_per_token(model):
+    """The 24.07 table prints model TFLOP/s (attention counted non-causally): its GFLOP/token =
+    3 x forward FLOPs/token of the architecture read from the launcher config (and, for Nemotron, the 256,000
+    vocabulary, which the config leaves to the run's tokenizer)."""
+    from llmcomm.specs import load_model
+
+    rows = nemo_rows.read()
+    row = rows[(rows["container"] == "24.07") & (rows["model"] == model)].iloc[0]
+    m = load_model(nemo_rows.CATALOGUE[model])
+    assert 3 * m.flops_per_token(int(row["seq_len"])) / 1e9 == pytest.approx(row["gflop_per_token_derived"], rel=2e-3)
+    assert "NeMo-Framework-Launcher tag 24.07" in m.source
+
+
+def test_fp8_factor_scales_the_fp8_rule_and_is_named():
+    import json
+
+    from llmcomm.overhead import fp8_fit, gemm
+
+    with fp8_fit.trial_factor(1.0):
+        g1 = gemm.load_gemm_model("H100")
+    with fp8_fit.trial_factor(0.6):
+        g6 = gemm.load_gemm_model("H100")
+    assert g6.ceiling("fp8") == pytest.approx(0.6 * g1.ceiling("fp8"))
+    assert g6.ceiling("bf16") == g1.ceiling("bf16")  # bf16 untouched
+    t1, t6 = g1.time(8192, 8192, 8192, 1, "fp8"), g6.time(8192, 8192, 8192, 1, "fp8")
+    assert float(t6) == pytest.approx(float(t1) / 0.6, rel=1e-6)  # a big GEMM sits at the ceiling
+    p = data_dir() / gemm.FP8_CALIBRATION
+    if p.is_file():  # the shipped factor: fitted on one release only, named, inside its bounds
+        doc = json.loads(p.read_text())
+        assert {r.split("/")[0] for r in doc["fitted_on"]} == {doc["fitted_on_release"]}
+        assert fp8_fit.BOUNDS[0] <= doc["factor"] <= fp8_fit.BOUNDS[1]
+        assert not set(doc["held_out_rows"]) & set(doc["fitted_on"])
+        assert validation.fp8_fitted_on() == doc["fitted_on"]

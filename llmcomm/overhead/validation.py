@@ -217,9 +217,14 @@ def summary_nemo(pred: pd.DataFrame, relax: tuple[str, ...] = (), fitted_on: lis
     known = p[(p["unknown"] == "") & ((p["caveats"] == "") if "caveats" in p.columns else True)]
     per_container = ({str(c): err(d) for c, d in p.groupby("container", sort=False)} if "container" in p.columns
                      else {})
+    if fitted_on and {"container", "model", "num_gpus"} <= set(p.columns):
+        names = p["container"].astype(str) + "/" + p["model"].astype(str) + "/" + p["num_gpus"].astype(int).astype(str)
+        held = err(p[~names.isin(set(fitted_on))])
+    else:
+        held = err(p)
     return {**err(p), "rows": int(len(pred)), "predicted": int(len(p)), "refused": int(len(refused)),
             "coverage": float(len(p) / len(pred)) if len(pred) else 0.0, "unflagged": err(clean),
-            "recipe_fully_known": err(known),
+            "recipe_fully_known": err(known), "not_fitted_on": held,
             "groups": {str(g): err(d) for g, d in p.groupby("group", sort=False)},
             "containers": per_container,
             "needs": dict(sorted(needs.items(), key=lambda kv: (-kv[1], kv[0]))),
@@ -233,4 +238,16 @@ def validate_nemo(relax: tuple[str, ...] = (), bandwidth: Any = None, utilizatio
                   ) -> tuple[pd.DataFrame, dict]:
     """Predict or refuse every DGX-H100 row (module docstring) and summarise."""
     pred = predict_nemo(nemo_rows.read(), None, bandwidth, utilization, tuple(relax))
-    return pred, summary_nemo(pred, tuple(relax))
+    return pred, summary_nemo(pred, tuple(relax), fitted_on=fp8_fitted_on())
+
+
+def fp8_fitted_on() -> list[str]:
+    """The rows (``container/model/num_gpus``) the shipped FP8 factor was fitted on
+    (``data/calibration/gemm_fp8.json``, :mod:`llmcomm.overhead.fp8_fit`); none without one."""
+    import json
+
+    from ..specs import data_dir
+    from .gemm import FP8_CALIBRATION
+
+    p = data_dir() / FP8_CALIBRATION
+    return list(json.loads(p.read_text(encoding="utf-8")).get("fitted_on") or []) if p.is_file() else []
