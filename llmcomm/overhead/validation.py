@@ -9,13 +9,16 @@ data (Bang et al., vTrain, MICRO 2024).
 
 :func:`validate` is the one entry point: ``validate("vtrain-multi")`` (the above) and ``validate("nemo-h100")``:
 NVIDIA's 48 published DGX-H100 pre-training rows (:mod:`llmcomm.overhead.nemo_rows`), each predicted by the
-current formulation or refused with what is missing named — a model the catalogue cannot express, a recipe
-setting (Megatron's name and value) that :func:`~llmcomm.overhead.iteration.iteration_times` has no column for
-(the columns it accepts are :data:`~llmcomm.overhead.iteration.CANDIDATE_DEFAULTS`' keys), or the rule
-``iteration_times`` itself raises (e.g. ``cp``, ``fsdp``, an uneven pipeline split). A setting becomes predicted
-as soon as the formulation accepts its column: nothing here lists what is supported. Nothing is fitted on these
-rows. ``relax`` names settings to drop (time them as if off) for a diagnostic number; the table's ``relaxed``
-column and the summary say which, and the default is none.
+current formulation or refused with the mechanisms it needs named (``needs``; :func:`refusal_needs`):
+``model:<why>`` (the catalogue cannot express it), ``unknown:<setting>`` (the recipe files do not state it: the
+row is not timed at a guess), ``setting:<name>`` (a recipe setting :class:`~llmcomm.specs.ParallelConfig` has no
+field for) or ``rule:<name>`` (a rule of :mod:`llmcomm.rules` that
+:func:`~llmcomm.overhead.iteration.iteration_times` raises). A recipe setting becomes a candidate column as soon
+as ParallelConfig has a field of its Megatron name: nothing here lists what is supported. The only parameter
+fitted on these rows is the FP8 GEMM factor (:mod:`llmcomm.overhead.fp8_fit`: on one container release, named in
+the summary's ``fitted_on``; ``not_fitted_on`` is the error on the others). ``relax`` names settings to drop
+(time them as if off) for a diagnostic number; the table's ``relaxed`` column and the summary say which, and the
+default is none.
 """
 
 from __future__ import annotations
