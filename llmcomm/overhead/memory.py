@@ -147,7 +147,7 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
     gpipe = tab.schedule == "gpipe"
     dist_opt, fsdp = tab.distributed_optimizer, tab.fsdp
     layer_kw = dict(seq=seq, micro_batch=mb, tp=tp, sp=sp, recompute=recompute, act_bytes=act,
-                    fused_attention=tab.fused_attention)
+                    fused_attention=tab.fused_attention, recompute_modules=tab.recompute_modules)
     per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) for moe in (False, True)}
     sbh = seq * mb * model.hidden_size
     best = np.full((n, 6), -np.inf)

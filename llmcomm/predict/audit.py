@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..specs import ModelSpec, ParallelConfig, load_model, validate
 from ..vocab import dtype_bytes
-from . import cp, dp, ep, pp, scalars, tp
+from . import cp, dp, ep, pp, program, scalars, tp
 from .batch import batch_broadcast
 from .calls import Call, Context
 from .support import check_supported
@@ -124,6 +124,8 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
             add("p2p", pp.recv_backward, [pp.recv_backward(ctx, mb, layers[-1])])
             add("p2p_partitioned", pp.partitioned_gathers, pp.partitioned_gathers(ctx, "backward", mb, layers[-1]))
         for la in layers:
+            replay = program.recompute_replay(ctx, la, mb)  # selective recomputation of communicating modules
+            add("moe" if ctx.moe_pattern[la] else "mlp_tp", program.recompute_replay, replay)
             if ctx.moe_pattern[la]:
                 add("moe", ep.moe_backward, ep.moe_backward(ctx, la, mb))
             else:

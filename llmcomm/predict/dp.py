@@ -19,7 +19,18 @@ the first stage's first chunk, or the distributed optimizer gives a tied ``share
   parameters in ``param_dtype`` (``dense·p``, ``expert·p``) — by each chained optimizer in turn, so twice with
   an expert optimizer (:func:`param_gather_passes`);
 * FSDP (ZeRO-3 style): per micro-batch, all-gather of each layer's parameters in the forward and again in the
-  backward, reduce-scatter of its gradients in the backward (see :func:`fsdp_unit_forward`).
+  backward (not with ``fsdp_reshard_after_forward=False``), reduce-scatter of its gradients in the backward (see
+  :func:`fsdp_unit_forward`); the non-layer parameters of a stage (embedding, final norm, output layer) are one
+  more unit, gathered first. ``fsdp`` alone is torch FSDP2 (Megatron's ``--use-torch-fsdp2``, which refuses the
+  distributed optimizer, arguments.py:1038) or Megatron-FSDP v2; with ``distributed_optimizer`` it is Megatron-FSDP
+  v1 (``--use-megatron-fsdp --use-distributed-optimizer``, strategy ``optim_grads_params``), whose optimizer step
+  issues none of the distributed optimizer's bucket all-gathers (:func:`param_gather_passes`). Not written:
+  Megatron-FSDP's ``start_param_sync`` after the step (megatron_fsdp.py:1284-1323: every bucket without
+  ``overlap_param_gather``, which the first micro-batch's forward then finds gathered — the same bytes in the
+  optimizer phase; the first bucket with it), its non-unit modules (embedding, output layer) gathered once and kept
+  (param_and_grad_buffer.py ``release_bucket``) rather than per micro-batch, and Megatron's torch FSDP2 wrapping
+  the embedding, the output layer and the root apart (torch_fully_sharded_data_parallel.py:59-64, 130-148: three
+  calls where the kit writes one of the same bytes).
 
 With context parallelism the non-expert gradients are reduced over the DP × CP group. Groups of size 1
 issue nothing. Buffer padding (Megatron pads distributed-optimizer buffers to a multiple of
@@ -126,11 +137,15 @@ def fsdp_unit_forward(ctx: Context, dense: int, expert: int, layer: int, mb: int
 
 
 def fsdp_unit_backward(ctx: Context, dense: int, expert: int, layer: int, mb: int) -> list[Call]:
-    """FSDP backward of one unit: all-gather of the parameters again, then reduce-scatter of the gradients."""
+    """FSDP backward of one unit: all-gather of the parameters again (none with ``fsdp_reshard_after_forward=False``:
+    torch FSDP2 keeps the unsharded parameters from the forward, ``reshard_after_forward``), then reduce-scatter of
+    the gradients (every micro-batch: Megatron-FSDP reduces on every backward under ``optim_grads_params``,
+    megatron_fsdp.py:707-770, ``_process_post_backward_gradients``)."""
     if not ctx.parallel.fsdp:
         return []
     gb, _, gdt, _ = _sizes(ctx)
-    out = fsdp_unit_forward(ctx, dense, expert, layer, mb, phase="backward")
+    out = (fsdp_unit_forward(ctx, dense, expert, layer, mb, phase="backward")
+           if ctx.parallel.fsdp_reshard_after_forward else [])
     if ctx.parallel.dp * ctx.parallel.cp > 1 and dense:
         out.append(Call("backward", "dp", "reduce_scatter", _dp_kind(ctx), dense * gb, gdt, layer, mb))
     if ctx.parallel.expert_dp > 1 and expert:
@@ -368,7 +383,10 @@ def param_gather_passes(ctx: Context, stage: int) -> int:
     optimizer.py ~1700-1735, whose comment says the two optimizers share chunks). Read at HEAD d98e8a6; the
     per-rank condition (a stage without expert parameters has no expert optimizer) follows
     ``if len(moe_param_groups) > 0`` (__init__.py ~1226)."""
-    if not ctx.parallel.distributed_optimizer:
+    if not ctx.parallel.distributed_optimizer or ctx.parallel.fsdp:
+        # FSDP: the distributed optimizer holds no DDP buffers (Megatron-FSDP manages weights and gradients,
+        # distrib_optimizer.py:704-706) and its step calls MegatronFSDP.start_param_sync instead
+        # (distrib_optimizer.py:3181-3185): the parameters are gathered per unit in the forward
         return 0
     return 2 if experts_in_own_buffer(ctx) and stage_parameters(ctx, stage).expert else 1
 
