@@ -319,7 +319,7 @@ def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: Any, micro
     f = model.expert_ffn_hidden_size if moe_layer else model.ffn_hidden_size
     experts = (model.moe_router_topk + model.num_shared_experts) if moe_layer else 1
     f_up = 2 * f if model.gated_mlp else f
-    replicated = 4 * h + 2 * h + h + 2 * h + h
+    replicated: Any = 4 * h + 2 * h + h + 2 * h + h
     sharded = 2 * a * d + 4 * g * d + 2 * a * d + experts * (2 * f_up + 2 * f) \
         + np.where(rf["core_attn"] | np.asarray(fused_attention, dtype=bool), 0, 5 * a * seq)
     if moe_layer:  # what the selective modules discard (docstring)
