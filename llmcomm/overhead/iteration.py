@@ -176,8 +176,9 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["cp"] = t.cp
     c["bucket_size"] = t.bucket_size
     c["fsdp"], c["fsdp_reshard"] = t.fsdp, t.fsdp_reshard_after_forward  # FSDP (llmcomm.overhead.fsdp_time)
-    for name, on in step.recompute_flags(t.recompute, t.recompute_modules).items():
-        c["rm_" + name] = np.broadcast_to(np.asarray(on, dtype=bool), (len(t),))  # --recompute-modules
+    if any(v is not None for v in t.recompute_modules.tolist()):  # --recompute-modules (absent: core_attn only)
+        for name, on in step.recompute_flags(t.recompute, t.recompute_modules).items():
+            c["rm_" + name] = np.broadcast_to(np.asarray(on, dtype=bool), (len(t),))
     for k in step.UNEVEN:  # the pipeline split (llmcomm.stage_split.pipeline_split)
         c[k] = np.asarray(getattr(t, k), np.int64)
     for name in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
@@ -266,10 +267,12 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
     # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
     rm = {k: c.get("rm_" + k, np.zeros(n, bool)).astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
-    reblocks = nd * rm["mlp"] + nm * int(bool(model.num_shared_experts)) * np.maximum(rm["moe"], rm["shared_experts"])
-    tpc("all_reduce", "backward", A, reblocks * nsp)
-    tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
-    tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
+    if "rm_mlp" in c:
+        reblocks = nd * rm["mlp"] + nm * int(bool(model.num_shared_experts)) * np.maximum(rm["moe"],
+                                                                                            rm["shared_experts"])
+        tpc("all_reduce", "backward", A, reblocks * nsp)
+        tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
+        tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher, expert TP = TP (llmcomm.predict.ep)
         k, E = model.moe_router_topk, model.num_experts
         local = np.where(sp, T // tp, T)
@@ -547,11 +550,13 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
     E = (holds_first[:, None] * U.embedding_features(b, s, h, hbm)
          + holds_last[:, None] * U.output_features(b, s, tp, h, model.padded_vocab_size(tp), peak, hbm))
-    Rd, Rm = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
     core = c.get("rm_core_attn", c["recompute"] == 1)  # selective recomputation of the attention core
-    return {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
-            "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
-            "sel": np.asarray(core, dtype=np.float64), "Gag": Gag, "Grs": Grs, "Rd": Rd, "Rm": Rm}
+    out = {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
+           "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
+           "sel": np.asarray(core, dtype=np.float64), "Gag": Gag, "Grs": Grs}
+    if "rm_mlp" in c:  # --recompute-modules given (arrays() sets the flags then)
+        out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
+    return out
 
 
 def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: dict[str, np.ndarray],
