@@ -204,6 +204,10 @@ def settings(row: pd.Series) -> RowSettings:
     if d is not None:
         out.columns["distributed_optimizer"] = bool(d)
     gran = out.setting.pop("recompute_granularity", None)
+    if gran is None and out.setting.get("recompute_modules") is not None:
+        # Megatron-Bridge's perf scripts: recompute_modules set -> granularity "selective"
+        # (scripts/performance/utils/overrides.py _set_recompute_overrides, :149-151 at 17a381f)
+        gran = "selective"
     if gran is None or out.setting.get("recompute_num_layers") == 0:
         for k in ("recompute_method", "recompute_num_layers"):  # without a granularity Megatron recomputes nothing
             if k in out.setting:
@@ -211,9 +215,10 @@ def settings(row: pd.Series) -> RowSettings:
     if gran is not None or "recompute_granularity" in s:
         if gran == "full" and out.setting.get("recompute_num_layers") is None:
             out.columns["recompute"] = "full"
-        elif gran == "selective" and out.setting.get("recompute_modules") in (None, ["core_attn"]):
+        elif gran == "selective":  # with its recompute_modules (a ParallelConfig field since issue 20)
             out.columns["recompute"] = "selective"
-            out.setting.pop("recompute_modules", None)
+            if out.setting.get("recompute_modules") in (None, ["core_attn"]):
+                out.setting.pop("recompute_modules", None)
         elif gran is None:
             out.columns["recompute"] = "none"
     if out.setting.get("attention_backend", "x") is None:
