@@ -337,9 +337,9 @@ RULES: tuple[Rule, ...] = (
          "megatron/training/arguments.py:1095 (--fp8-param-gather only with the distributed optimizer or FSDP) and "
          "megatron/core/transformer/transformer_config.py:602 (fp8_param: only together with fp8)",
          lambda m, p: np.logical_and(p.fp8_param_gather, np.logical_or(
-             np.logical_not(p.distributed_optimizer),
+             np.logical_not(np.logical_or(p.distributed_optimizer, p.fsdp)),
              np.equal(np.asarray(p.fp8, dtype=object), None))),  # type: ignore[call-overload]  # object vs None
-         lambda m, r: "fp8_param_gather needs distributed_optimizer=True and fp8 set"),
+         lambda m, r: "fp8_param_gather needs distributed_optimizer=True (or fsdp=True) and fp8 set"),
     Rule("tp-comm-overlap-needs-sp", "megatron",
          "megatron/training/arguments.py:1442 (Megatron-LM d98e8a6: TP comm/GEMM overlap only with sequence "
          "parallelism; at tp = 1 nothing is overlapped and the kit accepts the flag as a no-op, as Megatron-Bridge "

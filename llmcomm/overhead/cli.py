@@ -59,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
     f = b.to_frame()
     print(f"{model.name} on {cluster.name}: tp={parallel.tp} pp={parallel.pp} dp={parallel.dp} ep={parallel.ep} "
           f"vpp={parallel.vpp} micro-batch={parallel.micro_batch} global batch={parallel.global_batch} "
-          f"({parallel.num_microbatches} micro-batches), recompute={parallel.recompute}; bandwidth: "
+          f"({parallel.num_microbatches} micro-batches), recompute={parallel.recompute}"
+          f"{'' if parallel.recompute_modules is None else ' ' + '+'.join(parallel.recompute_modules)}"
+          f"{'' if not parallel.fsdp else ', fsdp' + ('' if parallel.fsdp_reshard_after_forward else ' (shards kept)')}"
+          f"; bandwidth: "
           f"{'per regime, below' if bw is not None else 'shipped calibration'}")
     width = max(len(t) for t in f["term"])
     for r in f.itertuples():
