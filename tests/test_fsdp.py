@@ -93,10 +93,14 @@ def test_reshard_flag_removes_the_backward_all_gathers():
 
 def test_megatron_fsdp_takes_the_distributed_optimizer_without_its_bucket_gathers():
     """fsdp + distributed_optimizer is Megatron-FSDP (arguments.py:1128-1135): accepted with overlap_grad_reduce,
-    the same per-unit calls, none of the distributed optimizer's post-step all-gathers."""
+    the layers' calls of torch FSDP2, the non-layer parameters gathered once per iteration and kept (reduce-scattered
+    every micro-batch), none of the distributed optimizer's post-step all-gathers."""
     base = dict(dp=2, global_batch=4, seq_len=128, fsdp=True)
     mfsdp = _dp_calls(ParallelConfig(**base, distributed_optimizer=True, overlap_grad_reduce=True))
-    assert mfsdp == _dp_calls(ParallelConfig(**base))
+    torch2 = _dp_calls(ParallelConfig(**base))
+    assert mfsdp[("forward", "all_gather")] == 2 * 12 + 1 and torch2[("forward", "all_gather")] == 2 * 13
+    assert mfsdp[("backward", "all_gather")] == 2 * 12 and torch2[("backward", "all_gather")] == 2 * 13
+    assert mfsdp[("backward", "reduce_scatter")] == torch2[("backward", "reduce_scatter")] == 2 * 13
     assert ("optimizer", "all_gather") not in mfsdp
     with pytest.raises(ConfigError, match="overlap_grad_reduce"):
         predict_traffic(load_model("gpt3-125m"), ParallelConfig(**base, distributed_optimizer=True))
@@ -121,6 +125,10 @@ def test_fsdp_memory_per_gpu_by_hand():
                                                            12 * P / 4)
     kept = memory(m, ParallelConfig(dp=4, seq_len=128, fsdp=True, fsdp_reshard_after_forward=False))
     assert kept.weights == P / 4 * 2 + P * 2 and kept.gradients == mem.gradients
+    # Megatron-FSDP: the layer is the unit (7,087,872); the non-layer parameters stay gathered
+    layer = 12 * 768 ** 2 + 13 * 768
+    mf = memory(m, ParallelConfig(dp=4, seq_len=128, fsdp=True, distributed_optimizer=True, overlap_grad_reduce=True))
+    assert (mf.weights, mf.gradients) == (P / 4 * 2 + 2 * layer * 2 + unit * 2, P / 4 * 4 + 2 * layer * 4)
     plain = memory(m, ParallelConfig(dp=4, seq_len=128))
     assert plain.weights == P * 2 and plain.activations == mem.activations
 

@@ -34,6 +34,7 @@ Calls per micro-batch of a stage (:func:`comm_items`, equal to the predictor's
     per layer unit:   forward  AG(P_unit·p)                         over dp·cp (experts: AG(P_e·p) over edp)
                       backward AG(P_unit·p) [reshard] + RS(P_unit·g)
     non-layer unit:   the stage's embedding / final norm / output layer, the same three calls, gathered first
+                      (Megatron-FSDP: not a unit, gathered once per iteration and kept, RS every micro-batch)
 
 Exposure per micro-batch (:func:`exposed`), units ``j = 1..N`` of one model chunk in the order they run, ``a_j``,
 ``a'_j`` the forward and backward all-gather seconds, ``r_j`` the reduce-scatter, ``c_j``, ``c'_j`` the unit's
@@ -56,7 +57,8 @@ Memory (:func:`unit_bytes`, in :func:`llmcomm.overhead.memory.model_state_bytes`
 optimizer state sharded over dp·cp (experts over edp), plus the units gathered at once — the one computing and the
 one prefetched: ``2·P_unit`` parameters and, in the backward, ``2·P_unit`` unsharded gradients (the unit's own and
 the one being reduce-scattered, Megatron-FSDP's ``param.get_main_grad()`` bucket, megatron_fsdp.py:635-660);
-``P_unit`` the stage's largest unit. Without resharding every unit of the stage stays gathered between its forward
+``P_unit`` the stage's largest unit; Megatron-FSDP also keeps its non-layer parameters gathered for the iteration
+(``+ P_e``), and gathers them once per iteration (the ``e1`` call of :func:`comm_items`). Without resharding every unit of the stage stays gathered between its forward
 and backward: ``P_stage`` parameters instead of ``2·P_unit``.
 
 Not modelled: Megatron-FSDP's ``--create-all-gather-group`` (a second communicator letting an all-gather pass a
@@ -110,17 +112,23 @@ def comm_items(model: Any, c: dict[str, np.ndarray], holds_first: np.ndarray, ho
     count = {"d": nd * (P["d"] > 0), "m": nm * (P["m"] > 0), "me": nm * (P["me"] > 0),
              "e": has_edge.astype(np.int64)}
     reshard = np.asarray(c.get("fsdp_reshard", np.ones(n, bool)), dtype=bool)
+    mfsdp = c["distributed_optimizer"].astype(np.int64)  # Megatron-FSDP: the non-layer unit stays gathered
     pby, gby = c["param_dtype"], c["grad_reduce_dtype"]
     items = []
     for u in UNITS:
         size, rpn = (edp, c["k_edp"]) if u == "me" else (dpcp, rpn_dp)
         live = on & (size > 1)
         k = count[u] * live
-        for tag, op, phase, nbytes, cnt in (("ag_f", "all_gather", "forward", P[u] * pby, k),
-                                            ("ag_b", "all_gather", "backward", P[u] * pby, k * reshard),
+        keep = mfsdp if u == "e" else 0  # Megatron-FSDP's non-unit modules (llmcomm.predict.dp.fsdp_edge_forward)
+        for tag, op, phase, nbytes, cnt in (("ag_f", "all_gather", "forward", P[u] * pby, k * (1 - keep)),
+                                            ("ag_b", "all_gather", "backward", P[u] * pby,
+                                             k * reshard * (1 - keep)),
                                             ("rs_b", "reduce_scatter", "backward", P[u] * gby, k)):
             items.append(CommItem("fsdp", "dp", op, phase, nbytes, cnt.astype(np.int64), size, rpn, "microbatch",
                                   unit=f"{tag}:{u}"))
+        if u == "e":  # gathered once per iteration, on the first micro-batch
+            items.append(CommItem("fsdp", "dp", "all_gather", "forward", P[u] * pby, (k * keep).astype(np.int64),
+                                  size, rpn, "iteration", unit="ag_f:e1"))
     return items
 
 
@@ -145,7 +153,8 @@ def exposed(r: dict[str, Any], f_layer: tuple[np.ndarray, np.ndarray], b_layer: 
     cf = {"d": f_layer[0], "m": f_layer[1]}
     cb = {"d": b_layer[0], "m": b_layer[1]}
     count = {"d": nd, "m": nm}
-    out = t("ag_f", "e") + t("ag_b", "e") + t("rs_b", "e")  # the non-layer unit: exposed in full
+    # the non-layer unit: exposed in full ("e1": Megatron-FSDP's once-per-iteration gather, per micro-batch)
+    out = t("ag_f", "e") + t("ag_b", "e") + t("rs_b", "e") + t("ag_f", "e1")
     for k in ("d", "m"):
         rest = count[k] - first[k]
         out = out + first[k] * (a[k] + ab[k] + rs[k])
@@ -158,23 +167,27 @@ def total(r: dict[str, Any], vpp: np.ndarray) -> np.ndarray:
     return np.asarray(r.get("fsdp", np.zeros(len(vpp))), dtype=np.float64)
 
 
-def unit_bytes(largest_unit: Any, stage_params: Any, *, param_bytes: Any, grad_bytes: Any, fsdp: Any,
-               reshard: Any = True) -> tuple[Any, Any]:
-    """``(weights, gradients)`` bytes of the gathered units on top of the shards (module docstring)::
+def unit_bytes(layer_unit: Any, edge_unit: Any, stage_params: Any, *, param_bytes: Any, grad_bytes: Any, fsdp: Any,
+               reshard: Any = True, megatron_fsdp: Any = False) -> tuple[Any, Any]:
+    """``(weights, gradients)`` bytes of the gathered units on top of the shards (module docstring), ``P_unit`` the
+    largest of the layer unit and (torch FSDP2, which wraps it) the non-layer unit; Megatron-FSDP keeps its
+    non-layer parameters ``P_e`` gathered (:func:`llmcomm.predict.dp.fsdp_edge_forward`)::
 
-        weights   += fsdp · (reshard ? 2·P_unit : P_stage) · p
+        weights   += fsdp · (reshard ? 2·P_unit [+ P_e, Megatron-FSDP] : P_stage) · p
         gradients += fsdp · 2·P_unit · g
     """
     f = np.asarray(fsdp, dtype=bool)
-    held = np.where(np.asarray(reshard, dtype=bool), 2 * np.asarray(largest_unit), np.asarray(stage_params))
-    return np.where(f, held * param_bytes, 0.0), np.where(f, 2 * np.asarray(largest_unit) * grad_bytes, 0.0)
+    mf = np.asarray(megatron_fsdp, dtype=bool)
+    unit = np.where(mf, layer_unit, np.maximum(layer_unit, edge_unit))
+    held = np.where(np.asarray(reshard, dtype=bool), 2 * unit + np.where(mf, edge_unit, 0), np.asarray(stage_params))
+    return np.where(f, held * param_bytes, 0.0), np.where(f, 2 * unit * grad_bytes, 0.0)
 
 
-def largest_unit(ctx: Any, stage: int) -> int:
-    """The most parameters one FSDP unit of ``stage`` gathers on one rank (a layer's dense plus expert shards, or
-    the non-layer unit), from the predictor's counts (:func:`llmcomm.predict.dp.layer_parameters`)."""
+def largest_unit(ctx: Any, stage: int) -> tuple[int, int]:
+    """``(layer, non-layer)``: the most parameters one layer unit of ``stage`` gathers on one rank (its dense plus
+    expert shards) and the stage's non-layer parameters, from the predictor's counts
+    (:func:`llmcomm.predict.dp.layer_parameters`, :func:`llmcomm.predict.dp.edge_parameters`)."""
     from ..predict import dp
 
     units = [dp.layer_parameters(ctx, la) for la in ctx.stage_layers(stage)]
-    best = max((u.dense + u.expert for u in units), default=0)
-    return max(best, dp.edge_parameters(ctx, stage)[0])
+    return max((u.dense + u.expert for u in units), default=0), dp.edge_parameters(ctx, stage)[0]

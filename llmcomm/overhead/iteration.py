@@ -695,9 +695,15 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
         else:
             tt = np.zeros(n3)
             tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
-        tot[it.term] += it.count * tt
-        if it.unit:  # FSDP: one unit's call, timed per call (fsdp_time.exposed)
+        if it.unit:  # FSDP: one unit's call, timed per call (fsdp_time.exposed), per micro-batch
+            per_mb = 1.0 if it.per == "microbatch" else 1.0 / (c3["global_batch"] // (c3["micro_batch"] * c3["dp"]))
+            if it.per == "iteration":  # a call once per iteration, spread over its micro-batches
+                tt = tt * it.count * per_mb
             tot["fsdp:" + it.unit] = tot.get("fsdp:" + it.unit, np.zeros(n3)) + tt
+            tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
+            tot["fsdp_bus"] += it.count * per_mb * (bus_factor(it.op, it.size) * it.nbytes)
+            continue
+        tot[it.term] += it.count * tt
         if it.ub:
             tot["ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f"] += \
                 it.count * tt

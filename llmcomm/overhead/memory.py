@@ -84,7 +84,7 @@ def optimizer_bytes_per_parameter(param_bytes: np.ndarray | int) -> np.ndarray:
 
 
 def model_state_bytes(dense: Any, expert: Any, *, dp_cp: Any, expert_dp: Any, param_bytes: Any, grad_bytes: Any,
-                      distributed_optimizer: Any, fsdp: Any, fsdp_unit: Any = 0, fsdp_reshard: Any = True
+                      distributed_optimizer: Any, fsdp: Any, fsdp_unit: Any = (0, 0), fsdp_reshard: Any = True
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(weights, gradients, optimizer)`` bytes of ``dense`` + ``expert`` parameters on one GPU (module doc);
     every argument broadcasts (numpy arrays or scalars)."""
@@ -94,11 +94,13 @@ def model_state_bytes(dense: Any, expert: Any, *, dp_cp: Any, expert_dp: Any, pa
     o = optimizer_bytes_per_parameter(param_bytes)
     optimizer = np.where(shard_opt, dense * o / dp_cp + expert * o / expert_dp, (dense + expert) * o)
     weights, grads = held * param_bytes, held * grad_bytes
-    if np.any(fsdp):  # FSDP's gathered units (fsdp_unit: the largest unit's parameters; llmcomm.overhead.fsdp_time)
+    if np.any(fsdp):  # FSDP's gathered units (fsdp_unit: the largest layer unit's and the non-layer unit's
+        # parameters; llmcomm.overhead.fsdp_time)
         from .fsdp_time import unit_bytes
 
-        uw, ug = unit_bytes(fsdp_unit, dense + expert, param_bytes=param_bytes, grad_bytes=grad_bytes, fsdp=fsdp,
-                            reshard=fsdp_reshard)
+        uw, ug = unit_bytes(fsdp_unit[0], fsdp_unit[1], dense + expert, param_bytes=param_bytes,
+                            grad_bytes=grad_bytes, fsdp=fsdp, reshard=fsdp_reshard,
+                            megatron_fsdp=distributed_optimizer)
         weights, grads = weights + uw, grads + ug
     return weights, grads, optimizer
 
@@ -125,13 +127,13 @@ def _stage_parameters(model: ModelSpec, shape: ParallelConfig) -> np.ndarray:
 
 @lru_cache(maxsize=256)
 def _fsdp_units(model: ModelSpec, shape: ParallelConfig) -> np.ndarray:
-    """``(pp,)`` parameters of each stage's largest FSDP unit on one GPU (:func:`llmcomm.overhead.fsdp_time.largest_unit`;
-    cached, read-only)."""
+    """``(pp, 2)`` parameters of each stage's largest layer unit and of its non-layer unit on one GPU
+    (:func:`llmcomm.overhead.fsdp_time.largest_unit`; cached, read-only)."""
     from ..predict.calls import Context
     from .fsdp_time import largest_unit
 
     ctx = Context(model, shape, "megatron")
-    out = np.array([largest_unit(ctx, r) for r in range(shape.pp)], dtype=float)
+    out = np.array([largest_unit(ctx, r) for r in range(shape.pp)], dtype=float).reshape(shape.pp, 2)
     out.flags.writeable = False
     return out
 
@@ -198,7 +200,7 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
                                         expert_dp=tab.expert_dp[rows], param_bytes=pbytes[rows],
                                         grad_bytes=gbytes[rows], distributed_optimizer=dist_opt[rows],
                                         fsdp=fsdp[rows], fsdp_unit=_fsdp_units(model, shape)[r] if fsdp[rows].any()
-                                        else 0, fsdp_reshard=tab.fsdp_reshard_after_forward[rows])
+                                        else np.zeros(2), fsdp_reshard=tab.fsdp_reshard_after_forward[rows])
             total = w + g + o + activations
             better = total > best[rows, 4]
             idx = rows[better]
@@ -223,7 +225,7 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
                                 param_bytes=dtype_bytes(parallel.param_dtype),
                                 grad_bytes=dtype_bytes(parallel.grad_reduce_dtype),
                                 distributed_optimizer=parallel.distributed_optimizer, fsdp=parallel.fsdp,
-                                fsdp_unit=_fsdp_units(model, shape) if parallel.fsdp else 0,
+                                fsdp_unit=_fsdp_units(model, shape).T if parallel.fsdp else np.zeros(2),
                                 fsdp_reshard=parallel.fsdp_reshard_after_forward)
     i = int(np.argmax(w + g + o))
     return float(w[i]), float(g[i]), float(o[i])

@@ -138,8 +138,11 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
             add("p2p", pp.send_backward, [pp.send_backward(ctx, mb, layers[0])])
         if p.fsdp and vs in (0, ctx.last_virtual) and (vs == 0 or stage != 0):
             edge = dp.edge_parameters(ctx, stage)[0]
-            add("fsdp", dp.fsdp_unit_forward, dp.fsdp_unit_forward(ctx, edge, 0, -1, mb))
-            add("fsdp", dp.fsdp_unit_backward, dp.fsdp_unit_backward(ctx, edge, 0, -1, mb))
+            if dp.megatron_fsdp(ctx):  # non-unit modules: gathered once per iteration (dp.fsdp_edge_forward)
+                add("fsdp", dp.fsdp_edge_forward, dp.fsdp_edge_forward(ctx, edge, 0), "iteration")
+            else:
+                add("fsdp", dp.fsdp_edge_forward, dp.fsdp_edge_forward(ctx, edge, mb))
+            add("fsdp", dp.fsdp_edge_backward, dp.fsdp_edge_backward(ctx, edge, mb))
     # once per iteration
     it = "iteration"
     bl = [dp.buckets(ctx, stage, c) for c in range(ctx.vpp)]

@@ -27,10 +27,10 @@ the first stage's first chunk, or the distributed optimizer gives a tied ``share
   issues none of the distributed optimizer's bucket all-gathers (:func:`param_gather_passes`). Not written:
   Megatron-FSDP's ``start_param_sync`` after the step (megatron_fsdp.py:1284-1323: every bucket without
   ``overlap_param_gather``, which the first micro-batch's forward then finds gathered — the same bytes in the
-  optimizer phase; the first bucket with it), its non-unit modules (embedding, output layer) gathered once and kept
-  (param_and_grad_buffer.py ``release_bucket``) rather than per micro-batch, and Megatron's torch FSDP2 wrapping
-  the embedding, the output layer and the root apart (torch_fully_sharded_data_parallel.py:59-64, 130-148: three
-  calls where the kit writes one of the same bytes).
+  optimizer phase; the first bucket with it) and Megatron's torch FSDP2 wrapping the embedding, the output layer and
+  the root apart (torch_fully_sharded_data_parallel.py:59-64, 130-148: three calls where the kit writes one of the
+  same bytes). Megatron-FSDP's non-unit modules (embedding, final norm, output layer) are gathered once per
+  iteration and kept (:func:`fsdp_edge_forward`).
 
 With context parallelism the non-expert gradients are reduced over the DP × CP group. Groups of size 1
 issue nothing. Buffer padding (Megatron pads distributed-optimizer buffers to a multiple of
@@ -151,6 +151,34 @@ def fsdp_unit_backward(ctx: Context, dense: int, expert: int, layer: int, mb: in
     if ctx.parallel.expert_dp > 1 and expert:
         out.append(Call("backward", "dp", "reduce_scatter", "edp", expert * gb, gdt, layer, mb))
     return out
+
+
+def megatron_fsdp(ctx: Context) -> bool:
+    """``fsdp`` with ``distributed_optimizer``: Megatron-FSDP (v1 runs with the distributed optimizer,
+    arguments.py:1128-1135); ``fsdp`` alone is torch FSDP2 (or Megatron-FSDP v2)."""
+    return ctx.parallel.fsdp and ctx.parallel.distributed_optimizer
+
+
+def fsdp_edge_forward(ctx: Context, params: int, mb: int) -> list[Call]:
+    """The stage's non-layer parameters (embedding, final norm, output layer) in the forward. torch FSDP2 wraps them
+    as units of their own (torch_fully_sharded_data_parallel.py:59-64, 130-148): gathered every micro-batch.
+    Megatron-FSDP's units are the transformer layers only (mcore_fsdp_adapter.py:170-171): a non-unit module's
+    parameters are gathered by its pre-forward hook (megatron_fsdp.py:1086-1087), never released in the forward or
+    backward (only FSDP units get the release hooks, :1089-1100, 1116-1125), so a later micro-batch finds the
+    bucket ready (param_and_grad_buffer.py ``all_gather_params`` gathers EMPTY/PRESERVED buckets only) — one
+    all-gather per iteration, on the first micro-batch, until the step's ``reset(preserve_non_fsdp_units=True)``."""
+    if megatron_fsdp(ctx) and mb != 0:
+        return []
+    return fsdp_unit_forward(ctx, params, 0, -1, mb)
+
+
+def fsdp_edge_backward(ctx: Context, params: int, mb: int) -> list[Call]:
+    """The non-layer parameters in the backward: torch FSDP2 gathers them again and reduce-scatters; Megatron-FSDP
+    keeps them gathered and reduce-scatters their gradients every micro-batch (the post-accumulate-grad hooks,
+    megatron_fsdp.py:1127-1140, under ``optim_grads_params``)."""
+    if not megatron_fsdp(ctx):
+        return fsdp_unit_backward(ctx, params, 0, -1, mb)
+    return [c for c in fsdp_unit_backward(ctx, params, 0, -1, mb) if c.op == "reduce_scatter"]
 
 
 # ------------------------------------------------------------------------------------- buckets and their calls

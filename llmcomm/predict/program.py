@@ -97,7 +97,7 @@ def _forward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     out += batch_broadcast(ctx, vs, mb)
     edge_fsdp = dp.edge_parameters(ctx, stage)[0] if ctx.parallel.fsdp else 0
     if edge_fsdp and (vs == 0 or (vs == ctx.last_virtual and stage != 0)):
-        out += dp.fsdp_unit_forward(ctx, edge_fsdp, 0, -1, mb)
+        out += dp.fsdp_edge_forward(ctx, edge_fsdp, mb)
     if vs == 0:
         out += tp.embedding_forward(ctx, mb)
     for la in layers:
@@ -137,7 +137,7 @@ def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
         out += dp.overlapped_grad_sync(ctx, bl, -1, mb)
     edge_fsdp = dp.edge_parameters(ctx, stage)[0] if ctx.parallel.fsdp else 0
     if edge_fsdp and (vs == 0 or (vs == ctx.last_virtual and stage != 0)):
-        out += dp.fsdp_unit_backward(ctx, edge_fsdp, 0, -1, mb)
+        out += dp.fsdp_edge_backward(ctx, edge_fsdp, mb)
     if vs > 0:
         out.append(pp.send_backward(ctx, mb, layers[0]))
     return out
