@@ -42,6 +42,8 @@ STR_FIELDS = ("act_dtype", "grad_reduce_dtype", "param_dtype", "recompute", "sch
 OBJECT_FIELDS: tuple[str, ...] = ("moe_router_dtype", "moe_router_load_balancing_type", "fp8")  # None or a string, a string or a tuple
 BOOL_FIELDS += ("fsdp_reshard_after_forward",)  # FSDP (issue 20)
 OBJECT_FIELDS += ("recompute_modules",)  # None or a tuple of Megatron-LM's --recompute-modules names
+BOOL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "align_grad_reduce")  # issue 20: pipeline and MoE overlap
+OBJECT_FIELDS += ("moe_flex_dispatcher_backend",)  # None or a string
 assert set(FIELDS) == set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS + STR_FIELDS
                           + OBJECT_FIELDS), sorted(set(FIELDS) ^ set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS
                                                                    + FLOAT_FIELDS + STR_FIELDS + OBJECT_FIELDS))

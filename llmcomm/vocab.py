@@ -295,6 +295,8 @@ FUSED_ATTENTION_BACKENDS = ("flash", "fused", "auto")  # one kernel: no score tr
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 FRAMEWORKS = _values(Framework)
 MOE_TOKEN_DISPATCHERS = _values(MoeTokenDispatcher)
+# Megatron-LM's --moe-flex-dispatcher-backend (transformer_config.py:898), the flex dispatcher's kernels
+MOE_FLEX_BACKENDS = ("deepep", "hybridep", "ncclep")
 NORMALIZATIONS = _values(Normalization)
 POSITION_EMBEDDINGS = _values(PositionEmbedding)
 
