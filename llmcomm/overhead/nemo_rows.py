@@ -221,6 +221,10 @@ def settings(row: pd.Series) -> RowSettings:
         raw["attention_backend"] = "auto"  # Megatron-Bridge's None: Megatron's AttnBackend.auto (TE picks)
     # Megatron's recompute (granularity, method, num_layers, modules) -> the kit's recompute column
     gran = raw.pop("recompute_granularity", None)
+    if gran is None and raw.get("recompute_modules") is not None:
+        # Megatron-Bridge's perf scripts: recompute_modules set -> granularity "selective"
+        # (scripts/performance/utils/overrides.py _set_recompute_overrides, :149-151 at 17a381f)
+        gran = "selective"
     if gran is None or raw.get("recompute_num_layers") == 0:
         for k in ("recompute_method", "recompute_num_layers", "recompute_modules"):
             if k in raw and raw[k] is not None:
