@@ -22,7 +22,13 @@ from typing import Any
 
 from .errors import ConfigError
 from .specs import ParallelConfig
-from .vocab import ATTENTION_BACKENDS, MOE_FLEX_BACKENDS, PIPELINE_SCHEDULES, RECOMPUTE_MODES
+from .vocab import (
+    ATTENTION_BACKENDS,
+    MOE_FLEX_BACKENDS,
+    PIPELINE_SCHEDULES,
+    RECOMPUTE_MODES,
+    RECOMPUTE_MODULES,
+)
 
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
 DIM_NAMES = {"tp": "tensor", "pp": "pipeline", "dp": "data", "ep": "expert", "cp": "context"}
@@ -34,6 +40,7 @@ PARALLEL_FIELDS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "
                    "recompute", "distributed_optimizer", "fsdp", "schedule", "pipe_partitioned",
                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "attention_backend", "fp8",
                    "fp8_recipe")
+PARALLEL_FIELDS += ("fsdp_reshard_after_forward", "recompute_modules")  # with "fsdp" and "recompute" (issue 20)
 PARALLEL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_backend", "align_grad_reduce")  # issue 20: overlap
 
 
@@ -187,11 +194,20 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
                        choices=RECOMPUTE_MODES,
                        help="activation recomputation; --recompute alone means full"
                             + (f" (default: {meta})" if meta else ""))
+        p.add_argument("--recompute-modules", nargs="+", default=None, choices=RECOMPUTE_MODULES, metavar="MODULE",
+                       help="Megatron-LM's --recompute-modules with --recompute selective (" + ", ".join(
+                           RECOMPUTE_MODULES) + f"; default: {meta or 'core_attn'})")
     if "distributed_optimizer" in extras:
         flag("distributed_optimizer", "Megatron-LM's distributed optimizer (gradient reduce-scatter + parameter "
                                       "all-gather over DP)")
     if "fsdp" in extras:
-        flag("fsdp", "fully sharded data parallelism")
+        flag("fsdp", "fully sharded data parallelism (ZeRO-3) per transformer layer: torch FSDP2; with "
+                     "--distributed-optimizer --overlap-grad-reduce Megatron-FSDP (--use-megatron-fsdp)")
+        p.add_argument("--fsdp-no-reshard-after-forward", "--torch-fsdp2-no-reshard-after-forward",
+                       dest="fsdp_reshard_after_forward", action="store_false", default=None if from_metadata else True,
+                       help="keep each FSDP unit's gathered parameters from the forward to the backward (torch "
+                            "FSDP2's reshard_after_forward=False, as Llama 3: no all-gather in the backward)"
+                            + (f" (default: {meta})" if meta else " (default: reshard)"))
     if "schedule" in extras:
         p.add_argument("--schedule", default=default("schedule"), choices=tuple(schedules),
                        help="pipeline schedule" + ("; --vpp > 1 implies interleaved" if "vpp" in extras else "")

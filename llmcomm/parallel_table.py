@@ -40,6 +40,8 @@ FLOAT_FIELDS = ("moe_aux_loss_coeff",)
 STR_FIELDS = ("act_dtype", "grad_reduce_dtype", "param_dtype", "recompute", "schedule", "order",
               "moe_token_dispatcher_type", "attention_backend", "rerun_mode", "fp8_recipe")
 OBJECT_FIELDS: tuple[str, ...] = ("moe_router_dtype", "moe_router_load_balancing_type", "fp8")  # None or a string, a string or a tuple
+BOOL_FIELDS += ("fsdp_reshard_after_forward",)  # FSDP (issue 20)
+OBJECT_FIELDS += ("recompute_modules",)  # None or a tuple of Megatron-LM's --recompute-modules names
 BOOL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "align_grad_reduce")  # issue 20: pipeline and MoE overlap
 OBJECT_FIELDS += ("moe_flex_dispatcher_backend",)  # None or a string
 assert set(FIELDS) == set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS + STR_FIELDS

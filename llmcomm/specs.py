@@ -228,6 +228,8 @@ class ModelSpec:
     source: str = ""
     published_parameters: float | None = None
     published_active_parameters: float | None = None
+    # nemo (issue 20): True where the only published figure is the model's name ("8B"), not a parameter count
+    published_is_nominal: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_layer_freq, list):
@@ -706,6 +708,9 @@ class ParallelConfig:
     fp8: str | None = None  # --fp8-format: None (BF16 GEMMs), "hybrid" or "e4m3" (TransformerEngine FP8 GEMMs)
     fp8_recipe: str = "delayed"  # --fp8-recipe (transformer_config.py:594): delayed, tensorwise, mxfp8, blockwise, custom
     fp8_param_gather: bool = False  # --fp8-param-gather: FP8 weights, the DistOpt all-gather moves them in FP8
+    # FSDP and selective recomputation (issue 20, deliverable 6; llmcomm.overhead.fsdp_time, rules.py)
+    fsdp_reshard_after_forward: bool = True  # torch FSDP2's reshard_after_forward (--torch-fsdp2-no-reshard-after-forward)
+    recompute_modules: tuple[str, ...] | None = None  # --recompute-modules with recompute="selective" (None: core_attn)
     # pipeline and MoE communication overlap (issue 20, the overlap stream; in time only: the equations and their
     # Megatron-LM sources are in llmcomm.overhead.overlap)
     overlap_p2p_comm: bool = False  # --overlap-p2p-communication: interleaved schedule's async send/recv (else no-op)
@@ -716,6 +721,9 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):
             object.__setattr__(self, "moe_router_load_balancing_type", tuple(self.moe_router_load_balancing_type))
+        if isinstance(self.recompute_modules, (list, str)):
+            mods = [self.recompute_modules] if isinstance(self.recompute_modules, str) else self.recompute_modules
+            object.__setattr__(self, "recompute_modules", tuple(mods))
         if self.global_batch is None:
             object.__setattr__(self, "global_batch", self.micro_batch * self.dp)
         if self.vpp > 1 and self.schedule == "1f1b":

@@ -13,7 +13,10 @@ bytes per parameter: 18 for bf16 parameters with fp32 gradients, ``6 + 12/d`` wi
     optimizer   = P_dense · o / D + P_expert · o / E_d   with o = 12 (fp32 master, Adam m, v) for 16-bit
                   parameters, 8 for fp32 ones; D = dp·cp, E_d = expert data-parallel size with the distributed
                   optimizer, else D = E_d = 1
-    FSDP (ZeRO-3) shards weights and gradients the same way.
+    FSDP (ZeRO-3) shards weights and gradients the same way, and holds the units it gathers on top
+    (:func:`llmcomm.overhead.fsdp_time.unit_bytes`): weights += 2·P_unit·p (P_stage·p without resharding after
+    the forward), gradients += 2·P_unit·g, P_unit the stage's largest unit (the one computing and the one
+    prefetched).
 
 For bf16 parameters, fp16 gradients and no sharding this is ZeRO's ``2 + 2 + 12 = 16`` bytes per parameter.
 
@@ -106,7 +109,8 @@ def optimizer_bytes_per_parameter(param_bytes: np.ndarray | int) -> np.ndarray:
 
 
 def model_state_bytes(dense: Any, expert: Any, *, dp_cp: Any, expert_dp: Any, param_bytes: Any, grad_bytes: Any,
-                      distributed_optimizer: Any, fsdp: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      distributed_optimizer: Any, fsdp: Any, fsdp_unit: Any = (0, 0), fsdp_reshard: Any = True
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(weights, gradients, optimizer)`` bytes of ``dense`` + ``expert`` parameters on one GPU (module doc);
     every argument broadcasts (numpy arrays or scalars)."""
     fsdp = np.asarray(fsdp, dtype=bool)
@@ -114,7 +118,16 @@ def model_state_bytes(dense: Any, expert: Any, *, dp_cp: Any, expert_dp: Any, pa
     held = np.where(fsdp, dense / dp_cp + expert / expert_dp, dense + expert)
     o = optimizer_bytes_per_parameter(param_bytes)
     optimizer = np.where(shard_opt, dense * o / dp_cp + expert * o / expert_dp, (dense + expert) * o)
-    return held * param_bytes, held * grad_bytes, optimizer
+    weights, grads = held * param_bytes, held * grad_bytes
+    if np.any(fsdp):  # FSDP's gathered units (fsdp_unit: the largest layer unit's and the non-layer unit's
+        # parameters; llmcomm.overhead.fsdp_time)
+        from .fsdp_time import unit_bytes
+
+        uw, ug = unit_bytes(fsdp_unit[0], fsdp_unit[1], dense + expert, param_bytes=param_bytes,
+                            grad_bytes=grad_bytes, fsdp=fsdp, reshard=fsdp_reshard,
+                            megatron_fsdp=distributed_optimizer)
+        weights, grads = weights + uw, grads + ug
+    return weights, grads, optimizer
 
 
 def fp8_weight_bytes(linear: Any, *, fp8: Any, fp8_param_gather: Any, param_bytes: Any, shard: Any = 1
@@ -201,6 +214,19 @@ def _stage_info(model: ModelSpec, shape: ParallelConfig) -> _StageInfo:
     return out
 
 
+@lru_cache(maxsize=8192)
+def _fsdp_units(model: ModelSpec, shape: ParallelConfig) -> np.ndarray:
+    """``(pp, 2)`` parameters of each stage's largest layer unit and of its non-layer unit on one GPU
+    (:func:`llmcomm.overhead.fsdp_time.largest_unit`; cached, read-only)."""
+    from ..predict.calls import Context
+    from .fsdp_time import largest_unit
+
+    ctx = Context(model, shape, "megatron")
+    out = np.array([largest_unit(ctx, r) for r in range(shape.pp)], dtype=float).reshape(shape.pp, 2)
+    out.flags.writeable = False
+    return out
+
+
 def _or_unset(n: int | None) -> int:
     """A pipeline stage's layer count as :func:`_shape` takes it: -1 for unset."""
     return -1 if n is None else n
@@ -238,7 +264,8 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
     fp8 = np.not_equal(np.asarray(tab.fp8, dtype=object), None).astype(bool)  # type: ignore[call-overload]
     fp8_primary = np.asarray(tab.fp8_param_gather, dtype=bool) & fp8
     layer_kw = dict(seq=seq, micro_batch=mb, tp=tp, sp=sp, recompute=recompute, act_bytes=act,
-                    fused_attention=tab.fused_attention, fp8=fp8)
+                    fused_attention=tab.fused_attention, recompute_modules=tab.recompute_modules,
+                    fp8=fp8)
     cp_comm = np.asarray(getattr(tab, "cp_comm_type", np.full(n, "p2p", dtype=object)), dtype=object)
     cp_buffers = cp_buffer_bytes(model, cp=cp, cp_comm_type=cp_comm, seq_local=seq, micro_batch=mb, tp=tp,
                                  act_bytes=act)
@@ -264,7 +291,9 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
         activations[p - 1] += 4 * sbh[rows] / t * (1 + model.padded_vocab_size(int(t)) / model.hidden_size)
         w, g, o = model_state_bytes(info.dense[:, None], info.expert[:, None], dp_cp=dp_cp[rows],
                                     expert_dp=expert_dp[rows], param_bytes=pbytes[rows], grad_bytes=gbytes[rows],
-                                    distributed_optimizer=dist_opt[rows], fsdp=fsdp[rows])
+                                    distributed_optimizer=dist_opt[rows], fsdp=fsdp[rows],
+                                    fsdp_unit=_fsdp_units(model, shape).T[:, :, None] if fsdp[rows].any()
+                                    else np.zeros(2), fsdp_reshard=tab.fsdp_reshard_after_forward[rows])
         w = w + fp8_weight_bytes(info.linear[:, None], fp8=fp8[rows], fp8_param_gather=fp8_primary[rows],
                                  param_bytes=pbytes[rows], shard=np.where(fsdp[rows], dp_cp[rows], 1))
         total = w + g + o + activations
@@ -291,7 +320,9 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
     w, g, o = model_state_bytes(params[:, 0], params[:, 1], dp_cp=dp_cp, expert_dp=parallel.expert_dp,
                                 param_bytes=dtype_bytes(parallel.param_dtype),
                                 grad_bytes=dtype_bytes(parallel.grad_reduce_dtype),
-                                distributed_optimizer=parallel.distributed_optimizer, fsdp=parallel.fsdp)
+                                distributed_optimizer=parallel.distributed_optimizer, fsdp=parallel.fsdp,
+                                fsdp_unit=_fsdp_units(model, shape).T if parallel.fsdp else np.zeros(2),
+                                fsdp_reshard=parallel.fsdp_reshard_after_forward)
     if parallel.fp8 is not None:  # the FP8 weight copies (module doc)
         w = w + fp8_weight_bytes(_stage_info(model, shape).linear, fp8=True, fp8_param_gather=parallel.fp8_param_gather,
                                  param_bytes=dtype_bytes(parallel.param_dtype), shard=dp_cp if parallel.fsdp else 1)
