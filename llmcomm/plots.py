@@ -215,6 +215,20 @@ def comm_matrix_grid(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue:
     titles = list(pd.unique(data[col]))
     n = world_size or int(max(data[x].max(), data[y].max()) + 1)
     mats = [_binned(data[data[col] == t], x, y, hue, n, max_cells) for t in titles]
+    return _matrix_grid(titles, mats, n, gpus_per_node, ncols, size, cmap, floor, hue, **kwargs)
+
+
+def comm_matrix_images(images: Mapping[str, np.ndarray], *, unit: int, world_size: int, gpus_per_node: int = 8,
+                       ncols: int = 4, size: float = 3.2, cmap: str = "viridis", hue: str = "bytes",
+                       floor: float | None = MATRIX_FLOOR, **kwargs: Any) -> plt.Figure:
+    """:func:`comm_matrix_grid` of matrices already summed into blocks of ``unit`` ranks (``{title: (cells,
+    cells) array}``, e.g. :func:`llmcomm.matrix_view.binned_matrices`); zero cells are background."""
+    mats = [(np.where(m > 0, m, np.nan), unit) for m in images.values()]
+    return _matrix_grid(list(images), mats, world_size, gpus_per_node, ncols, size, cmap, floor, hue, **kwargs)
+
+
+def _matrix_grid(titles: list, mats: list[tuple[np.ndarray, int]], n: int, gpus_per_node: int, ncols: int,
+                 size: float, cmap: str, floor: float | None, hue: str, **kwargs: Any) -> plt.Figure:
     finite = [d[np.isfinite(d)] for d, _ in mats]
     top = max((float(f.max()) for f in finite if len(f)), default=np.nan)
     floored = [(_floor_cells(d, floor, top), k) for d, k in mats]

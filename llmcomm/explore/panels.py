@@ -12,7 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..overhead import interval
-from ..plots import breakdown_bars, call_sequence, comm_matrix_grid, layout_grid, volume_bars
+from ..plots import breakdown_bars, call_sequence, comm_matrix_images, layout_grid, volume_bars
 from ..units import format_bytes
 from .view import LAYOUT_NODES, View
 
@@ -43,15 +43,15 @@ def layout_figure(v: View) -> Figure:
 
 
 def matrix_figure(v: View) -> Figure:
-    """:func:`llmcomm.plots.comm_matrix_grid`: per parallelism the logical (direct) and the ring matrix, on one
+    """:func:`llmcomm.plots.comm_matrix_images`: per parallelism the logical (direct) and the ring matrix, on one
     colour scale; above :data:`~llmcomm.explore.view.GPU_LEVEL_MAX` GPUs in blocks of whole nodes."""
-    if v.matrices.empty:
+    if not v.matrices:
         fig, ax = plt.subplots(figsize=(4, 1.5), dpi=DPI)
         ax.axis("off")
         ax.text(0.5, 0.5, "no communication: one GPU", ha="center", va="center")
         return fig
-    fig = comm_matrix_grid(v.matrices, x="dst", y="src", hue="bytes", col="panel", world_size=v.world_size,
-                           gpus_per_node=v.cluster.gpus_per_node, ncols=4, size=2.9, max_cells=v.cells)
+    fig = comm_matrix_images(v.matrices, unit=v.unit, world_size=v.world_size, gpus_per_node=v.cluster.gpus_per_node,
+                             ncols=4, size=2.9)
     fig.set_dpi(DPI)
     unit = (f"blocks of {v.unit} ranks = {v.unit // v.cluster.gpus_per_node} node(s)" if v.level == "node"
             else f"blocks of {v.unit} ranks" if v.unit > 1 else "one cell per GPU")
