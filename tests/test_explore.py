@@ -167,3 +167,34 @@ def test_time_panel_shows_the_cost_models_interval(view) -> None:
     lo, hi = interval.apply(np.array([view.breakdown.total_s]))
     text = panels.summary_html(view, "time")
     assert f"90% interval {lo[0]:.3f}–{hi[0]:.3f} s" in text and lo[0] < view.breakdown.total_s < hi[0]
+
+
+def test_painter_redraws_in_place_what_a_new_figure_shows(view) -> None:
+    import matplotlib.pyplot as plt
+
+    from llmcomm.explore import panels
+
+    other = compute(START.replace(tp=4, pp=8))  # same GPUs, same parallelisms: both figures are kept
+    p = panels.Painter()
+    for v in (view, other):
+        for name in PANELS:
+            assert p.render(v, name)[:4] == b"\x89PNG"
+    assert p.reused["matrix"] == 1 and p.reused["layout"] == 1
+    fresh = panels._matrix_images(other)
+    kept = p.matrix
+    assert kept is not None and len(kept.ims) == len(fresh.ims)
+    for a, b in zip(kept.ims, fresh.ims, strict=True):
+        assert np.array_equal(np.ma.filled(a.get_array(), np.nan), np.ma.filled(b.get_array(), np.nan),
+                              equal_nan=True)
+        assert (a.norm.vmin, a.norm.vmax) == (b.norm.vmin, b.norm.vmax)
+    assert kept.colorbar.ax.get_ylabel() == fresh.colorbar.ax.get_ylabel()
+    assert kept.fig.get_suptitle() == fresh.fig.get_suptitle()
+    new_layout = panels.layout_figure(other)
+    for a, b in zip(p.layout[1].axes, new_layout.axes, strict=True):
+        assert [t.get_text() for t in a.texts] == [t.get_text() for t in b.texts]
+        assert [q.get_facecolor() for q in a.patches] == [q.get_facecolor() for q in b.patches]
+        assert a.get_title() == b.get_title()
+    assert p.layout[1].get_suptitle() == new_layout.get_suptitle()
+    plt.close(fresh.fig)
+    plt.close(new_layout)
+    p.close()
