@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             worst = {"wall": max(worst["wall"], (wall, label)), "cpu": max(worst["cpu"], (cpu, label))}
         flag = "" if ok else "  INVALID"
         print(f"{name:<20} {g:>5} {ch.label().split(' ', 1)[1] + (' ' + note if note else ''):<30} {wall:7.3f} "
-              f"{cpu:6.3f}  {level}{flag}")
+              f"{cpu:6.3f}  {level}{flag}", flush=True)
     over = sum(w >= TARGET_S for w in walls[:-1])
     verdict = {True: "met", False: "MISSED"}
     print(f"{len(cases) - 1} changes up to 4,096 GPUs: median {statistics.median(walls[:-1]):.3f} s wall, "

@@ -176,14 +176,23 @@ class _Rows:
         return image.reshape(cells, cells)
 
     def _add_splits(self, image: np.ndarray, rows: np.ndarray, kind: int, unit: int, cells: int) -> None:
-        """All-to-alls with one split per member: ``split_bytes[j] · count`` to member ``j`` but itself."""
+        """All-to-alls with one split per member: ``split_bytes[j] · count`` to member ``j`` but itself. The splits
+        are first summed per (issuing rank, group) — one sparse product over the rows — so the members are
+        looked up once per rank and group, not once per event."""
         table = self.refs.tables[kind]
-        members = table[self.index[rows]].astype(np.int64)  # (rows, n)
-        split = self.split_values[self.split_offsets[rows][:, None] + np.arange(table.shape[1])]
-        nbytes = split * self.count[rows][:, None]
-        src = np.broadcast_to(self.rank[rows][:, None], members.shape)
-        keep = members != src
-        image += np.bincount((src[keep] // unit) * cells + members[keep] // unit, weights=nbytes[keep],
+        groups, members = table.shape
+        start = self.split_offsets[rows]
+        if len(rows) and np.all(np.diff(start) == members):  # the rows' splits lie one after the other: a view
+            splits = self.split_values[start[0]:start[0] + len(rows) * members].reshape(len(rows), members)
+        else:
+            splits = self.split_values[start[:, None] + np.arange(members)]  # (rows, n)
+        key, inv = np.unique(self.rank[rows] * groups + self.index[rows], return_inverse=True)
+        per_key = sp.csr_matrix((self.count[rows].astype(np.float64), (inv.ravel(), np.arange(len(rows)))),
+                                shape=(len(key), len(rows))) @ splits  # Σ count · split per (rank, group)
+        src = np.broadcast_to((key // groups)[:, None], (len(key), members))
+        dst = table[key % groups].astype(np.int64)
+        keep = dst != src
+        image += np.bincount((src[keep] // unit) * cells + dst[keep] // unit, weights=per_key[keep],
                              minlength=cells * cells)
 
 
