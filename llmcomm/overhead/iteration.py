@@ -572,9 +572,11 @@ class Stages:
     buckets: np.ndarray | None = None  # DDP buckets of the first stage (overlap_param_gather)
 
 
-def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any) -> Stages:
+def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
+           ) -> Stages:
     """Features and communication times of every stage class (see :class:`Stages`) of the configurations of
-    ``t`` (checked: :func:`candidate_table`)."""
+    ``t`` (checked: :func:`candidate_table`); ``measured_gemms=False`` times the linear GEMMs by ``FLOPs/peak``
+    even where the cluster's GPU has a measured GEMM model (:func:`measured_gemm`; the ablation's baseline)."""
     c = arrays(model, t, cluster.gpus_per_node)
     n = len(c["tp"])
     peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
@@ -590,7 +592,8 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
     hl3 = np.concatenate([e[1] for e in edges])
     layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
                np.concatenate([layers[cls][1] for cls in CLASSES]))
-    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, measured_gemm(cluster))
+    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops,
+                  measured_gemm(cluster) if measured_gemms else None)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
@@ -768,8 +771,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
 
 
 def _evaluate(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
-              util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
-    return combine(stages(model, t, cluster, bandwidth), util, overlap_grad_reduce)
+              util: U.Utilization, overlap_grad_reduce: bool = False, measured_gemms: bool = True
+              ) -> dict[str, np.ndarray]:
+    return combine(stages(model, t, cluster, bandwidth, measured_gemms), util, overlap_grad_reduce)
 
 
 class _Timer:
@@ -874,8 +878,11 @@ def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster
 
 
 def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandwidth: Any = None,
-                   utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False) -> Breakdown:
-    """The :class:`Breakdown` of one configuration (the formulation of the module docstring). Raises
+                   utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False,
+                   measured_gemms: bool = True) -> Breakdown:
+    """The :class:`Breakdown` of one configuration (the formulation of the module docstring);
+    ``measured_gemms=False``: linear GEMMs at ``FLOPs/peak`` even on a GPU with a measured GEMM model
+    (:func:`stages`; what :mod:`llmcomm.overhead.ablation` starts from). Raises
     :class:`ConfigError` when the model and configuration break a rule (:data:`SCOPES` of :mod:`llmcomm.rules`),
     when the cluster has fewer GPUs than the configuration needs, or when the model state alone (weights,
     gradients and optimizer state of the stage holding the most, :func:`llmcomm.overhead.memory.model_state`)
@@ -894,6 +901,6 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
                           f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "
                           f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
     check_fits(model, parallel, cluster)  # activations too: a MemoryWarning with the numbers
-    r = _evaluate(model, t, cluster, bw, ut, overlap_grad_reduce)
+    r = _evaluate(model, t, cluster, bw, ut, overlap_grad_reduce, measured_gemms)
     return Breakdown(**{k: float(r[k][0]) for k in (*TERMS, "dp_comm_total_s", "comm_bus_bytes")},
                      critical_stage=str(r["critical"][0]))
