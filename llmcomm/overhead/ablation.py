@@ -121,14 +121,14 @@ def _change(m: Mechanism, target: ParallelConfig) -> str:
 def ablation(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandwidth: Any = None,
              utilization: Utilization | None = None, *, order: Sequence[str] | None = None) -> pd.DataFrame:
     """One row per step (module docstring): ``step`` (0: baseline), ``mechanism``, ``change`` (field: off ->
-    target value), ``status`` (``baseline``, ``on``, ``refused``), ``note`` (the refusal), every term of the
-    breakdown (``compute_s``, ``optimizer_s``, ``bubble_s``, each of :data:`~llmcomm.overhead.iteration.COMM_TERMS`),
-    ``exposed_comm_s``, ``total_s``, ``comm_overhead``, ``delta_s`` (against the previous applied step),
+    target value), ``status`` (``baseline``, ``on``, ``refused``), ``note`` (the refusal), every term of
+    :data:`~llmcomm.overhead.iteration.TERMS` (read at call time), ``compute_s`` (forward + backward +
+    recomputation), ``exposed_comm_s``, ``total_s``, ``comm_overhead``, ``delta_s`` (against the previous applied step),
     ``delta_share`` (of the baseline total), ``total_s_lo``/``total_s_hi`` (90 % interval, where shipped) and
     ``fits_memory`` (no :class:`~llmcomm.overhead.capacity.MemoryWarning`). The baseline itself breaking a rule
     raises its :class:`ConfigError`."""
     used = [m for m in mechanisms(order) if m.uses(parallel, cluster)]
-    comm_terms = tuple(it.COMM_TERMS)
+    terms = tuple(it.TERMS)  # read at call time: terms added to the formulation appear here
     on: set[str] = set()
     rows: list[dict[str, Any]] = []
     prev = None
@@ -157,8 +157,7 @@ def ablation(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandw
         if m is not None:
             on.add(m.name)
         total = b.total_s
-        row.update(status="on" if m else "baseline", compute_s=b.compute_s, optimizer_s=b.optimizer_s,
-                   bubble_s=b.bubble_s, **{t: getattr(b, t) for t in comm_terms},
+        row.update(status="on" if m else "baseline", **{t: getattr(b, t) for t in terms}, compute_s=b.compute_s,
                    exposed_comm_s=b.exposed_comm_s, total_s=total, comm_overhead=b.comm_overhead,
                    delta_s=0.0 if prev is None else total - prev,
                    fits_memory=not any(issubclass(w.category, MemoryWarning) for w in caught))
@@ -175,11 +174,11 @@ def ablation(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandw
 
 def ablation_terms(table: pd.DataFrame) -> pd.DataFrame:
     """The applied steps of :func:`ablation` in the long form of
-    :meth:`~llmcomm.overhead.iteration.Breakdown.to_frame` (``row``, ``term``, ``seconds``, ``kind``) for
-    :func:`llmcomm.plots.breakdown_bars`: compute, optimizer, each exposed communication term, bubble."""
-    comm = [c for c in table.columns if c.endswith("_comm_s")]
-    terms = [("compute_s", "compute"), ("optimizer_s", "compute"), *((c, "comm") for c in comm),
-             ("bubble_s", "idle")]
+    :meth:`~llmcomm.overhead.iteration.Breakdown.to_frame` (``row``, ``term``, ``seconds``, ``kind``: each term
+    of :data:`~llmcomm.overhead.iteration.TERMS`, ``comm`` for the communication terms, ``idle`` for the
+    bubble) for :func:`llmcomm.plots.breakdown_bars`."""
+    terms = [(t, "comm" if t in it.COMM_TERMS else "idle" if t == "bubble_s" else "compute")
+             for t in it.TERMS if t in table.columns]
     applied = table[table["status"] != "refused"]
     rows = []
     for _, r in applied.iterrows():
