@@ -710,8 +710,9 @@ def predicted_vs_measured(data: pd.DataFrame, *, x: str = "time_s", y: str = "pr
         pts = ax.scatter(g[x], g[y], **{"s": 14, "alpha": 0.75, **kwargs}, label=None if key is None else str(key))
         if interval is not None and len(g):
             lo_, hi_ = interval
+            rgba = np.asarray(pts.get_facecolor(), dtype=float)[0]
             ax.errorbar(g[x], g[y], yerr=[g[y] - g[lo_], g[hi_] - g[y]], fmt="none", lw=0.8, alpha=0.55,
-                        ecolor=pts.get_facecolor()[0], capsize=1.5,
+                        ecolor=(rgba[0], rgba[1], rgba[2], rgba[3]), capsize=1.5,
                         label="90% interval of the prediction" if i == 0 else None)
     cols = [x, y, *(interval or ())]
     lo = min(data[c].min() for c in cols) * 0.8
