@@ -52,13 +52,14 @@ def test_stack_classes_equals_for_class_concatenated():
     t = ParallelTable.from_frame(
         pd.DataFrame({"tp": [1, 8, 2], "pp": [1, 4, 2], "dp": [2, 1, 4], "sp": [False, True, True],
                                         "global_batch": [8, 8, 16]}), MODEL)
-    c = it.arrays(MODEL, t, 8)
-    got = it.stack_classes(c)
-    per = [it.for_class(c, cls) for cls in it.CLASSES]
-    want = {k: np.concatenate([p[k] for p in per]) for k in per[0]}
-    assert list(got) == list(want)
-    for k in want:
-        assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k])
+    for table in (t, t.tile(30)):  # a few rows (2-D blocks) and many (one concatenation per key)
+        c = it.arrays(MODEL, table, 8)
+        got = it.stack_classes(c)
+        per = [it.for_class(c, cls) for cls in it.CLASSES]
+        want = {k: np.concatenate([p[k] for p in per]) for k in per[0]}
+        assert list(got) == list(want)
+        for k in want:
+            assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k])
 
 
 def test_with_overlap_sets_what_each_configuration_allows():

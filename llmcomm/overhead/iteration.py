@@ -195,8 +195,8 @@ def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``for_class(c, cls)`` of the classes of :data:`~llmcomm.step.CLASSES`, concatenated row-wise (rows
     ``0..n-1`` first, then mid, then last): the ``3n`` rows :func:`stages` computes on. Equal, key for key and
     value for value, to ``{k: concatenate([for_class(c, cls)[k] for cls in CLASSES])}``; the key mapping is
-    cached per key set and the arrays of one dtype are copied as one 2-D block (row views of it): for one
-    configuration the per-key calls, not the copying, cost the time."""
+    cached per key set; for a few rows the arrays of one dtype are copied as one 2-D block (row views of it),
+    since for one configuration the per-key calls, not the copying, cost the time."""
     keys = tuple(c)
     plan = _CLASS_KEYS.get(keys)
     if plan is None:
@@ -205,6 +205,8 @@ def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             s_.update({k.split("@")[0]: k for k in keys if k.endswith("@" + cls)})
         plan = _CLASS_KEYS[keys] = [(k, (src[0][k], src[1][k], src[2][k])) for k in src[0]]
     n = len(c["tp"])
+    if n > 64:  # many rows: the copying costs the time, one concatenation per key copies once
+        return {k: np.concatenate([c[a] for a in trio]) for k, trio in plan}
     groups: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
     out: dict[str, np.ndarray] = {}
     for k, trio in plan:
