@@ -149,7 +149,8 @@ cp_cluster = lc.load_cluster("h100-80g-ndr400").for_world(ablation_cp_case["gpus
 abl_cp = ablation.ablation(cp_model, lc.ParallelConfig(**ablation_cp_case["parallel"]), cp_cluster)
 display(abl_cp[["step", "mechanism", "change", "status", "total_s", "delta_s", "note"]].round(3))
 out.value("ablation_cp_status", dict(zip(abl_cp["mechanism"], abl_cp["status"], strict=True)))
-out.value("ablation_cp_total_s", dict(zip(abl_cp["mechanism"], abl_cp["total_s"], strict=True)))
+out.value("ablation_cp_total_s", {m: (None if pd.isna(v) else float(v))
+                                   for m, v in zip(abl_cp["mechanism"], abl_cp["total_s"], strict=True)})
 
 # %% [markdown]
 # ## Validation on measurements nobody tuned it to
@@ -220,7 +221,6 @@ display(shown[["model", "container", "precision", "num_gpus", "tp", "pp", "cp", 
 display(pd.Series(nsum["needs"], name="rows that need it").head(8).to_frame())
 for k in ("rows", "predicted", "refused", "mape", "median_ape", "worst_ape", "mean_signed", "interval_coverage_90"):
     out.value(f"nemo_{k}", nsum.get(k))
-out.value("nemo_needs_top", dict(list(nsum["needs"].items())[:6]))
 # the validation's contract: every row predicted, or refused with what it lacks named
 out.check("nemo_every_row_predicted_or_refused_with_reason",
           nsum["predicted"] + nsum["refused"] == nsum["rows"] == len(npred)
