@@ -300,6 +300,24 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: np.logical_and.reduce([np.asarray(p.tp_comm_overlap, dtype=bool), p.tp > 1,
                                              np.logical_not(p.sp)]),
          lambda m, r: "tp_comm_overlap needs sp=True when tp > 1"),
+    # overlap of the pipeline and MoE communication (issue 20, llmcomm.overhead.overlap)
+    Rule("a2a-overlap-needs-ep", "megatron",
+         "megatron/core/transformer/transformer_config.py:3013-3015 (overlap_moe_expert_parallel_comm 'is only "
+         "supported with expert model parallelism'), Megatron-LM d98e8a6",
+         lambda m, p: np.logical_and(np.asarray(p.moe_a2a_overlap, dtype=bool),
+                                     np.logical_or(not m.is_moe, p.ep == 1)),
+         lambda m, r: "moe_a2a_overlap (overlap_moe_expert_parallel_comm) needs an MoE model with ep > 1"),
+    Rule("a2a-overlap-needs-vpp", "megatron",
+         "megatron/core/transformer/transformer_config.py:3007-3011 (with pp > 1 the EP A2A overlap needs "
+         "virtual_pipeline_model_parallel_size: it runs in the interleaved schedule's 1F1B phase)",
+         lambda m, p: np.logical_and.reduce([np.asarray(p.moe_a2a_overlap, dtype=bool), p.pp > 1, p.vpp == 1]),
+         lambda m, r: f"moe_a2a_overlap with pp={r.pp} > 1 needs vpp > 1 (the interleaved schedule)"),
+    Rule("a2a-overlap-no-full-recompute", "megatron",
+         "megatron/core/transformer/transformer_config.py:3020-3023 ('disable full recomputation when enabling "
+         "overlap_moe_expert_parallel_comm')",
+         lambda m, p: np.logical_and(np.asarray(p.moe_a2a_overlap, dtype=bool),
+                                     np.asarray(p.recompute, dtype=object) == "full"),
+         lambda m, r: "moe_a2a_overlap needs recompute != 'full'"),
     # --------------------------------------------------------------------------------------- cost
     Rule("cost-fp8-recipe", "cost",
          "kit: the formulation times the delayed and tensorwise (per-tensor current) scaling recipes; mxfp8 is "
@@ -314,10 +332,21 @@ RULES: tuple[Rule, ...] = (
     Rule("cost-fsdp", "cost", "kit: FSDP is not in the formulation yet",
          lambda m, p: np.asarray(p.fsdp, dtype=bool),
          lambda m, r: "fsdp is not modelled by the iteration-time formulation"),
-    Rule("cost-dispatcher", "cost", "kit: the formulation writes the alltoall dispatcher's calls only",
-         lambda m, p: np.logical_and(m.is_moe, p.moe_token_dispatcher_type != "alltoall"),
-         lambda m, r: f"moe_token_dispatcher_type={r.moe_token_dispatcher_type!r}: only the alltoall MoE token "
-                      "dispatcher is modelled by the iteration-time formulation"),
+    Rule("cost-dispatcher", "cost",
+         "kit: the formulation writes the alltoall dispatcher's NCCL calls only; the flex dispatcher "
+         "(moe_token_dispatcher_type='flex', or moe_flex_dispatcher_backend set: DeepEP / HybridEP / NCCL EP "
+         "fused dispatch-combine kernels, megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher, "
+         "fused_a2a.py) moves tokens by NVLink and RDMA kernels of their own — DeepEP sends a token once per "
+         "destination node over RDMA and fans it out over NVLink — whose bytes per link and kernel time have no "
+         "model here (the predictor refuses them too: llmcomm.predict.ep); allgather's calls are not written",
+         lambda m, p: np.logical_and(m.is_moe, np.logical_or(
+             p.moe_token_dispatcher_type != "alltoall",
+             np.not_equal(np.asarray(getattr(p, "moe_flex_dispatcher_backend", None), dtype=object),  # type: ignore[call-overload]
+                          None))),
+         lambda m, r: (f"moe_token_dispatcher_type={r.moe_token_dispatcher_type!r}, moe_flex_dispatcher_backend="
+                       f"{getattr(r, 'moe_flex_dispatcher_backend', None)!r}: only the alltoall MoE token "
+                       "dispatcher is modelled by the iteration-time formulation; the flex dispatcher's DeepEP/"
+                       "HybridEP kernels (two-hop RDMA + NVLink token exchange) are the missing mechanism")),
     Rule("cost-etp", "cost", "kit: the formulation times expert TP on the TP group",
          lambda m, p: np.logical_and(m.is_moe, p.expert_tp != p.tp),
          lambda m, r: f"etp={r.expert_tp}: an expert tensor-parallel size other than tp={r.tp} is not modelled "

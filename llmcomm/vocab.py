@@ -292,6 +292,8 @@ ATTENTION_BACKENDS = _values(AttentionBackend)
 FUSED_ATTENTION_BACKENDS = ("flash", "fused", "auto")  # one kernel: no score traffic, causal FLOPs halved
 FRAMEWORKS = _values(Framework)
 MOE_TOKEN_DISPATCHERS = _values(MoeTokenDispatcher)
+# Megatron-LM's --moe-flex-dispatcher-backend (transformer_config.py:898), the flex dispatcher's kernels
+MOE_FLEX_BACKENDS = ("deepep", "hybridep", "ncclep")
 NORMALIZATIONS = _values(Normalization)
 POSITION_EMBEDDINGS = _values(PositionEmbedding)
 

@@ -28,8 +28,8 @@ the last the output layer and the loss) make the slowest stage set the pace. The
     dp_exposed = max over stages of the gradient reduction (all-reduce, or reduce-scatter + parameter
                  all-gather with the distributed optimizer) + SP norm all-reduce + tied-embedding all-reduce,
                  minus, for the last stage, the (p − 1) backward steps it finishes ahead of stage 0; with
-                 ``overlap_grad_reduce`` all but the last micro-batch's backward hides it (Megatron-LM's
-                 bucketed overlap): exposed = max(0, dp − backward of one micro-batch)
+                 ``overlap_grad_reduce`` Megatron-LM's buckets and schedule decide what hides behind the
+                 backward still to run (:func:`llmcomm.overhead.overlap.grad_reduce_exposed`)
     optimizer  = bytes_per_param · params_on_gpu / HBM bandwidth      (Adam, :data:`ADAM_BYTES_PER_PARAM`)
 
 ``exposed_comm_s = tp + ep + pp (each m·on the critical stage) + dp_exposed``; ``comm_overhead =
@@ -48,10 +48,19 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
     tp_comm_overlap:      tp_r = tp_overlap_exposed(...)  (TE userbuffers: each block's SP all-gather /
                           reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks)
     overlap_param_gather: dp_exposed = [gradient reduction as above, without the parameter all-gather]
-                          + param_gather_exposed(AG of stage 0, its forward, its DDP buckets)
-    overlap_grad_reduce:  the keyword or the column (either turns it on); with the distributed optimizer only
-                          the reduce-scatter hides under the backward: the parameter all-gather follows the
-                          optimizer step (exposed in full unless overlap_param_gather)
+                          + param_gather_exposed(AG of stage 0, its forward, its DDP buckets: the
+                          predictor's first-chunk layout, one bucket per later chunk)
+    overlap_grad_reduce:  the keyword or the column (either turns it on): each stage's and chunk's buffers
+                          reduced as Megatron dispatches them (only stage 0's first chunk bucketed; interleaved
+                          chunks aligned to stage 0, the first layers' reduction exposed), then finish_grad_sync
+                          and the calls after it (:mod:`llmcomm.overhead.overlap`); with the distributed optimizer
+                          only the reduce-scatter hides: the parameter all-gather follows the optimizer step
+                          (exposed in full unless overlap_param_gather)
+    overlap_p2p_comm:     interleaved only: pp_r = overlap.p2p_exposed (each send behind the other direction's
+                          compute step of one chunk)
+    moe_a2a_overlap:      ep_r: the all-to-alls of the paired steps of the combined 1F1B schedule behind the
+                          other micro-batch's attention and MLP (overlap.a2a_pair_exposed); the flex dispatcher
+                          (moe_flex_dispatcher_backend) is refused, rule 'cost-dispatcher'
     fp8:                  the linear layers' GEMMs at the FP8 peak (or the measured GEMM model's FP8 rule),
                           quantization casts as element-wise bytes (:func:`_compute`); TP/DP bytes unchanged
 
@@ -77,6 +86,7 @@ from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
 from . import interval as _interval
+from . import overlap as _overlap
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .capacity import check_fits
@@ -236,6 +246,7 @@ class CommItem:
     rpn: np.ndarray
     per: str  # "microbatch" or "iteration"
     ub: bool = False  # a transformer block's SP all-gather / reduce-scatter (TransformerEngine userbuffers)
+    grad: str = ""  # a gradient-buffer reduction: "plain" / "edge" / "shared" chunk bucket or "expert" (overlap)
 
 
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
@@ -380,10 +391,11 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     sh = shared.astype(np.int64)
     chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge - sh * vh, has_edge), (vh, has_edge * sh))
     for op, cnt in (("all_reduce", 1 - dist), ("reduce_scatter", dist)):
-        for nb, k_ in chunk_sizes:
-            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration"))
+        for (nb, k_), tag in zip(chunk_sizes, ("plain", "edge", "shared"), strict=True):
+            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration",
+                                  grad=tag))
         items.append(CommItem("dp", "dp", op, "optimizer", expert // v * gby, v * cnt * edpon, edp, rpn_edp,
-                              "iteration"))
+                              "iteration", grad="expert"))
     items.append(CommItem("dp", "tp", "all_reduce", "optimizer", repl * gby, tpon * ysp * (repl > 0), tp, rpn_tp,
                           "iteration"))
     tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
@@ -619,6 +631,13 @@ class Stages:
     overlap_param_gather: np.ndarray | None = None
     overlap_grad_reduce: np.ndarray | None = None
     buckets: np.ndarray | None = None  # DDP buckets of the first stage (overlap_param_gather)
+    # pipeline / MoE overlap and the gradient buckets of stage 0's first chunk (llmcomm.overhead.overlap)
+    overlap_p2p_comm: np.ndarray | None = None
+    moe_a2a_overlap: np.ndarray | None = None
+    grad_buckets: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None  # overlap.first_chunk_buckets
+    vp_last_group: np.ndarray | None = None
+    mlp_share: np.ndarray | None = None
+    align_grad_reduce: np.ndarray | None = None
 
 
 def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
@@ -646,6 +665,10 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
                                      "ub_rs_f", "ub_b", "dp_ag")}
+    # for llmcomm.overhead.overlap: one call's seconds of each gradient bucket kind, all of them, the sends
+    # (seconds of one, count per micro-batch) and the all-to-alls
+    tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
+                                          "pp_sb", "pp_nb", "ep_a2a")})
     items = [(it, it.count > 0) for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
              if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
     items = [(it, live) for it, live in items if live.any()]
@@ -664,6 +687,15 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                 it.count * tt
         elif it.term == "dp" and it.op == "all_gather":
             tot["dp_ag"] += it.count * tt
+        if it.grad:
+            tot["g_" + it.grad] += tt
+            tot["g_all"] += it.count * tt
+        elif it.term == "pp" and it.op == "send":
+            f_ = it.phase == "forward"
+            tot["pp_sf" if f_ else "pp_sb"] += tt
+            tot["pp_nf" if f_ else "pp_nb"] += it.count
+        elif it.op == "all_to_all":
+            tot["ep_a2a"] += it.count * tt
         tot[it.term + "_bus"] += it.count * (bus_factor(it.op, it.size) * it.nbytes)  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
@@ -678,12 +710,19 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         params = np.maximum(params, np.where(exists, dn3[sl], 0))
     shard = np.where(c["distributed_optimizer"], c["dp"], 1)
     m = c["global_batch"] // (c["micro_batch"] * c["dp"])
-    # DDP buckets of stage 0 (Megatron's default bucket: max(40M, 1M·dp·cp) parameters,
-    # megatron/training/training.py:2189), at least one per model chunk
-    bucket = np.where(c["bucket_size"] > 0, c["bucket_size"], np.maximum(40_000_000, 1_000_000 * c["dp"] * c["cp"]))
-    nb = np.maximum(c["vpp"], -(-dn3[:n] // bucket))
-    return Stages(per_class, m, pp, c["vpp"], ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
-                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb)
+    # DDP buckets of stage 0: its first chunk split into buckets by the predictor's layout (the one rule:
+    # llmcomm.predict.dp.chunk_is_bucketed, bucket_elements; overlap.bucket_profile), each later chunk one
+    v = c["vpp"]
+    profiles = _overlap.first_chunk_buckets(model, t, c["overlap_grad_reduce"] | c["overlap_param_gather"])
+    nb0 = np.ones(n, np.int64)
+    for rows, ready, _ in profiles:
+        nb0[rows] = len(ready)
+    mlp = _overlap.moe_mlp_share(model, c["seq_len"], c["fused_attention"]) if model.is_moe else None
+    return Stages(per_class, m, pp, v, ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
+                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
+                  np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
+                  _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
+                  np.asarray(t.align_grad_reduce, dtype=bool))
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
@@ -740,8 +779,8 @@ def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -
     the gathers of stage 0 move into the next iteration's forward (Megatron-LM's forward pre-hook waits for a
     bucket's gather and dispatches the next bucket's: megatron/core/distributed/distributed_data_parallel.py:517
     ``_make_forward_pre_hook``, param_and_grad_buffer.py:538 ``finish_param_sync``, Megatron-LM d98e8a6), in
-    forward order over ``nb`` equal buckets (``max(40M, 1M·dp)`` parameters each,
-    distributed_data_parallel.py:134, at least one per model chunk)::
+    forward order over ``nb`` equal buckets (stage 0's: its first chunk's in the predictor's layout,
+    :func:`llmcomm.overhead.overlap.bucket_profile`, plus one per later chunk)::
 
         exposed = max(ag/nb, ag − fwd·(nb − 1)/nb)
 
@@ -773,6 +812,7 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
             tp_s = np.where(tpo, ex, r["tp"])
         q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"]}
+        _overlap.pipeline_and_moe(st, cls, r, q, util.layer_pass)  # overlap_p2p_comm, moe_a2a_overlap
         if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
             q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
         q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
@@ -796,8 +836,8 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"]
     dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
     dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
-    if np.any(ogr):
-        dp_exposed = np.where(ogr, np.maximum(0.0, dp_exposed - pick("bwd")), dp_exposed)
+    if np.any(ogr):  # Megatron's buckets and schedule: llmcomm.overhead.overlap.grad_reduce_exposed
+        dp_exposed = np.where(ogr, _overlap.stage_grad_reduce(st, per, has_mid, has_last), dp_exposed)
     ag = np.zeros(n)
     if split_ag.any():  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
         cl = st.cls

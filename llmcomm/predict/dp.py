@@ -31,6 +31,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from .. import step
 from ..specs import LayerParams
@@ -239,28 +242,52 @@ def num_parameters(ctx: Context, stage: int) -> int:
     return p.dense + p.expert
 
 
-def bucket_size(ctx: Context) -> int:
-    """The DDP bucket size in elements, as ``resolve_ddp_bucket_size`` (megatron/training/training.py
-    ~2179-2194) sets it on the training path: ``num_parameters // ddp_num_buckets`` when ``ddp_num_buckets``
-    is set, else ``bucket_size``, else ``max(40,000,000, 1,000,000 · dp·cp)`` (the size of the ``dp_cp`` group;
+DEFAULT_BUCKET_ELEMENTS = 40_000_000  # megatron/training/training.py ~2189: max(40M, 1M·dp·cp)
+DEFAULT_BUCKET_PER_RANK = 1_000_000
+
+
+def bucket_elements(dp: Any, cp: Any, bucket_size: Any, ddp_num_buckets: Any, first_stage_params: Any) -> Any:
+    """The DDP bucket size in elements (scalars or numpy arrays; ``bucket_size`` and ``ddp_num_buckets`` are
+    ``-1`` or ``None`` when unset), as ``resolve_ddp_bucket_size`` (megatron/training/training.py ~2179-2194)
+    sets it on the training path: ``first_stage_params // ddp_num_buckets`` when ``ddp_num_buckets`` is set,
+    else ``bucket_size``, else ``max(40,000,000, 1,000,000 · dp·cp)`` (the size of the ``dp_cp`` group;
     ``DistributedDataParallel.__init__``'s own fallback on the plain DP group, distributed_data_parallel.py
-    ~133, is not reached from training). ``num_parameters`` is the first stage's (:func:`num_parameters`): only
-    that stage buckets (:func:`chunk_bucket_size`)."""
+    ~133, is not reached from training). The one home of this rule: the predictor (:func:`bucket_size`) and the
+    iteration-time formulation (:mod:`llmcomm.overhead.overlap`) both call it."""
+    bs = np.asarray(-1 if bucket_size is None else bucket_size)
+    nb = np.asarray(-1 if ddp_num_buckets is None else ddp_num_buckets)
+    size = np.where(bs > 0, bs, np.maximum(DEFAULT_BUCKET_ELEMENTS, DEFAULT_BUCKET_PER_RANK
+                                           * np.asarray(dp) * np.asarray(cp)))
+    out = np.where(nb > 0, np.asarray(first_stage_params) // np.maximum(nb, 1), size)
+    return int(out) if out.ndim == 0 else out
+
+
+def chunk_is_bucketed(overlap_grad_reduce: Any, stage: Any, chunk: Any) -> Any:
+    """Whether a model chunk's gradient buffers are split into buckets (scalars or numpy arrays): only with
+    ``overlap_grad_reduce`` (distributed_data_parallel.py ~135-137 sets ``bucket_size = None`` without it), on the
+    first pipeline stage (~160-171: ``if disable_bucketing or pp_rank > 0: self.bucket_size = None``) and its
+    first model chunk (``get_model``: ``disable_bucketing = chunk_idx > 0``, megatron/training/training.py
+    ~2504-2514; with ``disable_bucketing`` a buffer's buckets also form one bucket group,
+    ``partition_buckets(force_single_bucket_group=...)``, distributed_data_parallel.py ~342-353). Elsewhere each
+    buffer is one bucket. The one home of this rule (see :func:`bucket_elements`)."""
+    out = np.logical_and(np.asarray(overlap_grad_reduce, dtype=bool),
+                         np.logical_and(np.equal(stage, 0), np.equal(chunk, 0)))
+    return bool(out) if out.ndim == 0 else out
+
+
+def bucket_size(ctx: Context) -> int:
+    """The DDP bucket size in elements (:func:`bucket_elements`); ``num_parameters`` is the first stage's
+    (:func:`num_parameters`): only that stage buckets (:func:`chunk_bucket_size`)."""
     p = ctx.parallel
-    if p.ddp_num_buckets is not None:
-        return num_parameters(ctx, 0) // p.ddp_num_buckets
-    return p.bucket_size if p.bucket_size is not None else max(40_000_000, 1_000_000 * p.dp * p.cp)
+    first = num_parameters(ctx, 0) if p.ddp_num_buckets is not None else 0
+    return bucket_elements(p.dp, p.cp, p.bucket_size, p.ddp_num_buckets, first)
 
 
 def chunk_bucket_size(ctx: Context, stage: int, chunk: int) -> int | None:
-    """The bucket size a model chunk's buffers use; ``None``: one bucket per buffer.
-
-    ``None`` without ``overlap_grad_reduce`` (``resolve_ddp_bucket_size``), on every pipeline stage but the first
-    and on every model chunk but the first: ``get_model`` passes ``bucket_sizes = [None if (chunk_idx > 0 or
-    pp_rank > 0) ...]`` and ``disable_bucketing = chunk_idx > 0`` (megatron/training/training.py ~2504-2514), and
-    ``DistributedDataParallel.__init__`` sets ``self.bucket_size = None`` when ``disable_bucketing or pp_rank >
-    0`` (core/distributed/distributed_data_parallel.py ~160-171)."""
-    if not ctx.parallel.overlap_grad_reduce or stage > 0 or chunk > 0:
+    """The bucket size a model chunk's buffers use; ``None``: one bucket per buffer (:func:`chunk_is_bucketed`:
+    ``None`` without ``overlap_grad_reduce``, on every pipeline stage but the first and on every model chunk but
+    the first)."""
+    if not chunk_is_bucketed(ctx.parallel.overlap_grad_reduce, stage, chunk):
         return None
     return bucket_size(ctx)
 
