@@ -31,12 +31,13 @@ mape_bound = 0.11  # today's validation error plus margin: a change that makes i
 # (container, table model name; llmcomm.overhead.nemo_rows), its settings read from NVIDIA's recipe files
 ablation_recipe = {"container": "25.11", "model": "LLAMA3_70B"}
 # NeMo 24.07's Llama-3 70B layout on 64 H100s (nemo/h100_pretraining.csv line 25: tp4 pp4 cp2 vp5, GBS 128; the
-# launcher's llama3_70b.yaml for the overlaps and flash attention; FP8 from the table's heading, format hybrid
-# assumed: the recipe file says fp8 False, so validate() refuses the row) — shows context parallelism's step
+# launcher's llama3_70b.yaml for the overlaps, overlap_p2p_comm and flash attention; FP8 from the table's heading,
+# format hybrid assumed: the recipe file says fp8 False, so validate() refuses the row) — shows context parallelism's
+# step
 ablation_cp_case = {"model": "llama3-70b", "gpus": 64, "parallel": {
     "tp": 4, "pp": 4, "cp": 2, "vpp": 5, "dp": 2, "sp": True, "micro_batch": 1, "global_batch": 128, "seq_len": 8192,
     "distributed_optimizer": True, "tp_comm_overlap": True, "overlap_grad_reduce": True, "overlap_param_gather": True,
-    "attention_backend": "flash", "fp8": "hybrid", "create_attention_mask_in_dataloader": False}}
+    "overlap_p2p_comm": True, "attention_backend": "flash", "fp8": "hybrid", "create_attention_mask_in_dataloader": False}}
 
 # %%
 import matplotlib.pyplot as plt
@@ -45,7 +46,7 @@ from IPython.display import display
 
 import llmcomm as lc
 from llmcomm import plots
-from llmcomm.overhead import ablation, iteration_time, sweep, validation
+from llmcomm.overhead import ablation, iteration_time, nemo_rows, sweep, validation
 from llmcomm.reproduce import Outputs
 
 plots.apply_style()
@@ -208,8 +209,15 @@ display(pred.sort_values("ape", ascending=False)[["group", "tp", "dp", "pp", "mi
 npred, nsum = validation.validate("nemo-h100")
 shown = npred[npred["predicted_s"].notna()]
 cov = nsum["interval_coverage_90"]
+why = npred.loc[npred["predicted_s"].isna(), "refused"]
+kinds = {"the model is not in the catalogue": why.str.startswith("model:").sum(),
+         "a setting the recipe file leaves unknown": why.str.startswith("unknown:").sum(),
+         "a setting the formulation has no mechanism for": why.str.contains("not in the formulation:").sum(),
+         "a rule the formulation raises": why.str.contains("formulation: ").sum()}
+settings = [f"{k} ({v})" for k, v in nsum["needs"].items() if k in nemo_rows.OFF][:4]
 out.say(f"Predicted {nsum['predicted']} of {nsum['rows']} rows ({nsum['coverage']:.0%}); refused "
-        f"{nsum['refused']}, most often for " + ", ".join(f"{k} ({v})" for k, v in list(nsum["needs"].items())[:4])
+        f"{nsum['refused']}, for " + ", ".join(f"{k} ({v})" for k, v in kinds.items() if v)
+        + " (a row may count twice); the missing settings most needed: " + ", ".join(settings)
         + (f". On the predicted rows: MAPE {nsum['mape']:.1%} (target <= 10%: "
            f"{'met' if nsum['mape'] <= 0.10 else 'NOT met'}), median {nsum['median_ape']:.1%}, worst "
            f"{nsum['worst_ape']:.1%}, mean signed error {nsum['mean_signed']:+.1%} (negative: predicted too fast)"
