@@ -779,17 +779,27 @@ def call_sequence(data: pd.DataFrame, *, x: str = "step", y: str = "bytes", hue:
 
 def predicted_vs_measured(data: pd.DataFrame, *, x: str = "time_s", y: str = "predicted_s", hue: str | None = None,
                           ax: Axes | None = None, band: float = 0.1, title: str | None = None,
-                          hue_order: Sequence[object] | None = None, unit: str = "s", **kwargs: Any) -> Axes:
+                          hue_order: Sequence[object] | None = None, unit: str = "s",
+                          interval: tuple[str, str] | None = None, **kwargs: Any) -> Axes:
     """Log-log scatter of predicted ``y`` against measured ``x`` coloured by ``hue`` (legend in
     :func:`natural_order` unless ``hue_order``), with the line y = x and the dashed ±``band`` lines (named in the
-    legend); the axes are :func:`log_axis` (plain, non-overlapping labels). ``kwargs`` go to ``ax.scatter``."""
+    legend); the axes are :func:`log_axis` (plain, non-overlapping labels). ``interval``: the columns of each
+    prediction's interval (e.g. ``("total_s_lo", "total_s_hi")``), drawn as vertical bars in the point's colour
+    and named in the legend. ``kwargs`` go to ``ax.scatter``."""
     ax = axes_or_new(ax, (5.2, 4.6))
     groups = [(None, data)] if hue is None else \
         [(k, data[data[hue] == k]) for k in (hue_order if hue_order is not None else natural_order(data[hue]))]
-    for key, g in groups:
-        ax.scatter(g[x], g[y], **{"s": 14, "alpha": 0.75, **kwargs}, label=None if key is None else str(key))
-    lo = min(data[x].min(), data[y].min()) * 0.8
-    hi = max(data[x].max(), data[y].max()) * 1.25
+    for i, (key, g) in enumerate(groups):
+        pts = ax.scatter(g[x], g[y], **{"s": 14, "alpha": 0.75, **kwargs}, label=None if key is None else str(key))
+        if interval is not None and len(g):
+            lo_, hi_ = interval
+            rgba = np.asarray(pts.get_facecolor(), dtype=float)[0]
+            ax.errorbar(g[x], g[y], yerr=[g[y] - g[lo_], g[hi_] - g[y]], fmt="none", lw=0.8, alpha=0.55,
+                        ecolor=(rgba[0], rgba[1], rgba[2], rgba[3]), capsize=1.5,
+                        label="90% interval of the prediction" if i == 0 else None)
+    cols = [x, y, *(interval or ())]
+    lo = min(data[c].min() for c in cols) * 0.8
+    hi = max(data[c].max() for c in cols) * 1.25
     xs = np.array([lo, hi])
     ax.plot(xs, xs, color="black", lw=1, label="predicted = measured")
     for i, f in enumerate((1 - band, 1 + band)):
