@@ -78,7 +78,9 @@ Not modelled (rejected with :class:`ConfigError`): context parallelism.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -204,6 +206,39 @@ def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
     out = {k: v for k, v in c.items() if "@" not in k}
     out.update({k.split("@")[0]: v for k, v in c.items() if k.endswith("@" + cls)})
     return out
+
+
+_CLASS_KEYS: dict[tuple[str, ...], list[tuple[str, tuple[str, str, str]]]] = {}
+
+
+def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``for_class(c, cls)`` of the classes of :data:`~llmcomm.step.CLASSES`, concatenated row-wise (rows
+    ``0..n-1`` first, then mid, then last): the ``3n`` rows :func:`stages` computes on. Equal, key for key and
+    value for value, to ``{k: concatenate([for_class(c, cls)[k] for cls in CLASSES])}``; the key mapping is
+    cached per key set; for a few rows the arrays of one dtype are copied as one 2-D block (row views of it),
+    since for one configuration the per-key calls, not the copying, cost the time."""
+    keys = tuple(c)
+    plan = _CLASS_KEYS.get(keys)
+    if plan is None:
+        src = [{k: k for k in keys if "@" not in k} for _ in CLASSES]
+        for s_, cls in zip(src, CLASSES, strict=True):
+            s_.update({k.split("@")[0]: k for k in keys if k.endswith("@" + cls)})
+        plan = _CLASS_KEYS[keys] = [(k, (src[0][k], src[1][k], src[2][k])) for k in src[0]]
+    n = len(c["tp"])
+    if n > 64:  # many rows: the copying costs the time, one concatenation per key copies once
+        return {k: np.concatenate([c[a] for a in trio]) for k, trio in plan}
+    groups: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
+    out: dict[str, np.ndarray] = {}
+    for k, trio in plan:
+        arrs = [c[a] for a in trio]
+        if all(a.ndim == 1 and len(a) == n for a in arrs) and len({a.dtype for a in arrs}) == 1:
+            groups.setdefault(arrs[0].dtype, []).append((k, trio))
+        else:
+            out[k] = np.concatenate(arrs)
+    for items in groups.values():
+        block = np.concatenate([np.array([c[trio[i]] for _, trio in items]) for i in range(3)], axis=1)
+        out.update({k: block[j] for j, (k, _) in enumerate(items)})
+    return {k: out[k] for k, _ in plan}
 
 
 @dataclass
@@ -441,6 +476,20 @@ def measured_gemm(cluster: Cluster) -> Any:
     ``None`` where there is none (A100: the utilization fit's term is kept; B200: no table) or where the
     cluster's ``peak_bf16_flops`` is not the datasheet figure the model was fitted with (within 0.1 %: another
     part, e.g. H100 PCIe, or a hypothetical GPU; the fit belongs to its figures, :func:`load_gemm_model`)."""
+    from ..paths import data_dir
+    from .gemm import CALIBRATION
+
+    p = data_dir() / CALIBRATION
+    try:
+        stamp = p.stat().st_mtime_ns
+    except OSError:
+        stamp = -1
+    return _measured_gemm(cluster, str(p), stamp)
+
+
+@lru_cache(maxsize=64)
+def _measured_gemm(cluster: Cluster, path: str, stamp: int) -> Any:
+    """:func:`measured_gemm`, once per cluster and GEMM calibration file (``path`` at ``stamp``)."""
     from ..errors import DataError
     from .gemm import GemmModel, load_gemm_model
 
@@ -678,9 +727,11 @@ class Stages:
     fsdp: np.ndarray | None = None  # FSDP rows (llmcomm.overhead.fsdp_time)
 
 
-def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any) -> Stages:
+def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
+           ) -> Stages:
     """Features and communication times of every stage class (see :class:`Stages`) of the configurations of
-    ``t`` (checked: :func:`candidate_table`)."""
+    ``t`` (checked: :func:`candidate_table`); ``measured_gemms=False`` times the linear GEMMs by ``FLOPs/peak``
+    even where the cluster's GPU has a measured GEMM model (:func:`measured_gemm`; the ablation's baseline)."""
     c = arrays(model, t, cluster.gpus_per_node)
     n = len(c["tp"])
     peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
@@ -689,14 +740,14 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
     if isinstance(bandwidth, _Timer):
         bandwidth.reset()
     # the three stage classes stacked as 3n rows: one pass over the formulas instead of three
-    per = [for_class(c, cls) for cls in CLASSES]
-    c3 = {k: np.concatenate([p[k] for p in per]) for k in per[0]}
+    c3 = stack_classes(c)
     edges = [step.holds_edges(cls, pp) for cls in CLASSES]
     hf3 = np.concatenate([e[0] for e in edges])
     hl3 = np.concatenate([e[1] for e in edges])
     layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
                np.concatenate([layers[cls][1] for cls in CLASSES]))
-    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, measured_gemm(cluster))
+    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops,
+                  measured_gemm(cluster) if measured_gemms else None)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
@@ -911,8 +962,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
 
 
 def _evaluate(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
-              util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
-    return combine(stages(model, t, cluster, bandwidth), util, overlap_grad_reduce)
+              util: U.Utilization, overlap_grad_reduce: bool = False, measured_gemms: bool = True
+              ) -> dict[str, np.ndarray]:
+    return combine(stages(model, t, cluster, bandwidth, measured_gemms), util, overlap_grad_reduce)
 
 
 class _Timer:
@@ -956,8 +1008,8 @@ class _Timer:
             key = n * (1 << 20) + k
             if len(key) and (key == key[0]).all():
                 uniq, inv = key[:1], np.zeros(len(key), np.int64)
-            else:
-                uniq, inv = np.unique(key, return_inverse=True)
+            else:  # hashed, O(rows): a few distinct groups among many rows (np.unique sorts them all)
+                inv, uniq = pd.factorize(key, sort=False)
             self.groups[(id(n), id(k))] = (n, k, uniq, inv)
         for i, u in enumerate(uniq.tolist()):
             nn, kk = u >> 20, u & ((1 << 20) - 1)
@@ -992,6 +1044,45 @@ def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None
     return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
 
 
+_STAGES: OrderedDict[tuple[Any, ...], tuple[Any, Any, float, Stages]] = OrderedDict()
+STAGE_CACHE_SIZE = 256  # configurations whose Stages iteration_time keeps (least recently used dropped)
+
+
+def _one_stages(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bw: Any, measured_gemms: bool
+                ) -> tuple[float, Stages]:
+    """The model state bytes (:func:`~llmcomm.overhead.memory.model_state`) and the :class:`Stages` of one
+    configuration, kept for the :data:`STAGE_CACHE_SIZE` most recent (model, configuration, cluster, bandwidth
+    model, GEMM model): all are frozen values except the two models, which are held and matched by identity (the
+    shipped ones are the same objects while their calibration files are unchanged, :func:`_resolve`,
+    :func:`measured_gemm`). The cached arrays are read-only, so that nothing downstream can change a cached
+    value in place. A repeated configuration (the explorer, a CLI call, a notebook) costs :func:`combine` only."""
+    gemm = measured_gemm(cluster) if measured_gemms else None
+    key = (model, parallel, cluster, id(bw), id(gemm), measured_gemms)
+    hit = _STAGES.get(key)
+    if hit is not None and hit[0] is bw and hit[1] is gemm:
+        _STAGES.move_to_end(key)
+        return hit[2], hit[3]
+    state = float(sum(model_state(model, parallel)))
+    st = stages(model, ParallelTable.from_parallel(parallel, model), cluster, bw, measured_gemms)
+    _freeze(st)
+    _STAGES[key] = (bw, gemm, state, st)
+    if len(_STAGES) > STAGE_CACHE_SIZE:
+        _STAGES.popitem(last=False)
+    return state, st
+
+
+def _freeze(x: Any) -> None:
+    """Every numpy array in ``x`` (a :class:`Stages`, its dicts) read-only."""
+    if isinstance(x, np.ndarray):
+        x.flags.writeable = False
+    elif isinstance(x, dict):
+        for v in x.values():
+            _freeze(v)
+    elif isinstance(x, Stages):
+        for v in vars(x).values():
+            _freeze(v)
+
+
 def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
                     utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False,
                     interval: bool = True) -> pd.DataFrame:
@@ -1017,8 +1108,11 @@ def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster
 
 
 def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandwidth: Any = None,
-                   utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False) -> Breakdown:
-    """The :class:`Breakdown` of one configuration (the formulation of the module docstring). Raises
+                   utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False,
+                   measured_gemms: bool = True) -> Breakdown:
+    """The :class:`Breakdown` of one configuration (the formulation of the module docstring);
+    ``measured_gemms=False``: linear GEMMs at ``FLOPs/peak`` even on a GPU with a measured GEMM model
+    (:func:`stages`; what :mod:`llmcomm.overhead.ablation` starts from). Raises
     :class:`ConfigError` when the model and configuration break a rule (:data:`SCOPES` of :mod:`llmcomm.rules`),
     when the cluster has fewer GPUs than the configuration needs, or when the model state alone (weights,
     gradients and optimizer state of the stage holding the most, :func:`llmcomm.overhead.memory.model_state`)
@@ -1029,14 +1123,13 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
     if cluster.num_gpus is not None and parallel.world_size > cluster.num_gpus:
         raise ConfigError(f"tp*pp*dp={parallel.world_size} GPUs but cluster {cluster.name} holds "
                           f"{cluster.num_gpus}")
-    t = ParallelTable.from_parallel(parallel, model)
     bw, ut = _resolve(cluster, bandwidth, utilization)
-    state = sum(model_state(model, parallel))
+    state, st = _one_stages(model, parallel, cluster, bw, measured_gemms)
     if state > cluster.gpu_memory_bytes:
         raise ConfigError(f"{model.name} under tp={parallel.tp} pp={parallel.pp} needs {state / 1e9:.1f} GB "
                           f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "
                           f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
     check_fits(model, parallel, cluster)  # activations too: a MemoryWarning with the numbers
-    r = _evaluate(model, t, cluster, bw, ut, overlap_grad_reduce)
+    r = combine(st, ut, overlap_grad_reduce)
     return Breakdown(**{k: float(r[k][0]) for k in (*TERMS, "dp_comm_total_s", "comm_bus_bytes")},
                      critical_stage=str(r["critical"][0]))
