@@ -276,6 +276,7 @@ regret_r = TP.recipe_regret()
 display(regret_r)
 has_regret = regret_r[regret_r["regret"].notna()] if "regret" in regret_r.columns else regret_r.iloc[:0]
 out.value("recipes_regret", {str(r.model_name): float(r.regret) for r in has_regret.itertuples()})
+out.value("recipes_regret_fastest", {str(r.model_name): float(r.regret_fastest) for r in has_regret.itertuples()})
 display(Markdown(
     f"**Result.** Of {len(recipes)} published rows with a catalogue model, the formulation predicts the published "
     f"configuration for {len(both)}; there the tuner's pick is predicted "
@@ -289,7 +290,9 @@ display(Markdown(
     + f". The other {len(recipes) - len(both)} are refused (context parallelism, FSDP, flex dispatchers, "
     "recompute modules and unknown precisions: the table's `published_refused`). "
     + ("Measured regret of the tuner's ranking where a model was published in several configurations: "
-       + ", ".join(f"{r.model_name} {100 * r.regret:.1f}%" for r in has_regret.itertuples())
+       + ", ".join(f"{r.model_name} {100 * r.regret:.1f}% (picks {r.pick}; measured best {r.best}; on each "
+                   f"configuration's fastest release {100 * r.regret_fastest:.1f}%; timed with {r.relaxed} "
+                   "relaxed)" for r in has_regret.itertuples())
        if len(has_regret) else
        "Where a model was published in several configurations (Qwen3-30B-A3B: pp1·ep16 and pp2·vp12·ep8) the "
        "tuner cannot rank them yet: " + "; ".join(str(x)[:160] for x in regret_r.get("refused", []))) + "."))

@@ -42,7 +42,8 @@ CONFIG = ("tp", "pp", "cp", "vp", "ep", "mbs", "fsdp")  # the table's columns th
 # settings the formulation does not model that keep a group's configurations from being ranked (relaxed there)
 RELAX = ("moe_flex_dispatcher_backend", "moe_a2a_overlap", "recompute_modules", "recompute_num_layers",
          "recompute_method", "moe_router_load_balancing_type", "overlap_p2p_comm", "first_last_layers_bf16",
-         "cuda_graph_impl", "moe_router_dtype", "moe_shared_expert_overlap", "moe_permute_fusion")
+         "cuda_graph_impl", "moe_router_dtype", "moe_shared_expert_overlap", "moe_permute_fusion",
+         "moe_token_dispatcher_type")
 
 
 def _fp8_values(precision: Any) -> tuple[str | None, ...] | None:
@@ -127,7 +128,8 @@ def recipe_regret(relax: tuple[str, ...] = RELAX) -> pd.DataFrame:
     configuration (across the tables' releases: Qwen3-30B-A3B ran pp1·ep16 in 26.04–26.06 and pp2·vp12·ep8 in
     26.02): each configuration's measured time (the median over the releases that list it, ``containers``
     naming them — software differs between releases, so part of a difference is not the configuration's), the
-    tuner's ranking by predicted time and its measured regret (module docstring). Where fewer than two of the
+    tuner's ranking by predicted time and its measured regret (module docstring; ``regret_fastest`` the same on
+    each configuration's fastest release). Where fewer than two of the
     group's configurations can be predicted the row says what refuses them (``refused``) and has no regret."""
     pub = _published(relax)
     pub = pub[pub["model_name"] != ""].copy()
@@ -137,7 +139,8 @@ def recipe_regret(relax: tuple[str, ...] = RELAX) -> pd.DataFrame:
     for k, g in pub.groupby(keys, dropna=False, sort=False):
         if g["config"].nunique() < 2:
             continue
-        per = g.groupby("config", sort=False).agg(measured_s=("time_s", "median"), predicted_s=("predicted_s", "first"),
+        per = g.groupby("config", sort=False).agg(measured_s=("time_s", "median"), fastest_s=("time_s", "min"),
+                                                   predicted_s=("predicted_s", "first"),
                                                    containers=("container", lambda c: ", ".join(map(str, c))),
                                                    refused=("refused", "first"))
         ok = per[per["predicted_s"].notna()]
@@ -153,6 +156,8 @@ def recipe_regret(relax: tuple[str, ...] = RELAX) -> pd.DataFrame:
         rec.update(best=best, best_measured_s=float(ok.loc[best, "measured_s"]), pick=pick,
                    pick_measured_s=float(ok.loc[pick, "measured_s"]),
                    regret=float(ok.loc[pick, "measured_s"] / ok.loc[best, "measured_s"] - 1),
+                   # the same on each configuration's fastest release (another view of the releases' spread)
+                   regret_fastest=float(ok.loc[pick, "fastest_s"] / ok["fastest_s"].min() - 1),
                    ranking=" < ".join(ok.sort_values("predicted_s").index), refused="")
         rows.append(rec)
     return pd.DataFrame(rows)
