@@ -31,6 +31,7 @@ from .errors import ConfigError, TraceFormatError
 from .events import vocabulary_codes
 from .flows import flow_arrays
 from .group_refs import RefEvents
+from .matrix_tiles import Tiles
 from .vocab import ALGORITHMS, OPS, AlgorithmName
 
 MatrixLevel = Literal["gpu", "node", "rack"]
@@ -100,7 +101,7 @@ def blocks(rank: np.ndarray, weight: np.ndarray, world_size: int, unit: int,
 
 def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: AlgorithmName = "direct", *, level: MatrixLevel = "gpu",
                       gpus_per_node: int = 8, nodes_per_rack: int | None = None,
-                      block_flows: int = BLOCK_FLOWS) -> sp.csr_matrix:
+                      block_flows: int = BLOCK_FLOWS, tiled: bool = True) -> sp.csr_matrix:
     """Sparse CSR matrix of bytes from source (row) to destination (column) at ``level``, built one block
     of source ranks at a time (see the module doc). Shape ``(k, k)`` with ``k = ceil(world_size / unit)``.
     ``table`` may hold its groups as references (:class:`llmcomm.group_refs.RefEvents`, a prediction):
@@ -120,22 +121,18 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: A
     indptr_parts = [np.zeros(1, np.int64)]
     # sum(weight) bounds the flows and so the nonzeros: 32-bit indices when both it and k fit
     idx_dtype = np.int32 if weight.sum() < 2**31 and k < 2**31 else np.int64
-    indices, data = _Growing(idx_dtype), _Growing(np.float64)
+    tiles = (Tiles(table, world_size) if tiled and isinstance(table, RefEvents) and algorithm == "direct"
+             and unit == 1 else None)
+    if tiles is not None and tiles.ok:
+        parts = tiles.blocks()
+        capacity = tiles.nnz_bound()  # allocated once (untouched pages cost nothing), never regrown
+    else:
+        capacity = 0
+        parts = (_general_block(table, srank, order, algorithm, lo, hi, unit, k, world_size)
+                 for lo, hi in blocks(rank, weight, world_size, unit, block_flows))
+    indices, data = _Growing(idx_dtype, capacity), _Growing(np.float64, capacity)
     nnz = 0
-    for lo, hi in blocks(rank, weight, world_size, unit, block_flows):
-        a, b = np.searchsorted(srank, [lo, hi])
-        if order is None:
-            part = table.slice(int(a), int(b - a))
-        else:  # ascending event indices keep the table's order inside the block
-            part = table.take(np.sort(order[a:b]))
-        src, dst, byt = flow_arrays(part, algorithm)
-        if len(dst) and (dst.max() >= world_size or dst.min() < 0):
-            raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
-        n_rows = (hi - lo + unit - 1) // unit
-        if unit > 1:
-            src, dst = src // unit, dst // unit
-        blk = sp.coo_matrix((byt, (src - lo // unit, dst)), shape=(n_rows, k)).tocsr()
-        del src, dst, byt
+    for blk in parts:
         indptr_parts.append(blk.indptr[1:].astype(np.int64) + nnz)
         indices.extend(blk.indices)
         data.extend(blk.data)
@@ -145,12 +142,30 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: A
     return sp.csr_matrix((data.array(), indices.array(), indptr), shape=(k, k), copy=False)
 
 
+def _general_block(table: pa.Table | RefEvents, srank: np.ndarray, order: np.ndarray | None, algorithm: AlgorithmName,
+                   lo: int, hi: int, unit: int, k: int, world_size: int) -> sp.csr_matrix:
+    """Rows of source ranks ``[lo, hi)`` by the general path: their events' flows (``srank``: the events' ranks in
+    ``order``, ascending), then one COO -> CSR (duplicates summed)."""
+    a, b = np.searchsorted(srank, [lo, hi])
+    if order is None:
+        part = table.slice(int(a), int(b - a))
+    else:  # ascending event indices keep the table's order inside the block
+        part = table.take(np.sort(order[a:b]))
+    src, dst, byt = flow_arrays(part, algorithm)
+    if len(dst) and (dst.max() >= world_size or dst.min() < 0):
+        raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
+    n_rows = (hi - lo + unit - 1) // unit
+    if unit > 1:
+        src, dst = src // unit, dst // unit
+    return sp.coo_matrix((byt, (src - lo // unit, dst)), shape=(n_rows, k)).tocsr()
+
+
 class _Growing:
     """A 1-d array grown in place (``ndarray.resize``: realloc, which moves large buffers by remapping
     pages rather than copying), so the blocks never exist twice, as a list + concatenate would."""
 
-    def __init__(self, dtype: type) -> None:
-        self.buf: np.ndarray = np.zeros(0, dtype)
+    def __init__(self, dtype: type, capacity: int = 0) -> None:
+        self.buf: np.ndarray = np.zeros(capacity, dtype)
         self.n = 0
 
     def extend(self, values: np.ndarray) -> None:
