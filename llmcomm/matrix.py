@@ -29,7 +29,7 @@ import scipy.sparse as sp
 from .bounds import check_matrix_flows
 from .errors import ConfigError, TraceFormatError
 from .events import vocabulary_codes
-from .flows import flow_arrays
+from .flows import flow_arrays, flow_event_arrays
 from .group_refs import RefEvents
 from .matrix_tiles import Tiles
 from .vocab import ALGORITHMS, OPS, AlgorithmName
@@ -140,6 +140,31 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: A
         del blk
     indptr = np.concatenate(indptr_parts).astype(idx_dtype, copy=False)
     return sp.csr_matrix((data.array(), indices.array(), indptr), shape=(k, k), copy=False)
+
+
+def stacked_matrix(table: pa.Table | RefEvents, world_size: int, algorithm: AlgorithmName, key: np.ndarray,
+                   n_keys: int) -> sp.csr_matrix:
+    """The GPU matrices of the events of each ``key`` (per row, ``0 <= key < n_keys``) stacked: row
+    ``key · world + src``, shape ``(n_keys · world, world)``, from one decomposition of ``table``. Block ``q``
+    equals ``matrix_from_table(rows with key q, world_size, algorithm, tiled=False)`` bit for bit: each row of
+    the stack sees the flows of its source rank and key in the same order as that builder's (flows keep their
+    rule-then-row order under any selection of rows), so scipy sums the same sequences. One shot, so bounded
+    by :data:`BLOCK_FLOWS` times 8 expanded flows (callers use it for ring matrices, O(rows))."""
+    if algorithm not in ALGORITHMS:
+        raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
+    rank = table.column("rank").to_numpy().astype(np.int64) if table.num_rows else np.zeros(0, np.int64)
+    if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
+        raise TraceFormatError(f"events reach rank {int(rank.max())} >= world_size={world_size}")
+    flows = int(_work_per_event(table, algorithm).sum())
+    check_matrix_flows(flows, algorithm=algorithm, world_size=world_size)
+    if flows > 8 * BLOCK_FLOWS:
+        raise ConfigError(f"stacked_matrix expands {flows:,} flows at once, above {8 * BLOCK_FLOWS:,}: build one "
+                          "matrix per key with matrix_from_table (blocked)")
+    src, dst, byt, row = flow_event_arrays(table, algorithm)
+    if len(dst) and (dst.max() >= world_size or dst.min() < 0):
+        raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
+    stack = np.asarray(key, dtype=np.int64)[row] * world_size + src
+    return sp.coo_matrix((byt, (stack, dst)), shape=(n_keys * world_size, world_size)).tocsr()
 
 
 def _general_block(table: pa.Table | RefEvents, srank: np.ndarray, order: np.ndarray | None, algorithm: AlgorithmName,

@@ -166,7 +166,7 @@ class Tiles:
             if home is not None:
                 home.subs.append(k)
                 continue
-            s = np.sort(k.table, axis=1)
+            s = np.sort(k.table, axis=1).astype(np.int32 if self.world < 2**31 else np.int64)
             pos = np.zeros(self.world, dtype=np.int64)
             pos[s.ravel()] = np.tile(np.arange(s.shape[1]), s.shape[0])
             roots.append(_Root(k, s, pos, []))
@@ -198,35 +198,37 @@ class Tiles:
         return (scaled.astype(np.int64) << _COUNT_BITS) + terms
 
     def _tile(self, root: _Root, lo: int, hi: int) -> sp.csr_matrix:
-        """The block's part of a root's kinds: per rank its sorted row of the root table (the rank's own cell
-        stays empty and is dropped with the other empty ones)."""
+        """The block's part of a root's kinds: per rank its whole sorted row of the root table. Cells no kind
+        reaches, the rank's own among them, hold code 0: the CSR addition that merges the tiles drops them (the
+        diagonal never carries a flow)."""
         k = root.kind
         ranks = np.arange(lo, hi)
-        ranks = ranks[k.row_of[ranks] >= 0]
+        held = k.row_of[ranks] >= 0
+        if not held.all():
+            ranks = ranks[held]
         size = k.table.shape[1]
         at = np.full(hi - lo, -1, dtype=np.int64)
         at[ranks - lo] = np.arange(len(ranks))
-        codes = np.zeros((len(ranks), size), dtype=np.int64)
         own = k.terms[ranks] > 0
-        codes[own] = self._code(k.weight[ranks[own]] * self.scale, 1)[:, None]
-        codes[np.arange(len(ranks)), root.sorted_pos[ranks]] = 0
+        if own.all():
+            codes = np.repeat(self._code(k.weight[ranks] * self.scale, 1), size).reshape(len(ranks), size)
+        else:
+            codes = np.zeros((len(ranks), size), dtype=np.int64)
+            codes[own] = self._code(k.weight[ranks[own]] * self.scale, 1)[:, None]
         flat = codes.reshape(-1)
         for sub in root.subs:
             who = ranks[sub.terms[ranks] > 0]
             if not len(who):
                 continue
-            members = sub.table[sub.row_of[who]]
-            others = members != who[:, None]
-            cell = at[who - lo][:, None] * size + root.sorted_pos[members]
+            cell = at[who - lo][:, None] * size + root.sorted_pos[sub.table[sub.row_of[who]]]
             value = (self._code(sub.cells[who] * self.scale, 1) if sub.cells is not None else
-                     np.broadcast_to(self._code(sub.weight[who] * self.scale, 1)[:, None], members.shape))
-            flat[cell[others]] += value[others]  # one kind reaches each cell once: no repeated index
-        columns = root.sorted_rows[k.row_of[ranks]]
-        used = codes != 0
+                     np.broadcast_to(self._code(sub.weight[who] * self.scale, 1)[:, None], cell.shape))
+            flat[cell.ravel()] += value.ravel()  # one kind reaches each cell once: no repeated index
+        codes[np.arange(len(ranks)), root.sorted_pos[ranks]] = 0  # the rank itself (its kinds' own cells too)
         counts = np.zeros(hi - lo, dtype=np.int64)
-        counts[ranks - lo] = used.sum(axis=1)
+        counts[ranks - lo] = size
         indptr = np.zeros(hi - lo + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
-        idx = np.int32 if self.world < 2**31 and indptr[-1] < 2**31 else np.int64
-        return sp.csr_matrix((codes[used], columns[used].astype(idx), indptr.astype(idx)),
-                             shape=(hi - lo, self.world))
+        idx = root.sorted_rows.dtype if indptr[-1] < 2**31 else np.int64
+        return sp.csr_matrix((flat, root.sorted_rows[k.row_of[ranks]].reshape(-1).astype(idx, copy=False),
+                              indptr.astype(idx)), shape=(hi - lo, self.world))
