@@ -307,10 +307,9 @@ class DirectAmounts:
     def all_to_all_amounts(self, rows: np.ndarray, size: int) -> np.ndarray:
         """``(len(rows), size)``: bytes from each all-to-all row of ``rows`` (ascending, groups of ``size``) to the
         member at each position of its group (its own position included: the rules send it nothing)."""
-        splits = split_arrays(self.events.column("split_bytes").take(pa.array(rows)).combine_chunks())
-        local = np.repeat(np.arange(len(rows)), size)
-        return _a2a_amount(self._r, splits, local, rows[local], np.tile(np.arange(size), len(rows))
-                           ).reshape(len(rows), size)
+        splits = split_arrays(self.events.column("split_bytes").combine_chunks())  # every row's: no take
+        row = np.repeat(rows, size)
+        return _a2a_amount(self._r, splits, row, row, np.tile(np.arange(size), len(rows))).reshape(len(rows), size)
 
 
 def flow_event_arrays(events: pa.Table | RefEvents, algorithm: AlgorithmName = "ring"

@@ -135,7 +135,10 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: A
     for blk in parts:
         indptr_parts.append(blk.indptr[1:].astype(np.int64) + nnz)
         indices.extend(blk.indices)
-        data.extend(blk.data)
+        if tiles is not None and tiles.ok:  # integer codes, decoded straight into the answer
+            tiles.decode(blk.data, data.slot(blk.nnz))
+        else:
+            data.extend(blk.data)
         nnz += blk.nnz
         del blk
     indptr = np.concatenate(indptr_parts).astype(idx_dtype, copy=False)
@@ -193,12 +196,17 @@ class _Growing:
         self.buf: np.ndarray = np.zeros(capacity, dtype)
         self.n = 0
 
-    def extend(self, values: np.ndarray) -> None:
-        m = self.n + len(values)
+    def slot(self, k: int) -> np.ndarray:
+        """The next ``k`` elements (a view), for the caller to fill."""
+        m = self.n + k
         if m > len(self.buf):
             self.buf.resize(max(m, int(len(self.buf) * 1.25)), refcheck=False)
-        self.buf[self.n:m] = values
+        view = self.buf[self.n:m]
         self.n = m
+        return view
+
+    def extend(self, values: np.ndarray) -> None:
+        self.slot(len(values))[:] = values
 
     def array(self) -> np.ndarray:
         self.buf.resize(self.n, refcheck=False)

@@ -21,7 +21,7 @@ sort; this one adds them in another. Both give the same float64 when every addit
 every flow carries a multiple of ``2^-e`` and every cell's total stays below ``2^52 · 2^-e`` (every partial sum is
 then an integer multiple of ``2^-e`` below ``2^53 · 2^-e``, the bound's own rounding covered by the factor 2), a
 cell's total bounded by the sum of its source rank's per-kind amounts. Predictions meet it (power-of-two group
-sizes, integer bytes: GPT-3 175B on 131,072 GPUs needs ``e = 9`` and stays below ``2^43``); when a trace does not
+sizes, integer bytes: GPT-3 175B on 131,072 GPUs needs ``e = 6``); when a trace does not
 (a group of 3 splitting an odd byte count) :attr:`Tiles.ok` is false and the general path builds the matrix, so
 the result is the general builder's bit for bit either way (``tests/test_matrix_tiles.py``). Cells are summed as
 integers ``m · 256 + c`` (``m`` the cell's bytes times ``2^e``, ``c`` its number of terms, at most 33), so a flow
@@ -76,6 +76,10 @@ class _Root:
     sorted_rows: np.ndarray
     sorted_pos: np.ndarray
     subs: list[_Kind]
+    # the remaining flows' summed cells that lie in the root's rows: source rank, column in its sorted row, code,
+    # sorted by source (``starts[r]``: the first of rank r's)
+    flows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    starts: np.ndarray | None = None
 
 
 def _row_of(table: np.ndarray, world: int) -> np.ndarray:
@@ -155,9 +159,18 @@ class Tiles:
         if not self.ok:
             return
         self.scale = 2.0**self.bits
-        rest_m = sp.coo_matrix((byt, (src, dst)), shape=(world_size, world_size)).tocsr()  # exact sums
-        self.rest = sp.csr_matrix((self._code(rest_m.data * self.scale, 1), rest_m.indices, rest_m.indptr),
-                                  shape=rest_m.shape)
+        rest_m = sp.coo_matrix((byt, (src, dst)), shape=(world_size, world_size)).tocsr().tocoo()  # exact sums
+        row, col = rest_m.row.astype(np.int64), rest_m.col.astype(np.int64)
+        code = self._code(rest_m.data * self.scale, 1)
+        left = np.ones(len(code), dtype=bool)
+        for root in self.roots:  # cells inside a root's rows join its tile (pp's sends inside tp × pp, say)
+            r_of = root.kind.row_of
+            inside = left & (r_of[row] >= 0) & (r_of[row] == r_of[col])
+            if inside.any():
+                root.flows = (row[inside], root.sorted_pos[col[inside]], code[inside])
+                root.starts = np.searchsorted(row[inside], np.arange(world_size + 1))
+                left &= ~inside
+        self.rest = sp.csr_matrix((code[left], (row[left], col[left])), shape=(world_size, world_size))
 
     def _roots(self, kinds: list[_Kind]) -> list[_Root]:
         roots: list[_Root] = []
@@ -178,19 +191,34 @@ class Tiles:
                                        for r in self.roots))
 
     def blocks(self) -> Iterator[sp.csr_matrix]:
-        """The matrix's rows (data float64), block by block of about ``block_cells`` tile cells."""
+        """The matrix's rows (data as codes), block by block of about ``block_cells`` tile cells."""
         per_rank = sum(r.kind.table.shape[1] for r in self.roots) + self.rest.nnz / max(self.world, 1)
         step = max(1, int(self.block_cells // max(per_rank, 1)))
         for lo in range(0, self.world, step):
             yield self.block(lo, min(lo + step, self.world))
 
     def block(self, lo: int, hi: int) -> sp.csr_matrix:
-        """CSR rows of source ranks ``[lo, hi)``, data float64."""
-        out = self.rest[lo:hi]
-        for root in self.roots:
-            out = out + self._tile(root, lo, hi)
-        data = np.ldexp((out.data >> _COUNT_BITS).astype(np.float64), -self.bits)
-        return sp.csr_matrix((data, out.indices, out.indptr), shape=out.shape)
+        """CSR rows of source ranks ``[lo, hi)``, data as integer codes (:meth:`decode` gives the bytes)."""
+        parts = [self._tile(root, lo, hi) for root in self.roots]
+        if self.rest.nnz:
+            parts.append(self.rest[lo:hi])
+        if not parts:
+            return sp.csr_matrix((hi - lo, self.world), dtype=np.int64)
+        if len(parts) == 1:  # no addition to drop the empty cells: drop them here
+            one = parts[0]
+            used = one.data != 0
+            kept = np.concatenate([[0], np.cumsum(used)])
+            indptr = kept[one.indptr].astype(one.indptr.dtype)
+            return sp.csr_matrix((one.data[used], one.indices[used], indptr), shape=one.shape)
+        out = parts[0]
+        for part in parts[1:]:
+            out = out + part
+        return out
+
+    def decode(self, codes: np.ndarray, out: np.ndarray) -> None:
+        """Bytes (float64, into ``out``) of a block's codes (overwritten): ``(code >> 8) · 2^-e``, exact."""
+        np.right_shift(codes, _COUNT_BITS, out=codes)
+        np.multiply(codes, 2.0**-self.bits, out=out)
 
     @staticmethod
     def _code(scaled: np.ndarray, terms: int) -> np.ndarray:
@@ -224,6 +252,10 @@ class Tiles:
             value = (self._code(sub.cells[who] * self.scale, 1) if sub.cells is not None else
                      np.broadcast_to(self._code(sub.weight[who] * self.scale, 1)[:, None], cell.shape))
             flat[cell.ravel()] += value.ravel()  # one kind reaches each cell once: no repeated index
+        if root.flows is not None and root.starts is not None:
+            a, b = root.starts[lo], root.starts[hi]
+            src, pos, code = (x[a:b] for x in root.flows)
+            flat[at[src - lo] * size + pos] += code  # one entry per cell (summed): no repeated index
         codes[np.arange(len(ranks)), root.sorted_pos[ranks]] = 0  # the rank itself (its kinds' own cells too)
         counts = np.zeros(hi - lo, dtype=np.int64)
         counts[ranks - lo] = size
