@@ -97,16 +97,14 @@ def natural_order(values: Sequence[object]) -> list[object]:
 def layout_grid(data: pd.DataFrame, *, x: str = "rank", y: str = "node", hue: str = "tp_group",
                 ax: Axes | None = None, gpus_per_node: int = 8, title: str | None = None, **kwargs: Any) -> Axes:
     """Ranks as cells (rows: the ``y`` node, columns: ``x`` rank modulo ``gpus_per_node``), coloured and
-    labelled by their ``hue`` group (e.g. :meth:`llmcomm.layout.Layout.group_table`)."""
+    labelled by their ``hue`` group (e.g. :meth:`llmcomm.layout.Layout.group_table`). :func:`layout_cells` gives
+    each cell's place, colour and label (to recolour the same cells in place)."""
     nodes = int(data[y].max()) + 1
     ax = axes_or_new(ax, (6, 0.45 * nodes + 1))
-    ids = data[hue].to_numpy()
-    uniq = {v: i for i, v in enumerate(pd.unique(ids))}
-    pal = sns.color_palette("husl", max(len(uniq), 1))
-    for r, node, gid in zip(data[x].to_numpy(), data[y].to_numpy(), ids, strict=True):
-        col, row = int(r) % gpus_per_node, nodes - 1 - int(node)
-        ax.add_patch(Rectangle((col, row), 0.95, 0.9, **{"color": pal[uniq[gid]], "alpha": 0.85, **kwargs}))
-        ax.text(col + 0.47, row + 0.45, f"r{r}\ng{gid}", ha="center", va="center", fontsize=7)
+    for col, row, color, label in zip(*layout_cells(data, x=x, y=y, hue=hue, gpus_per_node=gpus_per_node),
+                                      strict=True):
+        ax.add_patch(Rectangle((col, row), 0.95, 0.9, **{"color": color, "alpha": 0.85, **kwargs}))
+        ax.text(col + 0.47, row + 0.45, label, ha="center", va="center", fontsize=7)
     ax.set_xlim(0, gpus_per_node)
     ax.set_ylim(0, nodes)
     ax.set_xticks(np.arange(gpus_per_node) + 0.47, [str(i) for i in range(gpus_per_node)])
@@ -115,6 +113,23 @@ def layout_grid(data: pd.DataFrame, *, x: str = "rank", y: str = "node", hue: st
     ax.grid(False)
     ax.set_title(title or f"{hue}")
     return ax
+
+
+def layout_cells(data: pd.DataFrame, *, x: str = "rank", y: str = "node", hue: str = "tp_group",
+                 gpus_per_node: int = 8) -> tuple[list[int], list[int], list[tuple[float, float, float]], list[str]]:
+    """The cells of :func:`layout_grid` in row order: column, row (node 0 on top), colour (one ``husl`` colour
+    per ``hue`` group, in order of appearance) and label (``r<rank>`` over ``g<group>``)."""
+    nodes = int(data[y].max()) + 1
+    ids = data[hue].to_numpy()
+    uniq = {v: i for i, v in enumerate(pd.unique(ids))}
+    pal = sns.color_palette("husl", max(len(uniq), 1))
+    cols, rows, colors, labels = [], [], [], []
+    for r, node, gid in zip(data[x].to_numpy(), data[y].to_numpy(), ids, strict=True):
+        cols.append(int(r) % gpus_per_node)
+        rows.append(nodes - 1 - int(node))
+        colors.append(pal[uniq[gid]])
+        labels.append(f"r{r}\ng{gid}")
+    return cols, rows, colors, labels
 
 
 def parameter_check(data: pd.DataFrame, *, x: str = "rel_error", y: str = "name", hue: str = "family",
@@ -128,7 +143,7 @@ def parameter_check(data: pd.DataFrame, *, x: str = "rel_error", y: str = "name"
     sns.scatterplot(data=d.assign(_pct=100 * d[x]), x="_pct", y=y, hue=hue, ax=ax, **{"s": 45, "zorder": 3, **kwargs})
     ax.axvline(0, color="k", lw=0.8)
     ax.set(xlabel="(computed − published) / published  [%]", ylabel="")
-    ax.legend(fontsize=7, loc="lower right", title=hue)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=hue)  # outside: no point hidden
     return ax
 
 
@@ -215,30 +230,98 @@ def comm_matrix_grid(data: pd.DataFrame, *, x: str = "dst", y: str = "src", hue:
     titles = list(pd.unique(data[col]))
     n = world_size or int(max(data[x].max(), data[y].max()) + 1)
     mats = [_binned(data[data[col] == t], x, y, hue, n, max_cells) for t in titles]
-    finite = [d[np.isfinite(d)] for d, _ in mats]
+    return _matrix_grid(titles, mats, n, gpus_per_node, ncols, size, cmap, floor, hue, **kwargs)[0]
+
+
+class MatrixImages:
+    """:func:`comm_matrix_grid` of matrices already summed into blocks of ``unit`` ranks (``{title: (cells,
+    cells) array}``, e.g. :func:`llmcomm.matrix_view.binned_matrices`; zero cells are background), its figure
+    (``.fig``) kept with its artists: :meth:`update` puts new matrices of the
+    same titles, block size and world (:meth:`fits`) into the same images, colour scale and colour-bar label,
+    so a redraw costs one rendering, not a new figure and its layout. ``subplotpars`` (``left, right, bottom,
+    top, wspace, hspace``, e.g. :func:`subplot_params` of an earlier grid of as many panels) replace the tight
+    layout, which costs as much as a drawing."""
+
+    def __init__(self, images: Mapping[str, np.ndarray], *, unit: int, world_size: int, gpus_per_node: int = 8,
+                 ncols: int = 4, size: float = 3.2, cmap: str = "viridis", hue: str = "bytes",
+                 floor: float | None = MATRIX_FLOOR, subplotpars: Mapping[str, float] | None = None,
+                 **kwargs: Any) -> None:
+        self.key = self._key(images, unit, world_size, gpus_per_node)
+        self.hue, self.floor = hue, floor
+        mats = [(np.where(m > 0, m, np.nan), unit) for m in images.values()]
+        self.fig, self.ims, self.colorbar = _matrix_grid(list(images), mats, world_size, gpus_per_node, ncols,
+                                                         size, cmap, floor, hue, subplotpars, **kwargs)
+
+    @staticmethod
+    def _key(images: Mapping[str, np.ndarray], unit: int, world_size: int, gpus_per_node: int) -> tuple:
+        return (tuple(images), tuple(m.shape for m in images.values()), unit, world_size, gpus_per_node)
+
+    def fits(self, images: Mapping[str, np.ndarray], *, unit: int, world_size: int, gpus_per_node: int = 8) -> bool:
+        """Whether ``images`` can be drawn into this figure (same titles, shapes, blocks and nodes)."""
+        return self._key(images, unit, world_size, gpus_per_node) == self.key
+
+    def update(self, images: Mapping[str, np.ndarray]) -> None:
+        """Show ``images`` (which :meth:`fits`) in place: data, shared log scale and colour-bar label."""
+        mats, norm, hidden = _grid_scale([np.where(m > 0, m, np.nan) for m in images.values()], self.floor)
+        if self.colorbar is None:
+            return
+        shared = self.ims[0].norm
+        shared.vmin, shared.vmax = norm.vmin, norm.vmax
+        for im, dense in zip(self.ims, mats, strict=True):
+            im.set_data(np.log10(dense))
+        self.colorbar.update_normal(self.ims[-1])
+        self.colorbar.set_label(_grid_label(self.hue, self.floor, hidden), fontsize=8 if hidden else None)
+
+
+def _grid_scale(mats: list[np.ndarray], floor: float | None) -> tuple[list[np.ndarray], Normalize, float]:
+    """The matrices with cells under ``floor`` × the largest of any as NaN, their shared log10 scale and the
+    largest hidden cell."""
+    finite = [d[np.isfinite(d)] for d in mats]
     top = max((float(f.max()) for f in finite if len(f)), default=np.nan)
-    floored = [(_floor_cells(d, floor, top), k) for d, k in mats]
-    mats = [(d, k) for (d, _), k in floored]
-    hidden = max((h for (_, h), _ in floored), default=0.0)
-    logs = np.concatenate([np.log10(d[np.isfinite(d)]) for d, _ in mats])
+    floored = [_floor_cells(d, floor, top) for d in mats]
+    hidden = max((h for _, h in floored), default=0.0)
+    out = [d for d, _ in floored]
+    logs = np.concatenate([np.log10(d[np.isfinite(d)]) for d in out]) if out else np.zeros(0)
     norm = Normalize(float(logs.min()), float(logs.max())) if len(logs) else Normalize(0, 1)
+    return out, norm, hidden
+
+
+def _grid_label(hue: str, floor: float | None, hidden: float) -> str:
+    return f"log10 {hue} (one scale for all panels)" + _floor_note(floor, hidden)
+
+
+def subplot_params(fig: plt.Figure) -> dict[str, float]:
+    """The figure's subplot parameters (after ``tight_layout``), to lay out a figure of the same shape alike."""
+    sp = fig.subplotpars
+    return {"left": sp.left, "right": sp.right, "bottom": sp.bottom, "top": sp.top, "wspace": sp.wspace,
+            "hspace": sp.hspace}
+
+
+def _matrix_grid(titles: list, mats: list[tuple[np.ndarray, int]], n: int, gpus_per_node: int, ncols: int,
+                 size: float, cmap: str, floor: float | None, hue: str,
+                 subplotpars: Mapping[str, float] | None = None, **kwargs: Any) -> tuple[plt.Figure, list, Any]:
+    dense_list, norm, hidden = _grid_scale([d for d, _ in mats], floor)
+    mats = [(d, k) for d, (_, k) in zip(dense_list, mats, strict=True)]
     cols = min(ncols, len(titles))
     nrows = int(np.ceil(len(titles) / cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(size * 1.12 * cols + 0.8, size * nrows), squeeze=False)
-    im = None
+    ims = []
     for ax, title, (dense, k) in zip(axes.ravel(), titles, mats, strict=False):
-        im = _matrix_panel(ax, dense, k, n, gpus_per_node, norm, cmap, True, str(title), **kwargs)
+        ims.append(_matrix_panel(ax, dense, k, n, gpus_per_node, norm, cmap, True, str(title), **kwargs))
         ax.title.set_fontsize(8)
         ax.xaxis.label.set_fontsize(7)
         ax.yaxis.label.set_fontsize(7)
     for ax in axes.ravel()[len(titles):]:
         ax.set_visible(False)
-    fig.tight_layout()
-    if im is not None:
-        cb = fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, pad=0.02)
-        cb.set_label(f"log10 {hue} (one scale for all panels)" + _floor_note(floor, hidden),
-                     fontsize=8 if hidden else None)
-    return fig
+    if subplotpars is None:
+        fig.tight_layout()
+    else:
+        fig.subplots_adjust(**subplotpars)
+    cb = None
+    if ims:
+        cb = fig.colorbar(ims[-1], ax=axes.ravel().tolist(), fraction=0.02, pad=0.02)
+        cb.set_label(_grid_label(hue, floor, hidden), fontsize=8 if hidden else None)
+    return fig, ims, cb
 
 
 def volume_bars(data: pd.DataFrame, *, x: str = "config", y: str = "bytes", hue: str = "parallelism",
@@ -696,17 +779,27 @@ def call_sequence(data: pd.DataFrame, *, x: str = "step", y: str = "bytes", hue:
 
 def predicted_vs_measured(data: pd.DataFrame, *, x: str = "time_s", y: str = "predicted_s", hue: str | None = None,
                           ax: Axes | None = None, band: float = 0.1, title: str | None = None,
-                          hue_order: Sequence[object] | None = None, unit: str = "s", **kwargs: Any) -> Axes:
+                          hue_order: Sequence[object] | None = None, unit: str = "s",
+                          interval: tuple[str, str] | None = None, **kwargs: Any) -> Axes:
     """Log-log scatter of predicted ``y`` against measured ``x`` coloured by ``hue`` (legend in
     :func:`natural_order` unless ``hue_order``), with the line y = x and the dashed ±``band`` lines (named in the
-    legend); the axes are :func:`log_axis` (plain, non-overlapping labels). ``kwargs`` go to ``ax.scatter``."""
+    legend); the axes are :func:`log_axis` (plain, non-overlapping labels). ``interval``: the columns of each
+    prediction's interval (e.g. ``("total_s_lo", "total_s_hi")``), drawn as vertical bars in the point's colour
+    and named in the legend. ``kwargs`` go to ``ax.scatter``."""
     ax = axes_or_new(ax, (5.2, 4.6))
     groups = [(None, data)] if hue is None else \
         [(k, data[data[hue] == k]) for k in (hue_order if hue_order is not None else natural_order(data[hue]))]
-    for key, g in groups:
-        ax.scatter(g[x], g[y], **{"s": 14, "alpha": 0.75, **kwargs}, label=None if key is None else str(key))
-    lo = min(data[x].min(), data[y].min()) * 0.8
-    hi = max(data[x].max(), data[y].max()) * 1.25
+    for i, (key, g) in enumerate(groups):
+        pts = ax.scatter(g[x], g[y], **{"s": 14, "alpha": 0.75, **kwargs}, label=None if key is None else str(key))
+        if interval is not None and len(g):
+            lo_, hi_ = interval
+            rgba = np.asarray(pts.get_facecolor(), dtype=float)[0]
+            ax.errorbar(g[x], g[y], yerr=[g[y] - g[lo_], g[hi_] - g[y]], fmt="none", lw=0.8, alpha=0.55,
+                        ecolor=(rgba[0], rgba[1], rgba[2], rgba[3]), capsize=1.5,
+                        label="90% interval of the prediction" if i == 0 else None)
+    cols = [x, y, *(interval or ())]
+    lo = min(data[c].min() for c in cols) * 0.8
+    hi = max(data[c].max() for c in cols) * 1.25
     xs = np.array([lo, hi])
     ax.plot(xs, xs, color="black", lw=1, label="predicted = measured")
     for i, f in enumerate((1 - band, 1 + band)):

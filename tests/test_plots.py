@@ -16,7 +16,7 @@ from llmcomm import plots, plots_moe
 FUNCTIONS = [f for module in (plots, plots_moe) for name, f in inspect.getmembers(module, inspect.isfunction)
              if f.__module__ == module.__name__ and not name.startswith("_")
              and name not in ("apply_style", "byte_ticks", "plain_number", "log_axis", "natural_order", "node_palette",
-                              "axes_or_new")]
+                              "axes_or_new", "layout_cells", "subplot_params")]  # helpers, not figures
 # several panels: a Figure, no ax (as sns.relplot)
 FIGURE_LEVEL = {"comm_matrix_grid", "comparison_matrices", "identity_panels", "overhead_surface",
                 "exact_bounded_bars"}

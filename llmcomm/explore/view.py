@@ -7,7 +7,8 @@ panel                computed by
 rank layout          :meth:`llmcomm.layout.Layout.group_table` (Megatron's rank order), nodes of the cluster
 matrices             :func:`llmcomm.predict.predict_traffic` → :meth:`llmcomm.Trace.matrix` per parallelism,
                      ``algorithm="direct"`` (logical: who talks to whom) and ``"ring"`` (what NCCL's ring
-                     puts on the wire), summed into blocks by :func:`llmcomm.matrix.binned_flows`
+                     puts on the wire), summed into blocks by :func:`llmcomm.matrix_view.binned_matrices` (an image
+                     from the group structure; equal to the exact matrix summed into the same blocks)
 bytes                :meth:`llmcomm.Trace.volumes` by parallelism (nccl-tests sizes, each send counted once)
 call sequence        :func:`llmcomm.predict.program.stage_program` of the chosen rank's stage, one micro-batch;
                      its groups resolved by :meth:`llmcomm.layout.Layout.group_rows`
@@ -39,7 +40,7 @@ import pandas as pd
 
 from ..errors import ConfigError, LLMCommError
 from ..layout import Layout
-from ..matrix import binned_flows
+from ..matrix_view import Grid, binned_matrices, view_grid
 from ..overhead.iteration import Breakdown, iteration_time
 from ..predict import predict_traffic
 from ..predict.calls import Context
@@ -104,17 +105,27 @@ class View:
     cluster: Cluster
     layout: Layout
     trace: Trace
-    level: str  # "gpu" or "node": the unit of the matrices' axes
-    unit: int  # ranks per matrix cell
-    cells: int  # matrix cells per side
+    grid: Grid  # the matrices' blocks: level ("gpu" or "node"), unit (ranks per cell), cells per side
     group_table: pd.DataFrame  # the layout panel's ranks (the first LAYOUT_NODES nodes)
     group_summary: pd.DataFrame  # per parallelism: groups, size, nodes one group spans
-    matrices: pd.DataFrame  # panel ("tp logical"...), parallelism, algorithm, src, dst, bytes (cells)
+    matrices: dict[str, np.ndarray]  # panel ("TP logical"...) -> bytes image (cells × cells, sender rows)
     volumes: pd.DataFrame  # parallelism, bytes, calls, share
     calls: pd.DataFrame  # the chosen rank's calls of one micro-batch, in issue order
     breakdown: Breakdown | None
     time_error: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def level(self) -> str:
+        return self.grid.level
+
+    @property
+    def unit(self) -> int:
+        return self.grid.unit
+
+    @property
+    def cells(self) -> int:
+        return self.grid.cells
 
     @property
     def world_size(self) -> int:
@@ -145,26 +156,14 @@ def _group_summary(lay: Layout) -> pd.DataFrame:
                                        "first_group"])
 
 
-def _matrices(trace: Trace, world: int, gpus_per_node: int) -> tuple[pd.DataFrame, str, int, int]:
-    """Per parallelism present and per algorithm, the matrix summed into at most MATRIX_CELLS² blocks."""
-    level = "gpu" if world <= GPU_LEVEL_MAX else "node"
-    if level == "gpu":
-        cells = min(world, MATRIX_CELLS)
-    else:  # blocks of whole nodes
-        nodes = -(-world // gpus_per_node)
-        cells = -(-nodes // -(-nodes // MATRIX_CELLS))
-    unit = -(-world // cells)  # the block binned_flows and comm_matrix use for `cells`
-    present = [p for p in trace.volumes(["parallelism"])["parallelism"] if p != "other"]
-    order = [p for p in ("tp", "sp", "cp", "ep", "pp", "dp") if p in present]
-    frames = []
-    for p in order:
-        sub = trace.select(parallelism=p)
-        for alg in ALGORITHMS:
-            f = binned_flows(sub, alg, max_cells=cells)  # type: ignore[arg-type]  # alg from vocab.ALGORITHMS
-            frames.append(f.assign(panel=f"{p.upper()} {ALGORITHM_LABEL[alg]}", parallelism=p, algorithm=alg))
-    cols = ["panel", "parallelism", "algorithm", "src", "dst", "bytes"]
-    out = pd.concat(frames, ignore_index=True)[cols] if frames else pd.DataFrame(columns=cols)
-    return out, level, unit, cells
+def _matrices(trace: Trace, world: int, gpus_per_node: int) -> tuple[dict[str, np.ndarray], Grid]:
+    """Per parallelism present and per algorithm, the matrix summed into at most MATRIX_CELLS² blocks
+    (:func:`llmcomm.matrix_view.binned_matrices`: an image from the group structure, no flow list)."""
+    grid = view_grid(world, gpus_per_node, MATRIX_CELLS, GPU_LEVEL_MAX)
+    images = binned_matrices(trace, ALGORITHMS, grid.unit, world_size=world)
+    order = [p for p in ("tp", "sp", "cp", "ep", "pp", "dp") if any(k[0] == p for k in images)]
+    out = {f"{p.upper()} {ALGORITHM_LABEL[a]}": images[(p, a)] for p in order for a in ALGORITHMS}
+    return out, grid
 
 
 def _volumes(trace: Trace) -> pd.DataFrame:
@@ -209,10 +208,8 @@ class _Job:
     trace: Trace
     group_table: pd.DataFrame
     group_summary: pd.DataFrame
-    matrices: pd.DataFrame
-    level: str
-    unit: int
-    cells: int
+    matrices: dict[str, np.ndarray]
+    grid: Grid
     volumes: pd.DataFrame
     breakdown: Breakdown | None
     time_error: str
@@ -242,7 +239,7 @@ def _job(key: Choice, _model_stamp: float, _cluster_stamp: float) -> _Job:
     table = table[table["node"] < LAYOUT_NODES].reset_index(drop=True)
     summary = _group_summary(lay)
     t2 = time.perf_counter()
-    matrices, level, unit, cells = _matrices(trace, parallel.world_size, sized.gpus_per_node)
+    matrices, grid = _matrices(trace, parallel.world_size, sized.gpus_per_node)
     volumes = _volumes(trace)
     t3 = time.perf_counter()
     breakdown, why = None, ""
@@ -251,7 +248,7 @@ def _job(key: Choice, _model_stamp: float, _cluster_stamp: float) -> _Job:
     except LLMCommError as e:
         why = str(e)
     t4 = time.perf_counter()
-    return _Job(model, parallel, sized, lay, trace, table, summary, matrices, level, unit, cells, volumes,
+    return _Job(model, parallel, sized, lay, trace, table, summary, matrices, grid, volumes,
                 breakdown, why, {"predict_s": t1 - t0, "layout_s": t2 - t1, "matrices_s": t3 - t2,
                                  "time_s": t4 - t3})
 
@@ -268,5 +265,5 @@ def compute(choice: Choice) -> View:
     t0 = time.perf_counter()
     calls = _calls(j.model, j.parallel, j.layout, choice.rank, choice.microbatch)
     timings = {**j.timings, "calls_s": time.perf_counter() - t0}
-    return View(choice, j.model, j.parallel, j.cluster, j.layout, j.trace, j.level, j.unit, j.cells, j.group_table,
+    return View(choice, j.model, j.parallel, j.cluster, j.layout, j.trace, j.grid, j.group_table,
                 j.group_summary, j.matrices, j.volumes, calls, j.breakdown, j.time_error, timings)

@@ -46,6 +46,7 @@ class Explorer:
         self.view: View | None = None
         self.error = ""
         self.renders = 0
+        self.painter = panels.Painter()
         st = {"description_width": "110px"}
         lay = w.Layout(width="260px")
         models = list_models()
@@ -128,7 +129,7 @@ class Explorer:
             computed = time.perf_counter() - t0
             self.status.value = f"<span class='llmcomm-busy'>{html.escape(choice.label())}: drawing…</span>"
             for p in panels.PANELS:  # each panel appears as soon as it is drawn
-                self.images[p].value = panels.render(view, p)
+                self.images[p].value = self.painter.render(view, p)
                 self.tables[p].value = tables[p]
             self.view = view
             self.renders += 1

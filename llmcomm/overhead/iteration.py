@@ -28,8 +28,8 @@ the last the output layer and the loss) make the slowest stage set the pace. The
     dp_exposed = max over stages of the gradient reduction (all-reduce, or reduce-scatter + parameter
                  all-gather with the distributed optimizer) + SP norm all-reduce + tied-embedding all-reduce,
                  minus, for the last stage, the (p − 1) backward steps it finishes ahead of stage 0; with
-                 ``overlap_grad_reduce`` all but the last micro-batch's backward hides it (Megatron-LM's
-                 bucketed overlap): exposed = max(0, dp − backward of one micro-batch)
+                 ``overlap_grad_reduce`` Megatron-LM's buckets and schedule decide what hides behind the
+                 backward still to run (:func:`llmcomm.overhead.overlap.grad_reduce_exposed`)
     optimizer  = bytes_per_param · params_on_gpu / HBM bandwidth      (Adam, :data:`ADAM_BYTES_PER_PARAM`)
 
 ``exposed_comm_s = tp + ep + pp (each m·on the critical stage) + dp_exposed``; ``comm_overhead =
@@ -48,22 +48,39 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
     tp_comm_overlap:      tp_r = tp_overlap_exposed(...)  (TE userbuffers: each block's SP all-gather /
                           reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks)
     overlap_param_gather: dp_exposed = [gradient reduction as above, without the parameter all-gather]
-                          + param_gather_exposed(AG of stage 0, its forward, its DDP buckets)
-    overlap_grad_reduce:  the keyword or the column (either turns it on); with the distributed optimizer only
-                          the reduce-scatter hides under the backward: the parameter all-gather follows the
-                          optimizer step (exposed in full unless overlap_param_gather)
+                          + param_gather_exposed(AG of stage 0, its forward, its DDP buckets: the
+                          predictor's first-chunk layout, one bucket per later chunk)
+    overlap_grad_reduce:  the keyword or the column (either turns it on): each stage's and chunk's buffers
+                          reduced as Megatron dispatches them (only stage 0's first chunk bucketed; interleaved
+                          chunks aligned to stage 0, the first layers' reduction exposed), then finish_grad_sync
+                          and the calls after it (:mod:`llmcomm.overhead.overlap`); with the distributed optimizer
+                          only the reduce-scatter hides: the parameter all-gather follows the optimizer step
+                          (exposed in full unless overlap_param_gather)
+    overlap_p2p_comm:     interleaved only: pp_r = overlap.p2p_exposed (each send behind the other direction's
+                          compute step of one chunk)
+    moe_a2a_overlap:      ep_r: the all-to-alls of the paired steps of the combined 1F1B schedule behind the
+                          other micro-batch's attention and MLP (overlap.a2a_pair_exposed); the flex dispatcher
+                          (moe_flex_dispatcher_backend) is refused, rule 'cost-dispatcher'
     fp8:                  the linear layers' GEMMs at the FP8 peak (or the measured GEMM model's FP8 rule),
                           quantization casts as element-wise bytes (:func:`_compute`); TP/DP bytes unchanged
 
 On a cluster whose GPU has a measured GEMM model (:func:`measured_gemm`: H100, H200 at their datasheet peak)
 the linear GEMMs are timed by it; A100 clusters keep the utilization fit's ``FLOPs/peak`` (byte-identical).
 
-Not modelled (rejected with :class:`ConfigError`): context parallelism and FSDP.
+FSDP (``fsdp``, ``fsdp_reshard_after_forward``; :mod:`llmcomm.overhead.fsdp_time`): per micro-batch the units'
+parameter all-gathers and gradient reduce-scatters, exposed as prefetching leaves them (its equations), join the
+stage time and ``dp_comm_s``; no DDP bucket reduction. ``recompute_modules`` (selective recomputation by module,
+:func:`recompute_module_features`): the modules' forward work in ``recompute_s``, their TP/EP calls again in the
+backward (:func:`comm_items`).
+
+Not modelled (rejected with :class:`ConfigError`): context parallelism.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -75,6 +92,7 @@ from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
 from . import interval as _interval
+from . import overlap as _overlap
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .capacity import check_fits
@@ -169,6 +187,10 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["overlap_grad_reduce"] = np.asarray(t.overlap_grad_reduce, dtype=bool)
     c["cp"] = t.cp
     c["bucket_size"] = t.bucket_size
+    c["fsdp"], c["fsdp_reshard"] = t.fsdp, t.fsdp_reshard_after_forward  # FSDP (llmcomm.overhead.fsdp_time)
+    if any(v is not None for v in t.recompute_modules.tolist()):  # --recompute-modules (absent: core_attn only)
+        for name, on in step.recompute_flags(t.recompute, t.recompute_modules).items():
+            c["rm_" + name] = np.broadcast_to(np.asarray(on, dtype=bool), (len(t),))
     for k in step.UNEVEN:  # the pipeline split (llmcomm.stage_split.pipeline_split)
         c[k] = np.asarray(getattr(t, k), np.int64)
     for name in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
@@ -186,6 +208,39 @@ def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
     return out
 
 
+_CLASS_KEYS: dict[tuple[str, ...], list[tuple[str, tuple[str, str, str]]]] = {}
+
+
+def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``for_class(c, cls)`` of the classes of :data:`~llmcomm.step.CLASSES`, concatenated row-wise (rows
+    ``0..n-1`` first, then mid, then last): the ``3n`` rows :func:`stages` computes on. Equal, key for key and
+    value for value, to ``{k: concatenate([for_class(c, cls)[k] for cls in CLASSES])}``; the key mapping is
+    cached per key set; for a few rows the arrays of one dtype are copied as one 2-D block (row views of it),
+    since for one configuration the per-key calls, not the copying, cost the time."""
+    keys = tuple(c)
+    plan = _CLASS_KEYS.get(keys)
+    if plan is None:
+        src = [{k: k for k in keys if "@" not in k} for _ in CLASSES]
+        for s_, cls in zip(src, CLASSES, strict=True):
+            s_.update({k.split("@")[0]: k for k in keys if k.endswith("@" + cls)})
+        plan = _CLASS_KEYS[keys] = [(k, (src[0][k], src[1][k], src[2][k])) for k in src[0]]
+    n = len(c["tp"])
+    if n > 64:  # many rows: the copying costs the time, one concatenation per key copies once
+        return {k: np.concatenate([c[a] for a in trio]) for k, trio in plan}
+    groups: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
+    out: dict[str, np.ndarray] = {}
+    for k, trio in plan:
+        arrs = [c[a] for a in trio]
+        if all(a.ndim == 1 and len(a) == n for a in arrs) and len({a.dtype for a in arrs}) == 1:
+            groups.setdefault(arrs[0].dtype, []).append((k, trio))
+        else:
+            out[k] = np.concatenate(arrs)
+    for items in groups.values():
+        block = np.concatenate([np.array([c[trio[i]] for _, trio in items]) for i in range(3)], axis=1)
+        out.update({k: block[j] for j, (k, _) in enumerate(items)})
+    return {k: out[k] for k, _ in plan}
+
+
 @dataclass
 class CommItem:
     """Calls of one kind a stage class issues: ``count`` calls (per micro-batch or per iteration) of
@@ -201,6 +256,8 @@ class CommItem:
     rpn: np.ndarray
     per: str  # "microbatch" or "iteration"
     ub: bool = False  # a transformer block's SP all-gather / reduce-scatter (TransformerEngine userbuffers)
+    unit: str = ""  # FSDP: "<ag_f|ag_b|rs_b>:<unit>" (llmcomm.overhead.fsdp_time), timed per unit
+    grad: str = ""  # a gradient-buffer reduction: "plain" / "edge" / "shared" chunk bucket or "expert" (overlap)
 
 
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
@@ -253,9 +310,19 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tpc("reduce_scatter", "forward", A, blocks * ysp, ub=True)
     tpc("all_gather", "backward", A, blocks * ysp * (2 + fr), ub=True)
     tpc("reduce_scatter", "backward", A, blocks * ysp * (1 + fr), ub=True)
+    # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
+    # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
+    rm = {k: c.get("rm_" + k, np.zeros(n, bool)).astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
+    if "rm_mlp" in c:
+        reblocks = nd * rm["mlp"] + nm * int(bool(model.num_shared_experts)) * np.maximum(rm["moe"],
+                                                                                            rm["shared_experts"])
+        tpc("all_reduce", "backward", A, reblocks * nsp)
+        tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
+        tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher, expert TP = TP (llmcomm.predict.ep)
         k, E = model.moe_router_topk, model.num_experts
         local = np.where(sp, T // tp, T)
+        fr = np.maximum(fr, rm["moe"])  # the MoE layer's forward calls again: full recomputation or recompute "moe"
         rec = 1 + fr  # forward calls, and again in the backward phase under full recomputation
         tpep = tp * ep
         cnt_on = (tpep > 1).astype(np.int64)
@@ -333,6 +400,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     edpon = ((edp > 1) & (expert > 0)).astype(np.int64)
     rpn_edp = c["k_edp"]
     dist = c["distributed_optimizer"].astype(np.int64)
+    nf = 1 - c["fsdp"].astype(np.int64) if "fsdp" in c else 1  # FSDP: no DDP buckets (llmcomm.overhead.fsdp_time)
     # one gradient buffer per model chunk (finish_grad_sync per chunk): v - 1 chunks of layers only, one with
     # the stage's embedding / output layer when it holds them
     vh = step.embedding_shard(model, tp)
@@ -344,17 +412,18 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     shared = (c["distributed_optimizer"] & model.tied_embeddings & (pp > 1) & (holds_first | holds_last))
     sh = shared.astype(np.int64)
     chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge - sh * vh, has_edge), (vh, has_edge * sh))
-    for op, cnt in (("all_reduce", 1 - dist), ("reduce_scatter", dist)):
-        for nb, k_ in chunk_sizes:
-            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration"))
+    for op, cnt in (("all_reduce", (1 - dist) * nf), ("reduce_scatter", dist * nf)):
+        for (nb, k_), tag in zip(chunk_sizes, ("plain", "edge", "shared"), strict=True):
+            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration",
+                                  grad=tag))
         items.append(CommItem("dp", "dp", op, "optimizer", expert // v * gby, v * cnt * edpon, edp, rpn_edp,
-                              "iteration"))
+                              "iteration", grad="expert"))
     items.append(CommItem("dp", "tp", "all_reduce", "optimizer", repl * gby, tpon * ysp * (repl > 0), tp, rpn_tp,
                           "iteration"))
     tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
     items.append(CommItem("dp", "pp", "all_reduce", "optimizer", vh * gby, tied.astype(np.int64), 2 * one,
                           c["k_emb"], "iteration"))
-    passes = 1 + eopt  # each chained DistOpt all-gathers every bucket (llmcomm.predict.dp.param_gather_passes)
+    passes = (1 + eopt) * nf  # each chained DistOpt all-gathers every bucket (llmcomm.predict.dp.param_gather_passes)
     for nb, k_ in chunk_sizes:
         items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpon * passes, dp,
                               rpn_dp, "iteration"))
@@ -388,6 +457,9 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl,
                               (c["moe_aux_loss_coeff"] > 0) * tpon, tp, rpn_tp, "iteration"))
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, dpon, dp, rpn_dp, "iteration"))
+    from . import fsdp_time  # FSDP's per-unit calls (term "fsdp", per micro-batch)
+
+    items += fsdp_time.comm_items(model, c, holds_first, holds_last, nd, nm)
     return items
 
 
@@ -404,6 +476,20 @@ def measured_gemm(cluster: Cluster) -> Any:
     ``None`` where there is none (A100: the utilization fit's term is kept; B200: no table) or where the
     cluster's ``peak_bf16_flops`` is not the datasheet figure the model was fitted with (within 0.1 %: another
     part, e.g. H100 PCIe, or a hypothetical GPU; the fit belongs to its figures, :func:`load_gemm_model`)."""
+    from ..paths import data_dir
+    from .gemm import CALIBRATION
+
+    p = data_dir() / CALIBRATION
+    try:
+        stamp = p.stat().st_mtime_ns
+    except OSError:
+        stamp = -1
+    return _measured_gemm(cluster, str(p), stamp)
+
+
+@lru_cache(maxsize=64)
+def _measured_gemm(cluster: Cluster, path: str, stamp: int) -> Any:
+    """:func:`measured_gemm`, once per cluster and GEMM calibration file (``path`` at ``stamp``)."""
     from ..errors import DataError
     from .gemm import GemmModel, load_gemm_model
 
@@ -500,7 +586,10 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
             # tensorwise (current scaling): an amax pass (read 2 bytes) before every cast, and the LayerNorm
             # output of qkv/fc1 quantized apart from the norm (amax + cast, 2 + 3 bytes, full width without SP)
             L[:, U.I["mem"]] += c["fp8_tensorwise"] * (2.0 * T * (a * d + ff) / tpf + 2 * 5.0 * T * h / fw) / hbm
-    need = gemm_model is not None or c["tp_comm_overlap"].any()  # the per-GEMM terms cost time: only when used
+    rmods = {k: c.get("rm_" + k, np.zeros(len(tp), bool)) for k in ("mlp", "moe", "shared_experts", "layernorm",
+                                                                      "moe_act")}
+    need = gemm_model is not None or c["tp_comm_overlap"].any() or any(
+        rmods[k].any() for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
         sec = {}
@@ -522,9 +611,52 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
     E = (holds_first[:, None] * U.embedding_features(b, s, h, hbm)
          + holds_last[:, None] * U.output_features(b, s, tp, h, model.padded_vocab_size(tp), peak, hbm))
-    return {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
-            "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
-            "sel": (c["recompute"] == 1).astype(np.float64), "Gag": Gag, "Grs": Grs}
+    core = c.get("rm_core_attn", c["recompute"] == 1)  # selective recomputation of the attention core
+    out = {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
+           "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
+           "sel": np.asarray(core, dtype=np.float64), "Gag": Gag, "Grs": Grs}
+    if "rm_mlp" in c:  # --recompute-modules given (arrays() sets the flags then)
+        out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
+    return out
+
+
+def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: dict[str, np.ndarray],
+                              sec: dict[str, np.ndarray], T: np.ndarray, fw: np.ndarray, peak: float, hbm: float
+                              ) -> tuple[np.ndarray, np.ndarray]:
+    """Features (:data:`llmcomm.overhead.utilization.FEATURES`) of the forward work ``--recompute-modules``
+    recomputes in the backward, per dense (``Rd``) and MoE (``Rm``) layer and micro-batch, beside the attention core
+    (``core_attn``: ``Cd``/``Cm``). From the step description's layer (:func:`llmcomm.step.layer_gemms`, the GEMM
+    seconds ``sec`` of :func:`layer_gemm_shapes`, measured or ``FLOPs/peak``) and its element-wise bytes at HBM
+    bandwidth, as in :func:`llmcomm.overhead.utilization.layer_features` (2 bytes per element and access)::
+
+        mlp (dense)      fc1 + fc2 GEMMs; 2·2·T·f/tp activation; 2·2·T·h/w the fused pre-MLP LayerNorm
+        moe (MoE)        the experts' and shared experts' GEMMs, the router 2·T·h·E/peak; 2·2·T·f_eff/tp activation
+        moe_act          2·2·T·topk·f_e/tp (the routed experts' activation)          [not with moe]
+        shared_experts   shared fc1 + fc2 GEMMs; 2·2·T·S·f_e/tp                        [not with moe]
+        layernorm (MoE)  2·2·T·h/w the pre-MLP norm (a dense layer's norms are fused into TE's LayerNormLinear:
+                         nothing to recompute, gpt_layer_specs.py:318-336, transformer_layer.py:475-527)
+
+    with ``w = tp`` under SP, else 1. Their communication (the recomputed blocks' TP and EP calls) is in
+    :func:`comm_items`."""
+    n = len(T)
+    z = np.zeros(n)
+    tpf = c["tp"].astype(np.float64)
+    g, mm = U.I["gemm"], U.I["mem"]
+    Rd, Rm = np.zeros((n, U.K)), np.zeros((n, U.K))
+    mlp = rm["mlp"].astype(np.float64)
+    Rd[:, g] = mlp * (sec.get("fc1", z) + sec.get("fc2", z))
+    Rd[:, mm] = mlp * (4.0 * T * model.ffn_hidden_size / tpf + 4.0 * T * model.hidden_size / fw) / hbm
+    if model.is_moe:
+        fe, k_, S = model.expert_ffn_hidden_size, model.moe_router_topk, model.num_shared_experts
+        moe = rm["moe"].astype(np.float64)
+        act = rm["moe_act"] * (1.0 - moe)
+        sh = rm["shared_experts"] * (1.0 - moe)
+        shared = sec.get("shared_fc1", z) + sec.get("shared_fc2", z)
+        Rm[:, g] = (moe * (sec.get("expert_fc1", z) + sec.get("expert_fc2", z) + shared
+                           + 2.0 * T * model.hidden_size * model.num_experts / peak) + sh * shared)
+        Rm[:, mm] = (moe * 4.0 * T * (k_ + S) * fe / tpf + act * 4.0 * T * k_ * fe / tpf + sh * 4.0 * T * S * fe / tpf
+                     + rm["layernorm"] * 4.0 * T * model.hidden_size / fw) / hbm
+    return Rd, Rm
 
 
 def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -537,7 +669,20 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
     layers = q["nd"] * util.layer_pass(q["Ld"]) + q["nm"] * util.layer_pass(q["Lm"])
     fwd = layers + util.work(q["E"])
     rec = q["full"] * layers + q["sel"] * (q["nd"] * util.work(q["Cd"]) + q["nm"] * util.work(q["Cm"]))
+    if "Rd" in q:  # --recompute-modules beside the attention core (recompute_module_features)
+        rec = rec + q["nd"] * util.work(q["Rd"]) + q["nm"] * util.work(q["Rm"])
     return fwd, 2.0 * fwd, rec
+
+
+def layer_times(q: dict[str, np.ndarray], util: U.Utilization
+                ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Seconds of one dense and one MoE layer per micro-batch, ``((forward_d, forward_m), (backward_d,
+    backward_m))``, the backward with its recomputation: the per-layer terms of :func:`class_times` (what FSDP's
+    prefetch hides a unit's communication under, :mod:`llmcomm.overhead.fsdp_time`)."""
+    fd, fm = util.layer_pass(q["Ld"]), util.layer_pass(q["Lm"])
+    rd = q["full"] * fd + q["sel"] * util.work(q["Cd"]) + (util.work(q["Rd"]) if "Rd" in q else 0.0)
+    rm = q["full"] * fm + q["sel"] * util.work(q["Cm"]) + (util.work(q["Rm"]) if "Rm" in q else 0.0)
+    return (fd, fm), (2.0 * fd + rd, 2.0 * fm + rm)
 
 
 def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
@@ -549,6 +694,8 @@ def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
     w = np.zeros(U.K)
     w[[U.I["gemm"], U.I["mem"]]] = 1.0
     core = q["sel"][:, None] * (q["nd"][:, None] * q["Cd"] + q["nm"][:, None] * q["Cm"]) * w
+    if "Rd" in q:  # --recompute-modules
+        core = core + (q["nd"][:, None] * q["Rd"] + q["nm"][:, None] * q["Rm"]) * w
     return (3.0 + q["full"][:, None]) * layers + 3.0 * q["E"] * w + core
 
 
@@ -570,11 +717,21 @@ class Stages:
     overlap_param_gather: np.ndarray | None = None
     overlap_grad_reduce: np.ndarray | None = None
     buckets: np.ndarray | None = None  # DDP buckets of the first stage (overlap_param_gather)
+    # pipeline / MoE overlap and the gradient buckets of stage 0's first chunk (llmcomm.overhead.overlap)
+    overlap_p2p_comm: np.ndarray | None = None
+    moe_a2a_overlap: np.ndarray | None = None
+    grad_buckets: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None  # overlap.first_chunk_buckets
+    vp_last_group: np.ndarray | None = None
+    mlp_share: np.ndarray | None = None
+    align_grad_reduce: np.ndarray | None = None
+    fsdp: np.ndarray | None = None  # FSDP rows (llmcomm.overhead.fsdp_time)
 
 
-def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any) -> Stages:
+def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
+           ) -> Stages:
     """Features and communication times of every stage class (see :class:`Stages`) of the configurations of
-    ``t`` (checked: :func:`candidate_table`)."""
+    ``t`` (checked: :func:`candidate_table`); ``measured_gemms=False`` times the linear GEMMs by ``FLOPs/peak``
+    even where the cluster's GPU has a measured GEMM model (:func:`measured_gemm`; the ablation's baseline)."""
     c = arrays(model, t, cluster.gpus_per_node)
     n = len(c["tp"])
     peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
@@ -583,18 +740,23 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
     if isinstance(bandwidth, _Timer):
         bandwidth.reset()
     # the three stage classes stacked as 3n rows: one pass over the formulas instead of three
-    per = [for_class(c, cls) for cls in CLASSES]
-    c3 = {k: np.concatenate([p[k] for p in per]) for k in per[0]}
+    c3 = stack_classes(c)
     edges = [step.holds_edges(cls, pp) for cls in CLASSES]
     hf3 = np.concatenate([e[0] for e in edges])
     hl3 = np.concatenate([e[1] for e in edges])
     layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
                np.concatenate([layers[cls][1] for cls in CLASSES]))
-    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, measured_gemm(cluster))
+    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops,
+                  measured_gemm(cluster) if measured_gemms else None)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
                                      "ub_rs_f", "ub_b", "dp_ag")}
+    tot.update({t: np.zeros(n3) for t in ("fsdp", "fsdp_bus")})  # FSDP per micro-batch (fsdp_time)
+    # for llmcomm.overhead.overlap: one call's seconds of each gradient bucket kind, all of them, the sends
+    # (seconds of one, count per micro-batch) and the all-to-alls
+    tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
+                                          "pp_sb", "pp_nb", "ep_a2a")})
     items = [(it, it.count > 0) for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
              if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
     items = [(it, live) for it, live in items if live.any()]
@@ -607,12 +769,29 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
         else:
             tt = np.zeros(n3)
             tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
+        if it.unit:  # FSDP: one unit's call, timed per call (fsdp_time.exposed), per micro-batch
+            per_mb = 1.0 if it.per == "microbatch" else 1.0 / (c3["global_batch"] // (c3["micro_batch"] * c3["dp"]))
+            if it.per == "iteration":  # a call once per iteration, spread over its micro-batches
+                tt = tt * it.count * per_mb
+            tot["fsdp:" + it.unit] = tot.get("fsdp:" + it.unit, np.zeros(n3)) + tt
+            tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
+            tot["fsdp_bus"] += it.count * per_mb * (bus_factor(it.op, it.size) * it.nbytes)
+            continue
         tot[it.term] += it.count * tt
         if it.ub:
             tot["ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f"] += \
                 it.count * tt
         elif it.term == "dp" and it.op == "all_gather":
             tot["dp_ag"] += it.count * tt
+        if it.grad:
+            tot["g_" + it.grad] += tt
+            tot["g_all"] += it.count * tt
+        elif it.term == "pp" and it.op == "send":
+            f_ = it.phase == "forward"
+            tot["pp_sf" if f_ else "pp_sb"] += tt
+            tot["pp_nf" if f_ else "pp_nb"] += it.count
+        elif it.op == "all_to_all":
+            tot["ep_a2a"] += it.count * tt
         tot[it.term + "_bus"] += it.count * (bus_factor(it.op, it.size) * it.nbytes)  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
@@ -626,13 +805,21 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
         exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
         params = np.maximum(params, np.where(exists, dn3[sl], 0))
     shard = np.where(c["distributed_optimizer"], c["dp"], 1)
+    shard = np.where(c["fsdp"], c["dp"] * c["cp"], shard)  # FSDP shards the optimizer state over dp·cp
     m = c["global_batch"] // (c["micro_batch"] * c["dp"])
-    # DDP buckets of stage 0 (Megatron's default bucket: max(40M, 1M·dp·cp) parameters,
-    # megatron/training/training.py:2189), at least one per model chunk
-    bucket = np.where(c["bucket_size"] > 0, c["bucket_size"], np.maximum(40_000_000, 1_000_000 * c["dp"] * c["cp"]))
-    nb = np.maximum(c["vpp"], -(-dn3[:n] // bucket))
-    return Stages(per_class, m, pp, c["vpp"], ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
-                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb)
+    # DDP buckets of stage 0: its first chunk split into buckets by the predictor's layout (the one rule:
+    # llmcomm.predict.dp.chunk_is_bucketed, bucket_elements; overlap.bucket_profile), each later chunk one
+    v = c["vpp"]
+    profiles = _overlap.first_chunk_buckets(model, t, c["overlap_grad_reduce"] | c["overlap_param_gather"])
+    nb0 = np.ones(n, np.int64)
+    for rows, ready, _ in profiles:
+        nb0[rows] = len(ready)
+    mlp = _overlap.moe_mlp_share(model, c["seq_len"], c["fused_attention"]) if model.is_moe else None
+    return Stages(per_class, m, pp, v, ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
+                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
+                  np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
+                  _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
+                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"])
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
@@ -689,8 +876,8 @@ def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -
     the gathers of stage 0 move into the next iteration's forward (Megatron-LM's forward pre-hook waits for a
     bucket's gather and dispatches the next bucket's: megatron/core/distributed/distributed_data_parallel.py:517
     ``_make_forward_pre_hook``, param_and_grad_buffer.py:538 ``finish_param_sync``, Megatron-LM d98e8a6), in
-    forward order over ``nb`` equal buckets (``max(40M, 1M·dp)`` parameters each,
-    distributed_data_parallel.py:134, at least one per model chunk)::
+    forward order over ``nb`` equal buckets (stage 0's: its first chunk's in the predictor's layout,
+    :func:`llmcomm.overhead.overlap.bucket_profile`, plus one per later chunk)::
 
         exposed = max(ag/nb, ag − fwd·(nb − 1)/nb)
 
@@ -722,9 +909,16 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
             tp_s = np.where(tpo, ex, r["tp"])
         q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"]}
+        _overlap.pipeline_and_moe(st, cls, r, q, util.layer_pass)  # overlap_p2p_comm, moe_a2a_overlap
         if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
             q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
-        q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
+        q["fsdp"], q["fsdp_total"] = np.zeros(n), np.zeros(n)
+        if st.fsdp is not None and st.fsdp.any():  # FSDP per unit under prefetch (llmcomm.overhead.fsdp_time)
+            from . import fsdp_time
+
+            q["fsdp"] = fsdp_time.exposed(r, *layer_times(r["q"], util), v)
+            q["fsdp_total"], q["bus"] = fsdp_time.total(r, v), q["bus"] + r["fsdp_bus"]
+        q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"] + q["fsdp"]
         per[cls] = q
     first, mid, last = (per[k] for k in CLASSES)
     has_mid, has_last = pp >= 3, pp >= 2
@@ -745,8 +939,8 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"]
     dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
     dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
-    if np.any(ogr):
-        dp_exposed = np.where(ogr, np.maximum(0.0, dp_exposed - pick("bwd")), dp_exposed)
+    if np.any(ogr):  # Megatron's buckets and schedule: llmcomm.overhead.overlap.grad_reduce_exposed
+        dp_exposed = np.where(ogr, _overlap.stage_grad_reduce(st, per, has_mid, has_last), dp_exposed)
     ag = np.zeros(n)
     if split_ag.any():  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
         cl = st.cls
@@ -755,10 +949,10 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
         assert st.buckets is not None, "stages() sets the first stage's DDP buckets"
         hidden = param_gather_exposed(cl["first"]["dp_ag"], first["fwd"], st.buckets)
         dp_exposed = dp_exposed + np.where(split_ag, np.where(opg, hidden, ag), 0.0)
-    out["dp_comm_s"] = dp_exposed
+    out["dp_comm_s"] = dp_exposed + m * pick("fsdp")  # + FSDP's exposed per-unit calls, every micro-batch
     out["dp_comm_total_s"] = np.maximum(first["dp"], np.maximum(np.where(has_last, last["dp"], 0.0),
                                                                 np.where(has_mid, mid["dp"], 0.0))) + np.where(
-        split_ag, ag, 0.0)
+        split_ag, ag, 0.0) + m * pick("fsdp_total")
     out["optimizer_s"] = st.optimizer_bytes / st.hbm / util.scale
     out["comm_bus_bytes"] = m * pick("bus") + st.cls["first"]["dp_bus"]  # + stage 0's gradient reduction
     out["critical"] = np.asarray(CLASSES)[crit]
@@ -768,8 +962,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
 
 
 def _evaluate(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
-              util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
-    return combine(stages(model, t, cluster, bandwidth), util, overlap_grad_reduce)
+              util: U.Utilization, overlap_grad_reduce: bool = False, measured_gemms: bool = True
+              ) -> dict[str, np.ndarray]:
+    return combine(stages(model, t, cluster, bandwidth, measured_gemms), util, overlap_grad_reduce)
 
 
 class _Timer:
@@ -813,8 +1008,8 @@ class _Timer:
             key = n * (1 << 20) + k
             if len(key) and (key == key[0]).all():
                 uniq, inv = key[:1], np.zeros(len(key), np.int64)
-            else:
-                uniq, inv = np.unique(key, return_inverse=True)
+            else:  # hashed, O(rows): a few distinct groups among many rows (np.unique sorts them all)
+                inv, uniq = pd.factorize(key, sort=False)
             self.groups[(id(n), id(k))] = (n, k, uniq, inv)
         for i, u in enumerate(uniq.tolist()):
             nn, kk = u >> 20, u & ((1 << 20) - 1)
@@ -849,6 +1044,45 @@ def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None
     return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
 
 
+_STAGES: OrderedDict[tuple[Any, ...], tuple[Any, Any, float, Stages]] = OrderedDict()
+STAGE_CACHE_SIZE = 256  # configurations whose Stages iteration_time keeps (least recently used dropped)
+
+
+def _one_stages(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bw: Any, measured_gemms: bool
+                ) -> tuple[float, Stages]:
+    """The model state bytes (:func:`~llmcomm.overhead.memory.model_state`) and the :class:`Stages` of one
+    configuration, kept for the :data:`STAGE_CACHE_SIZE` most recent (model, configuration, cluster, bandwidth
+    model, GEMM model): all are frozen values except the two models, which are held and matched by identity (the
+    shipped ones are the same objects while their calibration files are unchanged, :func:`_resolve`,
+    :func:`measured_gemm`). The cached arrays are read-only, so that nothing downstream can change a cached
+    value in place. A repeated configuration (the explorer, a CLI call, a notebook) costs :func:`combine` only."""
+    gemm = measured_gemm(cluster) if measured_gemms else None
+    key = (model, parallel, cluster, id(bw), id(gemm), measured_gemms)
+    hit = _STAGES.get(key)
+    if hit is not None and hit[0] is bw and hit[1] is gemm:
+        _STAGES.move_to_end(key)
+        return hit[2], hit[3]
+    state = float(sum(model_state(model, parallel)))
+    st = stages(model, ParallelTable.from_parallel(parallel, model), cluster, bw, measured_gemms)
+    _freeze(st)
+    _STAGES[key] = (bw, gemm, state, st)
+    if len(_STAGES) > STAGE_CACHE_SIZE:
+        _STAGES.popitem(last=False)
+    return state, st
+
+
+def _freeze(x: Any) -> None:
+    """Every numpy array in ``x`` (a :class:`Stages`, its dicts) read-only."""
+    if isinstance(x, np.ndarray):
+        x.flags.writeable = False
+    elif isinstance(x, dict):
+        for v in x.values():
+            _freeze(v)
+    elif isinstance(x, Stages):
+        for v in vars(x).values():
+            _freeze(v)
+
+
 def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
                     utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False,
                     interval: bool = True) -> pd.DataFrame:
@@ -874,8 +1108,11 @@ def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster
 
 
 def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandwidth: Any = None,
-                   utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False) -> Breakdown:
-    """The :class:`Breakdown` of one configuration (the formulation of the module docstring). Raises
+                   utilization: U.Utilization | None = None, *, overlap_grad_reduce: bool = False,
+                   measured_gemms: bool = True) -> Breakdown:
+    """The :class:`Breakdown` of one configuration (the formulation of the module docstring);
+    ``measured_gemms=False``: linear GEMMs at ``FLOPs/peak`` even on a GPU with a measured GEMM model
+    (:func:`stages`; what :mod:`llmcomm.overhead.ablation` starts from). Raises
     :class:`ConfigError` when the model and configuration break a rule (:data:`SCOPES` of :mod:`llmcomm.rules`),
     when the cluster has fewer GPUs than the configuration needs, or when the model state alone (weights,
     gradients and optimizer state of the stage holding the most, :func:`llmcomm.overhead.memory.model_state`)
@@ -886,14 +1123,13 @@ def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
     if cluster.num_gpus is not None and parallel.world_size > cluster.num_gpus:
         raise ConfigError(f"tp*pp*dp={parallel.world_size} GPUs but cluster {cluster.name} holds "
                           f"{cluster.num_gpus}")
-    t = ParallelTable.from_parallel(parallel, model)
     bw, ut = _resolve(cluster, bandwidth, utilization)
-    state = sum(model_state(model, parallel))
+    state, st = _one_stages(model, parallel, cluster, bw, measured_gemms)
     if state > cluster.gpu_memory_bytes:
         raise ConfigError(f"{model.name} under tp={parallel.tp} pp={parallel.pp} needs {state / 1e9:.1f} GB "
                           f"per GPU for weights, gradients and optimizer state alone; {cluster.name} GPUs hold "
                           f"{cluster.gpu_memory_bytes / 1e9:.0f} GB")
     check_fits(model, parallel, cluster)  # activations too: a MemoryWarning with the numbers
-    r = _evaluate(model, t, cluster, bw, ut, overlap_grad_reduce)
+    r = combine(st, ut, overlap_grad_reduce)
     return Breakdown(**{k: float(r[k][0]) for k in (*TERMS, "dp_comm_total_s", "comm_bus_bytes")},
                      critical_stage=str(r["critical"][0]))

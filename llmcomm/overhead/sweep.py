@@ -39,6 +39,24 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                       "seq_len": 4096, "distributed_optimizer": True, "recompute": "selective"}),
 }
 CLUSTERS = ("a100-80g-hdr200", "h100-80g-ndr400", "h200-141g-ndr400")
+
+
+def with_overlap(cases: Mapping[str, tuple[str, Mapping[str, Any]]] = CASES
+                 ) -> dict[str, tuple[str, dict[str, Any]]]:
+    """``cases`` with Megatron-LM's overlap flags on wherever the configuration allows them
+    (:mod:`llmcomm.rules`), nothing else changed: ``overlap_grad_reduce`` always; ``overlap_param_gather`` with
+    the distributed optimizer (Megatron-LM requires both, arguments.py); ``tp_comm_overlap`` with sequence
+    parallelism and ``tp > 1`` (TransformerEngine userbuffers overlap the SP all-gathers / reduce-scatters; a
+    configuration without SP keeps its TP all-reduces exposed, as Megatron-LM does)."""
+    out = {}
+    for label, (mname, kw) in cases.items():
+        k = dict(kw, overlap_grad_reduce=True)
+        if k.get("distributed_optimizer"):
+            k["overlap_param_gather"] = True
+        if k.get("sp") and k.get("tp", 1) > 1:
+            k["tp_comm_overlap"] = True
+        out[label] = (mname, k)
+    return out
 SCALES = (0.5, 0.71, 1.0, 1.41, 2.0)
 
 

@@ -13,8 +13,8 @@ source), so the space holds exactly the configurations the cost model can rank.
 
 Dimensions the formulation does not model yet are not left out by a list kept here: a dimension given as
 ``None`` (``cp``, ``fsdp``) takes the values that no rule of the ``cost`` scope refuses (:func:`accepted_values`,
-a probe of one configuration per value), so when the cost model accepts context parallelism or FSDP (the rules
-``cost-cp``/``cost-fsdp`` go) they enter the space without a change here. A value asked for explicitly
+a probe of one configuration per value), so when the cost model accepts context parallelism (the rule
+``cost-cp`` goes; FSDP entered so with issue 20) it enters the space without a change here. A value asked for explicitly
 (``SearchSpace(cp=(2,))``, ``etp=(1,)``) is enumerated and then removed by the rule that refuses it, which
 :func:`refusals` names.
 
