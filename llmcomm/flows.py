@@ -26,6 +26,7 @@ tables and matrices, bit for bit (tested).
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Protocol
 
 import numpy as np
@@ -171,7 +172,11 @@ class _Rows:
         self.groups: _Groups = (_RefGroups(events, self.rank, self.peer) if isinstance(events, RefEvents)
                                 else _ListGroups(events))
         self.lens = self.groups.lens
-        self.my_position = self.groups.own_position(self.rank)
+
+    @cached_property
+    def my_position(self) -> np.ndarray:
+        """Per row, the issuing rank's position in its group (-1: absent); only the ring rules read it."""
+        return self.groups.own_position(self.rank)
 
     def successor(self, rows: np.ndarray) -> np.ndarray:
         """The ring successor of each row's rank in its group."""
@@ -211,8 +216,7 @@ def _flows(events: pa.Table | RefEvents, algorithm: AlgorithmName) -> tuple[np.n
     if len(a2a):
         emit(*_all_to_all(events, r, a2a))
     factor = _FACTOR_BY_CODE[r.op]
-    bcast = np.nonzero((r.op == _BCAST) & (r.lens > 0))[0]
-    root = np.where(r.peer[bcast] >= 0, r.peer[bcast], r.groups.member(bcast, np.zeros(len(bcast), np.int64)))
+    bcast, root = _broadcast_roots(r)
     if algorithm == "ring":
         # reductions: factor·(n-1)/n·S to the successor
         rows = np.nonzero((factor > 0) & (r.lens > 1))[0]
@@ -226,25 +230,51 @@ def _flows(events: pa.Table | RefEvents, algorithm: AlgorithmName) -> tuple[np.n
         emit(rows, r.successor(rows), r.size[rows])
     else:
         # reductions: factor·S/n to every other member; broadcast: S from the root to every other member
-        row, member, _ = r.others(np.nonzero(factor > 0)[0])
-        emit(row, member, factor[row] / np.maximum(r.lens[row], 1).astype(np.float64) * r.size[row])
-        row, member, _ = r.others(bcast[r.rank[bcast] == root])
-        emit(row, member, r.size[row])
+        reductions, roots, per_peer = _direct_fanout(r)
+        for rows in (reductions, roots):
+            row, member, _ = r.others(rows)
+            emit(row, member, per_peer[row])
     return (np.concatenate(src).astype(np.int64, copy=False), np.concatenate(dst).astype(np.int64, copy=False),
             np.concatenate(nbytes).astype(np.float64, copy=False), np.concatenate(of_row).astype(np.int64, copy=False))
+
+
+def _broadcast_roots(r: _Rows) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, root)`` of the broadcasts with a group: the root is ``peer``, else the group's first member."""
+    bcast = np.nonzero((r.op == _BCAST) & (r.lens > 0))[0]
+    root = np.where(r.peer[bcast] >= 0, r.peer[bcast], r.groups.member(bcast, np.zeros(len(bcast), np.int64)))
+    return bcast, root
+
+
+def _direct_fanout(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Under ``direct``, the rows that send one amount to every other member of their group: ``(reduction rows,
+    broadcast-root rows, per_peer)`` with ``per_peer`` (every row) ``factor·S/n`` for a reduction and ``S`` for a
+    broadcast root, the one expression each of their flows carries."""
+    factor = _FACTOR_BY_CODE[r.op]
+    bcast, root = _broadcast_roots(r)
+    roots = bcast[r.rank[bcast] == root]
+    per_peer = factor / np.maximum(r.lens, 1).astype(np.float64) * r.size
+    per_peer[roots] = r.size[roots]
+    return np.nonzero(factor > 0)[0], roots, per_peer
 
 
 def _all_to_all(events: pa.Table | RefEvents, r: _Rows, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """all_to_all (both algorithms): ``split_bytes[j] · count`` to member ``j``; without splits (or with the
     wrong number), an even split of ``bytes``."""
-    has_split, split_lens, split_offsets, split_values = split_arrays(
-        events.column("split_bytes").take(pa.array(rows)).combine_chunks())
+    splits = split_arrays(events.column("split_bytes").take(pa.array(rows)).combine_chunks())
     row, member, position = r.others(rows)
     local = np.searchsorted(rows, row)  # rows are ascending: each flow's index among the all-to-all rows
+    return row, member, _a2a_amount(r, splits, local, row, position)
+
+
+def _a2a_amount(r: _Rows, splits: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], local: np.ndarray,
+                row: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """Bytes from ``row``'s rank to its group's member at ``position`` (``local``: the row's index in ``splits``,
+    :func:`split_arrays` of the all-to-all rows)."""
+    has_split, split_lens, split_offsets, split_values = splits
     with_split = has_split[local] & (split_lens[local] == r.lens[row])
     split = (split_values[np.where(with_split, split_offsets[local] + position, 0)] * r.count[row]
              if len(split_values) else 0.0)
-    return row, member, np.where(with_split, split, r.size[row] / np.maximum(r.lens[row], 1).astype(np.float64))
+    return np.where(with_split, split, r.size[row] / np.maximum(r.lens[row], 1).astype(np.float64))
 
 
 # --------------------------------------------------------------------------------------- public
@@ -253,6 +283,33 @@ def flow_arrays(events: pa.Table | RefEvents, algorithm: AlgorithmName = "ring")
     ``algorithm`` (``ring`` or ``direct``), without the tag columns."""
     src, dst, nbytes, _ = _flows(events, algorithm)
     return src, dst, nbytes
+
+
+class DirectAmounts:
+    """The ``direct`` rules' bytes per row, for a builder that sums them per group instead of per flow
+    (:mod:`llmcomm.matrix_tiles`): each amount is the float64 the same row's flows carry in :func:`flow_arrays`,
+    bit for bit."""
+
+    def __init__(self, events: pa.Table | RefEvents) -> None:
+        self.events = events
+        self._r = _Rows(events)
+        self.all_to_all = self._r.op == _A2A  # per row
+
+    def fanout(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(fans, per_peer)``: per row whether it sends one amount to every other member of its group (a
+        reduction, a broadcast's root), and that amount."""
+        reductions, roots, per_peer = _direct_fanout(self._r)
+        fans = np.zeros(len(self._r.op), dtype=bool)
+        fans[reductions] = True
+        fans[roots] = True
+        return fans, per_peer
+
+    def all_to_all_amounts(self, rows: np.ndarray, size: int) -> np.ndarray:
+        """``(len(rows), size)``: bytes from each all-to-all row of ``rows`` (ascending, groups of ``size``) to the
+        member at each position of its group (its own position included: the rules send it nothing)."""
+        splits = split_arrays(self.events.column("split_bytes").combine_chunks())  # every row's: no take
+        row = np.repeat(rows, size)
+        return _a2a_amount(self._r, splits, row, row, np.tile(np.arange(size), len(rows))).reshape(len(rows), size)
 
 
 def flow_event_arrays(events: pa.Table | RefEvents, algorithm: AlgorithmName = "ring"

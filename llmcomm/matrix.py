@@ -29,8 +29,9 @@ import scipy.sparse as sp
 from .bounds import check_matrix_flows
 from .errors import ConfigError, TraceFormatError
 from .events import vocabulary_codes
-from .flows import flow_arrays
+from .flows import flow_arrays, flow_event_arrays
 from .group_refs import RefEvents
+from .matrix_tiles import Tiles
 from .vocab import ALGORITHMS, OPS, AlgorithmName
 
 MatrixLevel = Literal["gpu", "node", "rack"]
@@ -100,7 +101,7 @@ def blocks(rank: np.ndarray, weight: np.ndarray, world_size: int, unit: int,
 
 def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: AlgorithmName = "direct", *, level: MatrixLevel = "gpu",
                       gpus_per_node: int = 8, nodes_per_rack: int | None = None,
-                      block_flows: int = BLOCK_FLOWS) -> sp.csr_matrix:
+                      block_flows: int = BLOCK_FLOWS, tiled: bool = True) -> sp.csr_matrix:
     """Sparse CSR matrix of bytes from source (row) to destination (column) at ``level``, built one block
     of source ranks at a time (see the module doc). Shape ``(k, k)`` with ``k = ceil(world_size / unit)``.
     ``table`` may hold its groups as references (:class:`llmcomm.group_refs.RefEvents`, a prediction):
@@ -120,45 +121,92 @@ def matrix_from_table(table: pa.Table | RefEvents, world_size: int, algorithm: A
     indptr_parts = [np.zeros(1, np.int64)]
     # sum(weight) bounds the flows and so the nonzeros: 32-bit indices when both it and k fit
     idx_dtype = np.int32 if weight.sum() < 2**31 and k < 2**31 else np.int64
-    indices, data = _Growing(idx_dtype), _Growing(np.float64)
+    tiles = (Tiles(table, world_size) if tiled and isinstance(table, RefEvents) and algorithm == "direct"
+             and unit == 1 else None)
+    if tiles is not None and tiles.ok:
+        parts = tiles.blocks()
+        capacity = tiles.nnz_bound()  # allocated once (untouched pages cost nothing), never regrown
+    else:
+        capacity = 0
+        parts = (_general_block(table, srank, order, algorithm, lo, hi, unit, k, world_size)
+                 for lo, hi in blocks(rank, weight, world_size, unit, block_flows))
+    indices, data = _Growing(idx_dtype, capacity), _Growing(np.float64, capacity)
     nnz = 0
-    for lo, hi in blocks(rank, weight, world_size, unit, block_flows):
-        a, b = np.searchsorted(srank, [lo, hi])
-        if order is None:
-            part = table.slice(int(a), int(b - a))
-        else:  # ascending event indices keep the table's order inside the block
-            part = table.take(np.sort(order[a:b]))
-        src, dst, byt = flow_arrays(part, algorithm)
-        if len(dst) and (dst.max() >= world_size or dst.min() < 0):
-            raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
-        n_rows = (hi - lo + unit - 1) // unit
-        if unit > 1:
-            src, dst = src // unit, dst // unit
-        blk = sp.coo_matrix((byt, (src - lo // unit, dst)), shape=(n_rows, k)).tocsr()
-        del src, dst, byt
+    for blk in parts:
         indptr_parts.append(blk.indptr[1:].astype(np.int64) + nnz)
         indices.extend(blk.indices)
-        data.extend(blk.data)
+        if tiles is not None and tiles.ok:  # integer codes, decoded straight into the answer
+            tiles.decode(blk.data, data.slot(blk.nnz))
+        else:
+            data.extend(blk.data)
         nnz += blk.nnz
         del blk
     indptr = np.concatenate(indptr_parts).astype(idx_dtype, copy=False)
     return sp.csr_matrix((data.array(), indices.array(), indptr), shape=(k, k), copy=False)
 
 
+def stacked_matrix(table: pa.Table | RefEvents, world_size: int, algorithm: AlgorithmName, key: np.ndarray,
+                   n_keys: int) -> sp.csr_matrix:
+    """The GPU matrices of the events of each ``key`` (per row, ``0 <= key < n_keys``) stacked: row
+    ``key · world + src``, shape ``(n_keys · world, world)``, from one decomposition of ``table``. Block ``q``
+    equals ``matrix_from_table(rows with key q, world_size, algorithm, tiled=False)`` bit for bit: each row of
+    the stack sees the flows of its source rank and key in the same order as that builder's (flows keep their
+    rule-then-row order under any selection of rows), so scipy sums the same sequences. One shot, so bounded
+    by :data:`BLOCK_FLOWS` times 8 expanded flows (callers use it for ring matrices, O(rows))."""
+    if algorithm not in ALGORITHMS:
+        raise TraceFormatError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
+    rank = table.column("rank").to_numpy().astype(np.int64) if table.num_rows else np.zeros(0, np.int64)
+    if len(rank) and (rank.min() < 0 or rank.max() >= world_size):
+        raise TraceFormatError(f"events reach rank {int(rank.max())} >= world_size={world_size}")
+    flows = int(_work_per_event(table, algorithm).sum())
+    check_matrix_flows(flows, algorithm=algorithm, world_size=world_size)
+    if flows > 8 * BLOCK_FLOWS:
+        raise ConfigError(f"stacked_matrix expands {flows:,} flows at once, above {8 * BLOCK_FLOWS:,}: build one "
+                          "matrix per key with matrix_from_table (blocked)")
+    src, dst, byt, row = flow_event_arrays(table, algorithm)
+    if len(dst) and (dst.max() >= world_size or dst.min() < 0):
+        raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
+    stack = np.asarray(key, dtype=np.int64)[row] * world_size + src
+    return sp.coo_matrix((byt, (stack, dst)), shape=(n_keys * world_size, world_size)).tocsr()
+
+
+def _general_block(table: pa.Table | RefEvents, srank: np.ndarray, order: np.ndarray | None, algorithm: AlgorithmName,
+                   lo: int, hi: int, unit: int, k: int, world_size: int) -> sp.csr_matrix:
+    """Rows of source ranks ``[lo, hi)`` by the general path: their events' flows (``srank``: the events' ranks in
+    ``order``, ascending), then one COO -> CSR (duplicates summed)."""
+    a, b = np.searchsorted(srank, [lo, hi])
+    if order is None:
+        part = table.slice(int(a), int(b - a))
+    else:  # ascending event indices keep the table's order inside the block
+        part = table.take(np.sort(order[a:b]))
+    src, dst, byt = flow_arrays(part, algorithm)
+    if len(dst) and (dst.max() >= world_size or dst.min() < 0):
+        raise TraceFormatError(f"flows reach rank {int(dst.max())} >= world_size={world_size}")
+    n_rows = (hi - lo + unit - 1) // unit
+    if unit > 1:
+        src, dst = src // unit, dst // unit
+    return sp.coo_matrix((byt, (src - lo // unit, dst)), shape=(n_rows, k)).tocsr()
+
+
 class _Growing:
     """A 1-d array grown in place (``ndarray.resize``: realloc, which moves large buffers by remapping
     pages rather than copying), so the blocks never exist twice, as a list + concatenate would."""
 
-    def __init__(self, dtype: type) -> None:
-        self.buf: np.ndarray = np.zeros(0, dtype)
+    def __init__(self, dtype: type, capacity: int = 0) -> None:
+        self.buf: np.ndarray = np.zeros(capacity, dtype)
         self.n = 0
 
-    def extend(self, values: np.ndarray) -> None:
-        m = self.n + len(values)
+    def slot(self, k: int) -> np.ndarray:
+        """The next ``k`` elements (a view), for the caller to fill."""
+        m = self.n + k
         if m > len(self.buf):
             self.buf.resize(max(m, int(len(self.buf) * 1.25)), refcheck=False)
-        self.buf[self.n:m] = values
+        view = self.buf[self.n:m]
         self.n = m
+        return view
+
+    def extend(self, values: np.ndarray) -> None:
+        self.slot(len(values))[:] = values
 
     def array(self) -> np.ndarray:
         self.buf.resize(self.n, refcheck=False)

@@ -47,14 +47,14 @@ from ..predict.calls import Context
 from ..predict.program import stage_program
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
 from ..trace import Trace
-from ..vocab import GROUP_PARALLELISMS
+from ..vocab import GROUP_PARALLELISMS, AlgorithmName
 
 GPU_LEVEL_MAX = 4096  # above this many GPUs the matrices are drawn per node
 MATRIX_CELLS = 256  # at most this many cells per side of a drawn matrix (ranks, or nodes, summed into blocks)
 LAYOUT_NODES = 4  # the layout panel draws the GPUs of at most this many nodes
 MAX_WORLD = 131_072  # the largest job the explorer computes (the predictor's tested scale)
 JOB_CACHE = 8  # jobs whose prediction, matrices and time are kept (going back to one is free)
-ALGORITHMS = ("direct", "ring")
+ALGORITHMS: tuple[AlgorithmName, ...] = ("direct", "ring")
 ALGORITHM_LABEL = {"direct": "logical", "ring": "ring"}
 
 

@@ -35,9 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 
 from ..errors import ConfigError
-from ..vocab import ALGORITHMS, AlgorithmName
+from ..events import vocabulary_codes
+from ..matrix import stacked_matrix
+from ..vocab import ALGORITHMS, PARALLELISM_TAGS, AlgorithmName
 from . import routing as R
 from .placement import Placement, place
 from .topology import Topology, load_topology
@@ -97,18 +100,34 @@ def pair_flows(trace: Trace, topology: Topology, placement: Placement = "contigu
         raise ConfigError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
     world = trace.world_size
     slots = place(world, topology, placement, seed=seed)
-    vols = trace.volumes(("parallelism", "iteration"))
-    names = tuple(sorted(set(vols["parallelism"].astype(str))))
-    n_iter = max(1, vols["iteration"].nunique()) if per_iteration and len(vols) else 1
+    events = trace.ref_events if trace.ref_events is not None else trace.to_table()
+    tags = vocabulary_codes(events.column("parallelism"), PARALLELISM_TAGS)  # validated traces: none outside
+    present = np.bincount(tags[tags >= 0], minlength=len(PARALLELISM_TAGS)) > 0 if len(tags) else \
+        np.zeros(len(PARALLELISM_TAGS), bool)
+    names = tuple(sorted(PARALLELISM_TAGS[i] for i in np.nonzero(present)[0]))
+    iters = pc.count_distinct(events.column("iteration")).as_py() if events.num_rows else 0
+    n_iter = max(1, iters) if per_iteration else 1
     src, dst, byt, par = [], [], [], []
-    for code, p in enumerate(names):
-        m = trace.matrix(algorithm, world, parallelism=p).tocoo()
-        if m.nnz == 0:
-            continue
-        src.append(slots[m.row.astype(np.int64)])
-        dst.append(slots[m.col.astype(np.int64)])
-        byt.append(m.data / n_iter)
-        par.append(np.full(m.nnz, code, dtype=np.int8))
+    if algorithm == "ring" and (tags >= 0).all():
+        # every parallelism's ring matrix from one decomposition (llmcomm.matrix.stacked_matrix: the same
+        # matrices, bit for bit, as trace.matrix(algorithm, parallelism=p) one by one)
+        code_of = np.full(len(PARALLELISM_TAGS), -1, dtype=np.int64)
+        code_of[[PARALLELISM_TAGS.index(p) for p in names]] = np.arange(len(names))
+        stack = stacked_matrix(events, world, algorithm, code_of[tags], len(names)).tocoo()
+        row = stack.row.astype(np.int64)
+        src.append(slots[row % world])
+        dst.append(slots[stack.col.astype(np.int64)])
+        byt.append(stack.data / n_iter)
+        par.append((row // world).astype(np.int8))
+    else:
+        for code, p in enumerate(names):
+            m = trace.matrix(algorithm, world, parallelism=p).tocoo()
+            if m.nnz == 0:
+                continue
+            src.append(slots[m.row.astype(np.int64)])
+            dst.append(slots[m.col.astype(np.int64)])
+            byt.append(m.data / n_iter)
+            par.append(np.full(m.nnz, code, dtype=np.int8))
     cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt))  # noqa: E731
     pf = PairFlows(cat(src, np.int64), cat(dst, np.int64), cat(byt, np.float64), cat(par, np.int8), names)
     if len(pf) > MAX_FLOWS:
@@ -160,14 +179,38 @@ def route(pf: PairFlows, topo: Topology, *, ecmp: str = "expected", pxn: bool = 
     links = pd.concat(parts, ignore_index=True)
     links["tier"] = pd.Categorical(links["tier"], categories=list(topo.link_tiers))
     links["direction"] = pd.Categorical(links["direction"], categories=["up", "down"])
-    links = links.sort_values(["tier", "direction", "plane", "lower", "port"], kind="stable", ignore_index=True)
+    order = ["tier", "direction", "plane", "lower", "port"]
+    if not _ascending(links, order):  # the parts come in this order (then the stable sort changes nothing)
+        links = links.sort_values(order, kind="stable", ignore_index=True)
     return links, reach_table(pf, rch, topo)
 
 
+def _ascending(df: pd.DataFrame, columns: list[str]) -> bool:
+    """Whether ``df``'s rows are in ascending lexicographic order of ``columns`` (categoricals by code)."""
+    if len(df) < 2:
+        return True
+    keys = [df[c].cat.codes.to_numpy() if isinstance(df[c].dtype, pd.CategoricalDtype) else df[c].to_numpy()
+            for c in columns]
+    undecided = np.ones(len(df) - 1, dtype=bool)  # pairs (i, i+1) equal on the columns so far
+    for k in keys:
+        a, b = k[:-1], k[1:]
+        if (undecided & (a > b)).any():
+            return False
+        undecided &= a == b
+    return True
+
+
 def _sum(keys: np.ndarray, w: np.ndarray, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct keys with their summed bytes (× ``scale``) and flow counts."""
+    """Distinct keys (ascending) with their summed bytes (× ``scale``) and flow counts. Keys below a few times
+    their number are binned directly (``bincount`` adds in input order, as over ``np.unique``'s inverse: the
+    same sums), others through ``np.unique``."""
     if len(keys) == 0:
         return keys.astype(np.int64), np.zeros(0), np.zeros(0, np.int64)
+    top = int(keys.max())
+    if keys.min() >= 0 and top < max(4 * len(keys), 1 << 20):
+        counts = np.bincount(keys, minlength=top + 1)
+        uniq = np.nonzero(counts)[0]
+        return uniq, np.bincount(keys, weights=w, minlength=top + 1)[uniq] * scale, counts[uniq].astype(np.int64)
     uniq, inv = np.unique(keys, return_inverse=True)
     return uniq, np.bincount(inv, weights=w) * scale, np.bincount(inv).astype(np.int64)
 
