@@ -38,7 +38,8 @@ BOOL_FIELDS = ("sp", "distributed_optimizer", "fsdp", "overlap_grad_reduce", "cr
                "overlap_param_gather", "tp_comm_overlap", "fp8_param_gather")
 FLOAT_FIELDS = ("moe_aux_loss_coeff",)
 STR_FIELDS = ("act_dtype", "grad_reduce_dtype", "param_dtype", "recompute", "schedule", "order",
-              "moe_token_dispatcher_type", "attention_backend", "rerun_mode", "fp8_recipe")
+              "moe_token_dispatcher_type", "attention_backend", "rerun_mode", "fp8_recipe",
+              "cp_comm_type")
 OBJECT_FIELDS = ("moe_router_dtype", "moe_router_load_balancing_type", "fp8")  # None or a string, a string or a tuple
 assert set(FIELDS) == set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS + STR_FIELDS
                           + OBJECT_FIELDS), sorted(set(FIELDS) ^ set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS

@@ -705,6 +705,8 @@ class ParallelConfig:
     fp8: str | None = None  # --fp8-format: None (BF16 GEMMs), "hybrid" or "e4m3" (TransformerEngine FP8 GEMMs)
     fp8_recipe: str = "delayed"  # --fp8-recipe (transformer_config.py:594): delayed, tensorwise, mxfp8, blockwise, custom
     fp8_param_gather: bool = False  # --fp8-param-gather: FP8 weights, the DistOpt all-gather moves them in FP8
+    # context parallelism (issue 20): Megatron-LM's --cp-comm-type, one type for every layer (llmcomm.predict.cp)
+    cp_comm_type: str = "p2p"  # p2p, all_gather, a2a (a2a+p2p is refused: rule "cp-hierarchical")
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):
