@@ -22,7 +22,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .specs import ParallelConfig
-from .vocab import ATTENTION_BACKENDS, PIPELINE_SCHEDULES, RECOMPUTE_MODES
+from .vocab import ATTENTION_BACKENDS, CP_COMM_TYPES, PIPELINE_SCHEDULES, RECOMPUTE_MODES
 
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
 DIM_NAMES = {"tp": "tensor", "pp": "pipeline", "dp": "data", "ep": "expert", "cp": "context"}
@@ -33,7 +33,7 @@ FROM_METADATA = "the trace's metadata"
 PARALLEL_FIELDS = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "micro_batch", "global_batch", "seq_len",
                    "recompute", "distributed_optimizer", "fsdp", "schedule", "pipe_partitioned",
                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "attention_backend", "fp8",
-                   "fp8_recipe")
+                   "fp8_recipe", "cp_comm_type")
 
 
 # ------------------------------------------------------------------------------------------ value types
@@ -218,6 +218,14 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
         p.add_argument("--fp8-recipe", default=default("fp8_recipe"), choices=("delayed", "tensorwise"),
                        help="Megatron-LM's --fp8-recipe (the two the formulation times)"
                             + (f" (default: {meta})" if meta else ""))
+
+    if "cp_comm_type" in extras:
+        p.add_argument("--cp-comm-type", dest="cp_comm_type", default=default("cp_comm_type"),
+                       choices=CP_COMM_TYPES,
+                       help="Megatron-LM's --cp-comm-type with --cp > 1: p2p (KV ring, overlapped with attention), "
+                            "all_gather (KV all-gather, exposed), a2a (Ulysses all-to-alls of Q, K, V, O); a2a+p2p "
+                            "is refused (needs hierarchical CP sizes)" + (f" (default: {meta})" if meta else
+                                                                          " (default: p2p)"))
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:
