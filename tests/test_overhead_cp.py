@@ -22,7 +22,7 @@ S, TP, CP = 8192, 2, 4
 TOK = S // CP  # tokens of a CP rank
 Q = TOK * (32 // TP) * 128 * 2  # 8,388,608 bytes (bf16)
 K = V = TOK * (8 // TP) * 128 * 2  # 2,097,152
-O = Q
+O_ = Q  # the attention output: as many bytes as Q
 KV = K + V
 
 
@@ -64,11 +64,11 @@ def test_all_gather_by_hand():
 def test_a2a_by_hand():
     """Forward all-to-alls of Q, K, V, then O; backward dO, then dQ, dK, dV; evenly split over the CP group."""
     fwd, bwd, (t, e) = _cp_calls("a2a")
-    assert fwd == [("all_to_all", Q), ("all_to_all", K), ("all_to_all", V), ("all_to_all", O)]
-    assert bwd == [("all_to_all", O), ("all_to_all", Q), ("all_to_all", K), ("all_to_all", V)]
+    assert fwd == [("all_to_all", Q), ("all_to_all", K), ("all_to_all", V), ("all_to_all", O_)]
+    assert bwd == [("all_to_all", O_), ("all_to_all", Q), ("all_to_all", K), ("all_to_all", V)]
     assert [list(s) for s in e["split_bytes"]][:1] == [[Q // CP] * CP]
     m = t.matrix("direct", parallelism="cp", layer=0).toarray()
-    assert m[0, 2] == 2 * (Q + K + V + O) // CP and m[0, 0] == 0
+    assert m[0, 2] == 2 * (Q + K + V + O_) // CP and m[0, 0] == 0
 
 
 def test_cp_rules():

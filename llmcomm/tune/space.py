@@ -14,7 +14,9 @@ source), so the space holds exactly the configurations the cost model can rank.
 Dimensions the formulation does not model yet are not left out by a list kept here: a dimension given as
 ``None`` (``cp``, ``fsdp``) takes the values that no rule of the ``cost`` scope refuses (:func:`accepted_values`,
 a probe of one configuration per value), so when the cost model accepts context parallelism or FSDP (the rules
-``cost-cp``/``cost-fsdp`` go) they enter the space without a change here. A value asked for explicitly
+``cost-cp``/``cost-fsdp`` go) they enter the space without a change here (``cost-cp`` went with issue 20: rows with
+``cp > 1`` come once per ``cp_comm_type`` of the space, ``p2p``, ``all_gather``, ``a2a`` by default, each kept
+where its rules hold, e.g. ``cp-a2a-heads``). A value asked for explicitly
 (``SearchSpace(cp=(2,))``, ``etp=(1,)``) is enumerated and then removed by the rule that refuses it, which
 :func:`refusals` names.
 
@@ -43,7 +45,7 @@ from .. import rules
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import ModelSpec
-from ..vocab import ATTENTION_BACKENDS
+from ..vocab import ATTENTION_BACKENDS, CP_COMM_TYPES
 from ..vocab import RECOMPUTE_MODES as RECOMPUTE
 
 
@@ -76,6 +78,7 @@ class SearchSpace:
     distributed_optimizer: tuple[bool, ...] = (False, True)
     fsdp: tuple[bool, ...] | None = None
     attention_backend: tuple[str, ...] = ("auto", "unfused")  # Megatron-LM's default (fused) and the 2021 kernels
+    cp_comm_type: tuple[str, ...] = ("p2p", "all_gather", "a2a")  # --cp-comm-type, for rows with cp > 1
     uneven: tuple[bool, ...] = (False, True)
     max_micro_batch: int = 16
     max_vpp: int = 8
@@ -88,6 +91,9 @@ class SearchSpace:
         bad = [b for b in self.attention_backend if b not in ATTENTION_BACKENDS]
         if bad or not self.attention_backend:
             raise ConfigError(f"space: attention_backend values {bad} are not in {ATTENTION_BACKENDS}")
+        bad = [t for t in self.cp_comm_type if t not in CP_COMM_TYPES]
+        if bad or not self.cp_comm_type:
+            raise ConfigError(f"space: cp_comm_type values {bad} are not in {CP_COMM_TYPES}")
         for f in ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp"):
             v = getattr(self, f)
             if v is not None and (not v or any(not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
@@ -121,7 +127,7 @@ def _allowed(values: Sequence[Any], chosen: tuple[Any, ...] | None) -> list[Any]
 SCOPES = ("config", "job", "megatron", "cost")  # the rules (llmcomm.rules) every configuration of the space keeps
 DIMENSIONS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
               "num_layers_in_last_pipeline_stage", "sp", "recompute", "distributed_optimizer", "fsdp",
-              "attention_backend")
+              "attention_backend", "cp_comm_type")
 SHORT = {"num_layers_in_first_pipeline_stage": "first", "num_layers_in_last_pipeline_stage": "last"}
 
 
@@ -212,9 +218,11 @@ def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int
         for f, la, vpps in split_cache[pp]:
             for mb, v in itertools.product(mbs, vpps):
                 m = per_replica // mb
-                for sp, rec, do, fs, ab in itertools.product(space.sp, space.recompute, space.distributed_optimizer,
-                                                             fsdps, space.attention_backend):
-                    rows.append((tp, cp, pp, dp, ep, et, mb, v, f, la, sp, rec, do, fs, ab, m))
+                # cp_comm_type only where there is context parallelism (cp = 1: Megatron's default, no CP calls)
+                for sp, rec, do, fs, ab, ct in itertools.product(space.sp, space.recompute, space.distributed_optimizer,
+                                                                 fsdps, space.attention_backend,
+                                                                 space.cp_comm_type if cp > 1 else ("p2p",)):
+                    rows.append((tp, cp, pp, dp, ep, et, mb, v, f, la, sp, rec, do, fs, ab, ct, m))
     cols = [*DIMENSIONS, "num_microbatches"]
     df = pd.DataFrame(rows, columns=cols)
     df["global_batch"] = global_batch
@@ -235,7 +243,7 @@ def enumerate_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len
 
 
 EXPLICIT = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp", "fsdp", "attention_backend", "sp", "recompute",
-            "distributed_optimizer")
+            "distributed_optimizer", "cp_comm_type")
 
 
 def refusals(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
