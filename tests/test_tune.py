@@ -63,7 +63,8 @@ def test_dimensions_the_cost_model_refuses_are_named_by_its_rule() -> None:
     model = lc.load_model("llama3-8b")
     assert accepted_values(model, "cp", [1, 2, 4]) == [1, 2, 4]  # context parallelism is in the formulation
     assert accepted_values(model, "fsdp", [False, True]) == [False]
-    cands = enumerate_candidates(model, 16, 64)
+    assert set(enumerate_candidates(model, 16, 64)["cp_comm_type"]) == {"p2p"}  # Megatron's default only
+    cands = enumerate_candidates(model, 16, 64, space=SearchSpace(cp_comm_type=("p2p", "all_gather", "a2a")))
     assert set(cands["cp"]) == {1, 2, 4, 8, 16} and set(cands.loc[cands["cp"] == 1, "cp_comm_type"]) == {"p2p"}
     # a2a needs cp dividing the 8 KV heads of each TP rank (rule cp-a2a-heads): not at tp 2 · cp 8
     a2a = cands[cands["cp_comm_type"] == "a2a"]

@@ -15,8 +15,9 @@ Dimensions the formulation does not model yet are not left out by a list kept he
 ``None`` (``cp``, ``fsdp``) takes the values that no rule of the ``cost`` scope refuses (:func:`accepted_values`,
 a probe of one configuration per value), so when the cost model accepts context parallelism or FSDP (the rules
 ``cost-cp``/``cost-fsdp`` go) they enter the space without a change here (``cost-cp`` went with issue 20: rows with
-``cp > 1`` come once per ``cp_comm_type`` of the space, ``p2p``, ``all_gather``, ``a2a`` by default, each kept
-where its rules hold, e.g. ``cp-a2a-heads``). A value asked for explicitly
+``cp > 1`` come once per ``cp_comm_type`` of the space, Megatron's default ``p2p`` unless ``all_gather`` and
+``a2a`` are asked for (``--constraints cp_comm_type=p2p/all_gather/a2a``), each kept where its rules hold, e.g.
+``cp-a2a-heads``; ``cp`` up to ``max_cp``). A value asked for explicitly
 (``SearchSpace(cp=(2,))``, ``etp=(1,)``) is enumerated and then removed by the rule that refuses it, which
 :func:`refusals` names.
 
@@ -64,7 +65,8 @@ class SearchSpace:
     value the cost model accepts, :func:`accepted_values`). Narrow any dimension by giving a tuple, e.g.
     ``SearchSpace(tp=(8,), recompute=("selective",))``. ``etp=None``: expert TP equals tp (Megatron's default);
     ``uneven``: which pipeline splits, even (``False``) and/or uneven first/last stages (``True``);
-    ``max_stage_offset``: how many layers lighter than a middle stage an uneven end stage may be."""
+    ``max_stage_offset``: how many layers lighter than a middle stage an uneven end stage may be; ``max_cp``: the
+    largest context-parallel size of ``cp=None``."""
 
     tp: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
@@ -78,10 +80,13 @@ class SearchSpace:
     distributed_optimizer: tuple[bool, ...] = (False, True)
     fsdp: tuple[bool, ...] | None = None
     attention_backend: tuple[str, ...] = ("auto", "unfused")  # Megatron-LM's default (fused) and the 2021 kernels
-    cp_comm_type: tuple[str, ...] = ("p2p", "all_gather", "a2a")  # --cp-comm-type, for rows with cp > 1
+    # --cp-comm-type of the rows with cp > 1: Megatron's default; ("p2p", "all_gather", "a2a") searches all three
+    # (each only moves cp_comm_s; with all three the space of LLaMA-3 405B on 16,384 GPUs is 40,500 rows, not 22,000)
+    cp_comm_type: tuple[str, ...] = ("p2p",)
     uneven: tuple[bool, ...] = (False, True)
     max_micro_batch: int = 16
     max_vpp: int = 8
+    max_cp: int = 16  # the bound of cp=None: LLaMA-3 405B's 128K stage used cp 16 (Dubey et al. 2024, Table 4)
     max_stage_offset: int = 2
 
     def __post_init__(self) -> None:
@@ -102,7 +107,7 @@ class SearchSpace:
             v = getattr(self, f)
             if v is not None and (not v or any(not isinstance(x, (bool, np.bool_)) for x in v)):
                 raise ConfigError(f"space: {f}={v!r} must be a non-empty tuple of booleans")
-        for f in ("max_micro_batch", "max_vpp"):
+        for f in ("max_micro_batch", "max_vpp", "max_cp"):
             if not isinstance(getattr(self, f), (int, np.integer)) or getattr(self, f) < 1:
                 raise ConfigError(f"space: {f}={getattr(self, f)!r} must be a positive integer")
         if not isinstance(self.max_stage_offset, (int, np.integer)) or self.max_stage_offset < 0:
@@ -191,7 +196,12 @@ def splits(model: ModelSpec, gpus: int, global_batch: int, tp: tuple[int, ...] |
 
 
 def _cp_values(model: ModelSpec, space: SearchSpace, gpus: int) -> tuple[int, ...]:
-    return tuple(accepted_values(model, "cp", divisors(gpus))) if space.cp is None else space.cp
+    """``space.cp``, or every CP size up to ``max_cp`` the cost rules accept (Megatron itself allows any cp with
+    ``2·cp | s``: at s = 8,192 on 16,384 GPUs up to cp 4,096, two tokens per chunk, which multiplies the space
+    25-fold for configurations no recipe runs; a bound, like ``max_vpp``, not a pruning rule)."""
+    if space.cp is not None:
+        return space.cp
+    return tuple(accepted_values(model, "cp", [c for c in divisors(gpus) if c <= space.max_cp]))
 
 
 def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
