@@ -773,8 +773,8 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
             tp_s = np.where(tpo, ex, r["tp"])
         q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"] + r["cp_bus"]}
-        q["cp"] = (cp_time.exposed(r["cp_calls"], st.cp, util.work(r["q"]["Cd"])) if r["cp_calls"]
-                   else np.zeros(n))
+        q["cp"] = (cp_time.exposed(r["cp_calls"], st.cp, util.work(r["q"]["Cd"]))
+                   if r["cp_calls"] and st.cp is not None else np.zeros(n))
         if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
             q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
         q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"] + q["cp"]
