@@ -29,6 +29,17 @@ def matches_published(computed: float, published: float, tolerance: float = 0.02
     return round(computed, -int(math.floor(math.log10(abs(published)))) + d - 1) == published
 
 
+NOMINAL_TOLERANCE = 0.10  # a model whose only published size is its name ("8B"): within 10 % of it
+
+
+def published_ok(computed: float, published: float, nominal: bool = False, tolerance: float = 0.02) -> bool:
+    """:func:`matches_published`, or for a size published only as the model's name (``nominal``) within
+    :data:`NOMINAL_TOLERANCE` of it."""
+    if nominal:
+        return abs(computed - published) <= NOMINAL_TOLERANCE * published
+    return matches_published(computed, published, tolerance)
+
+
 def catalogue_table(names: list[str] | None = None) -> pd.DataFrame:
     """One row per model: architecture, ``computed`` and ``published`` totals and their relative error
     ``(computed − published) / published``; for MoE also the active counts."""
@@ -42,7 +53,8 @@ def catalogue_table(names: list[str] | None = None) -> pd.DataFrame:
             "kv_heads": m.query_groups, "experts": m.num_experts, "top_k": m.moe_router_topk,
             "computed": m.num_parameters(), "published": pub,
             "rel_error": (m.num_parameters() - pub) / pub,
-            "matches_published": matches_published(m.num_parameters(), pub),
+            "published_is_nominal": m.published_is_nominal,
+            "matches_published": published_ok(m.num_parameters(), pub, m.published_is_nominal),
             "active_computed": m.num_active_parameters(),
             "active_published": m.published_active_parameters or float("nan"),
             "source": m.source,

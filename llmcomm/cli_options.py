@@ -22,7 +22,14 @@ from typing import Any
 
 from .errors import ConfigError
 from .specs import ParallelConfig
-from .vocab import ATTENTION_BACKENDS, CP_COMM_TYPES, PIPELINE_SCHEDULES, RECOMPUTE_MODES
+from .vocab import (
+    ATTENTION_BACKENDS,
+    CP_COMM_TYPES,
+    MOE_FLEX_BACKENDS,
+    PIPELINE_SCHEDULES,
+    RECOMPUTE_MODES,
+    RECOMPUTE_MODULES,
+)
 
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
 DIM_NAMES = {"tp": "tensor", "pp": "pipeline", "dp": "data", "ep": "expert", "cp": "context"}
@@ -30,10 +37,13 @@ DIM_NOTES = {"ep": "MoE models; subdivides the cp x dp ranks of the expert layer
                    "GPU count"}
 FROM_METADATA = "the trace's metadata"
 # options whose argparse destination is the ParallelConfig field of the same name
-PARALLEL_FIELDS = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "micro_batch", "global_batch", "seq_len",
+PARALLEL_FIELDS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "micro_batch", "global_batch", "seq_len",
                    "recompute", "distributed_optimizer", "fsdp", "schedule", "pipe_partitioned",
                    "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "attention_backend", "fp8",
-                   "fp8_recipe", "cp_comm_type")
+                   "fp8_recipe")
+PARALLEL_FIELDS += ("fsdp_reshard_after_forward", "recompute_modules")  # with "fsdp" and "recompute" (issue 20)
+PARALLEL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_backend", "align_grad_reduce")  # issue 20: overlap
+PARALLEL_FIELDS += ("cp_comm_type",)  # issue 20: context parallelism
 
 
 # ------------------------------------------------------------------------------------------ value types
@@ -186,11 +196,20 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
                        choices=RECOMPUTE_MODES,
                        help="activation recomputation; --recompute alone means full"
                             + (f" (default: {meta})" if meta else ""))
+        p.add_argument("--recompute-modules", nargs="+", default=None, choices=RECOMPUTE_MODULES, metavar="MODULE",
+                       help="Megatron-LM's --recompute-modules with --recompute selective (" + ", ".join(
+                           RECOMPUTE_MODULES) + f"; default: {meta or 'core_attn'})")
     if "distributed_optimizer" in extras:
         flag("distributed_optimizer", "Megatron-LM's distributed optimizer (gradient reduce-scatter + parameter "
                                       "all-gather over DP)")
     if "fsdp" in extras:
-        flag("fsdp", "fully sharded data parallelism")
+        flag("fsdp", "fully sharded data parallelism (ZeRO-3) per transformer layer: torch FSDP2; with "
+                     "--distributed-optimizer --overlap-grad-reduce Megatron-FSDP (--use-megatron-fsdp)")
+        p.add_argument("--fsdp-no-reshard-after-forward", "--torch-fsdp2-no-reshard-after-forward",
+                       dest="fsdp_reshard_after_forward", action="store_false", default=None if from_metadata else True,
+                       help="keep each FSDP unit's gathered parameters from the forward to the backward (torch "
+                            "FSDP2's reshard_after_forward=False, as Llama 3: no all-gather in the backward)"
+                            + (f" (default: {meta})" if meta else " (default: reshard)"))
     if "schedule" in extras:
         p.add_argument("--schedule", default=default("schedule"), choices=tuple(schedules),
                        help="pipeline schedule" + ("; --vpp > 1 implies interleaved" if "vpp" in extras else "")
@@ -218,6 +237,28 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
         p.add_argument("--fp8-recipe", default=default("fp8_recipe"), choices=("delayed", "tensorwise"),
                        help="Megatron-LM's --fp8-recipe (the two the formulation times)"
                             + (f" (default: {meta})" if meta else ""))
+    # pipeline and MoE communication overlap (issue 20; llmcomm.overhead.overlap)
+    if "overlap_p2p_comm" in extras:
+        p.add_argument("--overlap-p2p-comm", "--overlap-p2p-communication", dest="overlap_p2p_comm",
+                       action="store_true", default=None if from_metadata else False,
+                       help="Megatron-LM's --overlap-p2p-communication: the interleaved schedule's pipeline "
+                            "send/recv behind the next compute step (no effect without --vpp > 1, as in Megatron)"
+                            + (f" (default: {meta})" if meta else " (default: off)"))
+    if "moe_a2a_overlap" in extras:
+        p.add_argument("--moe-a2a-overlap", "--overlap-moe-expert-parallel-comm", dest="moe_a2a_overlap",
+                       action="store_true", default=None if from_metadata else False,
+                       help="Megatron-LM's overlap_moe_expert_parallel_comm (NVIDIA's recipes: moe_a2a_overlap): "
+                            "one micro-batch's expert all-to-alls behind another's compute (needs --ep > 1)"
+                            + (f" (default: {meta})" if meta else " (default: off)"))
+    if "align_grad_reduce" in extras:
+        p.add_argument("--no-align-grad-reduce", dest="align_grad_reduce", action="store_false",
+                       default=None if from_metadata else True,
+                       help="Megatron-LM's --no-align-grad-reduce: with --overlap-grad-reduce each pipeline stage "
+                            "launches its chunks' gradient reductions on its own (default: aligned to stage 0)")
+    if "moe_flex_dispatcher_backend" in extras:
+        p.add_argument("--moe-flex-dispatcher-backend", default=None, choices=MOE_FLEX_BACKENDS,
+                       help="Megatron-LM's --moe-flex-dispatcher-backend (the flex dispatcher's DeepEP/HybridEP "
+                            "kernels; the formulation refuses it and says why; default: not set)")
 
     if "cp_comm_type" in extras:
         p.add_argument("--cp-comm-type", dest="cp_comm_type", default=default("cp_comm_type"),

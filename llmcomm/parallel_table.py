@@ -32,7 +32,7 @@ INT_FIELDS = ("tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch", "global_batch"
               "num_distributed_optimizer_instances")
 OPTIONAL_INT_FIELDS = ("etp", "bucket_size", "microbatch_group_size_per_vp_stage", "num_layers_in_first_pipeline_stage",
                        "num_layers_in_last_pipeline_stage", "ddp_num_buckets")  # None -> -1 in the arrays
-BOOL_FIELDS = ("sp", "distributed_optimizer", "fsdp", "overlap_grad_reduce", "create_attention_mask_in_dataloader",
+BOOL_FIELDS: tuple[str, ...] = ("sp", "distributed_optimizer", "fsdp", "overlap_grad_reduce", "create_attention_mask_in_dataloader",
                "pipe_partitioned", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                "moe_router_enable_expert_bias", "cross_entropy_loss_fusion", "calculate_per_token_loss",
                "overlap_param_gather", "tp_comm_overlap", "fp8_param_gather")
@@ -40,7 +40,11 @@ FLOAT_FIELDS = ("moe_aux_loss_coeff",)
 STR_FIELDS = ("act_dtype", "grad_reduce_dtype", "param_dtype", "recompute", "schedule", "order",
               "moe_token_dispatcher_type", "attention_backend", "rerun_mode", "fp8_recipe",
               "cp_comm_type")
-OBJECT_FIELDS = ("moe_router_dtype", "moe_router_load_balancing_type", "fp8")  # None or a string, a string or a tuple
+OBJECT_FIELDS: tuple[str, ...] = ("moe_router_dtype", "moe_router_load_balancing_type", "fp8")  # None or a string, a string or a tuple
+BOOL_FIELDS += ("fsdp_reshard_after_forward",)  # FSDP (issue 20)
+OBJECT_FIELDS += ("recompute_modules",)  # None or a tuple of Megatron-LM's --recompute-modules names
+BOOL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "align_grad_reduce")  # issue 20: pipeline and MoE overlap
+OBJECT_FIELDS += ("moe_flex_dispatcher_backend",)  # None or a string
 assert set(FIELDS) == set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS + STR_FIELDS
                           + OBJECT_FIELDS), sorted(set(FIELDS) ^ set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS
                                                                    + FLOAT_FIELDS + STR_FIELDS + OBJECT_FIELDS))

@@ -128,7 +128,7 @@ def parameter_check(data: pd.DataFrame, *, x: str = "rel_error", y: str = "name"
     sns.scatterplot(data=d.assign(_pct=100 * d[x]), x="_pct", y=y, hue=hue, ax=ax, **{"s": 45, "zorder": 3, **kwargs})
     ax.axvline(0, color="k", lw=0.8)
     ax.set(xlabel="(computed − published) / published  [%]", ylabel="")
-    ax.legend(fontsize=7, loc="lower right", title=hue)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=hue)  # outside: no point hidden
     return ax
 
 

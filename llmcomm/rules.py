@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError
-from .vocab import CP_COMM_TYPES
+from .vocab import CP_COMM_TYPES, RECOMPUTE_MODULES
 
 SCOPES = ("config", "job", "megatron", "cost")
 Model = Any  # llmcomm.specs.ModelSpec (not imported: specs imports this module)
@@ -146,6 +146,30 @@ def _unmodelled(p: Any) -> Any:
     return np.logical_or.reduce([np.asarray(_non_default(p, f), dtype=bool) for f in COST_UNMODELLED_FIELDS])
 
 
+def _module_sets(p: Any) -> list[Any]:
+    v = p.recompute_modules
+    return list(v) if isinstance(v, np.ndarray) else [v]
+
+
+def _modules_set(p: Any) -> Any:
+    """Where ``recompute_modules`` is given (not ``None``)."""
+    out = np.array([v is not None for v in _module_sets(p)], dtype=bool)
+    return out if isinstance(p.recompute_modules, np.ndarray) else bool(out[0])
+
+
+def _modules_bad(p: Any) -> Any:
+    out = np.array([v is not None and (isinstance(v, str) or any(x not in RECOMPUTE_MODULES for x in v))
+                    for v in _module_sets(p)], dtype=bool)
+    return out if isinstance(p.recompute_modules, np.ndarray) else bool(out[0])
+
+
+def _has_module(p: Any, names: tuple[str, ...]) -> Any:
+    """Where recomputation is selective and ``recompute_modules`` names one of ``names``."""
+    has = np.array([v is not None and any(x in v for x in names) for v in _module_sets(p)], dtype=bool)
+    sel = np.asarray(p.recompute) == "selective"
+    return (has & sel) if isinstance(p.recompute_modules, np.ndarray) else bool(has[0] and sel)
+
+
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")  # transformer_config.py:594
 
 RULES: tuple[Rule, ...] = (
@@ -214,11 +238,30 @@ RULES: tuple[Rule, ...] = (
     Rule("interleaved-needs-vpp", "config", "kit: llmcomm.vocab.PipelineSchedule",
          lambda m, p: np.logical_and(p.schedule == "interleaved", p.vpp == 1),
          lambda m, r: "schedule='interleaved' needs vpp > 1"),
-    Rule("fsdp-or-distributed-optimizer", "config",
-         "kit: fsdp stands for ZeRO-3 sharding, which includes the optimizer state the distributed optimizer shards "
-         "(Megatron FSDP itself runs with --use-distributed-optimizer, arguments.py:1025)",
-         lambda m, p: np.logical_and(p.fsdp, p.distributed_optimizer),
-         lambda m, r: "fsdp and distributed_optimizer are alternatives; set one"),
+    # FSDP and --recompute-modules (issue 20, deliverable 6); fsdp with distributed_optimizer is Megatron-FSDP,
+    # which runs with the distributed optimizer (Megatron-FSDP v1 turns it on itself: megatron/training/arguments.py:1128-1135)
+    Rule("fsdp-reshard-needs-fsdp", "config",
+         "kit: reshard_after_forward is an FSDP option (torch fully_shard, torch/distributed/fsdp/_fully_shard/"
+         "_fully_shard.py; Megatron-LM's --torch-fsdp2-no-reshard-after-forward, arguments.py:3218)",
+         lambda m, p: np.logical_and(np.logical_not(p.fsdp_reshard_after_forward), np.logical_not(p.fsdp)),
+         lambda m, r: "fsdp_reshard_after_forward=False needs fsdp=True"),
+    Rule("recompute-modules-names", "config",
+         "megatron/core/transformer/transformer_config.py:1945-1962 (the allowed --recompute-modules; the kit "
+         "refuses gdn_norm_out, gdp_in_proj, gdp_qkv and mhc: GatedDeltaNet and mHC layers are not in its models)",
+         lambda m, p: _modules_bad(p),
+         lambda m, r: f"recompute_modules={r.recompute_modules!r}: each must be one of {RECOMPUTE_MODULES}"),
+    Rule("recompute-modules-need-selective", "config",
+         "megatron/core/transformer/transformer_layer.py:473 (the modules are read only under recompute "
+         "granularity 'selective'; Megatron ignores them otherwise, the kit refuses instead)",
+         lambda m, p: np.logical_and(_modules_set(p), np.asarray(p.recompute) != "selective"),
+         lambda m, r: f"recompute_modules={r.recompute_modules!r} needs recompute='selective', got "
+                      f"recompute={r.recompute!r}"),
+    Rule("recompute-modules-fp8-delayed", "config", "megatron/core/transformer/transformer_config.py:2000-2005",
+         lambda m, p: np.logical_and.reduce([np.not_equal(np.asarray(p.fp8, dtype=object), None),  # type: ignore[call-overload]
+                                             np.asarray(p.fp8_recipe, dtype=object) == "delayed",
+                                             _has_module(p, ("moe_act", "layernorm"))]),
+         lambda m, r: "recompute_modules moe_act and layernorm with fp8 need an fp8_recipe other than 'delayed' "
+                      "(Megatron-LM: 'Delayed scaling does not support moe_act and layernorm recompute for fp8')"),
     # ---------------------------------------------------------------------------------------- job
     Rule("tp-heads", "job", "megatron/core/transformer/transformer_config.py:1446",
          lambda m, p: m.num_attention_heads % p.tp != 0,
@@ -268,6 +311,9 @@ RULES: tuple[Rule, ...] = (
     Rule("ep-experts", "job", "megatron/training/arguments.py:1657",
          lambda m, p: np.logical_and(m.is_moe, m.num_experts % p.ep != 0),
          lambda m, r: f"ep={r.ep} does not divide num_experts={m.num_experts}"),
+    Rule("recompute-mla-up-proj", "job", "megatron/core/transformer/transformer_config.py:1969",
+         lambda m, p: np.logical_and(_has_module(p, ("mla_up_proj",)), not m.multi_latent_attention),
+         lambda m, r: f"recompute_modules mla_up_proj needs multi-latent attention; {m.name} has none"),
     Rule("positive-sequence", "job", "kit: the sequence is a positive integer",
          lambda m, p: _seq(m, p) < 1,
          lambda m, r: f"seq_len={r.sequence_length(m)} must be a positive integer"),
@@ -323,9 +369,9 @@ RULES: tuple[Rule, ...] = (
          "megatron/training/arguments.py:1095 (--fp8-param-gather only with the distributed optimizer or FSDP) and "
          "megatron/core/transformer/transformer_config.py:602 (fp8_param: only together with fp8)",
          lambda m, p: np.logical_and(p.fp8_param_gather, np.logical_or(
-             np.logical_not(p.distributed_optimizer),
+             np.logical_not(np.logical_or(p.distributed_optimizer, p.fsdp)),
              np.equal(np.asarray(p.fp8, dtype=object), None))),  # type: ignore[call-overload]  # object vs None
-         lambda m, r: "fp8_param_gather needs distributed_optimizer=True and fp8 set"),
+         lambda m, r: "fp8_param_gather needs distributed_optimizer=True (or fsdp=True) and fp8 set"),
     Rule("tp-comm-overlap-needs-sp", "megatron",
          "megatron/training/arguments.py:1442 (Megatron-LM d98e8a6: TP comm/GEMM overlap only with sequence "
          "parallelism; at tp = 1 nothing is overlapped and the kit accepts the flag as a no-op, as Megatron-Bridge "
@@ -333,6 +379,40 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: np.logical_and.reduce([np.asarray(p.tp_comm_overlap, dtype=bool), p.tp > 1,
                                              np.logical_not(p.sp)]),
          lambda m, r: "tp_comm_overlap needs sp=True when tp > 1"),
+    Rule("megatron-fsdp-overlap-grad-reduce", "megatron",
+         "megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:1359-1365 (synchronize_gradient_reduce: "
+         "'Cannot sync-reduce gradients for optim_grads / optim_grads_params! Ensure that overlap_grad_reduce=True "
+         "for ZeRO-2 and ZeRO-3'), reached from finish_grad_sync every step",
+         lambda m, p: np.logical_and.reduce([p.fsdp, p.distributed_optimizer, np.logical_not(p.overlap_grad_reduce)]),
+         lambda m, r: "fsdp with distributed_optimizer (Megatron-FSDP, optim_grads_params) needs "
+                      "overlap_grad_reduce=True"),
+    Rule("megatron-fsdp-reshards", "megatron",
+         "megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:977-998 (Megatron-FSDP's post-forward "
+         "hook always releases a unit's gathered parameters under optim_grads_params); keeping them is torch "
+         "FSDP2's reshard_after_forward=False (megatron/core/distributed/torch_fully_sharded_data_parallel.py:82-85), "
+         "which runs without the distributed optimizer (arguments.py:1038)",
+         lambda m, p: np.logical_and.reduce([p.fsdp, p.distributed_optimizer,
+                                             np.logical_not(p.fsdp_reshard_after_forward)]),
+         lambda m, r: "fsdp_reshard_after_forward=False is torch FSDP2's option (distributed_optimizer=False); "
+                      "Megatron-FSDP (fsdp with distributed_optimizer) reshards after every forward"),
+    # overlap of the pipeline and MoE communication (issue 20, llmcomm.overhead.overlap)
+    Rule("a2a-overlap-needs-ep", "megatron",
+         "megatron/core/transformer/transformer_config.py:3013-3015 (overlap_moe_expert_parallel_comm 'is only "
+         "supported with expert model parallelism'), Megatron-LM d98e8a6",
+         lambda m, p: np.logical_and(np.asarray(p.moe_a2a_overlap, dtype=bool),
+                                     np.logical_or(not m.is_moe, p.ep == 1)),
+         lambda m, r: "moe_a2a_overlap (overlap_moe_expert_parallel_comm) needs an MoE model with ep > 1"),
+    Rule("a2a-overlap-needs-vpp", "megatron",
+         "megatron/core/transformer/transformer_config.py:3007-3011 (with pp > 1 the EP A2A overlap needs "
+         "virtual_pipeline_model_parallel_size: it runs in the interleaved schedule's 1F1B phase)",
+         lambda m, p: np.logical_and.reduce([np.asarray(p.moe_a2a_overlap, dtype=bool), p.pp > 1, p.vpp == 1]),
+         lambda m, r: f"moe_a2a_overlap with pp={r.pp} > 1 needs vpp > 1 (the interleaved schedule)"),
+    Rule("a2a-overlap-no-full-recompute", "megatron",
+         "megatron/core/transformer/transformer_config.py:3020-3023 ('disable full recomputation when enabling "
+         "overlap_moe_expert_parallel_comm')",
+         lambda m, p: np.logical_and(np.asarray(p.moe_a2a_overlap, dtype=bool),
+                                     np.asarray(p.recompute, dtype=object) == "full"),
+         lambda m, r: "moe_a2a_overlap needs recompute != 'full'"),
     # --------------------------------------------------------------------------------------- cost
     Rule("cost-fp8-recipe", "cost",
          "kit: the formulation times the delayed and tensorwise (per-tensor current) scaling recipes; mxfp8 is "
@@ -341,13 +421,25 @@ RULES: tuple[Rule, ...] = (
                                      np.isin(np.asarray(p.fp8_recipe, dtype=object), ("delayed", "tensorwise"),
                                              invert=True)),
          lambda m, r: f"fp8_recipe={r.fp8_recipe!r} is not modelled by the iteration-time formulation"),
-    Rule("cost-fsdp", "cost", "kit: FSDP is not in the formulation yet",
-         lambda m, p: np.asarray(p.fsdp, dtype=bool),
-         lambda m, r: "fsdp is not modelled by the iteration-time formulation"),
-    Rule("cost-dispatcher", "cost", "kit: the formulation writes the alltoall dispatcher's calls only",
-         lambda m, p: np.logical_and(m.is_moe, p.moe_token_dispatcher_type != "alltoall"),
-         lambda m, r: f"moe_token_dispatcher_type={r.moe_token_dispatcher_type!r}: only the alltoall MoE token "
-                      "dispatcher is modelled by the iteration-time formulation"),
+    Rule("cost-recompute-mla-up-proj", "cost",
+         "kit: the formulation's layer has no MLA up-projection GEMMs of their own to recompute",
+         lambda m, p: _has_module(p, ("mla_up_proj",)),
+         lambda m, r: "recompute_modules mla_up_proj is not modelled by the iteration-time formulation"),
+    Rule("cost-dispatcher", "cost",
+         "kit: the formulation writes the alltoall dispatcher's NCCL calls only; the flex dispatcher "
+         "(moe_token_dispatcher_type='flex', or moe_flex_dispatcher_backend set: DeepEP / HybridEP / NCCL EP "
+         "fused dispatch-combine kernels, megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher, "
+         "fused_a2a.py) moves tokens by NVLink and RDMA kernels of their own — DeepEP sends a token once per "
+         "destination node over RDMA and fans it out over NVLink — whose bytes per link and kernel time have no "
+         "model here (the predictor refuses them too: llmcomm.predict.ep); allgather's calls are not written",
+         lambda m, p: np.logical_and(m.is_moe, np.logical_or(
+             p.moe_token_dispatcher_type != "alltoall",
+             np.not_equal(np.asarray(getattr(p, "moe_flex_dispatcher_backend", None), dtype=object),  # type: ignore[call-overload]
+                          None))),
+         lambda m, r: (f"moe_token_dispatcher_type={r.moe_token_dispatcher_type!r}, moe_flex_dispatcher_backend="
+                       f"{getattr(r, 'moe_flex_dispatcher_backend', None)!r}: only the alltoall MoE token "
+                       "dispatcher is modelled by the iteration-time formulation; the flex dispatcher's DeepEP/"
+                       "HybridEP kernels (two-hop RDMA + NVLink token exchange) are the missing mechanism")),
     Rule("cost-etp", "cost", "kit: the formulation times expert TP on the TP group",
          lambda m, p: np.logical_and(m.is_moe, p.expert_tp != p.tp),
          lambda m, r: f"etp={r.expert_tp}: an expert tensor-parallel size other than tp={r.tp} is not modelled "

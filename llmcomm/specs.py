@@ -37,6 +37,7 @@ from .paths import data_dir
 from .stage_split import pipeline_split
 from .vocab import (
     ATTENTION_BACKENDS,
+    MOE_FLEX_BACKENDS,
     MOE_TOKEN_DISPATCHERS,
     NORMALIZATIONS,
     PIPELINE_SCHEDULES,
@@ -227,6 +228,8 @@ class ModelSpec:
     source: str = ""
     published_parameters: float | None = None
     published_active_parameters: float | None = None
+    # nemo (issue 20): True where the only published figure is the model's name ("8B"), not a parameter count
+    published_is_nominal: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_layer_freq, list):
@@ -705,12 +708,24 @@ class ParallelConfig:
     fp8: str | None = None  # --fp8-format: None (BF16 GEMMs), "hybrid" or "e4m3" (TransformerEngine FP8 GEMMs)
     fp8_recipe: str = "delayed"  # --fp8-recipe (transformer_config.py:594): delayed, tensorwise, mxfp8, blockwise, custom
     fp8_param_gather: bool = False  # --fp8-param-gather: FP8 weights, the DistOpt all-gather moves them in FP8
+    # FSDP and selective recomputation (issue 20, deliverable 6; llmcomm.overhead.fsdp_time, rules.py)
+    fsdp_reshard_after_forward: bool = True  # torch FSDP2's reshard_after_forward (--torch-fsdp2-no-reshard-after-forward)
+    recompute_modules: tuple[str, ...] | None = None  # --recompute-modules with recompute="selective" (None: core_attn)
+    # pipeline and MoE communication overlap (issue 20, the overlap stream; in time only: the equations and their
+    # Megatron-LM sources are in llmcomm.overhead.overlap)
+    overlap_p2p_comm: bool = False  # --overlap-p2p-communication: interleaved schedule's async send/recv (else no-op)
+    moe_a2a_overlap: bool = False  # NVIDIA's recipes' name for Megatron-LM's overlap_moe_expert_parallel_comm
+    moe_flex_dispatcher_backend: str | None = None  # --moe-flex-dispatcher-backend (deepep, hybridep, ncclep): flex
+    align_grad_reduce: bool = True  # Megatron-LM's default (--no-align-grad-reduce): stages launch chunk reductions together
     # context parallelism (issue 20): Megatron-LM's --cp-comm-type, one type for every layer (llmcomm.predict.cp)
     cp_comm_type: str = "p2p"  # p2p, all_gather, a2a (a2a+p2p is refused: rule "cp-hierarchical")
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):
             object.__setattr__(self, "moe_router_load_balancing_type", tuple(self.moe_router_load_balancing_type))
+        if isinstance(self.recompute_modules, (list, str)):
+            mods = [self.recompute_modules] if isinstance(self.recompute_modules, str) else self.recompute_modules
+            object.__setattr__(self, "recompute_modules", tuple(mods))
         if self.global_batch is None:
             object.__setattr__(self, "global_batch", self.micro_batch * self.dp)
         if self.vpp > 1 and self.schedule == "1f1b":
@@ -776,6 +791,7 @@ class ParallelConfig:
             raise ConfigError(f"schedule={self.schedule!r} is not one of {PIPELINE_SCHEDULES}")
         rules.check(None, self, ("config",))  # the cross-field rules, each with its Megatron-LM source
         self._check_recipe_options()
+        self._check_overlap_options()
         parse_order(self.order)
 
     def _check_recipe_options(self) -> None:
@@ -803,6 +819,14 @@ class ParallelConfig:
         for kind in self.load_balancing_types:
             if kind not in LOAD_BALANCING_TYPES:
                 raise ConfigError(f"moe_router_load_balancing_type {kind!r} is not one of {LOAD_BALANCING_TYPES}")
+
+    def _check_overlap_options(self) -> None:
+        """The value set of ``moe_flex_dispatcher_backend`` (Megatron-LM's ``Literal['deepep', 'hybridep',
+        'ncclep']``, megatron/core/transformer/transformer_config.py:898); ``None``: not set (no flex dispatcher)."""
+        b = self.moe_flex_dispatcher_backend
+        if b is not None and b not in MOE_FLEX_BACKENDS:
+            raise ConfigError(f"moe_flex_dispatcher_backend={b!r} is not None or one of {MOE_FLEX_BACKENDS} "
+                              "(Megatron-LM's --moe-flex-dispatcher-backend)")
 
     @property
     def load_balancing_types(self) -> tuple[str, ...]:

@@ -49,7 +49,7 @@ import pandas as pd
 
 from .specs import LayerParams, ModelSpec, ParallelConfig
 from .stage_split import pipeline_split
-from .vocab import FUSED_ATTENTION_BACKENDS, dtype_bytes
+from .vocab import FUSED_ATTENTION_BACKENDS, RECOMPUTE_MODULES, dtype_bytes
 
 CLASSES = ("first", "mid", "last")
 
@@ -272,13 +272,46 @@ def factorize(keys: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]
 
 
 # ------------------------------------------------------------------------------------------ activations
+def recompute_flags(recompute: Any, recompute_modules: Any = None) -> dict[str, Any]:
+    """``{module: where it is recomputed}`` for each of :data:`llmcomm.vocab.RECOMPUTE_MODULES`: where ``recompute``
+    is ``"selective"`` and ``recompute_modules`` names it, ``None`` standing for Megatron-LM's default
+    ``["core_attn"]`` (transformer_config.py:1940-1941) — the one home of "``recompute='selective'`` means
+    ``core_attn``". Scalars (a ``ParallelConfig``'s fields: bools) or arrays (a table's columns, ``recompute_modules``
+    an object array of ``None``/tuples: boolean arrays)."""
+    sel = np.asarray(recompute) == "selective"
+    if isinstance(recompute_modules, np.ndarray):
+        vals = recompute_modules.tolist()
+        uniq = list(dict.fromkeys(vals))
+        if len(uniq) == 1:
+            one = ("core_attn",) if uniq[0] is None else uniq[0]
+            return {k: sel & (k in one) for k in RECOMPUTE_MODULES}
+        code = {u: i for i, u in enumerate(uniq)}
+        idx = np.array([code[v] for v in vals], np.int64)
+        sets = [("core_attn",) if u is None else u for u in uniq]
+        return {k: sel & np.array([k in u for u in sets], bool)[idx] for k in RECOMPUTE_MODULES}
+    one = ("core_attn",) if recompute_modules is None else tuple(recompute_modules)
+    return {k: sel & (k in one) for k in RECOMPUTE_MODULES}
+
+
 def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: Any, micro_batch: Any, tp: Any, sp: Any,
-                           recompute: Any, act_bytes: Any, fused_attention: Any = False) -> np.ndarray:
+                           recompute: Any, act_bytes: Any, fused_attention: Any = False,
+                           recompute_modules: Any = None) -> np.ndarray:
     """Activation bytes one transformer layer keeps per micro-batch on one GPU (Korthikanti et al. 2023, Table 2,
     generalized; the formula is in :mod:`llmcomm.overhead.memory`'s docstring). ``seq`` is the sequence per CP
     rank; ``recompute`` holds ``"none"``/``"selective"``/``"full"``; ``fused_attention``: no ``5·a·s`` score
-    tensors (a fused kernel keeps only its log-sum-exp, ``b·a·s`` fp32, negligible); arguments broadcast."""
+    tensors (a fused kernel keeps only its log-sum-exp, ``b·a·s`` fp32, negligible); arguments broadcast.
+
+    Selective recomputation keeps what its modules do not discard (:func:`recompute_flags`; Megatron-LM
+    transformer_config.py:560 and the modules' checkpoints): ``core_attn`` the ``5·a·s`` scores; ``mlp`` (dense
+    layers, transformer_layer.py:537-539, a normal checkpoint whose input is kept) the fc1 input ``2h`` and the MLP
+    activations ``2·f_up + 2·f``; ``moe`` (moe_layer.py:247, the whole MoE forward) every expert's ``2·f_up + 2·f``;
+    ``moe_act`` (experts.py:271, output-discarding) the routed experts' activation output ``top-k·2·f``;
+    ``shared_experts`` (moe_layer.py:252) the shared experts' ``2·f_up + 2·f``; ``layernorm`` (transformer_layer.py:
+    475-527) the pre-MLP norm output ``2h`` of an MoE layer — with Transformer Engine the dense layer's two norms are
+    fused into ``linear_qkv``/``linear_fc1`` (``input_layernorm``/``pre_mlp_layernorm`` are ``IdentityOp``,
+    gpt_layer_specs.py:318-336), so there it keeps everything. ``mla_up_proj`` is not modelled here."""
     recompute = np.asarray(recompute)
+    rf = recompute_flags(recompute, recompute_modules)
     sp_div = np.where(np.asarray(sp, dtype=bool), tp, 1)
     tokens = seq * micro_batch
     scale = np.asarray(act_bytes) / 2
@@ -286,9 +319,17 @@ def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: Any, micro
     f = model.expert_ffn_hidden_size if moe_layer else model.ffn_hidden_size
     experts = (model.moe_router_topk + model.num_shared_experts) if moe_layer else 1
     f_up = 2 * f if model.gated_mlp else f
-    replicated = 4 * h + 2 * h + h + 2 * h + h
+    replicated: Any = 4 * h + 2 * h + h + 2 * h + h
     sharded = 2 * a * d + 4 * g * d + 2 * a * d + experts * (2 * f_up + 2 * f) \
-        + np.where((recompute == "selective") | np.asarray(fused_attention, dtype=bool), 0, 5 * a * seq)
+        + np.where(rf["core_attn"] | np.asarray(fused_attention, dtype=bool), 0, 5 * a * seq)
+    if moe_layer:  # what the selective modules discard (docstring)
+        topk, shared = model.moe_router_topk, model.num_shared_experts
+        routed = np.where(rf["moe"], topk * (2 * f_up + 2 * f), np.where(rf["moe_act"], topk * 2 * f, 0))
+        sharded = sharded - routed - np.where(rf["moe"] | rf["shared_experts"], shared * (2 * f_up + 2 * f), 0)
+        replicated = replicated - np.where(rf["layernorm"], 2 * h, 0)
+    else:
+        sharded = sharded - np.where(rf["mlp"], 2 * f_up + 2 * f, 0)
+        replicated = replicated - np.where(rf["mlp"], 2 * h, 0)
     kept = scale * tokens * (replicated / sp_div + sharded / tp)
     full = scale * tokens * 2 * h / sp_div
     return np.where(recompute == "full", full, kept)
@@ -441,7 +482,7 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
                          else model.ffn_hidden_size)
                 act = layer_activation_bytes(model, moe, seq=s / p.cp, micro_batch=p.micro_batch, tp=tp, sp=p.sp,
                                              recompute=p.recompute, act_bytes=dtype_bytes(p.act_dtype),
-                                             fused_attention=core.fused)
+                                             fused_attention=core.fused, recompute_modules=p.recompute_modules)
                 layers.append(LayerStep(
                     la, moe, layer_gemms(model, p, moe), core,
                     int(2 * 16 * T * h // fw + 2 * 2 * T * f_eff // tp),

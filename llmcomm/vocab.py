@@ -290,12 +290,17 @@ RECOMPUTE_CODE: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 PIPELINE_SCHEDULES = _values(PipelineSchedule)
 ATTENTION_BACKENDS = _values(AttentionBackend)
 FUSED_ATTENTION_BACKENDS = ("flash", "fused", "auto")  # one kernel: no score traffic, causal FLOPs halved
+# Megatron-LM's --recompute-modules the kit reads (megatron/core/transformer/transformer_config.py:560 lists these and
+# the GatedDeltaNet/mHC ones, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc, which need model features the kit has not)
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 # Megatron-LM's --cp-comm-type (megatron/training/arguments.py:3221, transformer_config.py:1030, passed to
 # TransformerEngine's attn_forward_func_with_cp, context_parallel.py:4924): the KV ring, the KV all-gather,
 # Ulysses-style all-to-alls of Q, K, V and O, and the two-level a2a inside / p2p across (hierarchical sizes)
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 FRAMEWORKS = _values(Framework)
 MOE_TOKEN_DISPATCHERS = _values(MoeTokenDispatcher)
+# Megatron-LM's --moe-flex-dispatcher-backend (transformer_config.py:898), the flex dispatcher's kernels
+MOE_FLEX_BACKENDS = ("deepep", "hybridep", "ncclep")
 NORMALIZATIONS = _values(Normalization)
 POSITION_EMBEDDINGS = _values(PositionEmbedding)
 

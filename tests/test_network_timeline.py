@@ -98,3 +98,34 @@ def test_other_schedules(schedule, vpp):
     assert busy.to_numpy() == pytest.approx(per_stage + np.array([3 * par.num_microbatches * t_emb,
                                                                   3 * par.num_microbatches * t_out]), rel=1e-6)
     assert tl.iteration_s >= busy.max()
+
+
+def test_overlap_draws_the_reductions_and_sends_concurrent_with_compute():
+    """overlap_grad_reduce: the DP reductions of the last backward run on the communication stream, over the
+    compute still to run (buckets of ~1/4 of the parameters: the first are ready early), and the optimizer
+    phase starts after the last of them; the iteration is shorter by what they hide. overlap_p2p_comm in the
+    interleaved schedule: the sends no longer hold the sender."""
+    m = load_model("tiny-gpt")
+    cl = load_cluster("h100-80g-ndr400")
+    par = ParallelConfig(dp=2, micro_batch=1, global_batch=4, overlap_grad_reduce=True, bucket_size=20_000)
+    t = predict_traffic(m, par, aggregate=False)
+    on = predicted_timeline(t, m, par, cluster=cl)
+    # the same calls, each blocking the compute stream
+    off = predicted_timeline(t, m, ParallelConfig(dp=2, micro_batch=1, global_batch=4, bucket_size=20_000), cluster=cl)
+    ev = on.events[on.events["rank"] == 0]
+    red = ev[(ev["phase"] == "backward") & (ev["parallelism"] == "dp")]
+    assert len(red) > 1
+    comp = on.compute[on.compute["stage"] == 0]
+    end_bwd = comp["t_end_ns"].max()
+    first = red["t_start_ns"].min()
+    assert first < end_bwd  # drawn concurrent with the backward compute
+    assert ((comp["t_start_ns"] < red["t_end_ns"].iloc[0]) & (comp["t_end_ns"] > first)).any()
+    opt = ev[ev["phase"] == "optimizer"]["t_start_ns"].min()
+    assert opt >= red["t_end_ns"].max()
+    hidden = float((np.minimum(red["t_end_ns"], end_bwd) - red["t_start_ns"]).clip(lower=0).sum()) / 1e9
+    assert on.iteration_s == pytest.approx(off.iteration_s - hidden, rel=1e-6)
+    vp = ParallelConfig(pp=2, vpp=2, micro_batch=1, global_batch=4)
+    a = predicted_timeline(predict_traffic(m, vp, aggregate=False), m, vp, cluster=cl)
+    vpo = ParallelConfig(pp=2, vpp=2, micro_batch=1, global_batch=4, overlap_p2p_comm=True)
+    b = predicted_timeline(predict_traffic(m, vpo, aggregate=False), m, vpo, cluster=cl)
+    assert b.iteration_s < a.iteration_s

@@ -170,3 +170,50 @@ def test_many_configurations_counted():
     assert any(p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split for _, p in cfgs)
     for order in ORDERS:  # every order, with groups that span nodes
         assert any(p.order == order and p.world_size > GPN for _, p in cfgs), order
+
+
+# ------------------------------------------------------------------ FSDP and --recompute-modules (issue 20)
+MODULES = ("core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts")
+
+
+def fsdp_configs(seed: int, count: int):
+    """Configurations of :func:`configs` with FSDP (Megatron-FSDP with the distributed optimizer and
+    overlap_grad_reduce, or torch FSDP2 with and without resharding) and selective recompute modules."""
+    import dataclasses
+
+    rng = random.Random(seed)
+    out = []
+    for model, p in configs(seed + 100, 4 * count):
+        dist = p.distributed_optimizer
+        kw: dict = dict(fsdp=rng.random() < 0.8)
+        kw["overlap_grad_reduce"] = dist and kw["fsdp"]  # Megatron-FSDP needs it (rule megatron-fsdp-overlap-grad-reduce)
+        kw["fsdp_reshard_after_forward"] = dist or not kw["fsdp"] or rng.random() < 0.5
+        if p.recompute == "selective" or rng.random() < 0.4:
+            kw["recompute"] = "selective"
+            kw["recompute_modules"] = tuple(rng.sample(MODULES, rng.randint(0, 3)))
+        try:
+            q = dataclasses.replace(p, **kw)
+            validate(model, q)
+            candidate_table(model, ParallelTable.from_parallel(q, model))
+        except ConfigError:
+            continue
+        out.append((model, q))
+        if len(out) == count:
+            break
+    return out
+
+
+@pytest.mark.parametrize("model,parallel", fsdp_configs(3, 60), ids=lambda x: getattr(x, "name", None) or "")
+def test_closed_form_equals_predictor_fsdp(model, parallel):
+    test_closed_form_equals_predictor(model, parallel)
+
+
+def test_fsdp_configurations_counted():
+    cfgs = fsdp_configs(3, 60)
+    assert len(cfgs) == 60
+    assert any(p.fsdp and p.distributed_optimizer and p.dp > 1 for _, p in cfgs)
+    assert any(p.fsdp and not p.fsdp_reshard_after_forward and p.dp > 1 for _, p in cfgs)
+    assert any(p.fsdp and m.is_moe and p.ep > 1 and p.dp // p.ep > 1 for m, p in cfgs)
+    assert any(p.fsdp and p.vpp > 1 for _, p in cfgs)
+    for mod in ("mlp", "moe", "shared_experts"):
+        assert any(p.recompute_modules and mod in p.recompute_modules and p.tp > 1 for _, p in cfgs), mod

@@ -142,10 +142,13 @@ def test_single_equals_vectorized_and_frame():
     assert isinstance(b, Breakdown) and b.to_dict()["comm_overhead"] == pytest.approx(b.comm_overhead)
 
 
-def test_overlap_hides_dp_behind_backward():
+def test_overlap_with_one_bucket_hides_nothing():
+    """A model far below the 40M-parameter bucket: each stage's buffer is one bucket, ready only when the
+    backward reaches the first layer, so ``overlap_grad_reduce`` hides nothing (Megatron's buckets and schedule:
+    hand-worked cases in tests/test_overhead_overlap.py)."""
     a = iteration_time(MODEL, PAR, CLUSTER, StubBandwidth(), GEMM_ONLY)
     b = iteration_time(MODEL, PAR, CLUSTER, StubBandwidth(), GEMM_ONLY, overlap_grad_reduce=True)
-    assert b.dp_comm_s == pytest.approx(max(0.0, a.dp_comm_s - a.backward_s / 2))
+    assert b.dp_comm_s == pytest.approx(a.dp_comm_s, rel=1e-12)
 
 
 def test_ranks_per_node_from_the_layout():

@@ -18,6 +18,8 @@ CONFIGS = [
                                  distributed_optimizer=True)),
     ("gpt3-125m", ParallelConfig(tp=2, pp=2, cp=2, global_batch=2, seq_len=128, recompute="full")),
     ("gpt3-125m", ParallelConfig(tp=2, dp=2, global_batch=4, seq_len=128, fsdp=True)),
+    ("gpt3-125m", ParallelConfig(pp=2, dp=2, global_batch=8, seq_len=128, fsdp=True, distributed_optimizer=True,
+                                 overlap_grad_reduce=True, fsdp_reshard_after_forward=True)),  # Megatron-FSDP
     ("gpt3-125m", ParallelConfig(pp=2, dp=2, global_batch=4, seq_len=128, overlap_grad_reduce=True,
                                  distributed_optimizer=True, bucket_size=2_000_000)),
     (TINY_MOE, ParallelConfig(tp=2, dp=4, ep=2, sp=True, pp=2, global_batch=8, moe_aux_loss_coeff=0.01)),

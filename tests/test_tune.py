@@ -62,7 +62,7 @@ def test_dimensions_the_cost_model_refuses_are_named_by_its_rule() -> None:
 
     model = lc.load_model("llama3-8b")
     assert accepted_values(model, "cp", [1, 2, 4]) == [1, 2, 4]  # context parallelism is in the formulation
-    assert accepted_values(model, "fsdp", [False, True]) == [False]
+    assert accepted_values(model, "fsdp", [False, True]) == [False, True]  # FSDP is in the formulation (issue 20)
     assert set(enumerate_candidates(model, 16, 64)["cp_comm_type"]) == {"p2p"}  # Megatron's default only
     cands = enumerate_candidates(model, 16, 64, space=SearchSpace(cp_comm_type=("p2p", "all_gather", "a2a")))
     assert set(cands["cp"]) == {1, 2, 4, 8, 16} and set(cands.loc[cands["cp"] == 1, "cp_comm_type"]) == {"p2p"}
@@ -72,7 +72,9 @@ def test_dimensions_the_cost_model_refuses_are_named_by_its_rule() -> None:
     assert set(cands.loc[cands["cp"] > 1, "cp_comm_type"]) == {"p2p", "all_gather", "a2a"}
     assert not ((cands["cp"] > 1) & (cands["attention_backend"] == "unfused")).any()  # rule cp-te-attention
     why = refusals(model, 16, 64, 8192, SearchSpace(cp=(1, 2), fsdp=(True,)))
-    assert "cost-fsdp" in why["fsdp=True"]
+    assert "cp=2" not in why and "fsdp=True" not in why
+    why = refusals(model, 16, 64, 8192, SearchSpace(cp=(2,), cp_comm_type=("a2a+p2p",)))
+    assert "cp-hierarchical" in why["cp_comm_type=a2a+p2p"]
     moe = lc.load_model("mixtral-8x7b")
     why = refusals(moe, 64, 256, None, SearchSpace(tp=(2,), etp=(1,)))
     assert "cost-etp" in why["etp=1"]
@@ -106,6 +108,7 @@ def test_same_as_without_rule_is_an_exact_tie() -> None:
     model = lc.load_model("gpt3-13b")
     cands = enumerate_candidates(model, 8, 64, space=SearchSpace(tp=(8,), pp=(1,)))
     t = iteration_times(model, cands, A100.for_world(8))
+    t = t[~t["fsdp"]]  # FSDP (torch FSDP2 here: no distributed optimizer) has no DistOpt twin
     a = t[t["distributed_optimizer"]].sort_values(["micro_batch", "sp", "recompute"])["total_s"].to_numpy()
     b = t[~t["distributed_optimizer"]].sort_values(["micro_batch", "sp", "recompute"])["total_s"].to_numpy()
     assert np.array_equal(a, b)
@@ -166,7 +169,7 @@ def test_rule_of_thumb() -> None:
     assert r["tp"] == 8 and r["micro_batch"] == 1 and r["total_bytes"] <= 0.9 * 80e9
     smaller = enumerate_candidates(lc.load_model("gpt3-175b"), 1024, 1536,
                                    space=SearchSpace(tp=(8,), cp=(1,), micro_batch=(1,), vpp=(1,), sp=(False,),
-                                                     uneven=(False,)))  # the rule of thumb has no CP
+                                                     uneven=(False,), fsdp=(False,)))  # the rule of thumb: no CP
     from llmcomm.overhead.memory import memory_table
 
     fits = smaller[memory_table(lc.load_model("gpt3-175b"), smaller)["total_bytes"] <= 0.9 * 80e9]

@@ -31,14 +31,19 @@ MODELS = {
     "LLAMA3_8B": ("llama", "llama3", "llama3_8b", "llama3_8b_pretrain_config"),
     "LLAMA3_70B": ("llama", "llama3", "llama3_70b", "llama3_70b_pretrain_config"),
     "LLAMA3.1_405B": ("llama", "llama31", "llama31_405b", "llama31_405b_pretrain_config"),
-    "GPT OSS 120B": ("gpt_oss", "gpt_oss", "gpt_oss_120b", None),
-    "Qwen3_30B_a3B": ("qwen", "qwen3", "qwen3_30b_a3b", None),
-    "Qwen3_235B_a22B": ("qwen", "qwen3", "qwen3_235b_a22b", None),
+    "GPT OSS 120B": ("gpt_oss", "gpt_oss", "gpt_oss_120b", "gpt_oss_120b_pretrain_config"),
+    "Qwen3_30B_a3B": ("qwen", "qwen3", "qwen3_30b_a3b", "qwen3_30b_a3b_pretrain_config"),
+    "Qwen3_235B_a22B": ("qwen", "qwen3", "qwen3_235b_a22b", "qwen3_235b_a22b_pretrain_config"),
     "Nemotron_3_Nano": ("nemotronh", "nemotron_3_nano", "nemotron_3_nano", None),
     "DeepSeekV3": ("deepseek", "deepseek", "deepseek_v3", None),
 }
 PREC = {"FP8": "FP8_CS", "FP8-CS": "FP8_CS", "BF16": "BF16"}
 LIB = "src/megatron/bridge/recipes/llama/llama3.py"
+# family -> (library recipe file, its shared builder: absent at some commits, then only the model's function is read)
+LIBS = {"llama": (LIB, "_llama3_common"), "qwen": ("src/megatron/bridge/recipes/qwen/qwen3_moe.py", "_qwen3_moe_common"),
+        "gpt_oss": ("src/megatron/bridge/recipes/gpt_oss/gpt_oss.py", "_gpt_oss_common")}
+OVERRIDES = "scripts/performance/utils/overrides.py"
+FLEX = "src/megatron/bridge/training/flex_dispatcher_backend.py"
 
 
 def cite(path, line, what=""):
@@ -49,7 +54,7 @@ def base_model(name):
     return re.sub(r"\s*\((dropless|tokendrop)\)$", "", name)
 
 
-def workload(commit, fam, stem, recipe, prec, gbs):
+def workload(commit, fam, stem, recipe, prec, gbs, row=None):
     path = f"scripts/performance/configs/{fam}/{stem}_workload_base_configs.py"
     try:
         cs = consts(commit, path)
@@ -60,10 +65,25 @@ def workload(commit, fam, stem, recipe, prec, gbs):
     if not names:
         return path, None, f"no {recipe.upper()}_PRETRAIN_CONFIG_H100_{prec}* constant in {path}"
     match = [n for n in names if cs[n].get("global_batch_size", (None,))[0] == gbs]
-    pick = (match or names)[-1]
-    rule = ("the H100 constant of this precision whose global_batch_size equals the table's"
-            if match else "the H100 constant of this precision (none has the table's global batch size)")
+    full = [n for n in match if row is not None and all(_same(cs[n].get(f, (None,))[0], row[c])
+                                                          for f, c in SIZE_FIELDS.items())]
+    pick = (full or match or names)[-1]
+    rule = ("the H100 constant of this precision whose parallel sizes and batch sizes all equal the table's" if full
+            else "the H100 constant of this precision whose global_batch_size equals the table's (none matches all "
+                 "the table's sizes)" if match
+            else "the H100 constant of this precision (none has the table's global batch size)")
     return path, (pick, cs[pick]), rule
+
+
+SIZE_FIELDS = {"tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
+               "virtual_pipeline_model_parallel_size": "vp", "expert_model_parallel_size": "ep",
+               "micro_batch_size": "mbs", "global_batch_size": "gbs"}
+
+
+def _same(recipe, table):
+    """A recipe size equals the table's (absent/None/1 alike; the table prints n/a or nothing for unset)."""
+    t = None if table in ("", "n/a", None) else int(float(table))
+    return recipe == t or (t in (None, 1) and recipe in (None, 1))
 
 
 def fn_rows(commit, path, fname):
@@ -102,7 +122,7 @@ def mb_row(r):
         out["status"] = "partial"
         out["unknown"] = unknown
         return out
-    wpath, w, rule = workload(commit, fam, stem, recipe, prec, int(r["gbs"]))
+    wpath, w, rule = workload(commit, fam, stem, recipe, prec, int(r["gbs"]), r)
     if w is None:
         out["status"] = "not_read"
         out["unknown"] = {"workload": rule}
@@ -161,11 +181,16 @@ def mb_row(r):
         out["status"] = "partial"
         unknown["library_recipe"] = "library recipe defaults (overlap, optimizer, recompute) of this model not read"
     else:
-        lrow = fn_rows(commit, LIB, libfn) or []
-        crow = fn_rows(commit, LIB, "_llama3_common") or []
+        lib, common = LIBS[fam]
+        lrow = fn_rows(commit, lib, libfn)
+        if lrow is None:
+            unknown["library_recipe"] = f"{libfn} not found in {lib} at this commit"
+            lrow = []
+        crow = fn_rows(commit, lib, common) or []
         com = fn_rows(commit, perf, f"set_{stem}_common_configs") or []
-        chain = [(LIB, "_llama3_common", crow), (LIB, libfn, lrow), (perf, f"set_{stem}_common_configs", com),
+        chain = [(lib, common, crow), (lib, libfn, lrow), (perf, f"set_{stem}_common_configs", com),
                  (perf, f"{recipe}_pretrain_config_h100", hrow or [])]
+        workload_set = set(s)  # set_workload_base_configs runs last: what the workload states wins
 
         def resolve(name, targets, kws=(), keys=()):
             found = []
@@ -174,6 +199,15 @@ def mb_row(r):
                     if (k == "assign" and t in targets) or (k == "kw" and t in kws) or (k == "key" and t in keys) \
                             or (k == "default" and t in keys):
                         found.append((v, cite(path, line, fn)))
+            if isinstance(found[-1][0] if found else None, str) and found[-1][0].startswith("base_cfg."):
+                f = found[-1][0][len("base_cfg."):]  # the perf function copies a workload field
+                v, line = fields.get(f, (None, None))
+                found.append((v, cite(wpath, line, cname) if line else f"scripts/performance/utils/utils.py "
+                              f"(WorkloadBaseConfig default {f}=None; {cname} does not set it)"))
+            if name in workload_set:
+                if found:
+                    s[name].setdefault("overrides", [c for _, c in found])
+                return
             if not found:
                 unknown[name] = "not set in the library recipe or the perf script at this commit (the library default applies)"
                 return
@@ -192,6 +226,25 @@ def mb_row(r):
                 (), ("account_for_loss_in_pipeline_split",))
         resolve("cp_comm_type", ("cfg.model.cp_comm_type",), (), ("cp_comm_type",))
         resolve("attention_backend", ("cfg.model.attention_backend",), (), ("attention_backend",))
+        for f in ("recompute_method", "recompute_num_layers", "recompute_modules", "moe_token_dispatcher_type",
+                  "moe_flex_dispatcher_backend", "pipeline_model_parallel_layout",
+                  "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "moe_shared_expert_overlap"):
+            resolve(f, (f"cfg.model.{f}", "model_cfg." + f), (f,), (f,))
+        if "moe_token_dispatcher_type" in s or "moe_flex_dispatcher_backend" in s:
+            # set_workload_base_configs, at commits that have it: a workload backend -> apply_flex_dispatcher_backend,
+            # which on compute capability 9 (H100) sets moe_token_dispatcher_type='flex'
+            ov = fn_rows(commit, OVERRIDES, "set_workload_base_configs") or []
+            call = [line for k, t, v, line in ov if k == "call" and t == "apply_flex_dispatcher_backend"]
+            wl = fields.get("moe_flex_dispatcher_backend", (None, None))
+            if call and wl[0]:
+                s["moe_token_dispatcher_type"] = {"value": "flex", "cite": cite(OVERRIDES, call[0], "set_workload_base_configs: "
+                                                  f"apply_flex_dispatcher_backend(cfg.model, {wl[0]!r})") + f" and {FLEX} "
+                                                  "(device major 9, Hopper: moe_token_dispatcher_type = 'flex')"}
+                s["moe_flex_dispatcher_backend"] = {"value": wl[0], "cite": cite(wpath, wl[1], cname)}
+            elif call:
+                alt = [line for k, t, v, line in ov if k == "assign" and t == "cfg.model.moe_token_dispatcher_type"]
+                s["moe_token_dispatcher_type"] = {"value": "alltoall", "cite": cite(OVERRIDES, alt[0] if alt else call[0],
+                                                  "set_workload_base_configs: no workload backend -> alltoall")}
         v = s.get("tp_comm_overlap", {}).get("value")
         if v == "bool(cfg.model.tensor_model_parallel_size > 1)":
             s["tp_comm_overlap"]["value"] = bool(tp > 1)
@@ -203,11 +256,22 @@ def mb_row(r):
                     s["tp_comm_overlap_cfg"] = {"value": v, "cite": cite(perf, line, f"{recipe}_pretrain_config_h100, "
                                                                       f"{prec.lower()} branch")}
         out["status"] = "read"
-    if "recompute_num_layers" in s:
-        s["recompute_granularity"] = {"value": "full", "cite": "scripts/performance/utils/overrides.py "
-                                      "_set_recompute_overrides (recompute_num_layers set -> granularity full, method block)"}
+    # set_workload_base_configs -> _set_recompute_overrides, last: the workload's recompute fields when not None
+    if w is not None and fields.get("recompute_num_layers", (None,))[0] is not None:
+        s["recompute_granularity"] = {"value": "full", "cite": f"{OVERRIDES} _set_recompute_overrides "
+                                      "(recompute_num_layers set -> granularity full, method block)"}
         s["recompute_method"] = {"value": "block", "cite": s["recompute_granularity"]["cite"]}
+        s["recompute_num_layers"] = {"value": fields["recompute_num_layers"][0],
+                                     "cite": cite(wpath, fields["recompute_num_layers"][1], cname)}
+    if w is not None and fields.get("recompute_modules", (None,))[0] is not None:
+        s["recompute_granularity"] = {"value": "selective", "cite": f"{OVERRIDES} _set_recompute_overrides "
+                                      "(recompute_modules set -> granularity selective)"}
+        s["recompute_modules"] = {"value": fields["recompute_modules"][0],
+                                  "cite": cite(wpath, fields["recompute_modules"][1], cname)}
     out["settings"], out["unknown"], out["checks"] = s, unknown, checks
+    if not all(c["agree"] for c in checks.values()):
+        out["caveats"] = {"workload_sizes": f"the workload constant {cname}'s sizes differ from the table's (see "
+                          "checks): the sizes are the table's, the other settings the constant's and the recipe's"}
     out["not_in_repo"] = "the command line of the published runs (any CLI overrides) is not in the repository"
     return out
 
@@ -293,8 +357,41 @@ def perf_matrix_2509(r, commit, model):
     unknown = {"recipe": "library recipe defaults (overlap, optimizer, recompute) of 25.09 not read"}
     fp8 = [v for v in match if v.startswith("fp8")]
     if match and len(fp8) == len(match):
-        res["settings"] = {"fp8": {"value": "unknown", "cite": f"{path} (only FP8 blocks {match} match the row)"}}
-        unknown["fp8"] = f"the row matches the FP8 blocks {match} of the perf matrix; which FP8 recipe ran is not stated"
+        # scripts/performance/utils/helpers.py get_precision_config(compute_dtype, fp8_recipe) at this commit: the
+        # block's suffix is the run_script's --fp8_recipe (ds, cs, ...), each one mixed-precision function
+        hp = "scripts/performance/utils/helpers.py"
+        hrows = fn_rows(commit, hp, "get_precision_config") or []
+        mp = "src/megatron/bridge/training/mixed_precision.py"
+        per = {}
+        for v in fp8:
+            suffix = v.split("_", 1)[1]
+            fn = {"ds": "bf16_with_fp8_delayed_scaling_mixed", "cs": "bf16_with_fp8_current_scaling_mixed"}.get(suffix)
+            rows_ = fn_rows(commit, mp, fn) if fn else None
+            if not rows_:
+                per[v] = None
+                continue
+            got = {}
+            for name, tgt in (("fp8", "cfg.fp8"), ("fp8_recipe", "cfg.fp8_recipe"),
+                              ("fp8_param_gather", "cfg.fp8_param_gather")):
+                h = last(rows_, ("assign",), (tgt,))
+                if h:
+                    got[name] = (h[0], cite(mp, h[1], fn))
+            line = next((ln for k, t, val, ln in hrows if k == "call" or k == "return"
+                         if fn in str(val)), None)
+            got["_via"] = cite(hp, line, f"get_precision_config('fp8', {suffix!r})") if line else hp
+            per[v] = got
+        settings_ = {}
+        for name in ("fp8", "fp8_recipe", "fp8_param_gather"):
+            vals = {g[name][0] for g in per.values() if g and name in g}
+            if len(vals) == 1 and all(g and name in g for g in per.values()):
+                g0 = next(iter(per.values()))
+                settings_[name] = {"value": vals.pop(), "cite": f"{g0[name][1]} via {g0['_via']}; the perf matrix "
+                                   f"blocks matching the row: {match} ({path})"}
+            else:
+                unknown[name] = (f"the row's sizes match the perf matrix blocks {match} ({path}), whose {name} differ "
+                                 f"({ {v: (g or {}).get(name, ('?',))[0] for v, g in per.items()} }): which ran is "
+                                 "not stated")
+        res["settings"] = settings_
     else:
         unknown["precision"] = (f"the 25.09 table prints no precision and the perf matrix blocks matching the row "
                                 f"are {match or 'none'}")
@@ -302,10 +399,58 @@ def perf_matrix_2509(r, commit, model):
     return res
 
 
+NFL_SCRIPTS = {  # table model -> NeMo-Framework-Launcher's H100 FP8 example command lines (examples/training/...)
+    "GPT3-5B": "gpt/h100/5b_fp8_", "GPT3-20B": "gpt/h100/20b_fp8_", "GPT3-175B": "gpt/h100/175b_fp8_",
+    "LLAMA2-7B": "llama/h100/llama2_7b_fp8", "LLAMA2-13B": "llama/h100/llama2_13b_fp8",
+    "LLAMA2-70B": "llama/h100/llama2_70b_fp8", "LLAMA3-8B": "llama/h100/llama3_8b_fp8",
+    "LLAMA3-70B": "llama/h100/llama3_70b_fp8", "Nemotron-8B": "nemotron/h100/nemotron_8b_fp8",
+    "Nemotron-22B": "nemotron/h100/nemotron_22b_fp8"}
+# settings an FP8 example script states for its model whatever its node count (the precision recipe)
+NFL_MODEL_LEVEL = ("fp8", "fp8_hybrid", "fp8_e4m3", "optim.grad_sync_dtype")
+# NeMo 1.0 -> Megatron-Core: the FP8 format (NeMo's build_transformer_config) and the only recipe of that Megatron-Core
+NEMO_FP8_FORMAT = ("NVIDIA/NeMo nemo/collections/nlp/models/language_modeling/megatron_base_model.py "
+                   "build_transformer_config: fp8 = None unless cfg.fp8, else 'e4m3' if cfg.fp8_e4m3 else 'hybrid' if "
+                   "cfg.fp8_hybrid (ValueError if neither) -> TransformerConfig.fp8 = Megatron's --fp8-format")
+MCORE_DELAYED = ("NVIDIA/Megatron-LM core_r0.8.0 megatron/core/transformer/transformer_block.py:382 (fp8_recipe = "
+                 "TEDelayedScaling(...): Megatron-Core of mid-2024 has no fp8_recipe setting, every FP8 run uses "
+                 "TransformerEngine's DelayedScaling); its margin/interval/amax_history_len/amax_compute_algo are the "
+                 "config's fp8_margin, fp8_interval, fp8_amax_history_len, fp8_amax_compute_algo")
+
+
+def nfl_script_overrides(text):
+    """key (under model./trainer.) -> (value, 1-based line) of a launcher command line's ``training.X=V`` args."""
+    out = {}
+    for i, line in enumerate(text.splitlines(), 1):
+        m = re.match(r"\s*\+?training\.(model|trainer)\.([\w.]+)=(\S+?)\s*\\?$", line)
+        if m:
+            out[f"{m.group(1)}.{m.group(2)}"] = (yaml.safe_load(m.group(3)), i)
+        m = re.match(r"\s*training/tp_overlap@training\.model\.ub_tp_comm_overlap_cfg=(\S+?)\s*\\?$", line)
+        if m:
+            out["model.tp_comm_overlap_cfg"] = (m.group(1), i)
+    return out
+
+
+def nfl_scripts(model):
+    """[(path, overrides)] of the model's H100 FP8 example scripts at the launcher tag."""
+    if model not in NFL_SCRIPTS:
+        return []
+    names = subprocess.run(["git", "-C", NFL_DIR, "ls-tree", "-r", "--name-only", NFL_TAG, "examples/training"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    pre = f"examples/training/{NFL_SCRIPTS[model]}"
+    out = []
+    for n in sorted(x for x in names if x.startswith(pre) and x.endswith(".sh")):
+        text = subprocess.run(["git", "-C", NFL_DIR, "show", f"{NFL_TAG}:{n}"], capture_output=True, text=True,
+                              check=True).stdout
+        out.append((n, nfl_script_overrides(text)))
+    return out
+
+
 def nemo_row(r):
     model = r["model"]
     base = {"recipe_source": {"repo": NFL_REPO, "tag": NFL_TAG, "rule": "NeMo 24.07 (NeMo 1.0) trains with the "
-                              "NeMo-Framework-Launcher's training configs; read at the launcher's 24.07 tag"}}
+                              "NeMo-Framework-Launcher's training configs; read at the launcher's 24.07 tag, with "
+                              "the command-line overrides of the launcher's H100 FP8 example script of the model "
+                              "(examples/training/<family>/h100/*_fp8*.sh)"}}
     if model not in NFL_CONFIGS or not NFL_DIR:
         return {**base, "status": "not_read", "unknown": {"all": "no launcher config mapped for this model"}}
     path = f"launcher_scripts/conf/training/{NFL_CONFIGS[model]}.yaml"
@@ -320,20 +465,78 @@ def nemo_row(r):
     for line_no, line in enumerate(text.splitlines(), 1):
         if "tp_overlap@model.ub_tp_comm_overlap_cfg" in line:
             s["tp_comm_overlap_cfg"] = {"value": line.split(":", 1)[1].strip(), "cite": f"{path}:{line_no}"}
+    # the model's FP8 example command lines: the one at this row's node count overrides everything it states;
+    # the precision keys every script of the model agrees on apply at any node count
+    nodes = int(r["num_gpus"]) // 8
+    scripts = nfl_scripts(model) if r["precision"].startswith("FP8") else []
+    here = [(n, o) for n, o in scripts if o.get("trainer.num_nodes", (None,))[0] == nodes]
+    applied = {}
+    for key in NFL_MODEL_LEVEL:
+        vals = {o[f"model.{key}"][0] for _, o in scripts if f"model.{key}" in o}
+        if len(vals) == 1 and scripts and all(f"model.{key}" in o for _, o in scripts):
+            n, o = (here or scripts)[0]
+            applied[key] = (o[f"model.{key}"][0], f"{n}:{o[f'model.{key}'][1]}"
+                            + ("" if here else f" (every FP8 example script of the model sets it: "
+                                              f"{[x for x, _ in scripts]}; none at {nodes} nodes)"))
+    for n, o in here[:1]:
+        for k, (v, line) in o.items():
+            if k.startswith("model.") and k[6:] not in applied and (k[6:] in NFL_KEYS or k[6:] in NFL_SIZES):
+                applied[k[6:]] = (v, f"{n}:{line}")
+    sizes_over = {}
+    for key, (v, c) in applied.items():
+        if key in NFL_SIZES:
+            sizes_over[key] = (v, c)
+            continue
+        name = NFL_KEYS.get(key, key)
+        prev = s.get(name)
+        s[name] = {"value": v, "cite": c, **({"overrides": [prev["cite"]]} if prev else {})}
+    if scripts:
+        base["example_scripts"] = {"scripts": [n for n, _ in scripts], "at_this_node_count": [n for n, _ in here]}
     for key, col in NFL_SIZES.items():
         v, line = kv.get(f"model.{key}", (None, None))
+        c = f"{path}:{line}" if line else "not in the config"
+        if key in sizes_over:
+            v, c = sizes_over[key]
         t = r[col]
         tv = None if t in ("", "n/a") else int(float(t))
-        checks[col] = {"table": tv, "recipe": v, "agree": tv == v or (tv in (None, 1) and v in (None, 1)),
-                       "cite": f"{path}:{line}" if line else "not in the config"}
-    fp8_on = s.get("fp8_enabled", {}).get("value")
-    if fp8_on is not True:
-        unknown["fp8"] = (f"the config states fp8: {fp8_on} ({s.get('fp8_enabled', {}).get('cite', path)}) while the "
-                          "table's heading says FP8: the published run set FP8 (and its format) outside this file")
+        checks[col] = {"table": tv, "recipe": v, "agree": tv == v or (tv in (None, 1) and v in (None, 1)), "cite": c}
+    if r["precision"].startswith("FP8"):
+        on = s.get("fp8_enabled", {}).get("value")
+        e4, hy = s.get("fp8_e4m3", {}).get("value"), s.get("fp8_hybrid", {}).get("value")
+        fmt = "e4m3" if e4 else "hybrid" if hy else None
+        if fmt is None:
+            unknown["fp8"] = (f"the table says FP8 but neither fp8_e4m3 nor fp8_hybrid is set in {path} or an FP8 "
+                              "example script of the model (NeMo refuses fp8 without one): the format the run used "
+                              "is not stated")
+        else:
+            src_ = s["fp8_e4m3" if e4 else "fp8_hybrid"]["cite"]
+            s["fp8"] = {"value": fmt, "cite": f"{src_} ({'fp8_e4m3' if e4 else 'fp8_hybrid'}; the table's precision "
+                        f"FP8, nemo_performance_summary.md:{r['source_line']}), read as {NEMO_FP8_FORMAT}",
+                        **({"note": f"fp8 itself is {on!r} at {s['fp8_enabled']['cite']}: the run enabled it on "
+                                    "its command line"} if on is not True else {})}
+            lines = [kv.get(f"model.{k}", (None, None))[1] for k in ("fp8_margin", "fp8_interval",
+                                                                  "fp8_amax_history_len", "fp8_amax_compute_algo")]
+            lines = [x for x in lines if x]
+            s["fp8_recipe"] = {"value": "delayed", "cite": (f"{path}:{min(lines)}-{max(lines)} (fp8_margin, "
+                                                            "fp8_interval, fp8_amax_history_len, "
+                                                            "fp8_amax_compute_algo: DelayedScaling's parameters); "
+                                                            if lines else f"{path}; ") + MCORE_DELAYED}
+            amp = s.get("megatron_amp_O2", {}).get("cite", path)
+            s["fp8_param_gather"] = {"value": False, "cite": f"{amp} (megatron_amp_O2: bf16 parameters; neither the "
+                                     "config nor the script has an FP8-parameter option, Megatron-Core core_r0.8.0 "
+                                     "none of --fp8-param-gather's kind)"}
+    elif r["precision"] == "BF16":
+        s["fp8"] = {"value": None, "cite": f"{path} (the table's precision BF16, nemo_performance_summary.md:"
+                    f"{r['source_line']})"}
+    caveats = {}
     if not all(c["agree"] for c in checks.values()):
-        unknown["run_overrides"] = ("the table's sizes differ from this config (see checks): the published run "
-                                    "overrode it; settings here are the config's, which the run may also have overridden")
-    return {**base, "status": "partial", "config_file": path, "settings": s, "unknown": unknown, "checks": checks}
+        caveats["run_overrides"] = ("the table's sizes differ from this config and its example script at this node "
+                                    "count (see checks): the published run overrode them on a command line that is "
+                                    "not in the repository; the sizes are the table's, the other settings the "
+                                    "config's and the scripts'")
+    return {**base, "status": "partial" if unknown else "read", "config_file": path, "settings": s,
+            "unknown": unknown, "caveats": caveats, "checks": checks}
+
 
 def src(commit, path):
     return subprocess.run(["git", "-C", GIT_DIR, "show", f"{commit}:{path}"], capture_output=True, text=True, check=True).stdout

@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                  extras=("vpp", "sp", "micro_batch", "global_batch", "seq_len", "recompute",
                          "distributed_optimizer", "schedule", "overlap_grad_reduce", "pipe_partitioned",
                          "overlap_param_gather", "tp_comm_overlap", "attention_backend", "fp8", "fp8_recipe",
-                         "cp_comm_type"))
+                         "overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_backend",
+                         "align_grad_reduce", "fsdp", "cp_comm_type"))
     add_cluster(p, required=True)
     p.add_argument("--nccl-tests", nargs="+", default=None, metavar="LOG",
                    help="time collectives from your own nccl-tests output where it covers them (default: the "
@@ -60,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
     cp = f" cp={parallel.cp} ({parallel.cp_comm_type})" if parallel.cp > 1 else ""
     print(f"{model.name} on {cluster.name}: tp={parallel.tp} pp={parallel.pp} dp={parallel.dp} ep={parallel.ep}{cp} "
           f"vpp={parallel.vpp} micro-batch={parallel.micro_batch} global batch={parallel.global_batch} "
-          f"({parallel.num_microbatches} micro-batches), recompute={parallel.recompute}; bandwidth: "
+          f"({parallel.num_microbatches} micro-batches), recompute={parallel.recompute}"
+          f"{'' if parallel.recompute_modules is None else ' ' + '+'.join(parallel.recompute_modules)}"
+          f"{'' if not parallel.fsdp else ', fsdp' + ('' if parallel.fsdp_reshard_after_forward else ' (shards kept)')}"
+          f"; bandwidth: "
           f"{'per regime, below' if bw is not None else 'shipped calibration'}")
     width = max(len(t) for t in f["term"])
     for r in f.itertuples():

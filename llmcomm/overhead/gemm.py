@@ -210,6 +210,7 @@ class GemmModel:
     hbm: float
     fits: dict[str, GemmFit]
     notes: dict[str, str] = field(default_factory=dict)
+    fp8_factor: float = 1.0  # FP8 rule's share of the FP8 peak actually reached (FP8_CALIBRATION; 1.0: the bare rule)
 
     def _fit(self, dtype: str) -> tuple[GemmFit, float, float, float, float]:
         if dtype not in FIT_OF:
@@ -221,8 +222,10 @@ class GemmModel:
                             f"{sorted(self.peak)})")
         e_in, e_out = ELEMENT[dtype]
         ceiling = f.ceiling_flops
-        if dtype == "fp8":  # not measured: the bf16 ceiling fraction of the FP8 peak (rule, module docstring)
-            ceiling = f.ceiling_flops / self.peak["bf16"] * self.peak["fp8"]
+        if dtype == "fp8":  # not measured: the bf16 ceiling fraction of the FP8 peak (rule, module docstring),
+            # both the rate and the ceiling scaled by the fitted fp8_factor (FP8 GEMMs short of 2x BF16)
+            ceiling = f.ceiling_flops / self.peak["bf16"] * self.peak["fp8"] * self.fp8_factor
+            return f, self.peak[ref] * self.fp8_factor, ceiling, e_in, e_out
         return f, self.peak[ref], ceiling, e_in, e_out
 
     @staticmethod
@@ -443,8 +446,36 @@ def load_gemm_model(gpu: str | Cluster) -> GemmModel | UtilizationGemm:
     notes = {"source": f"fitted on {TABLE} ({hw['table_key']})" if hw["measured"] else hw["carried"],
              "fp8_rule": "not measured: bf16 fit with the FP8 peak, 1-byte operands, bf16 output; ceiling = bf16 "
                          "ceiling fraction x FP8 peak"}
+    factor = fp8_factor(notes)
     return GemmModel(gpu=key, sms=int(hw["sms"]), peak=dict(hw["peak"]), hbm=float(hw["hbm"]), fits=fits,
-                     notes=notes)
+                     notes=notes, fp8_factor=factor)
+
+
+FP8_CALIBRATION = "calibration/gemm_fp8.json"  # written by python -m llmcomm.overhead.fp8_fit --write
+_FP8_OVERRIDE: list[float] = []  # set only while fp8_fit evaluates a trial factor
+
+
+def fp8_factor(notes: dict[str, str] | None = None) -> float:
+    """The FP8 rule's factor: a trial value while :mod:`llmcomm.overhead.fp8_fit` fits it, else the shipped
+    ``data/calibration/gemm_fp8.json`` (fitted on one container release's published rows, named there), else
+    1.0 (the bare rule). ``notes`` (a GEMM model's) gets where it came from."""
+    if _FP8_OVERRIDE:
+        return _FP8_OVERRIDE[-1]
+    p = data_dir() / FP8_CALIBRATION
+    if not p.is_file():
+        return 1.0
+    doc = _calibration(str(p), p.stat().st_mtime_ns)
+    try:
+        f = float(doc["factor"])
+    except (KeyError, TypeError, ValueError):
+        raise DataError(f"{p}: no numeric 'factor'; regenerate it with `python -m llmcomm.overhead.fp8_fit "
+                        "--write`") from None
+    if not 0.0 < f <= 1.0:
+        raise DataError(f"{p}: factor={f} must be in (0, 1] (the FP8 rule is its upper bound)")
+    if notes is not None:
+        notes["fp8_factor"] = (f"{f:.4g}, fitted on {doc.get('fitted_on_release')} rows "
+                               f"{doc.get('fitted_on')} ({FP8_CALIBRATION})")
+    return f
 
 
 def main(argv: Sequence[str] | None = None) -> int:

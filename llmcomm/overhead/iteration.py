@@ -28,8 +28,8 @@ the last the output layer and the loss) make the slowest stage set the pace. The
     dp_exposed = max over stages of the gradient reduction (all-reduce, or reduce-scatter + parameter
                  all-gather with the distributed optimizer) + SP norm all-reduce + tied-embedding all-reduce,
                  minus, for the last stage, the (p − 1) backward steps it finishes ahead of stage 0; with
-                 ``overlap_grad_reduce`` all but the last micro-batch's backward hides it (Megatron-LM's
-                 bucketed overlap): exposed = max(0, dp − backward of one micro-batch)
+                 ``overlap_grad_reduce`` Megatron-LM's buckets and schedule decide what hides behind the
+                 backward still to run (:func:`llmcomm.overhead.overlap.grad_reduce_exposed`)
     optimizer  = bytes_per_param · params_on_gpu / HBM bandwidth      (Adam, :data:`ADAM_BYTES_PER_PARAM`)
 
 ``exposed_comm_s = tp + ep + pp (each m·on the critical stage) + dp_exposed``; ``comm_overhead =
@@ -48,23 +48,36 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
     tp_comm_overlap:      tp_r = tp_overlap_exposed(...)  (TE userbuffers: each block's SP all-gather /
                           reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks)
     overlap_param_gather: dp_exposed = [gradient reduction as above, without the parameter all-gather]
-                          + param_gather_exposed(AG of stage 0, its forward, its DDP buckets)
-    overlap_grad_reduce:  the keyword or the column (either turns it on); with the distributed optimizer only
-                          the reduce-scatter hides under the backward: the parameter all-gather follows the
-                          optimizer step (exposed in full unless overlap_param_gather)
+                          + param_gather_exposed(AG of stage 0, its forward, its DDP buckets: the
+                          predictor's first-chunk layout, one bucket per later chunk)
+    overlap_grad_reduce:  the keyword or the column (either turns it on): each stage's and chunk's buffers
+                          reduced as Megatron dispatches them (only stage 0's first chunk bucketed; interleaved
+                          chunks aligned to stage 0, the first layers' reduction exposed), then finish_grad_sync
+                          and the calls after it (:mod:`llmcomm.overhead.overlap`); with the distributed optimizer
+                          only the reduce-scatter hides: the parameter all-gather follows the optimizer step
+                          (exposed in full unless overlap_param_gather)
+    overlap_p2p_comm:     interleaved only: pp_r = overlap.p2p_exposed (each send behind the other direction's
+                          compute step of one chunk)
+    moe_a2a_overlap:      ep_r: the all-to-alls of the paired steps of the combined 1F1B schedule behind the
+                          other micro-batch's attention and MLP (overlap.a2a_pair_exposed); the flex dispatcher
+                          (moe_flex_dispatcher_backend) is refused, rule 'cost-dispatcher'
     fp8:                  the linear layers' GEMMs at the FP8 peak (or the measured GEMM model's FP8 rule),
                           quantization casts as element-wise bytes (:func:`_compute`); TP/DP bytes unchanged
 
 On a cluster whose GPU has a measured GEMM model (:func:`measured_gemm`: H100, H200 at their datasheet peak)
 the linear GEMMs are timed by it; A100 clusters keep the utilization fit's ``FLOPs/peak`` (byte-identical).
 
+FSDP (``fsdp``, ``fsdp_reshard_after_forward``; :mod:`llmcomm.overhead.fsdp_time`): per micro-batch the units'
+parameter all-gathers and gradient reduce-scatters, exposed as prefetching leaves them (its equations), join the
+stage time and ``dp_comm_s``; no DDP bucket reduction. ``recompute_modules`` (selective recomputation by module,
+:func:`recompute_module_features`): the modules' forward work in ``recompute_s``, their TP/EP calls again in the
+backward (:func:`comm_items`).
+
 Context parallelism (``cp``, ``cp_comm_type``; :mod:`llmcomm.overhead.cp_time`)::
 
     compute on b·s/cp tokens per rank, attention core F_attn(b, s)/cp (causal load balance, two chunks per rank)
     cp_r = exposed CP seconds per micro-batch: the p2p ring's steps under each step's attention kernel; the
            all_gather and a2a calls in full; DP calls over dp·cp (Megatron's data_parallel_group_with_cp)
-
-Not modelled (rejected with :class:`ConfigError`): FSDP.
 """
 
 from __future__ import annotations
@@ -82,6 +95,7 @@ from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
 from . import cp_time
 from . import interval as _interval
+from . import overlap as _overlap
 from . import utilization as U
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .capacity import check_fits
@@ -180,6 +194,10 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["cp"] = t.cp
     c["cp_comm_type"] = np.asarray(t.cp_comm_type, dtype=object)  # llmcomm.overhead.cp_time
     c["bucket_size"] = t.bucket_size
+    c["fsdp"], c["fsdp_reshard"] = t.fsdp, t.fsdp_reshard_after_forward  # FSDP (llmcomm.overhead.fsdp_time)
+    if any(v is not None for v in t.recompute_modules.tolist()):  # --recompute-modules (absent: core_attn only)
+        for name, on in step.recompute_flags(t.recompute, t.recompute_modules).items():
+            c["rm_" + name] = np.broadcast_to(np.asarray(on, dtype=bool), (len(t),))
     for k in step.UNEVEN:  # the pipeline split (llmcomm.stage_split.pipeline_split)
         c[k] = np.asarray(getattr(t, k), np.int64)
     for name in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
@@ -212,6 +230,8 @@ class CommItem:
     rpn: np.ndarray
     per: str  # "microbatch" or "iteration"
     ub: bool = False  # a transformer block's SP all-gather / reduce-scatter (TransformerEngine userbuffers)
+    unit: str = ""  # FSDP: "<ag_f|ag_b|rs_b>:<unit>" (llmcomm.overhead.fsdp_time), timed per unit
+    grad: str = ""  # a gradient-buffer reduction: "plain" / "edge" / "shared" chunk bucket or "expert" (overlap)
     tag: str = ""  # CP calls: how their time is exposed (llmcomm.overhead.cp_time.exposed)
 
 
@@ -267,10 +287,20 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tpc("reduce_scatter", "forward", A, blocks * ysp, ub=True)
     tpc("all_gather", "backward", A, blocks * ysp * (2 + fr), ub=True)
     tpc("reduce_scatter", "backward", A, blocks * ysp * (1 + fr), ub=True)
+    # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
+    # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
+    rm = {k: c.get("rm_" + k, np.zeros(n, bool)).astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
+    if "rm_mlp" in c:
+        reblocks = nd * rm["mlp"] + nm * int(bool(model.num_shared_experts)) * np.maximum(rm["moe"],
+                                                                                            rm["shared_experts"])
+        tpc("all_reduce", "backward", A, reblocks * nsp)
+        tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
+        tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
     items += _cp_items(model, c, T, nd + nm, fr)
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher, expert TP = TP (llmcomm.predict.ep)
         k, E = model.moe_router_topk, model.num_experts
         local = np.where(sp, T // tp, T)
+        fr = np.maximum(fr, rm["moe"])  # the MoE layer's forward calls again: full recomputation or recompute "moe"
         rec = 1 + fr  # forward calls, and again in the backward phase under full recomputation
         tpep = tp * ep
         cnt_on = (tpep > 1).astype(np.int64)
@@ -352,6 +382,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     edpon = ((edp > 1) & (expert > 0)).astype(np.int64)
     rpn_edp = c["k_edp"]
     dist = c["distributed_optimizer"].astype(np.int64)
+    nf = 1 - c["fsdp"].astype(np.int64) if "fsdp" in c else 1  # FSDP: no DDP buckets (llmcomm.overhead.fsdp_time)
     # one gradient buffer per model chunk (finish_grad_sync per chunk): v - 1 chunks of layers only, one with
     # the stage's embedding / output layer when it holds them
     vh = step.embedding_shard(model, tp)
@@ -363,17 +394,18 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     shared = (c["distributed_optimizer"] & model.tied_embeddings & (pp > 1) & (holds_first | holds_last))
     sh = shared.astype(np.int64)
     chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge - sh * vh, has_edge), (vh, has_edge * sh))
-    for op, cnt in (("all_reduce", 1 - dist), ("reduce_scatter", dist)):
-        for nb, k_ in chunk_sizes:
-            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpcpon, dp, rpn_dp, "iteration"))
+    for op, cnt in (("all_reduce", (1 - dist) * nf), ("reduce_scatter", dist * nf)):
+        for (nb, k_), tag in zip(chunk_sizes, ("plain", "edge", "shared"), strict=True):
+            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpcpon, dp, rpn_dp, "iteration",
+                                  grad=tag))
         items.append(CommItem("dp", "dp", op, "optimizer", expert // v * gby, v * cnt * edpon, edp, rpn_edp,
-                              "iteration"))
+                              "iteration", grad="expert"))
     items.append(CommItem("dp", "tp", "all_reduce", "optimizer", repl * gby, tpon * ysp * (repl > 0), tp, rpn_tp,
                           "iteration"))
     tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
     items.append(CommItem("dp", "pp", "all_reduce", "optimizer", vh * gby, tied.astype(np.int64), 2 * one,
                           c["k_emb"], "iteration"))
-    passes = 1 + eopt  # each chained DistOpt all-gathers every bucket (llmcomm.predict.dp.param_gather_passes)
+    passes = (1 + eopt) * nf  # each chained DistOpt all-gathers every bucket (llmcomm.predict.dp.param_gather_passes)
     for nb, k_ in chunk_sizes:
         items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpcpon * passes, dp,
                               rpn_dp, "iteration"))
@@ -407,6 +439,9 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl,
                               (c["moe_aux_loss_coeff"] > 0) * (tpcp > 1), tpcp, rpn_tpcp, "iteration"))
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, dpon, dp_only, rpn_dp_only, "iteration"))
+    from . import fsdp_time  # FSDP's per-unit calls (term "fsdp", per micro-batch)
+
+    items += fsdp_time.comm_items(model, c, holds_first, holds_last, nd, nm)
     return items
 
 
@@ -546,7 +581,10 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
             # tensorwise (current scaling): an amax pass (read 2 bytes) before every cast, and the LayerNorm
             # output of qkv/fc1 quantized apart from the norm (amax + cast, 2 + 3 bytes, full width without SP)
             L[:, U.I["mem"]] += c["fp8_tensorwise"] * (2.0 * T * (a * d + ff) / tpf + 2 * 5.0 * T * h / fw) / hbm
-    need = gemm_model is not None or c["tp_comm_overlap"].any()  # the per-GEMM terms cost time: only when used
+    rmods = {k: c.get("rm_" + k, np.zeros(len(tp), bool)) for k in ("mlp", "moe", "shared_experts", "layernorm",
+                                                                      "moe_act")}
+    need = gemm_model is not None or c["tp_comm_overlap"].any() or any(
+        rmods[k].any() for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
         sec = {}
@@ -568,9 +606,52 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
     E = (holds_first[:, None] * U.embedding_features(b, s, h, hbm)
          + holds_last[:, None] * U.output_features(b, s, tp, h, model.padded_vocab_size(tp), peak, hbm))
-    return {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
-            "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
-            "sel": (c["recompute"] == 1).astype(np.float64), "Gag": Gag, "Grs": Grs}
+    core = c.get("rm_core_attn", c["recompute"] == 1)  # selective recomputation of the attention core
+    out = {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
+           "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
+           "sel": np.asarray(core, dtype=np.float64), "Gag": Gag, "Grs": Grs}
+    if "rm_mlp" in c:  # --recompute-modules given (arrays() sets the flags then)
+        out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
+    return out
+
+
+def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: dict[str, np.ndarray],
+                              sec: dict[str, np.ndarray], T: np.ndarray, fw: np.ndarray, peak: float, hbm: float
+                              ) -> tuple[np.ndarray, np.ndarray]:
+    """Features (:data:`llmcomm.overhead.utilization.FEATURES`) of the forward work ``--recompute-modules``
+    recomputes in the backward, per dense (``Rd``) and MoE (``Rm``) layer and micro-batch, beside the attention core
+    (``core_attn``: ``Cd``/``Cm``). From the step description's layer (:func:`llmcomm.step.layer_gemms`, the GEMM
+    seconds ``sec`` of :func:`layer_gemm_shapes`, measured or ``FLOPs/peak``) and its element-wise bytes at HBM
+    bandwidth, as in :func:`llmcomm.overhead.utilization.layer_features` (2 bytes per element and access)::
+
+        mlp (dense)      fc1 + fc2 GEMMs; 2·2·T·f/tp activation; 2·2·T·h/w the fused pre-MLP LayerNorm
+        moe (MoE)        the experts' and shared experts' GEMMs, the router 2·T·h·E/peak; 2·2·T·f_eff/tp activation
+        moe_act          2·2·T·topk·f_e/tp (the routed experts' activation)          [not with moe]
+        shared_experts   shared fc1 + fc2 GEMMs; 2·2·T·S·f_e/tp                        [not with moe]
+        layernorm (MoE)  2·2·T·h/w the pre-MLP norm (a dense layer's norms are fused into TE's LayerNormLinear:
+                         nothing to recompute, gpt_layer_specs.py:318-336, transformer_layer.py:475-527)
+
+    with ``w = tp`` under SP, else 1. Their communication (the recomputed blocks' TP and EP calls) is in
+    :func:`comm_items`."""
+    n = len(T)
+    z = np.zeros(n)
+    tpf = c["tp"].astype(np.float64)
+    g, mm = U.I["gemm"], U.I["mem"]
+    Rd, Rm = np.zeros((n, U.K)), np.zeros((n, U.K))
+    mlp = rm["mlp"].astype(np.float64)
+    Rd[:, g] = mlp * (sec.get("fc1", z) + sec.get("fc2", z))
+    Rd[:, mm] = mlp * (4.0 * T * model.ffn_hidden_size / tpf + 4.0 * T * model.hidden_size / fw) / hbm
+    if model.is_moe:
+        fe, k_, S = model.expert_ffn_hidden_size, model.moe_router_topk, model.num_shared_experts
+        moe = rm["moe"].astype(np.float64)
+        act = rm["moe_act"] * (1.0 - moe)
+        sh = rm["shared_experts"] * (1.0 - moe)
+        shared = sec.get("shared_fc1", z) + sec.get("shared_fc2", z)
+        Rm[:, g] = (moe * (sec.get("expert_fc1", z) + sec.get("expert_fc2", z) + shared
+                           + 2.0 * T * model.hidden_size * model.num_experts / peak) + sh * shared)
+        Rm[:, mm] = (moe * 4.0 * T * (k_ + S) * fe / tpf + act * 4.0 * T * k_ * fe / tpf + sh * 4.0 * T * S * fe / tpf
+                     + rm["layernorm"] * 4.0 * T * model.hidden_size / fw) / hbm
+    return Rd, Rm
 
 
 def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -583,7 +664,20 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
     layers = q["nd"] * util.layer_pass(q["Ld"]) + q["nm"] * util.layer_pass(q["Lm"])
     fwd = layers + util.work(q["E"])
     rec = q["full"] * layers + q["sel"] * (q["nd"] * util.work(q["Cd"]) + q["nm"] * util.work(q["Cm"]))
+    if "Rd" in q:  # --recompute-modules beside the attention core (recompute_module_features)
+        rec = rec + q["nd"] * util.work(q["Rd"]) + q["nm"] * util.work(q["Rm"])
     return fwd, 2.0 * fwd, rec
+
+
+def layer_times(q: dict[str, np.ndarray], util: U.Utilization
+                ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Seconds of one dense and one MoE layer per micro-batch, ``((forward_d, forward_m), (backward_d,
+    backward_m))``, the backward with its recomputation: the per-layer terms of :func:`class_times` (what FSDP's
+    prefetch hides a unit's communication under, :mod:`llmcomm.overhead.fsdp_time`)."""
+    fd, fm = util.layer_pass(q["Ld"]), util.layer_pass(q["Lm"])
+    rd = q["full"] * fd + q["sel"] * util.work(q["Cd"]) + (util.work(q["Rd"]) if "Rd" in q else 0.0)
+    rm = q["full"] * fm + q["sel"] * util.work(q["Cm"]) + (util.work(q["Rm"]) if "Rm" in q else 0.0)
+    return (fd, fm), (2.0 * fd + rd, 2.0 * fm + rm)
 
 
 def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
@@ -595,6 +689,8 @@ def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
     w = np.zeros(U.K)
     w[[U.I["gemm"], U.I["mem"]]] = 1.0
     core = q["sel"][:, None] * (q["nd"][:, None] * q["Cd"] + q["nm"][:, None] * q["Cm"]) * w
+    if "Rd" in q:  # --recompute-modules
+        core = core + (q["nd"][:, None] * q["Rd"] + q["nm"][:, None] * q["Rm"]) * w
     return (3.0 + q["full"][:, None]) * layers + 3.0 * q["E"] * w + core
 
 
@@ -616,6 +712,14 @@ class Stages:
     overlap_param_gather: np.ndarray | None = None
     overlap_grad_reduce: np.ndarray | None = None
     buckets: np.ndarray | None = None  # DDP buckets of the first stage (overlap_param_gather)
+    # pipeline / MoE overlap and the gradient buckets of stage 0's first chunk (llmcomm.overhead.overlap)
+    overlap_p2p_comm: np.ndarray | None = None
+    moe_a2a_overlap: np.ndarray | None = None
+    grad_buckets: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None  # overlap.first_chunk_buckets
+    vp_last_group: np.ndarray | None = None
+    mlp_share: np.ndarray | None = None
+    align_grad_reduce: np.ndarray | None = None
+    fsdp: np.ndarray | None = None  # FSDP rows (llmcomm.overhead.fsdp_time)
     cp: np.ndarray | None = None  # context-parallel size (cp_time.exposed)
 
 
@@ -642,6 +746,11 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
                                      "ub_rs_f", "ub_b", "dp_ag", "cp", "cp_bus")}
+    tot.update({t: np.zeros(n3) for t in ("fsdp", "fsdp_bus")})  # FSDP per micro-batch (fsdp_time)
+    # for llmcomm.overhead.overlap: one call's seconds of each gradient bucket kind, all of them, the sends
+    # (seconds of one, count per micro-batch) and the all-to-alls
+    tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
+                                          "pp_sb", "pp_nb", "ep_a2a")})
     cp_calls: list[tuple[str, np.ndarray, np.ndarray]] = []  # (tag, seconds per call, calls): cp_time.exposed
     items = [(it, it.count > 0) for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
              if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
@@ -655,6 +764,14 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
         else:
             tt = np.zeros(n3)
             tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
+        if it.unit:  # FSDP: one unit's call, timed per call (fsdp_time.exposed), per micro-batch
+            per_mb = 1.0 if it.per == "microbatch" else 1.0 / (c3["global_batch"] // (c3["micro_batch"] * c3["dp"]))
+            if it.per == "iteration":  # a call once per iteration, spread over its micro-batches
+                tt = tt * it.count * per_mb
+            tot["fsdp:" + it.unit] = tot.get("fsdp:" + it.unit, np.zeros(n3)) + tt
+            tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
+            tot["fsdp_bus"] += it.count * per_mb * (bus_factor(it.op, it.size) * it.nbytes)
+            continue
         tot[it.term] += it.count * tt
         if it.ub:
             tot["ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f"] += \
@@ -663,6 +780,15 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
             tot["dp_ag"] += it.count * tt
         elif it.term == "cp":
             cp_calls.append((it.tag, tt, it.count))
+        if it.grad:
+            tot["g_" + it.grad] += tt
+            tot["g_all"] += it.count * tt
+        elif it.term == "pp" and it.op == "send":
+            f_ = it.phase == "forward"
+            tot["pp_sf" if f_ else "pp_sb"] += tt
+            tot["pp_nf" if f_ else "pp_nb"] += it.count
+        elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
+            tot["ep_a2a"] += it.count * tt
         tot[it.term + "_bus"] += it.count * (bus_factor(it.op, it.size) * it.nbytes)  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
@@ -677,13 +803,21 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any)
         exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
         params = np.maximum(params, np.where(exists, dn3[sl], 0))
     shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
+    shard = np.where(c["fsdp"], c["dp"] * c["cp"], shard)  # FSDP shards the optimizer state over dp·cp
     m = c["global_batch"] // (c["micro_batch"] * c["dp"])
-    # DDP buckets of stage 0 (Megatron's default bucket: max(40M, 1M·dp·cp) parameters,
-    # megatron/training/training.py:2189), at least one per model chunk
-    bucket = np.where(c["bucket_size"] > 0, c["bucket_size"], np.maximum(40_000_000, 1_000_000 * c["dp"] * c["cp"]))
-    nb = np.maximum(c["vpp"], -(-dn3[:n] // bucket))
-    return Stages(per_class, m, pp, c["vpp"], ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
-                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb, cp=c["cp"])
+    # DDP buckets of stage 0: its first chunk split into buckets by the predictor's layout (the one rule:
+    # llmcomm.predict.dp.chunk_is_bucketed, bucket_elements; overlap.bucket_profile), each later chunk one
+    v = c["vpp"]
+    profiles = _overlap.first_chunk_buckets(model, t, c["overlap_grad_reduce"] | c["overlap_param_gather"])
+    nb0 = np.ones(n, np.int64)
+    for rows, ready, _ in profiles:
+        nb0[rows] = len(ready)
+    mlp = _overlap.moe_mlp_share(model, c["seq_len"], c["fused_attention"]) if model.is_moe else None
+    return Stages(per_class, m, pp, v, ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
+                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
+                  np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
+                  _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
+                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"])
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
@@ -740,8 +874,8 @@ def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -
     the gathers of stage 0 move into the next iteration's forward (Megatron-LM's forward pre-hook waits for a
     bucket's gather and dispatches the next bucket's: megatron/core/distributed/distributed_data_parallel.py:517
     ``_make_forward_pre_hook``, param_and_grad_buffer.py:538 ``finish_param_sync``, Megatron-LM d98e8a6), in
-    forward order over ``nb`` equal buckets (``max(40M, 1M·dp)`` parameters each,
-    distributed_data_parallel.py:134, at least one per model chunk)::
+    forward order over ``nb`` equal buckets (stage 0's: its first chunk's in the predictor's layout,
+    :func:`llmcomm.overhead.overlap.bucket_profile`, plus one per later chunk)::
 
         exposed = max(ag/nb, ag − fwd·(nb − 1)/nb)
 
@@ -775,9 +909,16 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"] + r["cp_bus"]}
         q["cp"] = (cp_time.exposed(r["cp_calls"], st.cp, util.work(r["q"]["Cd"]))
                    if r["cp_calls"] and st.cp is not None else np.zeros(n))
+        _overlap.pipeline_and_moe(st, cls, r, q, util.layer_pass)  # overlap_p2p_comm, moe_a2a_overlap
         if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
             q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
-        q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"] + q["cp"]
+        q["fsdp"], q["fsdp_total"] = np.zeros(n), np.zeros(n)
+        if st.fsdp is not None and st.fsdp.any():  # FSDP per unit under prefetch (llmcomm.overhead.fsdp_time)
+            from . import fsdp_time
+
+            q["fsdp"] = fsdp_time.exposed(r, *layer_times(r["q"], util), v)
+            q["fsdp_total"], q["bus"] = fsdp_time.total(r, v), q["bus"] + r["fsdp_bus"]
+        q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"] + q["fsdp"] + q["cp"]
         per[cls] = q
     first, mid, last = (per[k] for k in CLASSES)
     has_mid, has_last = pp >= 3, pp >= 2
@@ -799,8 +940,8 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"] + last["cp"]
     dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
     dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
-    if np.any(ogr):
-        dp_exposed = np.where(ogr, np.maximum(0.0, dp_exposed - pick("bwd")), dp_exposed)
+    if np.any(ogr):  # Megatron's buckets and schedule: llmcomm.overhead.overlap.grad_reduce_exposed
+        dp_exposed = np.where(ogr, _overlap.stage_grad_reduce(st, per, has_mid, has_last), dp_exposed)
     ag = np.zeros(n)
     if split_ag.any():  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
         cl = st.cls
@@ -809,10 +950,10 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
         assert st.buckets is not None, "stages() sets the first stage's DDP buckets"
         hidden = param_gather_exposed(cl["first"]["dp_ag"], first["fwd"], st.buckets)
         dp_exposed = dp_exposed + np.where(split_ag, np.where(opg, hidden, ag), 0.0)
-    out["dp_comm_s"] = dp_exposed
+    out["dp_comm_s"] = dp_exposed + m * pick("fsdp")  # + FSDP's exposed per-unit calls, every micro-batch
     out["dp_comm_total_s"] = np.maximum(first["dp"], np.maximum(np.where(has_last, last["dp"], 0.0),
                                                                 np.where(has_mid, mid["dp"], 0.0))) + np.where(
-        split_ag, ag, 0.0)
+        split_ag, ag, 0.0) + m * pick("fsdp_total")
     out["optimizer_s"] = st.optimizer_bytes / st.hbm / util.scale
     out["comm_bus_bytes"] = m * pick("bus") + st.cls["first"]["dp_bus"]  # + stage 0's gradient reduction
     out["critical"] = np.asarray(CLASSES)[crit]

@@ -13,7 +13,10 @@ bytes per parameter: 18 for bf16 parameters with fp32 gradients, ``6 + 12/d`` wi
     optimizer   = P_dense · o / D + P_expert · o / E_d   with o = 12 (fp32 master, Adam m, v) for 16-bit
                   parameters, 8 for fp32 ones; D = dp·cp, E_d = expert data-parallel size with the distributed
                   optimizer, else D = E_d = 1
-    FSDP (ZeRO-3) shards weights and gradients the same way.
+    FSDP (ZeRO-3) shards weights and gradients the same way, and holds the units it gathers on top
+    (:func:`llmcomm.overhead.fsdp_time.unit_bytes`): weights += 2·P_unit·p (P_stage·p without resharding after
+    the forward), gradients += 2·P_unit·g, P_unit the stage's largest unit (the one computing and the one
+    prefetched).
 
 For bf16 parameters, fp16 gradients and no sharding this is ZeRO's ``2 + 2 + 12 = 16`` bytes per parameter.
 
@@ -81,7 +84,8 @@ def optimizer_bytes_per_parameter(param_bytes: np.ndarray | int) -> np.ndarray:
 
 
 def model_state_bytes(dense: Any, expert: Any, *, dp_cp: Any, expert_dp: Any, param_bytes: Any, grad_bytes: Any,
-                      distributed_optimizer: Any, fsdp: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      distributed_optimizer: Any, fsdp: Any, fsdp_unit: Any = (0, 0), fsdp_reshard: Any = True
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(weights, gradients, optimizer)`` bytes of ``dense`` + ``expert`` parameters on one GPU (module doc);
     every argument broadcasts (numpy arrays or scalars)."""
     fsdp = np.asarray(fsdp, dtype=bool)
@@ -89,7 +93,16 @@ def model_state_bytes(dense: Any, expert: Any, *, dp_cp: Any, expert_dp: Any, pa
     held = np.where(fsdp, dense / dp_cp + expert / expert_dp, dense + expert)
     o = optimizer_bytes_per_parameter(param_bytes)
     optimizer = np.where(shard_opt, dense * o / dp_cp + expert * o / expert_dp, (dense + expert) * o)
-    return held * param_bytes, held * grad_bytes, optimizer
+    weights, grads = held * param_bytes, held * grad_bytes
+    if np.any(fsdp):  # FSDP's gathered units (fsdp_unit: the largest layer unit's and the non-layer unit's
+        # parameters; llmcomm.overhead.fsdp_time)
+        from .fsdp_time import unit_bytes
+
+        uw, ug = unit_bytes(fsdp_unit[0], fsdp_unit[1], dense + expert, param_bytes=param_bytes,
+                            grad_bytes=grad_bytes, fsdp=fsdp, reshard=fsdp_reshard,
+                            megatron_fsdp=distributed_optimizer)
+        weights, grads = weights + uw, grads + ug
+    return weights, grads, optimizer
 
 
 def chunks_in_flight(stage: Any, *, pp: Any, vpp: Any, microbatches: Any, gpipe: Any) -> np.ndarray:
@@ -108,6 +121,19 @@ def _stage_parameters(model: ModelSpec, shape: ParallelConfig) -> np.ndarray:
 
     ctx = Context(model, shape, "megatron")
     out = np.array([[sp.dense, sp.expert] for sp in (stage_parameters(ctx, r) for r in range(shape.pp))], dtype=float)
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=256)
+def _fsdp_units(model: ModelSpec, shape: ParallelConfig) -> np.ndarray:
+    """``(pp, 2)`` parameters of each stage's largest layer unit and of its non-layer unit on one GPU
+    (:func:`llmcomm.overhead.fsdp_time.largest_unit`; cached, read-only)."""
+    from ..predict.calls import Context
+    from .fsdp_time import largest_unit
+
+    ctx = Context(model, shape, "megatron")
+    out = np.array([largest_unit(ctx, r) for r in range(shape.pp)], dtype=float).reshape(shape.pp, 2)
     out.flags.writeable = False
     return out
 
@@ -148,7 +174,7 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
     gpipe = tab.schedule == "gpipe"
     dist_opt, fsdp = tab.distributed_optimizer, tab.fsdp
     layer_kw = dict(seq=seq, micro_batch=mb, tp=tp, sp=sp, recompute=recompute, act_bytes=act,
-                    fused_attention=tab.fused_attention)
+                    fused_attention=tab.fused_attention, recompute_modules=tab.recompute_modules)
     per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) for moe in (False, True)}
     sbh = seq * mb * model.hidden_size
     best = np.full((n, 6), -np.inf)
@@ -174,7 +200,8 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
             w, g, o = model_state_bytes(params[r, 0], params[r, 1], dp_cp=dp[rows] * cp[rows],
                                         expert_dp=expert_dp[rows], param_bytes=pbytes[rows],
                                         grad_bytes=gbytes[rows], distributed_optimizer=dist_opt[rows],
-                                        fsdp=fsdp[rows])
+                                        fsdp=fsdp[rows], fsdp_unit=_fsdp_units(model, shape)[r] if fsdp[rows].any()
+                                        else np.zeros(2), fsdp_reshard=tab.fsdp_reshard_after_forward[rows])
             total = w + g + o + activations
             better = total > best[rows, 4]
             idx = rows[better]
@@ -189,16 +216,18 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
     """``(weights, gradients, optimizer)`` bytes per GPU of the pipeline stage that holds the most model state,
     for one configuration (no activations; not validated): :func:`model_state_bytes` over the stages'
     parameters, without the table machinery of :func:`memory_table` (a fast check for one configuration)."""
-    params = _stage_parameters(model, _shape(parallel.tp, parallel.pp, parallel.ep, parallel.vpp, parallel.expert_tp,
-                                             _or_unset(parallel.num_layers_in_first_pipeline_stage),
-                                             _or_unset(parallel.num_layers_in_last_pipeline_stage),
-                                             parallel.account_for_embedding_in_pipeline_split,
-                                             parallel.account_for_loss_in_pipeline_split))
+    shape = _shape(parallel.tp, parallel.pp, parallel.ep, parallel.vpp, parallel.expert_tp,
+                   _or_unset(parallel.num_layers_in_first_pipeline_stage),
+                   _or_unset(parallel.num_layers_in_last_pipeline_stage),
+                   parallel.account_for_embedding_in_pipeline_split, parallel.account_for_loss_in_pipeline_split)
+    params = _stage_parameters(model, shape)
     dp_cp = parallel.dp * parallel.cp
     w, g, o = model_state_bytes(params[:, 0], params[:, 1], dp_cp=dp_cp, expert_dp=parallel.expert_dp,
                                 param_bytes=dtype_bytes(parallel.param_dtype),
                                 grad_bytes=dtype_bytes(parallel.grad_reduce_dtype),
-                                distributed_optimizer=parallel.distributed_optimizer, fsdp=parallel.fsdp)
+                                distributed_optimizer=parallel.distributed_optimizer, fsdp=parallel.fsdp,
+                                fsdp_unit=_fsdp_units(model, shape).T if parallel.fsdp else np.zeros(2),
+                                fsdp_reshard=parallel.fsdp_reshard_after_forward)
     i = int(np.argmax(w + g + o))
     return float(w[i]), float(g[i]), float(o[i])
 

@@ -35,7 +35,8 @@ CLUSTER = "h100-80g-ndr400"  # DGX H100: 8x H100 SXM5, NVLink 4, 8x ConnectX-7 N
 NEED = ("source_file", "container", "precision", "model", "num_gpus", "gbs", "mbs", "seq_len", "fsdp", "tp", "pp",
         "cp", "vp", "ep", "step_time_s_derived", "notes", "source_line")
 # the table's model names -> the kit's catalogue (data/models); other models are not in the catalogue
-CATALOGUE = {"GPT3-175B": "gpt3-175b", "LLAMA2-7B": "llama2-7b", "LLAMA2-13B": "llama2-13b",
+CATALOGUE = {"GPT3-5B": "gpt3-5b", "GPT3-20B": "gpt3-20b", "Nemotron-8B": "nemotron3-8b",
+             "Nemotron-22B": "nemotron3-22b", "GPT3-175B": "gpt3-175b", "LLAMA2-7B": "llama2-7b", "LLAMA2-13B": "llama2-13b",
              "LLAMA2-70B": "llama2-70b", "LLAMA3-8B": "llama3-8b", "LLAMA3_8B": "llama3-8b",
              "LLAMA3-70B": "llama3-70b", "LLAMA3_70B": "llama3-70b", "LLAMA3.1_405B": "llama3.1-405b",
              "Nemotron-340B": "nemotron4-340b", "Qwen3_30B_a3B": "qwen3-30b-a3b", "Qwen3_235B_a22B": "qwen3-235b-a22b",
@@ -43,18 +44,28 @@ CATALOGUE = {"GPT3-175B": "gpt3-175b", "LLAMA2-7B": "llama2-7b", "LLAMA2-13B": "
 NOT_EXPRESSIBLE = {
     "Nemotron_3_Nano": "hybrid Mamba-Transformer MoE: Mamba layers are not expressible in ModelSpec",
 }
-# Megatron-LM / Megatron-Bridge recipe field -> the name the kit uses for it (Megatron's argument names)
-RECIPE_NAMES = {"use_megatron_fsdp": "fsdp", "use_distributed_optimizer": "distributed_optimizer",
-                "expert_tensor_parallel_size": "etp"}
+# the mechanism a model the catalogue cannot hold needs (the refusal's name)
+MODEL_NEEDS = {"Nemotron_3_Nano": "model:mamba-hybrid"}
+# Megatron-LM / Megatron-Bridge / NeMo recipe names -> the ParallelConfig field of the same setting (Megatron's
+# argument and TransformerConfig names the kit spells differently); every other recipe name is looked up as is
+ALIASES = {"use_megatron_fsdp": "fsdp", "use_distributed_optimizer": "distributed_optimizer",
+           "expert_tensor_parallel_size": "etp", "context_parallel_size": "cp",
+           "decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+           "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage"}
+RECIPE_NAMES = ALIASES  # the former name of this table
+# settings the table states (the measurement's own statement of its parallel layout): the recipe's are checks only
+TABLE_OWNED = frozenset({"tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch", "seq_len", "sp",
+                         "fsdp", "schedule"})
 # what the formulation does when a setting is absent: a row whose setting has this value needs no mechanism
 OFF: dict[str, Any] = {
     "fp8": None, "fp8_recipe": None, "fp8_param_gather": False, "first_last_layers_bf16": False,
     "tp_comm_overlap": False, "overlap_param_gather": False, "overlap_grad_reduce": False,
     "recompute_num_layers": None, "recompute_modules": None, "recompute_method": None,
     "account_for_embedding_in_pipeline_split": False, "account_for_loss_in_pipeline_split": False,
-    "pp_layout": None, "cp": 1, "fsdp": False, "attention_backend": "unfused",
+    "pp_layout": None, "pipeline_model_parallel_layout": None, "cp": 1, "fsdp": False, "attention_backend": "unfused",
     "cpu_offloading_num_layers": None, "fp8_dot_product_attention": None, "moe_a2a_overlap": False,
-    "overlap_p2p_comm": False, "etp": None,
+    "overlap_p2p_comm": False, "etp": None, "moe_shared_expert_overlap": False, "moe_flex_dispatcher_backend": None,
+    "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None, "cp_comm_type": None,
 }
 # settings with no effect on the formulation's terms (said so, not silently dropped)
 IGNORED = {
@@ -62,9 +73,18 @@ IGNORED = {
     "cuda_graph_scope": "see cuda_graph_impl", "nccl_ub": "NCCL user buffers: no modelled effect",
     "tp_comm_overlap_cfg": "the userbuffers configuration of tp_comm_overlap", "sequence_parallel": "sp column",
     "megatron_amp_O2": "NeMo 1.0: bf16 parameters with fp32 main weights, the formulation's default",
-    "fp8_enabled": "NeMo 1.0 config's fp8 switch; the table's precision decides (unknown where they disagree)",
-    "fp8_hybrid": "see fp8_enabled", "fp8_e4m3": "see fp8_enabled",
+    "fp8_enabled": "NeMo 1.0 config's fp8 switch, read into fp8 (the format) by the recipe file",
+    "fp8_hybrid": "read into fp8 by the recipe file", "fp8_e4m3": "read into fp8 by the recipe file",
+    "use_megatron_fsdp": "fsdp column (the table's FSDP)", "fsdp": "fsdp column (the table's FSDP)",
 }
+
+
+def _fields() -> frozenset[str]:
+    import dataclasses
+
+    from ..specs import ParallelConfig
+
+    return frozenset(f.name for f in dataclasses.fields(ParallelConfig))
 
 
 @lru_cache(maxsize=2)
@@ -143,10 +163,16 @@ class RowSettings:
     unknown: dict[str, str] = field(default_factory=dict)
     defaulted: dict[str, str] = field(default_factory=dict)
     ignored: dict[str, str] = field(default_factory=dict)
+    caveats: dict[str, str] = field(default_factory=dict)
 
 
 def settings(row: pd.Series) -> RowSettings:
-    """The kit's view of one row (module docstring)."""
+    """The kit's view of one row (module docstring). Generic: every recipe setting whose Megatron name
+    (:data:`ALIASES` where the kit spells it differently) is a :class:`~llmcomm.specs.ParallelConfig` field becomes
+    a candidate column; the rest stay in ``setting`` for the caller to refuse unless off (:func:`is_off`). Only
+    the recipe dialects are translated here: NeMo 1.0's names (``optimizer``, ``grad_sync_dtype``,
+    ``use_flash_attention``) and Megatron's recompute triple (granularity, method, layers) into the ``recompute``
+    column."""
     key = (str(row["container"]), str(row["model"]), int(row["source_line"]))
     rec = recipes().get(key)
     model = CATALOGUE.get(row["group"])
@@ -154,17 +180,14 @@ def settings(row: pd.Series) -> RowSettings:
                                                                 "(data/models)")
     out = RowSettings(model=model, model_issue=issue)
     tp, pp, cp, vp, ep = (int(row[c]) for c in ("tp", "pp", "cp", "vp", "ep"))
-    out.columns = {"tp": tp, "pp": pp, "dp": int(row["dp"]), "ep": ep, "vpp": vp, "micro_batch": int(row["mbs"]),
-                   "global_batch": int(row["gbs"]), "seq_len": int(row["seq_len"]), "sp": tp > 1,
-                   "schedule": "interleaved" if vp > 1 else "1f1b", "act_dtype": "bf16", "param_dtype": "bf16",
-                   "create_attention_mask_in_dataloader": False}
-    out.setting = {"cp": cp, "fsdp": bool(row["fsdp"] > 0)}
-    out.cites = {"cp": f"{row['source_file']}:{row['source_line']}", "fsdp": f"{row['source_file']}:{row['source_line']}"}
+    where = f"{row['source_file']}:{row['source_line']}"
+    out.columns = {"tp": tp, "pp": pp, "dp": int(row["dp"]), "ep": ep, "cp": cp, "vpp": vp,
+                   "micro_batch": int(row["mbs"]), "global_batch": int(row["gbs"]), "seq_len": int(row["seq_len"]),
+                   "sp": tp > 1, "schedule": "interleaved" if vp > 1 else "1f1b", "act_dtype": "bf16",
+                   "param_dtype": "bf16", "create_attention_mask_in_dataloader": False, "fsdp": bool(row["fsdp"] > 0)}
+    out.cites = {c: where for c in ("tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch", "global_batch", "seq_len",
+                                    "fsdp")}
     prec = row["precision"] if isinstance(row["precision"], str) else ""
-    if prec == "BF16":
-        out.setting["fp8"] = None
-    elif not prec:
-        out.unknown["fp8"] = "the table prints no precision for this row"
     if rec is None:
         out.unknown["recipe"] = f"no entry for {key} in data/{RECIPES}"
         return out
@@ -173,51 +196,77 @@ def settings(row: pd.Series) -> RowSettings:
             out.defaulted[k] = str(why)  # read, and not set: the library's default applies
         else:
             out.unknown[k] = str(why)
-    s = rec.get("settings") or {}
-    for k, v in s.items():
-        name = RECIPE_NAMES.get(k, k)
-        if k in IGNORED:
-            out.ignored[k] = IGNORED[k]
-            continue
-        if name in ("fsdp",):  # parallel layout: the table states it; a disagreement is in the recipe's checks
-            continue
-        out.setting[name] = v.get("value")
-        out.cites[name] = v.get("cite", "")
-    if prec.startswith("FP8") and "fp8" not in out.setting:
-        out.unknown.setdefault("fp8", "the table says FP8; the recipe's FP8 format was not read")
-        out.setting["fp8"] = "unknown"
+    out.caveats = {str(k): str(v) for k, v in (rec.get("caveats") or {}).items()}
+    raw = {ALIASES.get(k, k): v.get("value") for k, v in (rec.get("settings") or {}).items() if k not in IGNORED}
+    cites = {ALIASES.get(k, k): str(v.get("cite", "")) for k, v in (rec.get("settings") or {}).items()}
+    out.ignored.update({k: IGNORED[k] for k in (rec.get("settings") or {}) if k in IGNORED})
+    if prec == "BF16":
+        raw.setdefault("fp8", None)
+    elif not prec and "fp8" not in raw and "fp8" not in out.unknown:
+        out.unknown.setdefault("precision", "the table prints no precision for this row")
+    elif prec.startswith("FP8") and "fp8" not in raw and "fp8" not in out.unknown:
+        out.unknown["fp8"] = "the table says FP8; the recipe's FP8 format was not read"
     # NeMo 1.0 names (24.07 rows) -> Megatron's
-    opt = out.setting.pop("optimizer", None)
-    if opt is not None:
-        out.setting["distributed_optimizer"] = opt == "distributed_fused_adam"
-    gsd = out.setting.pop("grad_sync_dtype", None)
-    if gsd is not None:
-        out.setting["grad_reduce_in_fp32"] = str(gsd) in ("fp32", "float32")
-    flash = out.setting.pop("use_flash_attention", None)
-    if flash is not None:
-        out.setting["attention_backend"] = "flash" if flash else None  # False: Transformer Engine chooses
-    # the kit's columns for settings the formulation already has under its own names
-    g = out.setting.pop("grad_reduce_in_fp32", None)
-    if g is not None:
-        out.columns["grad_reduce_dtype"] = "fp32" if g else "bf16"
-    d = out.setting.pop("distributed_optimizer", None)
-    if d is not None:
-        out.columns["distributed_optimizer"] = bool(d)
-    gran = out.setting.pop("recompute_granularity", None)
-    if gran is None or out.setting.get("recompute_num_layers") == 0:
-        for k in ("recompute_method", "recompute_num_layers"):  # without a granularity Megatron recomputes nothing
-            if k in out.setting:
-                out.ignored[k] = f"{k}={out.setting.pop(k)!r} has no effect: recompute granularity is {gran!r}"
-    if gran is not None or "recompute_granularity" in s:
-        if gran == "full" and out.setting.get("recompute_num_layers") is None:
-            out.columns["recompute"] = "full"
-        elif gran == "selective" and out.setting.get("recompute_modules") in (None, ["core_attn"]):
-            out.columns["recompute"] = "selective"
-            out.setting.pop("recompute_modules", None)
-        elif gran is None:
-            out.columns["recompute"] = "none"
-    if out.setting.get("attention_backend", "x") is None:
-        out.setting["attention_backend"] = "auto"  # Megatron's AttnBackend.auto: TE picks fused/flash attention
+    if "optimizer" in raw:
+        raw["distributed_optimizer"] = raw.pop("optimizer") == "distributed_fused_adam"
+        cites["distributed_optimizer"] = cites.pop("optimizer", "")
+    for src_, to in (("grad_sync_dtype", lambda v: str(v) in ("fp32", "float32")), ("grad_reduce_in_fp32", bool)):
+        if src_ in raw:
+            v = raw.pop(src_)
+            out.columns["grad_reduce_dtype"] = "fp32" if to(v) else "bf16"
+            out.cites["grad_reduce_dtype"] = cites.pop(src_, "")
+    if "use_flash_attention" in raw:  # False/None: Transformer Engine chooses (Megatron's AttnBackend.auto)
+        raw["attention_backend"] = "flash" if raw.pop("use_flash_attention") else None
+    if "attention_backend" in raw and raw["attention_backend"] is None:
+        raw["attention_backend"] = "auto"  # Megatron-Bridge's None: Megatron's AttnBackend.auto (TE picks)
+    # Megatron's recompute (granularity, method, num_layers, modules) -> the kit's recompute column
+    gran = raw.pop("recompute_granularity", None)
+    if gran is None and raw.get("recompute_modules") is not None:
+        # Megatron-Bridge's perf scripts: recompute_modules set -> granularity "selective"
+        # (scripts/performance/utils/overrides.py _set_recompute_overrides, :149-151 at 17a381f)
+        gran = "selective"
+    if gran is None or raw.get("recompute_num_layers") == 0:
+        for k in ("recompute_method", "recompute_num_layers", "recompute_modules"):
+            if k in raw and raw[k] is not None:
+                out.ignored[k] = f"{k}={raw.pop(k)!r} has no effect: recompute granularity is {gran!r}"
+        out.columns["recompute"] = "none"
+    elif gran == "full":
+        out.columns["recompute"] = "full"
+        if raw.get("recompute_method") == "uniform" and raw.get("recompute_num_layers") == 1:
+            for k in ("recompute_method", "recompute_num_layers"):
+                out.ignored[k] = f"{k}={raw.pop(k)!r}: every layer recomputed, the kit's recompute='full'"
+        raw.pop("recompute_modules", None)
+    elif gran == "selective":
+        out.columns["recompute"] = "selective"
+        if raw.get("recompute_modules") in (None, ["core_attn"]):
+            raw.pop("recompute_modules", None)  # Megatron's default selective modules: the kit's 'selective'
+        for k in ("recompute_method", "recompute_num_layers"):
+            if raw.get(k) is not None:
+                out.ignored[k] = f"{k}={raw.pop(k)!r} has no effect with selective recompute"
+    # the flex dispatcher's backend is read only by the flex dispatcher (megatron/core/transformer/moe)
+    if raw.get("moe_token_dispatcher_type", "alltoall") != "flex" and raw.get("moe_flex_dispatcher_backend"):
+        out.ignored["moe_flex_dispatcher_backend"] = (f"moe_flex_dispatcher_backend={raw.pop('moe_flex_dispatcher_backend')!r} "
+                                                      "has no effect: moe_token_dispatcher_type is not 'flex'")
+    if out.columns["fsdp"] and raw.get("distributed_optimizer"):
+        raw.pop("distributed_optimizer")
+        out.ignored["distributed_optimizer"] = ("Megatron FSDP runs with --use-distributed-optimizer "
+                                                "(arguments.py:1025); the kit's fsdp includes its sharding")
+    # settings Megatron reads only in another layout (no effect here: said so)
+    for k, cond, why in (("cp_comm_type", cp == 1, "no context parallelism (cp=1)"),
+                         ("overlap_p2p_comm", vp == 1, "valid only with virtual pipeline stages (vp > 1; NeMo "
+                          "launcher configs' own comment on overlap_p2p_comm)"),
+                         ("tp_comm_overlap", tp == 1, "nothing to overlap at tp=1 (Megatron-Bridge turns it off)")):
+        if k in raw and cond and raw[k] not in (None, False):
+            out.ignored[k] = f"{k}={raw.pop(k)!r} has no effect: {why}"
+    fields = _fields()
+    for name, v in raw.items():
+        if name in TABLE_OWNED:  # the table states the layout; a disagreement is in the recipe file's checks
+            continue
+        out.cites[name] = cites.get(name, "")
+        if name in fields and v != "unknown":
+            out.columns[name] = tuple(v) if isinstance(v, list) else v
+        else:
+            out.setting[name] = v
     return out
 
 

@@ -21,8 +21,23 @@ that issue no call, the embedding and the output layer go before the step's clos
 Ordering across stages: a send occupies its sender for its time; the matching recv (k-th recv from a stage =
 k-th send to it) runs from ``max(arrival at the recv, send start)`` to ``max(arrival, send end)``; a
 collective whose group spans stages (the embedding group, the world's gradient-norm scalars) starts when the
-last member arrives. Nothing overlaps on a rank (Megatron's TP collectives block the compute stream;
-``overlap_grad_reduce`` and p2p/compute overlap are not modelled); the optimizer's own compute is not timed.
+last member arrives. Megatron's TP collectives block the compute stream; the optimizer's own compute is not
+timed.
+
+Overlap (:mod:`llmcomm.overhead.overlap`): a call Megatron issues asynchronously runs on the rank's
+communication stream, concurrent with the compute and the calls after it (its interval drawn over theirs),
+one such call after another::
+
+    start = max(now on the compute stream, end of the previous asynchronous call)     (the compute goes on)
+
+the DP gradient reductions of the last micro-batch's backward with ``overlap_grad_reduce`` (at the layer the
+predictor puts them, where their bucket is ready: :func:`llmcomm.predict.dp.overlapped_grad_sync`;
+``finish_grad_sync`` — the stage's first optimizer-phase call — waits for them; that is
+``align_grad_reduce=False``'s dispatch: with Megatron's default the formulation delays a later stage's and, in
+the interleaved schedule, each chunk's to when stage 0 finishes the chunk, which is not drawn), and the
+pipeline sends with
+``overlap_p2p_comm`` in the interleaved schedule (the receiver still waits for the tensor). Not drawn:
+``tp_comm_overlap`` (inside the GEMMs) and ``moe_a2a_overlap`` (two micro-batches' layers interleaved).
 
 :func:`predicted_timeline` returns the events with ``t_start_ns`` / ``t_end_ns`` filled and the compute
 intervals; :func:`on_off` summarises a timed trace (predicted or recorded) per rank: calls in order, share of
@@ -134,7 +149,7 @@ def predicted_timeline(trace: Trace, model: ModelSpec | str | None = None, paral
     for r in range(p):
         for row in rows_of[r]:
             dur[row] = _call_seconds(bw, lay, reps[r], op[row], int(nbytes[row]), np.asarray(groups[row]))
-    starts, ends, compute = _simulate(items, ev, stage_of, dur)
+    starts, ends, compute = _simulate(items, ev, stage_of, dur, asynchronous_calls(ev, parallel))
     # every rank of a stage: the representative's times, call by call
     t0 = np.full(len(ev), np.nan)
     t1 = np.full(len(ev), np.nan)
@@ -161,6 +176,19 @@ def predicted_timeline(trace: Trace, model: ModelSpec | str | None = None, paral
     if len(comp):
         total = max(total, comp["t_end_ns"].max() / 1e9)
     return Timeline(out, comp, total)
+
+
+def asynchronous_calls(ev: pd.DataFrame, parallel: ParallelConfig) -> np.ndarray:
+    """Which event rows Megatron issues asynchronously, behind compute (module doc): the DP gradient reductions
+    in the backward phase (``overlap_grad_reduce``) and, in the interleaved schedule, the pipeline sends
+    (``overlap_p2p_comm``; Megatron turns it off otherwise, arguments.py:1005-1012)."""
+    phase, par, op = ev["phase"].to_numpy(), ev["parallelism"].to_numpy(), ev["op"].to_numpy()
+    out = np.zeros(len(ev), bool)
+    if parallel.overlap_grad_reduce:
+        out |= (phase == "backward") & (par == "dp")
+    if parallel.overlap_p2p_comm and parallel.vpp > 1:
+        out |= op == "send"
+    return out
 
 
 def _call_seconds(bw: Bandwidth, lay: Layout, rank: int, op: str, nbytes: int, group: np.ndarray) -> float:
@@ -220,8 +248,9 @@ def _stage_items(e: pd.DataFrame, rows: np.ndarray, steps: list, ctx: Context, r
 
 
 def _simulate(items: list[list[tuple]], ev: pd.DataFrame, stage_of: np.ndarray,
-              dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
-    """Run the stages' item lists against each other (module doc); seconds per event row."""
+              dur: np.ndarray, asynchronous: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list]:
+    """Run the stages' item lists against each other (module doc); seconds per event row. ``asynchronous``
+    rows run on the rank's communication stream (``comm``), waited for at its first optimizer-phase call."""
     p = len(items)
     n_ev = len(ev)
     starts, ends = np.full(n_ev, np.nan), np.full(n_ev, np.nan)
@@ -229,6 +258,9 @@ def _simulate(items: list[list[tuple]], ev: pd.DataFrame, stage_of: np.ndarray,
     peer = ev["peer"].to_numpy()
     group = ev["group"].to_numpy()
     cursor, clock = [0] * p, [0.0] * p
+    comm = [0.0] * p  # end of the rank's last asynchronous call
+    is_async = np.zeros(n_ev, bool) if asynchronous is None else asynchronous
+    phase = ev["phase"].to_numpy()
     sent: dict[tuple[int, int, int], tuple[float, float]] = {}
     n_send: dict[tuple[int, int], int] = {}
     n_recv: dict[tuple[int, int], int] = {}
@@ -251,7 +283,17 @@ def _simulate(items: list[list[tuple]], ev: pd.DataFrame, stage_of: np.ndarray,
                 o = op[row]
                 members = frozenset(int(x) for x in group[row])
                 stages = {int(stage_of[m]) for m in members}
-                if o == "send":
+                if phase[row] == "optimizer":  # finish_grad_sync: wait for the asynchronous reductions
+                    clock[r] = max(clock[r], comm[r])
+                if is_async[row] and (o == "send" or len(stages) == 1):
+                    starts[row] = max(clock[r], comm[r])
+                    ends[row] = comm[r] = starts[row] + dur[row]
+                    if o == "send":
+                        dst = int(stage_of[int(peer[row])])
+                        k = n_send.get((r, dst), 0)
+                        n_send[(r, dst)] = k + 1
+                        sent[(r, dst, k)] = (starts[row], ends[row])
+                elif o == "send":
                     dst = int(stage_of[int(peer[row])])
                     k = n_send.get((r, dst), 0)
                     n_send[(r, dst)] = k + 1
@@ -286,6 +328,8 @@ def _simulate(items: list[list[tuple]], ev: pd.DataFrame, stage_of: np.ndarray,
                 cursor[r] += 1
                 progress = True
         if all(cursor[r] >= len(items[r]) for r in range(p)):
+            for r in range(p):  # the step ends when the rank's asynchronous calls have
+                clock[r] = max(clock[r], comm[r])
             break
         if not progress:
             stuck = {r: items[r][cursor[r]] for r in range(p) if cursor[r] < len(items[r])}

@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..specs import ModelSpec, ParallelConfig, load_model, validate
 from ..vocab import dtype_bytes
-from . import cp, dp, ep, pp, scalars, tp
+from . import cp, dp, ep, pp, program, scalars, tp
 from .batch import batch_broadcast
 from .calls import Call, Context
 from .support import check_supported
@@ -129,6 +129,8 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
             add("p2p", pp.recv_backward, [pp.recv_backward(ctx, mb, layers[-1])])
             add("p2p_partitioned", pp.partitioned_gathers, pp.partitioned_gathers(ctx, "backward", mb, layers[-1]))
         for la in layers:
+            replay = program.recompute_replay(ctx, la, mb)  # selective recomputation of communicating modules
+            add("moe" if ctx.moe_pattern[la] else "mlp_tp", program.recompute_replay, replay)
             if ctx.moe_pattern[la]:
                 add("moe", ep.moe_backward, ep.moe_backward(ctx, la, mb))
             else:
@@ -141,8 +143,11 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
             add("p2p", pp.send_backward, [pp.send_backward(ctx, mb, layers[0])])
         if p.fsdp and vs in (0, ctx.last_virtual) and (vs == 0 or stage != 0):
             edge = dp.edge_parameters(ctx, stage)[0]
-            add("fsdp", dp.fsdp_unit_forward, dp.fsdp_unit_forward(ctx, edge, 0, -1, mb))
-            add("fsdp", dp.fsdp_unit_backward, dp.fsdp_unit_backward(ctx, edge, 0, -1, mb))
+            if dp.megatron_fsdp(ctx):  # non-unit modules: gathered once per iteration (dp.fsdp_edge_forward)
+                add("fsdp", dp.fsdp_edge_forward, dp.fsdp_edge_forward(ctx, edge, 0), "iteration")
+            else:
+                add("fsdp", dp.fsdp_edge_forward, dp.fsdp_edge_forward(ctx, edge, mb))
+            add("fsdp", dp.fsdp_edge_backward, dp.fsdp_edge_backward(ctx, edge, mb))
     # once per iteration
     it = "iteration"
     bl = [dp.buckets(ctx, stage, c) for c in range(ctx.vpp)]

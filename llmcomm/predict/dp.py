@@ -19,7 +19,18 @@ the first stage's first chunk, or the distributed optimizer gives a tied ``share
   parameters in ``param_dtype`` (``dense·p``, ``expert·p``) — by each chained optimizer in turn, so twice with
   an expert optimizer (:func:`param_gather_passes`);
 * FSDP (ZeRO-3 style): per micro-batch, all-gather of each layer's parameters in the forward and again in the
-  backward, reduce-scatter of its gradients in the backward (see :func:`fsdp_unit_forward`).
+  backward (not with ``fsdp_reshard_after_forward=False``), reduce-scatter of its gradients in the backward (see
+  :func:`fsdp_unit_forward`); the non-layer parameters of a stage (embedding, final norm, output layer) are one
+  more unit, gathered first. ``fsdp`` alone is torch FSDP2 (Megatron's ``--use-torch-fsdp2``, which refuses the
+  distributed optimizer, arguments.py:1038) or Megatron-FSDP v2; with ``distributed_optimizer`` it is Megatron-FSDP
+  v1 (``--use-megatron-fsdp --use-distributed-optimizer``, strategy ``optim_grads_params``), whose optimizer step
+  issues none of the distributed optimizer's bucket all-gathers (:func:`param_gather_passes`). Not written:
+  Megatron-FSDP's ``start_param_sync`` after the step (megatron_fsdp.py:1284-1323: every bucket without
+  ``overlap_param_gather``, which the first micro-batch's forward then finds gathered — the same bytes in the
+  optimizer phase; the first bucket with it) and Megatron's torch FSDP2 wrapping the embedding, the output layer and
+  the root apart (torch_fully_sharded_data_parallel.py:59-64, 130-148: three calls where the kit writes one of the
+  same bytes). Megatron-FSDP's non-unit modules (embedding, final norm, output layer) are gathered once per
+  iteration and kept (:func:`fsdp_edge_forward`).
 
 With context parallelism the non-expert gradients are reduced over the DP × CP group. Groups of size 1
 issue nothing. Buffer padding (Megatron pads distributed-optimizer buffers to a multiple of
@@ -31,6 +42,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from .. import step
 from ..specs import LayerParams
@@ -126,16 +140,48 @@ def fsdp_unit_forward(ctx: Context, dense: int, expert: int, layer: int, mb: int
 
 
 def fsdp_unit_backward(ctx: Context, dense: int, expert: int, layer: int, mb: int) -> list[Call]:
-    """FSDP backward of one unit: all-gather of the parameters again, then reduce-scatter of the gradients."""
+    """FSDP backward of one unit: all-gather of the parameters again (none with ``fsdp_reshard_after_forward=False``:
+    torch FSDP2 keeps the unsharded parameters from the forward, ``reshard_after_forward``), then reduce-scatter of
+    the gradients (every micro-batch: Megatron-FSDP reduces on every backward under ``optim_grads_params``,
+    megatron_fsdp.py:707-770, ``_process_post_backward_gradients``)."""
     if not ctx.parallel.fsdp:
         return []
     gb, _, gdt, _ = _sizes(ctx)
-    out = fsdp_unit_forward(ctx, dense, expert, layer, mb, phase="backward")
+    out = (fsdp_unit_forward(ctx, dense, expert, layer, mb, phase="backward")
+           if ctx.parallel.fsdp_reshard_after_forward else [])
     if ctx.parallel.dp * ctx.parallel.cp > 1 and dense:
         out.append(Call("backward", "dp", "reduce_scatter", _dp_kind(ctx), dense * gb, gdt, layer, mb))
     if ctx.parallel.expert_dp > 1 and expert:
         out.append(Call("backward", "dp", "reduce_scatter", "edp", expert * gb, gdt, layer, mb))
     return out
+
+
+def megatron_fsdp(ctx: Context) -> bool:
+    """``fsdp`` with ``distributed_optimizer``: Megatron-FSDP (v1 runs with the distributed optimizer,
+    arguments.py:1128-1135); ``fsdp`` alone is torch FSDP2 (or Megatron-FSDP v2)."""
+    return ctx.parallel.fsdp and ctx.parallel.distributed_optimizer
+
+
+def fsdp_edge_forward(ctx: Context, params: int, mb: int) -> list[Call]:
+    """The stage's non-layer parameters (embedding, final norm, output layer) in the forward. torch FSDP2 wraps them
+    as units of their own (torch_fully_sharded_data_parallel.py:59-64, 130-148): gathered every micro-batch.
+    Megatron-FSDP's units are the transformer layers only (mcore_fsdp_adapter.py:170-171): a non-unit module's
+    parameters are gathered by its pre-forward hook (megatron_fsdp.py:1086-1087), never released in the forward or
+    backward (only FSDP units get the release hooks, :1089-1100, 1116-1125), so a later micro-batch finds the
+    bucket ready (param_and_grad_buffer.py ``all_gather_params`` gathers EMPTY/PRESERVED buckets only) — one
+    all-gather per iteration, on the first micro-batch, until the step's ``reset(preserve_non_fsdp_units=True)``."""
+    if megatron_fsdp(ctx) and mb != 0:
+        return []
+    return fsdp_unit_forward(ctx, params, 0, -1, mb)
+
+
+def fsdp_edge_backward(ctx: Context, params: int, mb: int) -> list[Call]:
+    """The non-layer parameters in the backward: torch FSDP2 gathers them again and reduce-scatters; Megatron-FSDP
+    keeps them gathered and reduce-scatters their gradients every micro-batch (the post-accumulate-grad hooks,
+    megatron_fsdp.py:1127-1140, under ``optim_grads_params``)."""
+    if not megatron_fsdp(ctx):
+        return fsdp_unit_backward(ctx, params, 0, -1, mb)
+    return [c for c in fsdp_unit_backward(ctx, params, 0, -1, mb) if c.op == "reduce_scatter"]
 
 
 # ------------------------------------------------------------------------------------- buckets and their calls
@@ -239,28 +285,52 @@ def num_parameters(ctx: Context, stage: int) -> int:
     return p.dense + p.expert
 
 
-def bucket_size(ctx: Context) -> int:
-    """The DDP bucket size in elements, as ``resolve_ddp_bucket_size`` (megatron/training/training.py
-    ~2179-2194) sets it on the training path: ``num_parameters // ddp_num_buckets`` when ``ddp_num_buckets``
-    is set, else ``bucket_size``, else ``max(40,000,000, 1,000,000 · dp·cp)`` (the size of the ``dp_cp`` group;
+DEFAULT_BUCKET_ELEMENTS = 40_000_000  # megatron/training/training.py ~2189: max(40M, 1M·dp·cp)
+DEFAULT_BUCKET_PER_RANK = 1_000_000
+
+
+def bucket_elements(dp: Any, cp: Any, bucket_size: Any, ddp_num_buckets: Any, first_stage_params: Any) -> Any:
+    """The DDP bucket size in elements (scalars or numpy arrays; ``bucket_size`` and ``ddp_num_buckets`` are
+    ``-1`` or ``None`` when unset), as ``resolve_ddp_bucket_size`` (megatron/training/training.py ~2179-2194)
+    sets it on the training path: ``first_stage_params // ddp_num_buckets`` when ``ddp_num_buckets`` is set,
+    else ``bucket_size``, else ``max(40,000,000, 1,000,000 · dp·cp)`` (the size of the ``dp_cp`` group;
     ``DistributedDataParallel.__init__``'s own fallback on the plain DP group, distributed_data_parallel.py
-    ~133, is not reached from training). ``num_parameters`` is the first stage's (:func:`num_parameters`): only
-    that stage buckets (:func:`chunk_bucket_size`)."""
+    ~133, is not reached from training). The one home of this rule: the predictor (:func:`bucket_size`) and the
+    iteration-time formulation (:mod:`llmcomm.overhead.overlap`) both call it."""
+    bs = np.asarray(-1 if bucket_size is None else bucket_size)
+    nb = np.asarray(-1 if ddp_num_buckets is None else ddp_num_buckets)
+    size = np.where(bs > 0, bs, np.maximum(DEFAULT_BUCKET_ELEMENTS, DEFAULT_BUCKET_PER_RANK
+                                           * np.asarray(dp) * np.asarray(cp)))
+    out = np.where(nb > 0, np.asarray(first_stage_params) // np.maximum(nb, 1), size)
+    return int(out) if out.ndim == 0 else out
+
+
+def chunk_is_bucketed(overlap_grad_reduce: Any, stage: Any, chunk: Any) -> Any:
+    """Whether a model chunk's gradient buffers are split into buckets (scalars or numpy arrays): only with
+    ``overlap_grad_reduce`` (distributed_data_parallel.py ~135-137 sets ``bucket_size = None`` without it), on the
+    first pipeline stage (~160-171: ``if disable_bucketing or pp_rank > 0: self.bucket_size = None``) and its
+    first model chunk (``get_model``: ``disable_bucketing = chunk_idx > 0``, megatron/training/training.py
+    ~2504-2514; with ``disable_bucketing`` a buffer's buckets also form one bucket group,
+    ``partition_buckets(force_single_bucket_group=...)``, distributed_data_parallel.py ~342-353). Elsewhere each
+    buffer is one bucket. The one home of this rule (see :func:`bucket_elements`)."""
+    out = np.logical_and(np.asarray(overlap_grad_reduce, dtype=bool),
+                         np.logical_and(np.equal(stage, 0), np.equal(chunk, 0)))
+    return bool(out) if out.ndim == 0 else out
+
+
+def bucket_size(ctx: Context) -> int:
+    """The DDP bucket size in elements (:func:`bucket_elements`); ``num_parameters`` is the first stage's
+    (:func:`num_parameters`): only that stage buckets (:func:`chunk_bucket_size`)."""
     p = ctx.parallel
-    if p.ddp_num_buckets is not None:
-        return num_parameters(ctx, 0) // p.ddp_num_buckets
-    return p.bucket_size if p.bucket_size is not None else max(40_000_000, 1_000_000 * p.dp * p.cp)
+    first = num_parameters(ctx, 0) if p.ddp_num_buckets is not None else 0
+    return bucket_elements(p.dp, p.cp, p.bucket_size, p.ddp_num_buckets, first)
 
 
 def chunk_bucket_size(ctx: Context, stage: int, chunk: int) -> int | None:
-    """The bucket size a model chunk's buffers use; ``None``: one bucket per buffer.
-
-    ``None`` without ``overlap_grad_reduce`` (``resolve_ddp_bucket_size``), on every pipeline stage but the first
-    and on every model chunk but the first: ``get_model`` passes ``bucket_sizes = [None if (chunk_idx > 0 or
-    pp_rank > 0) ...]`` and ``disable_bucketing = chunk_idx > 0`` (megatron/training/training.py ~2504-2514), and
-    ``DistributedDataParallel.__init__`` sets ``self.bucket_size = None`` when ``disable_bucketing or pp_rank >
-    0`` (core/distributed/distributed_data_parallel.py ~160-171)."""
-    if not ctx.parallel.overlap_grad_reduce or stage > 0 or chunk > 0:
+    """The bucket size a model chunk's buffers use; ``None``: one bucket per buffer (:func:`chunk_is_bucketed`:
+    ``None`` without ``overlap_grad_reduce``, on every pipeline stage but the first and on every model chunk but
+    the first)."""
+    if not chunk_is_bucketed(ctx.parallel.overlap_grad_reduce, stage, chunk):
         return None
     return bucket_size(ctx)
 
@@ -368,7 +438,10 @@ def param_gather_passes(ctx: Context, stage: int) -> int:
     optimizer.py ~1700-1735, whose comment says the two optimizers share chunks). Read at HEAD d98e8a6; the
     per-rank condition (a stage without expert parameters has no expert optimizer) follows
     ``if len(moe_param_groups) > 0`` (__init__.py ~1226)."""
-    if not ctx.parallel.distributed_optimizer:
+    if not ctx.parallel.distributed_optimizer or ctx.parallel.fsdp:
+        # FSDP: the distributed optimizer holds no DDP buffers (Megatron-FSDP manages weights and gradients,
+        # distrib_optimizer.py:704-706) and its step calls MegatronFSDP.start_param_sync instead
+        # (distrib_optimizer.py:3181-3185): the parameters are gathered per unit in the forward
         return 0
     return 2 if experts_in_own_buffer(ctx) and stage_parameters(ctx, stage).expert else 1
 

@@ -57,6 +57,29 @@ def layer_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
     return out + attention_backward(ctx, layer, mb)
 
 
+def recompute_replay(ctx: Context, layer: int, mb: int) -> list[Call]:
+    """Selective recomputation (``recompute_modules``, :func:`llmcomm.step.recompute_flags`): the forward calls of
+    the checkpointed modules that communicate, again in the backward phase before the layer's backward —
+    ``mlp`` the dense MLP block's TP calls (transformer_layer.py:537-539, 992: ``tensor_parallel.checkpoint`` of
+    ``self.mlp``, whose SP all-gather / reduce-scatter or all-reduce run inside its linears), ``moe`` the whole MoE
+    layer's forward calls (moe_layer.py:247-249, 701: router, dispatcher, experts, shared experts),
+    ``shared_experts`` the shared experts' TP calls (moe_layer.py:252-254, 517). ``core_attn``, ``layernorm``,
+    ``moe_act`` recompute no communication (the CP ring inside a recomputed core attention is not replayed here)."""
+    from .. import step
+
+    p = ctx.parallel
+    rf = step.recompute_flags(p.recompute, p.recompute_modules)
+    out: list[Call] = []
+    if ctx.moe_pattern[layer]:
+        if rf["moe"]:
+            out = ep.moe_forward(ctx, layer, mb)
+        elif rf["shared_experts"] and ctx.model.num_shared_experts:
+            out = tp.block_forward(ctx, layer, mb)
+    elif rf["mlp"]:
+        out = tp.block_forward(ctx, layer, mb)
+    return [dataclasses.replace(c, phase="backward") for c in out]
+
+
 def _fsdp_unit(ctx: Context, layer: int) -> tuple[int, int]:
     """``(dense, expert)`` parameters FSDP gathers for one layer; ``(0, 0)`` without FSDP."""
     if not ctx.parallel.fsdp:
@@ -75,7 +98,7 @@ def _forward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     out += batch_broadcast(ctx, vs, mb)
     edge_fsdp = dp.edge_parameters(ctx, stage)[0] if ctx.parallel.fsdp else 0
     if edge_fsdp and (vs == 0 or (vs == ctx.last_virtual and stage != 0)):
-        out += dp.fsdp_unit_forward(ctx, edge_fsdp, 0, -1, mb)
+        out += dp.fsdp_edge_forward(ctx, edge_fsdp, mb)
     if vs == 0:
         out += tp.embedding_forward(ctx, mb)
     for la in layers:
@@ -107,6 +130,7 @@ def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
         if full:
             out += [dataclasses.replace(c, phase="backward") for c in layer_forward(ctx, la, mb)]
         out += dp.fsdp_unit_backward(ctx, d, e, la, mb)
+        out += recompute_replay(ctx, la, mb)
         out += layer_backward(ctx, la, mb)
         out += dp.overlapped_grad_sync(ctx, bl, la, mb)
     if vs == 0:
@@ -114,7 +138,7 @@ def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
         out += dp.overlapped_grad_sync(ctx, bl, -1, mb)
     edge_fsdp = dp.edge_parameters(ctx, stage)[0] if ctx.parallel.fsdp else 0
     if edge_fsdp and (vs == 0 or (vs == ctx.last_virtual and stage != 0)):
-        out += dp.fsdp_unit_backward(ctx, edge_fsdp, 0, -1, mb)
+        out += dp.fsdp_edge_backward(ctx, edge_fsdp, mb)
     if vs > 0:
         out.append(pp.send_backward(ctx, mb, layers[0]))
     return out

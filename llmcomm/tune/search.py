@@ -242,7 +242,7 @@ def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: i
         # even pipeline stages: the starting point of a user (uneven first/last stages are a tuning step, and
         # a lighter stage paired with the smallest fitting PP would otherwise be "the rule")
         space = SearchSpace(tp=(tp,), cp=(1,), micro_batch=(1,), vpp=(1,), sp=(False,), attention_backend=("auto",),
-                            uneven=(False,))  # no context parallelism: Megatron's default
+                            uneven=(False,), fsdp=(False,))  # a Megatron-LM user's start: no FSDP, no CP
         cands = enumerate_candidates(model, gpus, global_batch, seq_len, space)
         if not cands.empty:
             break

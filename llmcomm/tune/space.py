@@ -13,11 +13,11 @@ source), so the space holds exactly the configurations the cost model can rank.
 
 Dimensions the formulation does not model yet are not left out by a list kept here: a dimension given as
 ``None`` (``cp``, ``fsdp``) takes the values that no rule of the ``cost`` scope refuses (:func:`accepted_values`,
-a probe of one configuration per value), so when the cost model accepts context parallelism or FSDP (the rules
-``cost-cp``/``cost-fsdp`` go) they enter the space without a change here (``cost-cp`` went with issue 20: rows with
-``cp > 1`` come once per ``cp_comm_type`` of the space, Megatron's default ``p2p`` unless ``all_gather`` and
-``a2a`` are asked for (``--constraints cp_comm_type=p2p/all_gather/a2a``), each kept where its rules hold, e.g.
-``cp-a2a-heads``; ``cp`` up to ``max_cp``). A value asked for explicitly
+a probe of one configuration per value), so when the cost model accepts a dimension it enters the space without
+a change here (FSDP and context parallelism entered so with issue 20: rows with ``cp > 1`` come once per
+``cp_comm_type`` of the space, Megatron's default ``p2p`` unless ``all_gather`` and ``a2a`` are asked for
+(``--constraints cp_comm_type=p2p/all_gather/a2a``), each kept where its rules hold, e.g. ``cp-a2a-heads``;
+``cp`` up to ``max_cp``). A value asked for explicitly
 (``SearchSpace(cp=(2,))``, ``etp=(1,)``) is enumerated and then removed by the rule that refuses it, which
 :func:`refusals` names.
 
