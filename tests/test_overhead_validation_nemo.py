@@ -54,6 +54,7 @@ def test_refusals_name_the_missing_mechanism(nemo):
     assert names and all(re.fullmatch(r"(model|unknown|setting|rule):[\w.-]+", n) for n in names), names
     assert all(n[5:] in BY_NAME for n in names if n.startswith("rule:"))
     assert sum(s["needs"].values()) == len(names)  # summary: one count per row and mechanism
+    assert not t["needs"].str.contains("rule:cost-cp").any()  # context parallelism is modelled (issue 20)
 
 
 def test_qwen3_rows_carry_the_distributed_optimizer_of_their_library_recipe():

@@ -166,6 +166,7 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
          else ParallelTable.from_frame(candidates, model, required=(), **fixed))
     n = len(tab)
     tp, pp, dp, ep, cp, vpp, mb = tab.tp, tab.pp, tab.dp, tab.ep, tab.cp, tab.vpp, tab.micro_batch
+    expert_dp = tab.expert_dp  # once, not per shape and stage (a full-table product each time)
     seq = tab.sequence_length(model).astype(float) / cp
     microbatches = tab.num_microbatches
     act, pbytes, gbytes = (tab.dtype_bytes(c).astype(float) for c in ("act_dtype", "param_dtype", "grad_reduce_dtype"))
@@ -197,7 +198,7 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
             if r == p - 1:
                 activations = activations + 4 * sbh[rows] / t * (1 + model.padded_vocab_size(int(t)) / model.hidden_size)
             w, g, o = model_state_bytes(params[r, 0], params[r, 1], dp_cp=dp[rows] * cp[rows],
-                                        expert_dp=tab.expert_dp[rows], param_bytes=pbytes[rows],
+                                        expert_dp=expert_dp[rows], param_bytes=pbytes[rows],
                                         grad_bytes=gbytes[rows], distributed_optimizer=dist_opt[rows],
                                         fsdp=fsdp[rows], fsdp_unit=_fsdp_units(model, shape)[r] if fsdp[rows].any()
                                         else np.zeros(2), fsdp_reshard=tab.fsdp_reshard_after_forward[rows])

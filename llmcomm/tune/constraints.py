@@ -2,7 +2,7 @@
 
 Each comma-separated item is ``NAME=VALUE``: ``NAME`` a dimension of the space (``tp``, ``cp``, ``pp``, ``ep``,
 ``etp``, ``micro_batch`` or ``mb``, ``vpp``, ``sp``, ``recompute``, ``distributed_optimizer`` or ``dist_opt``,
-``fsdp``, ``attention_backend``, ``uneven``) with one value or several joined by ``/`` (``tp=4/8``), or
+``fsdp``, ``attention_backend``, ``cp_comm_type``, ``uneven``) with one value or several joined by ``/`` (``tp=4/8``), or
 ``max_NAME`` / ``min_NAME`` for an integer dimension (``max_tp=8``). Booleans read ``on/off``, ``true/false``,
 ``yes/no``, ``1/0``. ``fp8`` names the FP8 switch: :class:`~llmcomm.specs.ParallelConfig` has no FP8 field yet,
 so the space holds BF16 configurations only and ``fp8=off`` narrows nothing while ``fp8=on`` is refused.
@@ -15,12 +15,12 @@ import dataclasses
 from typing import Any
 
 from ..errors import UsageError
-from ..vocab import ATTENTION_BACKENDS, RECOMPUTE_MODES
+from ..vocab import ATTENTION_BACKENDS, CP_COMM_TYPES, RECOMPUTE_MODES
 from .space import SearchSpace, divisors
 
 INT_DIMS = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp")
 BOOL_DIMS = ("sp", "distributed_optimizer", "fsdp", "uneven")
-STR_DIMS = {"recompute": RECOMPUTE_MODES, "attention_backend": ATTENTION_BACKENDS}
+STR_DIMS = {"recompute": RECOMPUTE_MODES, "attention_backend": ATTENTION_BACKENDS, "cp_comm_type": CP_COMM_TYPES}
 ALIASES = {"mb": "micro_batch", "dist_opt": "distributed_optimizer", "dopt": "distributed_optimizer",
            "attention": "attention_backend"}
 TRUE, FALSE = ("on", "true", "yes", "1"), ("off", "false", "no", "0")

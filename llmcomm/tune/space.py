@@ -13,8 +13,11 @@ source), so the space holds exactly the configurations the cost model can rank.
 
 Dimensions the formulation does not model yet are not left out by a list kept here: a dimension given as
 ``None`` (``cp``, ``fsdp``) takes the values that no rule of the ``cost`` scope refuses (:func:`accepted_values`,
-a probe of one configuration per value), so when the cost model accepts context parallelism (the rule
-``cost-cp`` goes; FSDP entered so with issue 20) it enters the space without a change here. A value asked for explicitly
+a probe of one configuration per value), so when the cost model accepts a dimension it enters the space without
+a change here (FSDP and context parallelism entered so with issue 20: rows with ``cp > 1`` come once per
+``cp_comm_type`` of the space, Megatron's default ``p2p`` unless ``all_gather`` and ``a2a`` are asked for
+(``--constraints cp_comm_type=p2p/all_gather/a2a``), each kept where its rules hold, e.g. ``cp-a2a-heads``;
+``cp`` up to ``max_cp``). A value asked for explicitly
 (``SearchSpace(cp=(2,))``, ``etp=(1,)``) is enumerated and then removed by the rule that refuses it, which
 :func:`refusals` names.
 
@@ -43,7 +46,7 @@ from .. import rules
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import ModelSpec
-from ..vocab import ATTENTION_BACKENDS
+from ..vocab import ATTENTION_BACKENDS, CP_COMM_TYPES
 from ..vocab import RECOMPUTE_MODES as RECOMPUTE
 
 
@@ -62,7 +65,8 @@ class SearchSpace:
     value the cost model accepts, :func:`accepted_values`). Narrow any dimension by giving a tuple, e.g.
     ``SearchSpace(tp=(8,), recompute=("selective",))``. ``etp=None``: expert TP equals tp (Megatron's default);
     ``uneven``: which pipeline splits, even (``False``) and/or uneven first/last stages (``True``);
-    ``max_stage_offset``: how many layers lighter than a middle stage an uneven end stage may be."""
+    ``max_stage_offset``: how many layers lighter than a middle stage an uneven end stage may be; ``max_cp``: the
+    largest context-parallel size of ``cp=None``."""
 
     tp: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
@@ -76,9 +80,13 @@ class SearchSpace:
     distributed_optimizer: tuple[bool, ...] = (False, True)
     fsdp: tuple[bool, ...] | None = None
     attention_backend: tuple[str, ...] = ("auto", "unfused")  # Megatron-LM's default (fused) and the 2021 kernels
+    # --cp-comm-type of the rows with cp > 1: Megatron's default; ("p2p", "all_gather", "a2a") searches all three
+    # (each only moves cp_comm_s; with all three the space of LLaMA-3 405B on 16,384 GPUs is 40,500 rows, not 22,000)
+    cp_comm_type: tuple[str, ...] = ("p2p",)
     uneven: tuple[bool, ...] = (False, True)
     max_micro_batch: int = 16
     max_vpp: int = 8
+    max_cp: int = 16  # the bound of cp=None: LLaMA-3 405B's 128K stage used cp 16 (Dubey et al. 2024, Table 4)
     max_stage_offset: int = 2
 
     def __post_init__(self) -> None:
@@ -88,6 +96,9 @@ class SearchSpace:
         bad = [b for b in self.attention_backend if b not in ATTENTION_BACKENDS]
         if bad or not self.attention_backend:
             raise ConfigError(f"space: attention_backend values {bad} are not in {ATTENTION_BACKENDS}")
+        bad = [t for t in self.cp_comm_type if t not in CP_COMM_TYPES]
+        if bad or not self.cp_comm_type:
+            raise ConfigError(f"space: cp_comm_type values {bad} are not in {CP_COMM_TYPES}")
         for f in ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp"):
             v = getattr(self, f)
             if v is not None and (not v or any(not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
@@ -96,7 +107,7 @@ class SearchSpace:
             v = getattr(self, f)
             if v is not None and (not v or any(not isinstance(x, (bool, np.bool_)) for x in v)):
                 raise ConfigError(f"space: {f}={v!r} must be a non-empty tuple of booleans")
-        for f in ("max_micro_batch", "max_vpp"):
+        for f in ("max_micro_batch", "max_vpp", "max_cp"):
             if not isinstance(getattr(self, f), (int, np.integer)) or getattr(self, f) < 1:
                 raise ConfigError(f"space: {f}={getattr(self, f)!r} must be a positive integer")
         if not isinstance(self.max_stage_offset, (int, np.integer)) or self.max_stage_offset < 0:
@@ -121,7 +132,7 @@ def _allowed(values: Sequence[Any], chosen: tuple[Any, ...] | None) -> list[Any]
 SCOPES = ("config", "job", "megatron", "cost")  # the rules (llmcomm.rules) every configuration of the space keeps
 DIMENSIONS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
               "num_layers_in_last_pipeline_stage", "sp", "recompute", "distributed_optimizer", "fsdp",
-              "attention_backend")
+              "attention_backend", "cp_comm_type")
 SHORT = {"num_layers_in_first_pipeline_stage": "first", "num_layers_in_last_pipeline_stage": "last"}
 
 
@@ -185,7 +196,12 @@ def splits(model: ModelSpec, gpus: int, global_batch: int, tp: tuple[int, ...] |
 
 
 def _cp_values(model: ModelSpec, space: SearchSpace, gpus: int) -> tuple[int, ...]:
-    return tuple(accepted_values(model, "cp", divisors(gpus))) if space.cp is None else space.cp
+    """``space.cp``, or every CP size up to ``max_cp`` the cost rules accept (Megatron itself allows any cp with
+    ``2·cp | s``: at s = 8,192 on 16,384 GPUs up to cp 4,096, two tokens per chunk, which multiplies the space
+    25-fold for configurations no recipe runs; a bound, like ``max_vpp``, not a pruning rule)."""
+    if space.cp is not None:
+        return space.cp
+    return tuple(accepted_values(model, "cp", [c for c in divisors(gpus) if c <= space.max_cp]))
 
 
 def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
@@ -212,9 +228,11 @@ def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int
         for f, la, vpps in split_cache[pp]:
             for mb, v in itertools.product(mbs, vpps):
                 m = per_replica // mb
-                for sp, rec, do, fs, ab in itertools.product(space.sp, space.recompute, space.distributed_optimizer,
-                                                             fsdps, space.attention_backend):
-                    rows.append((tp, cp, pp, dp, ep, et, mb, v, f, la, sp, rec, do, fs, ab, m))
+                # cp_comm_type only where there is context parallelism (cp = 1: Megatron's default, no CP calls)
+                for sp, rec, do, fs, ab, ct in itertools.product(space.sp, space.recompute, space.distributed_optimizer,
+                                                                 fsdps, space.attention_backend,
+                                                                 space.cp_comm_type if cp > 1 else ("p2p",)):
+                    rows.append((tp, cp, pp, dp, ep, et, mb, v, f, la, sp, rec, do, fs, ab, ct, m))
     cols = [*DIMENSIONS, "num_microbatches"]
     df = pd.DataFrame(rows, columns=cols)
     df["global_batch"] = global_batch
@@ -235,7 +253,7 @@ def enumerate_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len
 
 
 EXPLICIT = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp", "fsdp", "attention_backend", "sp", "recompute",
-            "distributed_optimizer")
+            "distributed_optimizer", "cp_comm_type")
 
 
 def refusals(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
