@@ -519,19 +519,21 @@ def measured_gemm(cluster: Cluster) -> Any:
     cluster's ``peak_bf16_flops`` is not the datasheet figure the model was fitted with (within 0.1 %: another
     part, e.g. H100 PCIe, or a hypothetical GPU; the fit belongs to its figures, :func:`load_gemm_model`)."""
     from ..paths import data_dir
-    from .gemm import CALIBRATION
+    from .gemm import CALIBRATION, fp8_factor
 
     p = data_dir() / CALIBRATION
     try:
         stamp = p.stat().st_mtime_ns
     except OSError:
         stamp = -1
-    return _measured_gemm(cluster, str(p), stamp)
+    return _measured_gemm(cluster, str(p), stamp, fp8_factor())
 
 
 @lru_cache(maxsize=64)
-def _measured_gemm(cluster: Cluster, path: str, stamp: int) -> Any:
-    """:func:`measured_gemm`, once per cluster and GEMM calibration file (``path`` at ``stamp``)."""
+def _measured_gemm(cluster: Cluster, path: str, stamp: int, fp8: float) -> Any:
+    """:func:`measured_gemm`, once per cluster, GEMM calibration file (``path`` at ``stamp``) and FP8 factor
+    (``fp8``: the shipped one, or a trial value while :mod:`llmcomm.overhead.fp8_fit` fits it — a model cached
+    across trial values would make the fit's objective flat)."""
     from ..errors import DataError
     from .gemm import GemmModel, load_gemm_model
 
