@@ -24,6 +24,7 @@ from .errors import ConfigError
 from .specs import ParallelConfig
 from .vocab import (
     ATTENTION_BACKENDS,
+    CP_COMM_TYPES,
     MOE_FLEX_BACKENDS,
     PIPELINE_SCHEDULES,
     RECOMPUTE_MODES,
@@ -42,6 +43,7 @@ PARALLEL_FIELDS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "
                    "fp8_recipe")
 PARALLEL_FIELDS += ("fsdp_reshard_after_forward", "recompute_modules")  # with "fsdp" and "recompute" (issue 20)
 PARALLEL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_backend", "align_grad_reduce")  # issue 20: overlap
+PARALLEL_FIELDS += ("cp_comm_type",)  # issue 20: context parallelism
 
 
 # ------------------------------------------------------------------------------------------ value types
@@ -257,6 +259,14 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
         p.add_argument("--moe-flex-dispatcher-backend", default=None, choices=MOE_FLEX_BACKENDS,
                        help="Megatron-LM's --moe-flex-dispatcher-backend (the flex dispatcher's DeepEP/HybridEP "
                             "kernels; the formulation refuses it and says why; default: not set)")
+
+    if "cp_comm_type" in extras:
+        p.add_argument("--cp-comm-type", dest="cp_comm_type", default=default("cp_comm_type"),
+                       choices=CP_COMM_TYPES,
+                       help="Megatron-LM's --cp-comm-type with --cp > 1: p2p (KV ring, overlapped with attention), "
+                            "all_gather (KV all-gather, exposed), a2a (Ulysses all-to-alls of Q, K, V, O); a2a+p2p "
+                            "is refused (needs hierarchical CP sizes)" + (f" (default: {meta})" if meta else
+                                                                          " (default: p2p)"))
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:

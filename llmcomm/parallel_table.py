@@ -38,7 +38,8 @@ BOOL_FIELDS: tuple[str, ...] = ("sp", "distributed_optimizer", "fsdp", "overlap_
                "overlap_param_gather", "tp_comm_overlap", "fp8_param_gather")
 FLOAT_FIELDS = ("moe_aux_loss_coeff",)
 STR_FIELDS = ("act_dtype", "grad_reduce_dtype", "param_dtype", "recompute", "schedule", "order",
-              "moe_token_dispatcher_type", "attention_backend", "rerun_mode", "fp8_recipe")
+              "moe_token_dispatcher_type", "attention_backend", "rerun_mode", "fp8_recipe",
+              "cp_comm_type")
 OBJECT_FIELDS: tuple[str, ...] = ("moe_router_dtype", "moe_router_load_balancing_type", "fp8")  # None or a string, a string or a tuple
 BOOL_FIELDS += ("fsdp_reshard_after_forward",)  # FSDP (issue 20)
 OBJECT_FIELDS += ("recompute_modules",)  # None or a tuple of Megatron-LM's --recompute-modules names

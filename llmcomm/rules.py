@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError
-from .vocab import RECOMPUTE_MODULES
+from .vocab import CP_COMM_TYPES, RECOMPUTE_MODULES
 
 SCOPES = ("config", "job", "megatron", "cost")
 Model = Any  # llmcomm.specs.ModelSpec (not imported: specs imports this module)
@@ -194,6 +194,20 @@ RULES: tuple[Rule, ...] = (
     Rule("fp8-recipe", "config", "megatron/core/transformer/transformer_config.py:594",
          lambda m, p: np.isin(np.asarray(p.fp8_recipe, dtype=object), FP8_RECIPES, invert=True),
          lambda m, r: f"fp8_recipe={r.fp8_recipe!r} is not one of {FP8_RECIPES} (Megatron-LM's --fp8-recipe)"),
+    # context parallelism's communication type (issue 20; llmcomm.predict.cp holds the calls of each)
+    Rule("cp-comm-type", "config",
+         "megatron/training/arguments.py:3221 (--cp-comm-type) and megatron/core/transformer/transformer_config.py:1030 "
+         "(p2p, all_gather, a2a, a2a+p2p; TransformerEngine context_parallel.py:5139 raises on any other)",
+         lambda m, p: np.isin(np.asarray(p.cp_comm_type, dtype=object), CP_COMM_TYPES, invert=True),
+         lambda m, r: f"cp_comm_type={r.cp_comm_type!r} is not one of {CP_COMM_TYPES} (Megatron-LM's --cp-comm-type)"),
+    Rule("cp-hierarchical", "config",
+         "megatron/training/arguments.py:583 (a2a+p2p needs --hierarchical-context-parallel-sizes, "
+         "model_parallel_config.py:103; groups from parallel_state.py:1127); kit: ParallelConfig does not carry "
+         "the hierarchical sizes and Layout has no a2a/p2p sub-groups of the CP group",
+         lambda m, p: np.asarray(p.cp_comm_type, dtype=object) == "a2a+p2p",
+         lambda m, r: "cp_comm_type='a2a+p2p' needs hierarchical_context_parallel_sizes (Megatron-LM's "
+                      "--hierarchical-context-parallel-sizes: the a2a group inside, the p2p ring across), which the "
+                      "kit does not model; use 'p2p', 'all_gather' or 'a2a'"),
     Rule("sp-needs-tp", "config",
          "megatron/training/arguments.py:1433 (Megatron turns SP off at tp = 1; the kit refuses instead)",
          lambda m, p: np.logical_and(p.sp, p.tp == 1),
@@ -317,7 +331,25 @@ RULES: tuple[Rule, ...] = (
     Rule("sp-sequence", "job", "megatron/core/tensor_parallel/mappings.py:177 (reduce-scatter along the sequence)",
          lambda m, p: np.logical_and(p.sp, (_seq(m, p) // p.cp) % p.tp != 0),
          lambda m, r: f"tp={r.tp} does not divide seq_len/cp={r.sequence_length(m) // r.cp} (needed by sp)"),
+    Rule("cp-a2a-heads", "job",
+         "TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py:4246 "
+         "(AttnFuncWithCPAndQKVOA2A.forward: num_heads % cp_size == 0 for Q and for K, V, on the rank's a/tp and "
+         "g/tp heads; TransformerEngine d0067d0)",
+         lambda m, p: np.logical_and.reduce([p.cp > 1, np.asarray(p.cp_comm_type, dtype=object) == "a2a",
+                                             np.logical_or((m.num_attention_heads // p.tp) % p.cp != 0,
+                                                           (m.kv_heads // p.tp) % p.cp != 0)]),
+         lambda m, r: f"cp_comm_type='a2a' needs cp={r.cp} dividing the heads of each TP rank: "
+                      f"num_attention_heads/tp={m.num_attention_heads // r.tp} and "
+                      f"kv heads/tp={m.kv_heads // r.tp} (heads divisible by cp*tp={r.cp * r.tp})"),
     # ----------------------------------------------------------------------------------- megatron
+    Rule("cp-te-attention", "megatron",
+         "megatron/core/transformer/dot_product_attention.py:57 (the local backend asserts context_parallel_size "
+         "== 1) and TransformerEngine attention/dot_product_attention/utils.py:1169 (UnfusedDotProductAttention "
+         "is disabled under context parallelism): CP runs in TE's flash/fused kernels only",
+         lambda m, p: np.logical_and(p.cp > 1, np.isin(np.asarray(p.attention_backend, dtype=object),
+                                                       ("unfused", "local"))),
+         lambda m, r: f"cp={r.cp} > 1 needs a fused attention backend (flash, fused or auto); "
+                      f"attention_backend={r.attention_backend!r} does not support context parallelism"),
     Rule("moe-tp-needs-sp", "megatron",
          "megatron/core/transformer/moe/moe_layer.py:638 (MoELayer.forward raises in training; "
          "model_parallel_config.py:560 only warns, for ep > 1)",
@@ -389,9 +421,6 @@ RULES: tuple[Rule, ...] = (
                                      np.isin(np.asarray(p.fp8_recipe, dtype=object), ("delayed", "tensorwise"),
                                              invert=True)),
          lambda m, r: f"fp8_recipe={r.fp8_recipe!r} is not modelled by the iteration-time formulation"),
-    Rule("cost-cp", "cost", "kit: context parallelism is not in the formulation yet",
-         lambda m, p: p.cp > 1,
-         lambda m, r: f"cp={r.cp} > 1 is not modelled by the iteration-time formulation"),
     Rule("cost-recompute-mla-up-proj", "cost",
          "kit: the formulation's layer has no MLA up-projection GEMMs of their own to recompute",
          lambda m, p: _has_module(p, ("mla_up_proj",)),

@@ -717,6 +717,8 @@ class ParallelConfig:
     moe_a2a_overlap: bool = False  # NVIDIA's recipes' name for Megatron-LM's overlap_moe_expert_parallel_comm
     moe_flex_dispatcher_backend: str | None = None  # --moe-flex-dispatcher-backend (deepep, hybridep, ncclep): flex
     align_grad_reduce: bool = True  # Megatron-LM's default (--no-align-grad-reduce): stages launch chunk reductions together
+    # context parallelism (issue 20): Megatron-LM's --cp-comm-type, one type for every layer (llmcomm.predict.cp)
+    cp_comm_type: str = "p2p"  # p2p, all_gather, a2a (a2a+p2p is refused: rule "cp-hierarchical")
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):

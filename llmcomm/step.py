@@ -179,7 +179,7 @@ def stage_parameters(model: ModelSpec, tp: np.ndarray, ep: np.ndarray, etp: np.n
 
 
 # --------------------------------------------------------------------------------------------- placement
-PLACED_KINDS = ("tp", "dp", "pp", "ep", "edp", "tpep", "mp", "world", "emb", "tpeppp")
+PLACED_KINDS = ("tp", "dp", "pp", "ep", "edp", "tpep", "mp", "world", "emb", "tpeppp", "cp", "dpcp", "tpcp")
 
 
 def class_stages(cls: str, pp: int) -> list[int]:

@@ -121,7 +121,7 @@ PAIR_GROUP_KINDS = ("p2p", "cp_p2p")  # [rank, peer] pairs, built per call
 # the group kinds a predictor Call names (llmcomm.predict.calls), in the order expand encodes them; "pp" is the
 # whole pipeline group (collectives over it, not send/recv)
 CALL_GROUP_KINDS = ("tp", "dp", "edp", "ep", "emb", "p2p", "cp_p2p", "dpcp", "mp", "tpcp", "etp", "tpep", "world",
-                    "pp", "tpeppp", "tpdpcp")
+                    "pp", "tpeppp", "tpdpcp", "cp")  # "cp": the CP group's collectives (all_gather, a2a cp_comm_type)
 
 
 def parse_order(order: str) -> tuple[str, ...]:
@@ -293,6 +293,10 @@ FUSED_ATTENTION_BACKENDS = ("flash", "fused", "auto")  # one kernel: no score tr
 # Megatron-LM's --recompute-modules the kit reads (megatron/core/transformer/transformer_config.py:560 lists these and
 # the GatedDeltaNet/mHC ones, gdn_norm_out, gdp_in_proj, gdp_qkv, mhc, which need model features the kit has not)
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+# Megatron-LM's --cp-comm-type (megatron/training/arguments.py:3221, transformer_config.py:1030, passed to
+# TransformerEngine's attn_forward_func_with_cp, context_parallel.py:4924): the KV ring, the KV all-gather,
+# Ulysses-style all-to-alls of Q, K, V and O, and the two-level a2a inside / p2p across (hierarchical sizes)
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 FRAMEWORKS = _values(Framework)
 MOE_TOKEN_DISPATCHERS = _values(MoeTokenDispatcher)
 # Megatron-LM's --moe-flex-dispatcher-backend (transformer_config.py:898), the flex dispatcher's kernels

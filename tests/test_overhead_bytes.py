@@ -43,7 +43,10 @@ def predictor_stage(model, parallel, stage, cls):
     same_node_sends = all((pp_groups[:, r] // GPN == pp_groups[:, q] // GPN).all() for r, q in pairs)
     out: Counter = Counter()
     for call in program.stage_program(ctx, stage):
-        if call.op in ("send", "recv"):
+        if call.op in ("send", "recv") and call.parallelism == "cp":  # a CP ring step: inter-node if the group is
+            g, k = _placed(lay, ranks, "cp")
+            size, k = 2, 2 if k == g else 1
+        elif call.op in ("send", "recv"):
             size, k = 2, 2 if same_node_sends else 1
         else:
             size, k = _placed(lay, ranks, call.group)
@@ -68,7 +71,9 @@ def closed_form(model, parallel, cls):
     return out
 
 
-def configs(seed: int, count: int):
+def configs(seed: int, count: int, with_cp: bool = False):
+    """``count`` valid configurations; ``with_cp``: each with cp 2 or 4 and a ``cp_comm_type`` (drawn last, so the
+    configurations without it are the same draws as before)."""
     rng = random.Random(seed)
     models = [load_model(n) for n in ("gpt3-1.3b", "llama2-7b", "megatron-gpt-3.6b", "mixtral-8x7b", "tiny-gpt",
                                       "tiny-moe", "deepseek-moe-16b")]
@@ -97,6 +102,9 @@ def configs(seed: int, count: int):
                 per = model.num_layers // pp
                 kw["num_layers_in_first_pipeline_stage"] = rng.choice([None, max(vpp, per - vpp)])
                 kw["num_layers_in_last_pipeline_stage"] = rng.choice([None, max(vpp, per - vpp), per + vpp])
+        if with_cp:
+            kw["cp"] = rng.choice([2, 4])
+            kw["cp_comm_type"] = rng.choice(["p2p", "all_gather", "a2a"])
         try:  # only the kit's own rule errors: a configuration the rules refuse is drawn again
             p = ParallelConfig(**kw)
             validate(model, p)
@@ -125,6 +133,25 @@ def test_closed_form_equals_predictor(model, parallel):
         want = predictor_stage(model, parallel, r, cls)
         got = closed_form(model, parallel, cls)
         assert +got == +want, (cls, parallel, set(got.items()) ^ set(want.items()))
+
+
+CP_CONFIGS = configs(2, 60, with_cp=True)
+
+
+@pytest.mark.parametrize("model,parallel", CP_CONFIGS, ids=lambda x: getattr(x, "name", None) or "")
+def test_closed_form_equals_predictor_with_cp(model, parallel):
+    """The same, with context parallelism: the CP calls of each ``cp_comm_type`` (llmcomm.overhead.cp_time), the
+    tokens per CP rank in every TP/EP/PP call, the DP calls over dp·cp, the router's tp·cp group."""
+    test_closed_form_equals_predictor(model, parallel)
+
+
+def test_cp_configurations_counted():
+    for kind in ("p2p", "all_gather", "a2a"):
+        assert any(p.cp_comm_type == kind and p.cp == 4 for _, p in CP_CONFIGS), kind
+        assert any(p.cp_comm_type == kind and p.recompute == "full" for _, p in CP_CONFIGS), kind
+    assert any(m.is_moe and p.ep > 1 and p.moe_aux_loss_coeff > 0 for m, p in CP_CONFIGS)
+    assert any(p.distributed_optimizer and p.pp >= 2 for _, p in CP_CONFIGS)
+    assert any(p.world_size > GPN and p.order != "tp-cp-ep-dp-pp" for _, p in CP_CONFIGS)
 
 
 def test_many_configurations_counted():

@@ -136,7 +136,7 @@ def test_single_equals_vectorized_and_frame():
     for t in TERMS:
         assert v[t] == pytest.approx(getattr(b, t), rel=1e-12)
     f = b.to_frame()
-    assert list(f["term"]) == [t.removesuffix("_s") for t in TERMS]
+    assert list(f["term"]) == [t.removesuffix("_s") for t in TERMS if t != "cp_comm_s"]  # cp = 1: no cp row
     assert f["seconds"].sum() == pytest.approx(b.total_s)
     assert f["share"].sum() == pytest.approx(1.0)
     assert isinstance(b, Breakdown) and b.to_dict()["comm_overhead"] == pytest.approx(b.comm_overhead)
@@ -199,8 +199,9 @@ def test_bad_input():
                    intra_node_bandwidth=1e9, inter_node_bandwidth=1e9)
     with pytest.raises(ConfigError, match="optimizer state"):
         iteration_time(MODEL, PAR, tiny, StubBandwidth(), GEMM_ONLY)
-    with pytest.raises(ConfigError, match="not modelled"):
-        iteration_time(MODEL, ParallelConfig(cp=2, global_batch=1), CLUSTER, StubBandwidth(), GEMM_ONLY)
+    with pytest.raises(ConfigError, match=r"a2a\+p2p"):
+        iteration_time(MODEL, ParallelConfig(cp=2, global_batch=1, cp_comm_type="a2a+p2p"), CLUSTER,
+                       StubBandwidth(), GEMM_ONLY)
     with pytest.raises(ConfigError, match="row 1"):
         iteration_times(MODEL, pd.DataFrame({"tp": [2, 3], "pp": [1, 1], "dp": [1, 1]}), CLUSTER,
                         StubBandwidth(), GEMM_ONLY)

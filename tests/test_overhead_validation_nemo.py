@@ -54,6 +54,7 @@ def test_refusals_name_the_missing_mechanism(nemo):
     assert names and all(re.fullmatch(r"(model|unknown|setting|rule):[\w.-]+", n) for n in names), names
     assert all(n[5:] in BY_NAME for n in names if n.startswith("rule:"))
     assert sum(s["needs"].values()) == len(names)  # summary: one count per row and mechanism
+    assert not t["needs"].str.contains("rule:cost-cp").any()  # context parallelism is modelled (issue 20)
 
 
 def test_qwen3_rows_carry_the_distributed_optimizer_of_their_library_recipe():
@@ -215,3 +216,19 @@ def test_fp8_factor_scales_the_fp8_rule_and_is_named():
         assert fp8_fit.BOUNDS[0] <= doc["factor"] <= fp8_fit.BOUNDS[1]
         assert not set(doc["held_out_rows"]) & set(doc["fitted_on"])
         assert validation.fp8_fitted_on() == doc["fitted_on"]
+
+
+def test_iteration_time_follows_a_trial_fp8_factor():
+    """The formulation's cached GEMM model is keyed by the FP8 factor: the fit's trial values reach the time."""
+    from llmcomm.overhead import fp8_fit
+    from llmcomm.overhead.iteration import iteration_time
+    from llmcomm.specs import ParallelConfig, load_cluster, load_model
+
+    m, c = load_model("llama2-7b"), load_cluster("h100-80g-ndr400")
+    p = ParallelConfig(tp=1, pp=1, dp=8, global_batch=128, micro_batch=1, seq_len=4096, fp8="hybrid",
+                       attention_backend="fused", distributed_optimizer=True)
+    with fp8_fit.trial_factor(1.0):
+        fast = iteration_time(m, p, c).total_s
+    with fp8_fit.trial_factor(0.5):
+        slow = iteration_time(m, p, c).total_s
+    assert slow > 1.2 * fast

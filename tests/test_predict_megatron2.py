@@ -594,13 +594,19 @@ def test_moe_parallel_folding_ep_spans_tp_and_dp():
 
 
 def test_gpt_oss_and_qwen3_attention_options():
-    """GPT-OSS: TE refuses sliding windows and sinks under cp_comm_type p2p (context_parallel.py ~5054-5067);
+    """GPT-OSS: TE takes sliding windows under cp_comm_type a2a / all_gather only and sinks under a2a only
+    (context_parallel.py:5057-5067);
     the sinks are one TP-split logit per head. Qwen3: q/k norms of d each per layer, all-reduced over TP."""
     oss = load_model("gpt-oss-120b")
     assert oss.attention_parameter_split(4)[0] - dataclasses.replace(
         oss, softmax_type="vanilla").attention_parameter_split(4)[0] == 64 // 4
-    with pytest.raises(ConfigError, match="sliding-window attention or attention sinks"):
+    with pytest.raises(ConfigError, match="sliding-window attention needs cp_comm_type"):
         audit_table(oss, ParallelConfig(tp=4, cp=2, ep=8, dp=8, sp=True, global_batch=8))
+    with pytest.raises(ConfigError, match="attention sinks .* needs cp_comm_type='a2a'"):
+        audit_table(oss, ParallelConfig(tp=4, cp=2, ep=8, dp=8, sp=True, global_batch=8, cp_comm_type="all_gather"))
+    a = audit_table(oss, ParallelConfig(tp=4, cp=2, ep=8, dp=8, sp=True, global_batch=8, cp_comm_type="a2a"),
+                    stages=[0])
+    assert set(a.loc[a["parallelism"] == "cp", "op"]) == {"all_to_all"}
     q3 = load_model("qwen3-30b-a3b")
     assert q3.attention_parameter_split(2)[1] == 2 * 128
     with pytest.raises(ConfigError, match="hybrid Mamba"):

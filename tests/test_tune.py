@@ -61,11 +61,20 @@ def test_dimensions_the_cost_model_refuses_are_named_by_its_rule() -> None:
     from llmcomm.tune.space import accepted_values, refusals
 
     model = lc.load_model("llama3-8b")
-    assert accepted_values(model, "cp", [1, 2, 4]) == [1]  # rule cost-cp, today
+    assert accepted_values(model, "cp", [1, 2, 4]) == [1, 2, 4]  # context parallelism is in the formulation
     assert accepted_values(model, "fsdp", [False, True]) == [False, True]  # FSDP is in the formulation (issue 20)
-    assert set(enumerate_candidates(model, 16, 64)["cp"]) == {1}
+    assert set(enumerate_candidates(model, 16, 64)["cp_comm_type"]) == {"p2p"}  # Megatron's default only
+    cands = enumerate_candidates(model, 16, 64, space=SearchSpace(cp_comm_type=("p2p", "all_gather", "a2a")))
+    assert set(cands["cp"]) == {1, 2, 4, 8, 16} and set(cands.loc[cands["cp"] == 1, "cp_comm_type"]) == {"p2p"}
+    # a2a needs cp dividing the 8 KV heads of each TP rank (rule cp-a2a-heads): not at tp 2 · cp 8
+    a2a = cands[cands["cp_comm_type"] == "a2a"]
+    assert len(a2a) and not ((a2a["tp"] == 2) & (a2a["cp"] == 8)).any()
+    assert set(cands.loc[cands["cp"] > 1, "cp_comm_type"]) == {"p2p", "all_gather", "a2a"}
+    assert not ((cands["cp"] > 1) & (cands["attention_backend"] == "unfused")).any()  # rule cp-te-attention
     why = refusals(model, 16, 64, 8192, SearchSpace(cp=(1, 2), fsdp=(True,)))
-    assert "cost-cp" in why["cp=2"] and "fsdp=True" not in why
+    assert "cp=2" not in why and "fsdp=True" not in why
+    why = refusals(model, 16, 64, 8192, SearchSpace(cp=(2,), cp_comm_type=("a2a+p2p",)))
+    assert "cp-hierarchical" in why["cp_comm_type=a2a+p2p"]
     moe = lc.load_model("mixtral-8x7b")
     why = refusals(moe, 64, 256, None, SearchSpace(tp=(2,), etp=(1,)))
     assert "cost-etp" in why["etp=1"]
@@ -95,7 +104,8 @@ def _twins(t, dim: str):  # noqa: ANN001, ANN202
 def test_unfused_rule_is_safe_in_the_formulation(name, gpus, batch, cluster) -> None:  # noqa: ANN001
     """The unfused-dominated rule needs time(fused) <= time(unfused), all else equal (every flag, FP8 too)."""
     wide = _twins(_evaluated(name, gpus, batch, cluster), "attention_backend")
-    assert (wide["auto"] <= wide["unfused"] * (1 + 1e-12)).all(), name
+    wide = wide.dropna()  # rows with cp > 1 have no unfused twin (rule cp-te-attention)
+    assert len(wide) and (wide["auto"] <= wide["unfused"] * (1 + 1e-12)).all(), name
 
 
 @pytest.mark.parametrize("name, gpus, batch, cluster", SAFETY)
@@ -211,8 +221,8 @@ def test_rule_of_thumb() -> None:
     r = rule_of_thumb(lc.load_model("gpt3-175b"), 1024, A100, 1536)
     assert r["tp"] == 8 and r["micro_batch"] == 1 and r["total_bytes"] <= 0.9 * 80e9
     smaller = enumerate_candidates(lc.load_model("gpt3-175b"), 1024, 1536,
-                                   space=SearchSpace(tp=(8,), micro_batch=(1,), vpp=(1,), sp=(False,),
-                                                     uneven=(False,), fsdp=(False,)))
+                                   space=SearchSpace(tp=(8,), cp=(1,), micro_batch=(1,), vpp=(1,), sp=(False,),
+                                                     uneven=(False,), fsdp=(False,)))  # the rule of thumb: no CP
     from llmcomm.overhead.memory import memory_table
 
     fits = smaller[memory_table(lc.load_model("gpt3-175b"), smaller)["total_bytes"] <= 0.9 * 80e9]
@@ -304,7 +314,8 @@ def test_cli_constraints_narrow_and_errors_name_the_constraint(capsys) -> None: 
     for bad, words in (("tq=2", "unknown constraint 'tq'"), ("tp=two", "'tp=two': 'two' is not an integer"),
                        ("fp8=maybe", "fp8 takes on, off, hybrid or e4m3"), ("sp=maybe", "'maybe' is not on/off"),
                        ("max_tp=0", "must be a positive integer"), ("recompute=some", "recompute takes"),
-                       ("cp=2", "cp=2 is refused by rule 'cost-cp'")):
+                       ("cp=2,cp_comm_type=a2a+p2p", "cp_comm_type=a2a+p2p is refused by rule 'cp-hierarchical'"),
+                       ("cp_comm_type=ring", "cp_comm_type takes")):
         rc, _, err = _tune_cli(capsys, "--constraints", bad)
         assert rc != 0 and words in err and "Traceback" not in err, (bad, err)
 

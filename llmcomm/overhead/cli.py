@@ -21,12 +21,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("time", help="predict one training iteration's time, term by term",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1])
     add_model(p)
-    add_parallel(p, dims=("tp", "pp", "dp", "ep"),
+    add_parallel(p, dims=("tp", "pp", "dp", "ep", "cp"),
                  extras=("vpp", "sp", "micro_batch", "global_batch", "seq_len", "recompute",
                          "distributed_optimizer", "schedule", "overlap_grad_reduce", "pipe_partitioned",
                          "overlap_param_gather", "tp_comm_overlap", "attention_backend", "fp8", "fp8_recipe",
                          "overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_backend",
-                         "align_grad_reduce", "fsdp"))
+                         "align_grad_reduce", "fsdp", "cp_comm_type"))
     add_cluster(p, required=True)
     p.add_argument("--nccl-tests", nargs="+", default=None, metavar="LOG",
                    help="time collectives from your own nccl-tests output where it covers them (default: the "
@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{b.total_s:.6f} s")
         return 0
     f = b.to_frame()
-    print(f"{model.name} on {cluster.name}: tp={parallel.tp} pp={parallel.pp} dp={parallel.dp} ep={parallel.ep} "
+    cp = f" cp={parallel.cp} ({parallel.cp_comm_type})" if parallel.cp > 1 else ""
+    print(f"{model.name} on {cluster.name}: tp={parallel.tp} pp={parallel.pp} dp={parallel.dp} ep={parallel.ep}{cp} "
           f"vpp={parallel.vpp} micro-batch={parallel.micro_batch} global batch={parallel.global_batch} "
           f"({parallel.num_microbatches} micro-batches), recompute={parallel.recompute}"
           f"{'' if parallel.recompute_modules is None else ' ' + '+'.join(parallel.recompute_modules)}"

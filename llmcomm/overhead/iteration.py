@@ -73,7 +73,11 @@ stage time and ``dp_comm_s``; no DDP bucket reduction. ``recompute_modules`` (se
 :func:`recompute_module_features`): the modules' forward work in ``recompute_s``, their TP/EP calls again in the
 backward (:func:`comm_items`).
 
-Not modelled (rejected with :class:`ConfigError`): context parallelism.
+Context parallelism (``cp``, ``cp_comm_type``; :mod:`llmcomm.overhead.cp_time`)::
+
+    compute on b·s/cp tokens per rank, attention core F_attn(b, s)/cp (causal load balance, two chunks per rank)
+    cp_r = exposed CP seconds per micro-batch: the p2p ring's steps under each step's attention kernel; the
+           all_gather and a2a calls in full; DP calls over dp·cp (Megatron's data_parallel_group_with_cp)
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
+from . import cp_time
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
@@ -103,8 +108,8 @@ UNMODELLED_FIELDS = rules.COST_UNMODELLED_FIELDS  # refused at a non-default val
 ADAM_BYTES_PER_PARAM = 40  # read fp32 grad, master, m, v (16) + write master, m, v, half copy (14)
 #                           + fp16->fp32 gradient copy (6) + gradient-norm read (4)
 TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "ep_comm_s", "pp_comm_s", "bubble_s",
-         "dp_comm_s", "optimizer_s")
-COMM_TERMS = ("tp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s")
+         "dp_comm_s", "optimizer_s", "cp_comm_s")
+COMM_TERMS = ("tp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "cp_comm_s")
 @dataclass(frozen=True)
 class Breakdown:
     """Seconds per iteration by named term (:data:`TERMS`); see the module docstring for each formula."""
@@ -121,6 +126,7 @@ class Breakdown:
     dp_comm_total_s: float = 0.0  # the gradient reduction before overlap
     critical_stage: str = ""
     comm_bus_bytes: float = 0.0  # nccl-tests bus bytes: m × the critical stage's per-micro-batch calls + DP reduction
+    cp_comm_s: float = 0.0  # exposed context-parallel communication (llmcomm.overhead.cp_time)
 
     @property
     def total_s(self) -> float:
@@ -139,9 +145,11 @@ class Breakdown:
         return self.exposed_comm_s / self.total_s
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per term: ``term``, ``seconds``, ``share`` of the total, ``kind`` (compute, comm, idle)."""
+        """One row per term: ``term``, ``seconds``, ``share`` of the total, ``kind`` (compute, comm, idle); the
+        ``cp`` row only where context parallelism exposes time."""
         kind = {t: "comm" for t in COMM_TERMS} | {"bubble_s": "idle", "optimizer_s": "compute"}
-        rows = [(t.removesuffix("_s"), getattr(self, t), kind.get(t, "compute")) for t in TERMS]
+        rows = [(t.removesuffix("_s"), getattr(self, t), kind.get(t, "compute")) for t in TERMS
+                if t != "cp_comm_s" or self.cp_comm_s]
         df = pd.DataFrame(rows, columns=["term", "seconds", "kind"])
         df["share"] = df["seconds"] / self.total_s
         return df
@@ -186,6 +194,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["overlap_param_gather"] = np.asarray(t.overlap_param_gather, dtype=bool)
     c["overlap_grad_reduce"] = np.asarray(t.overlap_grad_reduce, dtype=bool)
     c["cp"] = t.cp
+    c["cp_comm_type"] = np.asarray(t.cp_comm_type, dtype=object)  # llmcomm.overhead.cp_time
     c["bucket_size"] = t.bucket_size
     c["fsdp"], c["fsdp_reshard"] = t.fsdp, t.fsdp_reshard_after_forward  # FSDP (llmcomm.overhead.fsdp_time)
     if any(v is not None for v in t.recompute_modules.tolist()):  # --recompute-modules (absent: core_attn only)
@@ -258,6 +267,7 @@ class CommItem:
     ub: bool = False  # a transformer block's SP all-gather / reduce-scatter (TransformerEngine userbuffers)
     unit: str = ""  # FSDP: "<ag_f|ag_b|rs_b>:<unit>" (llmcomm.overhead.fsdp_time), timed per unit
     grad: str = ""  # a gradient-buffer reduction: "plain" / "edge" / "shared" chunk bucket or "expert" (overlap)
+    tag: str = ""  # CP calls: how their time is exposed (llmcomm.overhead.cp_time.exposed)
 
 
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
@@ -286,7 +296,9 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     # fp8_param_gather: the DistOpt all-gathers FP8 weights, 1 byte each (biases and norms, a small share, are
     # counted at 1 byte too); the predictor does not carry this option yet (its bytes are param_dtype's)
     pby = np.where(c["fp8_param_gather"], 1, pby) if "fp8_param_gather" in c else pby
-    T = c["micro_batch"] * c["seq_len"]
+    cp = c["cp"]
+    T = c["micro_batch"] * c["seq_len"] // cp  # tokens per CP rank (get_batch_on_this_cp_rank)
+    Tb = c["micro_batch"] * c["seq_len"]  # the batch broadcast precedes the CP split
     A = T * h * act
     one = np.ones(n, np.int64)
     holds_first, holds_last = step.holds_edges(cls, pp) if isinstance(cls, str) else cls
@@ -319,6 +331,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         tpc("all_reduce", "backward", A, reblocks * nsp)
         tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
         tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
+    items += _cp_items(model, c, T, nd + nm, fr)
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher, expert TP = TP (llmcomm.predict.ep)
         k, E = model.moe_router_topk, model.num_experts
         local = np.where(sp, T // tp, T)
@@ -331,10 +344,11 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
                               "microbatch"))
         items.append(CommItem("ep", "ep", "all_gather", "backward", tpep * E * 8, nm * cnt_on * fr, tpep,
                               rpn_tpep, "microbatch"))
-        aux_on = (c["moe_aux_loss_coeff"] > 0).astype(np.int64) * tpon  # router token-count all-reduce
-        items.append(CommItem("ep", "ep", "all_reduce", "forward", 8 * E * one, nm * aux_on, tp, rpn_tp,
+        tpcp, rpn_tpcp = tp * cp, np.where(cp > 1, c["k_tpcp"], rpn_tp)  # the router's tp x cp group
+        aux_on = (c["moe_aux_loss_coeff"] > 0).astype(np.int64) * (tpcp > 1)  # router token-count all-reduce
+        items.append(CommItem("ep", "ep", "all_reduce", "forward", 8 * E * one, nm * aux_on, tpcp, rpn_tpcp,
                               "microbatch"))
-        items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, nm * aux_on * fr, tp, rpn_tp,
+        items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, nm * aux_on * fr, tpcp, rpn_tpcp,
                               "microbatch"))
         # expert TP (= TP): forward AG tokens, AG probabilities, RS output; backward AG output, RS probs, RS tokens
         rows = local * tp * k
@@ -370,9 +384,9 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     # labels, positions (8·b·s each), fp32 loss mask (4·b·s), the bool attention mask (b·s·s) by default
     both = holds_first & holds_last
     n8 = 3 * both + 2 * (holds_first & ~holds_last) + 1 * (holds_last & ~holds_first)
-    tpc("broadcast", "forward", 8 * T, n8.astype(np.int64), "other")
-    tpc("broadcast", "forward", 4 * T, la, "other")
-    tpc("broadcast", "forward", T * c["seq_len"], (f | la) * c["attention_mask"], "other")
+    tpc("broadcast", "forward", 8 * Tb, n8.astype(np.int64), "other")
+    tpc("broadcast", "forward", 4 * Tb, la, "other")
+    tpc("broadcast", "forward", Tb * c["seq_len"], (f | la) * c["attention_mask"], "other")
     # pipeline
     # DeepSpeed's PipelineEngine (``pipe_partitioned``; Megatron-DeepSpeed's GPTModelPipe) sends the activation
     # and its gradient split over the TP group (PartitionedTensor over the slice-parallel group) and rebuilds the
@@ -394,8 +408,11 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     fold = ep == 1
     dense, expert = np.where(fold, dense + expert, dense), np.where(fold, 0, expert)
     eopt = ((ep > 1) & (expert > 0)).astype(np.int64)  # the stage has an expert optimizer (chained)
-    rpn_dp = c["k_dp"]
-    dpon = (dp > 1).astype(np.int64)
+    dpon = (dp > 1).astype(np.int64)  # the MoE metrics' DP average (scalars.moe_metrics) stays on dp
+    dp_only, rpn_dp_only = dp, c["k_dp"]
+    # gradients, parameters and the loss report go over dp x cp (Megatron's data_parallel_group_with_cp)
+    dp, rpn_dp = dp * cp, np.where(cp > 1, c["k_dpcp"], c["k_dp"])
+    dpcpon = (dp > 1).astype(np.int64)
     edp = dp // ep
     edpon = ((edp > 1) & (expert > 0)).astype(np.int64)
     rpn_edp = c["k_edp"]
@@ -414,7 +431,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge - sh * vh, has_edge), (vh, has_edge * sh))
     for op, cnt in (("all_reduce", (1 - dist) * nf), ("reduce_scatter", dist * nf)):
         for (nb, k_), tag in zip(chunk_sizes, ("plain", "edge", "shared"), strict=True):
-            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpon, dp, rpn_dp, "iteration",
+            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpcpon, dp, rpn_dp, "iteration",
                                   grad=tag))
         items.append(CommItem("dp", "dp", op, "optimizer", expert // v * gby, v * cnt * edpon, edp, rpn_edp,
                               "iteration", grad="expert"))
@@ -425,14 +442,14 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
                           c["k_emb"], "iteration"))
     passes = (1 + eopt) * nf  # each chained DistOpt all-gathers every bucket (llmcomm.predict.dp.param_gather_passes)
     for nb, k_ in chunk_sizes:
-        items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpon * passes, dp,
+        items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpcpon * passes, dp,
                               rpn_dp, "iteration"))
     items.append(CommItem("dp", "dp", "all_gather", "optimizer", expert // v * pby, v * dist * edpon * passes, edp,
                           rpn_edp, "iteration"))
     # per-iteration scalars (llmcomm.predict.scalars): fp16 found_inf + gradient norm over the gradient-statistics
     # group (world with the distributed optimizer, else tp·pp), train_step's two over tp·pp, the loss report over
     # DP on the last stage, MoE load-balancing metrics over pp, [tp], dp
-    world, mp = tp * pp * dp, tp * pp
+    world, mp = tp * pp * dp, tp * pp  # dp here is dp·cp
     gs = np.where(dist > 0, world, mp)
     rpn_mp = c["k_mp"]
     rpn_gs = np.where(dist > 0, c["k_world"], rpn_mp)
@@ -449,18 +466,43 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, (world > 1).astype(np.int64), world,
                           rpn_w, "iteration"))
     items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, 2 * (mp > 1), mp, rpn_mp, "iteration"))
-    items.append(CommItem("dp", "dp", "all_reduce", "optimizer", 8 * one, la * dpon, dp, rpn_dp, "iteration"))
+    items.append(CommItem("dp", "dp", "all_reduce", "optimizer", 8 * one, la * dpcpon, dp, rpn_dp, "iteration"))
     if model.is_moe:
         nl = 4 * model.num_layers * one
         rpn_pg = c["k_pp"]
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, ppon, pp, rpn_pg, "iteration"))
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl,
-                              (c["moe_aux_loss_coeff"] > 0) * tpon, tp, rpn_tp, "iteration"))
-        items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, dpon, dp, rpn_dp, "iteration"))
+                              (c["moe_aux_loss_coeff"] > 0) * (tpcp > 1), tpcp, rpn_tpcp, "iteration"))
+        items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, dpon, dp_only, rpn_dp_only, "iteration"))
     from . import fsdp_time  # FSDP's per-unit calls (term "fsdp", per micro-batch)
 
     items += fsdp_time.comm_items(model, c, holds_first, holds_last, nd, nm)
     return items
+
+
+def _cp_items(model: ModelSpec, c: dict[str, np.ndarray], tokens: np.ndarray, layers: np.ndarray,
+              full: np.ndarray) -> list[CommItem]:
+    """The CP calls of a stage per micro-batch (:func:`llmcomm.overhead.cp_time.cp_calls` per layer, times its
+    ``layers``; the forward's again in the backward phase under full recomputation), each ring send with its
+    receive, on the CP group as the layout places it."""
+    cp, tp = c["cp"], c["tp"]
+    if not np.any(cp > 1):
+        return []
+    k_cp = c["k_cp"]
+    ring = cp_time.ring_ranks_per_node(cp, k_cp)
+    two = np.full(len(cp), 2, np.int64)
+    out: list[CommItem] = []
+    for cc in cp_time.cp_calls(model, cp, c["cp_comm_type"], tokens, tp, c["act_dtype"]):
+        per_phase = [(cc.phase, cc.per_layer * layers)]
+        if cc.fwd_kind:
+            per_phase.append(("backward", cc.per_layer * layers * full))
+        for phase, count in per_phase:
+            if cc.op == "send":
+                for op in ("send", "recv"):
+                    out.append(CommItem("cp", "cp", op, phase, cc.nbytes, count, two, ring, "microbatch", tag=cc.tag))
+            else:
+                out.append(CommItem("cp", "cp", cc.op, phase, cc.nbytes, count, cp, k_cp, "microbatch", tag=cc.tag))
+    return out
 
 
 def _stage_params(model: ModelSpec, c: dict[str, np.ndarray], nd: np.ndarray, nm: np.ndarray,
@@ -477,19 +519,21 @@ def measured_gemm(cluster: Cluster) -> Any:
     cluster's ``peak_bf16_flops`` is not the datasheet figure the model was fitted with (within 0.1 %: another
     part, e.g. H100 PCIe, or a hypothetical GPU; the fit belongs to its figures, :func:`load_gemm_model`)."""
     from ..paths import data_dir
-    from .gemm import CALIBRATION
+    from .gemm import CALIBRATION, fp8_factor
 
     p = data_dir() / CALIBRATION
     try:
         stamp = p.stat().st_mtime_ns
     except OSError:
         stamp = -1
-    return _measured_gemm(cluster, str(p), stamp)
+    return _measured_gemm(cluster, str(p), stamp, fp8_factor())
 
 
 @lru_cache(maxsize=64)
-def _measured_gemm(cluster: Cluster, path: str, stamp: int) -> Any:
-    """:func:`measured_gemm`, once per cluster and GEMM calibration file (``path`` at ``stamp``)."""
+def _measured_gemm(cluster: Cluster, path: str, stamp: int, fp8: float) -> Any:
+    """:func:`measured_gemm`, once per cluster, GEMM calibration file (``path`` at ``stamp``) and FP8 factor
+    (``fp8``: the shipped one, or a trial value while :mod:`llmcomm.overhead.fp8_fit` fits it — a model cached
+    across trial values would make the fit's objective flat)."""
     from ..errors import DataError
     from .gemm import GemmModel, load_gemm_model
 
@@ -559,17 +603,19 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     (dgrad and wgrad have the forward's FLOPs; their shapes are not timed apart). A100 (no GEMM table) keeps the
     ``FLOPs/peak`` features byte for byte.
     """
-    b, s, tp = c["micro_batch"], c["seq_len"], c["tp"]
+    b, s, tp = c["micro_batch"], c["seq_len"] // c["cp"], c["tp"]  # s: tokens of one CP rank (cp_time)
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
     k = 3 if model.gated_mlp else 2
     nd, nm = layers
     fw = np.where(c["sp"], tp, 1)
     fz = c["fused_attention"]
-    Ld, Cd = U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak, hbm, fw, fz)
+    Ld, Cd = cp_time.attention_per_rank(*U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak,
+                                                          hbm, fw, fz), c["cp"])
     Lm, Cm = np.zeros_like(Ld), np.zeros_like(Cd)
     fe = (model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size if model.is_moe else 0
     if model.is_moe:
-        Lm, Cm = U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw, fz)
+        Lm, Cm = cp_time.attention_per_rank(*U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw, fz),
+                                            c["cp"])
     T = (b * s).astype(np.float64)
     tpf = tp.astype(np.float64)
     f8 = c["fp8"]
@@ -725,6 +771,7 @@ class Stages:
     mlp_share: np.ndarray | None = None
     align_grad_reduce: np.ndarray | None = None
     fsdp: np.ndarray | None = None  # FSDP rows (llmcomm.overhead.fsdp_time)
+    cp: np.ndarray | None = None  # context-parallel size (cp_time.exposed)
 
 
 def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
@@ -751,12 +798,13 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
-                                     "ub_rs_f", "ub_b", "dp_ag")}
+                                     "ub_rs_f", "ub_b", "dp_ag", "cp", "cp_bus")}
     tot.update({t: np.zeros(n3) for t in ("fsdp", "fsdp_bus")})  # FSDP per micro-batch (fsdp_time)
     # for llmcomm.overhead.overlap: one call's seconds of each gradient bucket kind, all of them, the sends
     # (seconds of one, count per micro-batch) and the all-to-alls
     tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
                                           "pp_sb", "pp_nb", "ep_a2a")})
+    cp_calls: list[tuple[str, np.ndarray, np.ndarray]] = []  # (tag, seconds per call, calls): cp_time.exposed
     items = [(it, it.count > 0) for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
              if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
     items = [(it, live) for it, live in items if live.any()]
@@ -783,6 +831,8 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                 it.count * tt
         elif it.term == "dp" and it.op == "all_gather":
             tot["dp_ag"] += it.count * tt
+        elif it.term == "cp":
+            cp_calls.append((it.tag, tt, it.count))
         if it.grad:
             tot["g_" + it.grad] += tt
             tot["g_all"] += it.count * tt
@@ -790,7 +840,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
             f_ = it.phase == "forward"
             tot["pp_sf" if f_ else "pp_sb"] += tt
             tot["pp_nf" if f_ else "pp_nb"] += it.count
-        elif it.op == "all_to_all":
+        elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
             tot["ep_a2a"] += it.count * tt
         tot[it.term + "_bus"] += it.count * (bus_factor(it.op, it.size) * it.nbytes)  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
@@ -800,11 +850,12 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         sl = slice(i * n, (i + 1) * n)
         r: dict[str, Any] = {"q": {k: v[sl] for k, v in q3.items()}}
         r.update({k: v[sl] for k, v in tot.items()})
+        r["cp_calls"] = [(tag, tt[sl], cnt[sl]) for tag, tt, cnt in cp_calls]
         r["tp_size"] = c["tp"]
         per_class[cls] = r
         exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
         params = np.maximum(params, np.where(exists, dn3[sl], 0))
-    shard = np.where(c["distributed_optimizer"], c["dp"], 1)
+    shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
     shard = np.where(c["fsdp"], c["dp"] * c["cp"], shard)  # FSDP shards the optimizer state over dp·cp
     m = c["global_batch"] // (c["micro_batch"] * c["dp"])
     # DDP buckets of stage 0: its first chunk split into buckets by the predictor's layout (the one rule:
@@ -819,7 +870,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
                   np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
                   _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
-                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"])
+                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"])
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
@@ -908,7 +959,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
                                     r["tp_size"], q_["full"])
             tp_s = np.where(tpo, ex, r["tp"])
         q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
-             "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"]}
+             "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"] + r["cp_bus"]}
+        q["cp"] = (cp_time.exposed(r["cp_calls"], st.cp, util.work(r["q"]["Cd"]))
+                   if r["cp_calls"] and st.cp is not None else np.zeros(n))
         _overlap.pipeline_and_moe(st, cls, r, q, util.layer_pass)  # overlap_p2p_comm, moe_a2a_overlap
         if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
             q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
@@ -918,7 +971,7 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
 
             q["fsdp"] = fsdp_time.exposed(r, *layer_times(r["q"], util), v)
             q["fsdp_total"], q["bus"] = fsdp_time.total(r, v), q["bus"] + r["fsdp_bus"]
-        q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"] + q["fsdp"]
+        q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"] + q["fsdp"] + q["cp"]
         per[cls] = q
     first, mid, last = (per[k] for k in CLASSES)
     has_mid, has_last = pp >= 3, pp >= 2
@@ -934,9 +987,10 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
 
     out = {"forward_s": m * pick("fwd"), "backward_s": m * pick("bwd"), "recompute_s": m * pick("rec"),
            "tp_comm_s": m * pick("tp"), "ep_comm_s": m * pick("ep"), "pp_comm_s": m * pick("pp"),
+           "cp_comm_s": m * pick("cp"),
            "bubble_s": (total_stage - ccrit) / v}
     # DP: stage 0 finishes its last backward last; stage r finishes r backward steps earlier
-    step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"]
+    step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"] + last["cp"]
     dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
     dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
     if np.any(ogr):  # Megatron's buckets and schedule: llmcomm.overhead.overlap.grad_reduce_exposed

@@ -255,6 +255,7 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
          else ParallelTable.from_frame(candidates, model, required=(), **fixed))
     n = len(tab)
     tp, pp, dp, ep, cp, vpp, mb = tab.tp, tab.pp, tab.dp, tab.ep, tab.cp, tab.vpp, tab.micro_batch
+    expert_dp = tab.expert_dp  # once, not per shape and stage (a full-table product each time)
     seq = tab.sequence_length(model).astype(float) / cp
     microbatches = tab.num_microbatches
     act, pbytes, gbytes = (tab.dtype_bytes(c).astype(float) for c in ("act_dtype", "param_dtype", "grad_reduce_dtype"))

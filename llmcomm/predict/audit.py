@@ -42,6 +42,10 @@ ORIGINS = {
                           "(linear_proj); mappings.py",
     "cp_ring": "TransformerEngine pytorch/attention/dot_product_attention/context_parallel.py "
                "AttnFuncWithCPAndKVP2P",
+    "cp_all_gather": "TransformerEngine pytorch/attention/dot_product_attention/context_parallel.py "
+                     "AttnFuncWithCPAndKVAllGather",
+    "cp_a2a": "TransformerEngine pytorch/attention/dot_product_attention/context_parallel.py "
+              "AttnFuncWithCPAndQKVOA2A",
     "mlp_tp": _MC + "tensor_parallel/layers.py ColumnParallelLinear (linear_fc1) + RowParallelLinear "
                     "(linear_fc2); mappings.py",
     "moe": _MC + "transformer/moe/moe_layer.py forward: shared_experts.py, router.py (aux losses), "
@@ -86,6 +90,7 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
     m, p = ctx.num_microbatches, ctx.parallel
     rows: list[dict] = []
     mb = 0
+    cp_fwd, cp_bwd, cp_origin = cp.generators(ctx)  # the CP calls of the configuration's cp_comm_type
 
     def add(origin: str, gen: Callable, calls: list[Call], scope: str = "micro-batch") -> None:
         rows.extend(_rows(stage, scope, origin, gen, calls, m))
@@ -102,12 +107,12 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
         for phase_fwd in (True, False) if p.recompute == "full" else (True,):
             for la in layers:
                 att = [c for part in tp.attention_forward(ctx, la, mb) for c in part]
-                ring = cp.ring_forward(ctx, la, mb)
+                ring = cp_fwd(ctx, la, mb)
                 mlp = ep.moe_forward(ctx, la, mb) if ctx.moe_pattern[la] else tp.block_forward(ctx, la, mb)
                 if not phase_fwd:  # full recomputation repeats the forward calls in the backward
                     att, ring, mlp = ([dataclasses.replace(c, phase="backward") for c in x] for x in (att, ring, mlp))
                 add("attention_tp", tp.attention_forward, att)
-                add("cp_ring", cp.ring_forward, ring)
+                add(cp_origin, cp_fwd, ring)
                 add("moe" if ctx.moe_pattern[la] else "mlp_tp",
                     ep.moe_forward if ctx.moe_pattern[la] else tp.block_forward, mlp)
                 if p.fsdp and phase_fwd:
@@ -131,7 +136,7 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
             else:
                 add("mlp_tp", tp.block_backward, tp.block_backward(ctx, la, mb))
             add("attention_tp", tp.attention_backward, [c for part in tp.attention_backward(ctx, la, mb) for c in part])
-            add("cp_ring", cp.ring_backward, cp.ring_backward(ctx, la, mb))
+            add(cp_origin, cp_bwd, cp_bwd(ctx, la, mb))
         if vs == 0:
             add("embedding", tp.embedding_backward, tp.embedding_backward(ctx, mb))
         if vs > 0:

@@ -143,6 +143,7 @@ def _all_to_all_splits(lay: Layout, rank: np.ndarray, col: dict[str, np.ndarray]
         return nbytes, pa.nulls(len(rank), pa.list_(pa.int64()))
     ep = lay.size("ep")
     split_values = np.repeat((col["bytes"][a2a] // ep)[:, None], ep, axis=1)
+    on_cp = col["kind"][a2a] == CALL_GROUP_KINDS.index("cp")  # CP all-to-alls (cp_comm_type a2a): cp even splits
     dispatch_like = [ROUTES.index("dispatch"), ROUTES.index("probs_dispatch")]
     probs = [ROUTES.index("probs_dispatch"), ROUTES.index("probs_combine")]
     routed = np.isin(col["route"][a2a], [*dispatch_like, ROUTES.index("combine"), ROUTES.index("probs_combine")])
@@ -160,6 +161,14 @@ def _all_to_all_splits(lay: Layout, rank: np.ndarray, col: dict[str, np.ndarray]
     split_offsets = np.zeros(len(rank) + 1, dtype=np.int64)
     split_lens = np.zeros(len(rank), dtype=np.int64)
     split_lens[a2a] = ep
+    if on_cp.any():
+        cp = lay.size("cp")
+        split_lens[a2a[on_cp]] = cp
+        nbytes[a2a[on_cp]] = col["bytes"][a2a[on_cp]] // cp * cp
+        lens = np.where(on_cp, cp, ep)
+        flat = np.repeat(col["bytes"][a2a] // lens, lens)
+        flat[np.repeat(~on_cp, lens)] = split_values[~on_cp].ravel()  # EP rows keep their (routed) splits
+        split_values = flat
     np.cumsum(split_lens, out=split_offsets[1:])
     no_split = np.ones(len(rank), dtype=bool)
     no_split[a2a] = False

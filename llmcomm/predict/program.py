@@ -31,15 +31,16 @@ from .schedule import schedule
 
 
 def attention_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """QKV side (SP all-gather(s)), the CP ring inside core attention, then the projection (RS or AR)."""
+    """QKV side (SP all-gather(s)), the CP calls inside core attention (:func:`.cp.attention_forward`), then the
+    projection (RS or AR)."""
     pre, post = tp.attention_forward(ctx, layer, mb)
-    return pre + cp.ring_forward(ctx, layer, mb) + post
+    return pre + cp.attention_forward(ctx, layer, mb) + post
 
 
 def attention_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
     """Projection backward (SP all-gather), the CP ring, then the QKV input gradient (AG+RS or AR)."""
     pre, post = tp.attention_backward(ctx, layer, mb)
-    return pre + cp.ring_backward(ctx, layer, mb) + post
+    return pre + cp.attention_backward(ctx, layer, mb) + post
 
 
 def layer_forward(ctx: Context, layer: int, mb: int) -> list[Call]:

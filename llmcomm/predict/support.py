@@ -44,11 +44,23 @@ def _no_mtp(model: ModelSpec, parallel: ParallelConfig) -> None:
 
 
 def _cp_attention_kind(model: ModelSpec, parallel: ParallelConfig) -> None:
-    if parallel.cp > 1 and (model.window_size is not None or model.softmax_type != "vanilla"):
+    """TransformerEngine's ``attn_forward_func_with_cp`` (context_parallel.py, TE d0067d0): sliding-window
+    attention only with ``cp_comm_type`` ``a2a`` or ``all_gather`` (:5057-5060), attention sinks
+    (``softmax_type`` other than vanilla) only with ``a2a`` (:5065-5067). Their calls are those of the type
+    (:mod:`.cp`: the gathers carry the whole K, V; the all-to-alls the whole tensors)."""
+    if parallel.cp == 1:
+        return
+    kind = parallel.cp_comm_type
+    if model.window_size is not None and kind not in ("a2a", "all_gather"):
         raise ConfigError(
-            f"model {model.name}: cp>1 with sliding-window attention or attention sinks is not predicted: "
-            "TransformerEngine refuses both with cp_comm_type='p2p' (the ring this kit models; "
-            "attention/dot_product_attention/context_parallel.py ~5054-5067: 'a2a' or 'all_gather' only)")
+            f"model {model.name}: cp>1 with sliding-window attention needs cp_comm_type 'a2a' or 'all_gather' "
+            f"(got {kind!r}): TransformerEngine refuses it otherwise "
+            "(attention/dot_product_attention/context_parallel.py:5057-5060)")
+    if model.softmax_type != "vanilla" and kind != "a2a":
+        raise ConfigError(
+            f"model {model.name}: cp>1 with attention sinks (softmax_type={model.softmax_type!r}) needs "
+            f"cp_comm_type='a2a' (got {kind!r}): TransformerEngine refuses it otherwise "
+            "(attention/dot_product_attention/context_parallel.py:5065-5067)")
 
 
 def _no_partial_distopt(model: ModelSpec, parallel: ParallelConfig) -> None:

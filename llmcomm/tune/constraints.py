@@ -17,13 +17,13 @@ import dataclasses
 from typing import Any
 
 from ..errors import UsageError
-from ..vocab import ATTENTION_BACKENDS, RECOMPUTE_MODES
+from ..vocab import ATTENTION_BACKENDS, CP_COMM_TYPES, RECOMPUTE_MODES
 from .space import SearchSpace, divisors
 
 INT_DIMS = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp")
 BOOL_DIMS = ("sp", "distributed_optimizer", "fsdp", "uneven", "fp8_param_gather", "tp_comm_overlap",
              "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm", "moe_a2a_overlap")
-STR_DIMS = {"recompute": RECOMPUTE_MODES, "attention_backend": ATTENTION_BACKENDS}
+STR_DIMS = {"recompute": RECOMPUTE_MODES, "attention_backend": ATTENTION_BACKENDS, "cp_comm_type": CP_COMM_TYPES}
 FP8 = {"on": "hybrid", "hybrid": "hybrid", "e4m3": "e4m3", **{f: None for f in ("off", "false", "no", "0", "bf16")}}
 ALIASES = {"mb": "micro_batch", "dist_opt": "distributed_optimizer", "dopt": "distributed_optimizer",
            "attention": "attention_backend", "tpo": "tp_comm_overlap", "ogr": "overlap_grad_reduce",

@@ -57,7 +57,9 @@ def label(r: pd.Series | Mapping[str, Any]) -> str:
     ends = "".join(f"·{n}{opt(k)}" for n, k in (("first", "num_layers_in_first_pipeline_stage"),
                                                 ("last", "num_layers_in_last_pipeline_stage")) if opt(k) >= 0)
     ab = r.get("attention_backend", "auto") if hasattr(r, "get") else "auto"
-    return (f"tp{int(r['tp'])}{f'·cp{cp}' if cp > 1 else ''}·pp{int(r['pp'])}·dp{int(r['dp'])}"
+    ct = r.get("cp_comm_type", "p2p") if hasattr(r, "get") else "p2p"
+    return (f"tp{int(r['tp'])}{f'·cp{cp}' if cp > 1 else ''}{f'({ct})' if cp > 1 and ct != 'p2p' else ''}"
+            f"·pp{int(r['pp'])}·dp{int(r['dp'])}"
             f"{f'·etp{et}' if (et := opt('etp')) >= 0 else ''}"
             f"·mb{int(r['micro_batch'])}·v{int(r['vpp'])}{ends}"
             f"{'·sp' if r['sp'] else ''}·{r['recompute']}{'·dopt' if r['distributed_optimizer'] else ''}"
@@ -87,6 +89,7 @@ TERMS: dict[str, tuple[str, tuple[str, ...]]] = {
                                                        "overlap_grad_reduce", "overlap_param_gather",
                                                        "fp8_param_gather")),
     "optimizer_s": ("optimizer step", ("distributed_optimizer", "fsdp", "dp", "tp", "pp")),
+    "cp_comm_s": ("context-parallel KV exchange", ("cp", "cp_comm_type", "tp", "micro_batch", "recompute")),
 }
 
 

@@ -344,6 +344,18 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
                       {"seq_len": s, "memory_fraction": memory_fraction})
 
 
+def _memory_once_per_cp_comm_type(model: ModelSpec, cands: pd.DataFrame, memory_table: Any) -> pd.DataFrame:
+    """``memory_table(model, cands)``, computed once for rows that differ only in ``cp_comm_type`` (the memory
+    model does not read it: the CP types of a cp > 1 configuration hold the same activations in it)."""
+    if "cp_comm_type" not in cands or not (cands["cp"].to_numpy() > 1).any():
+        return memory_table(model, cands)
+    key = [c for c in DIMENSIONS if c != "cp_comm_type"]
+    codes = cands.groupby(key, sort=False).ngroup().to_numpy()
+    first = np.unique(codes, return_index=True)[1]
+    mem = memory_table(model, cands.iloc[first].reset_index(drop=True))
+    return mem.iloc[codes].set_axis(cands.index)
+
+
 def _iteration_flops(model: ModelSpec, table: pd.DataFrame) -> np.ndarray:
     """Model FLOPs of one iteration, without recomputation (the useful work; Megatron-LM's MFU convention):
     ``3 · B · s · (linear + attention + logits)`` per token."""
@@ -366,7 +378,7 @@ def rule_of_thumb(model: ModelSpec, gpus: int, cluster: Cluster, global_batch: i
     for tp in sorted(divisors(cluster.gpus_per_node), reverse=True):
         # even pipeline stages: the starting point of a user (uneven first/last stages are a tuning step, and
         # a lighter stage paired with the smallest fitting PP would otherwise be "the rule")
-        space = SearchSpace(tp=(tp,), micro_batch=(1,), vpp=(1,), sp=(False,), attention_backend=("auto",),
+        space = SearchSpace(tp=(tp,), cp=(1,), micro_batch=(1,), vpp=(1,), sp=(False,), attention_backend=("auto",),
                             uneven=(False,), fsdp=(False,),  # a Megatron-LM user's start: no FSDP
                             **MEGATRON_DEFAULT_FLAGS)
         cands = enumerate_candidates(model, gpus, global_batch, seq_len, space)

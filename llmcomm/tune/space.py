@@ -13,8 +13,11 @@ source), so the space holds exactly the configurations the cost model can rank.
 
 Dimensions the formulation does not model yet are not left out by a list kept here: a dimension given as
 ``None`` (``cp``, ``fsdp``) takes the values that no rule of the ``cost`` scope refuses (:func:`accepted_values`,
-a probe of one configuration per value), so when the cost model accepts context parallelism (the rule
-``cost-cp`` goes; FSDP entered so with issue 20) it enters the space without a change here. A value asked for explicitly
+a probe of one configuration per value), so when the cost model accepts a dimension it enters the space without
+a change here (FSDP and context parallelism entered so with issue 20: rows with ``cp > 1`` come once per
+``cp_comm_type`` of the space, Megatron's default ``p2p`` unless ``all_gather`` and ``a2a`` are asked for
+(``--constraints cp_comm_type=p2p/all_gather/a2a``), each kept where its rules hold, e.g. ``cp-a2a-heads``;
+``cp`` up to ``max_cp``). A value asked for explicitly
 (``SearchSpace(cp=(2,))``, ``etp=(1,)``) is enumerated and then removed by the rule that refuses it, which
 :func:`refusals` names.
 
@@ -44,7 +47,7 @@ from .. import rules
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import ModelSpec, ParallelConfig
-from ..vocab import ATTENTION_BACKENDS
+from ..vocab import ATTENTION_BACKENDS, CP_COMM_TYPES
 from ..vocab import RECOMPUTE_MODES as RECOMPUTE
 
 
@@ -65,7 +68,8 @@ class SearchSpace:
     ``uneven``: which pipeline splits, even (``False``) and/or uneven first/last stages (``True``);
     ``max_stage_offset``: how many layers lighter than a middle stage an uneven end stage may be; ``fp8``: the
     ``--fp8-format`` values (``None`` is BF16; the space's ``None`` resolves per cluster, :meth:`for_cluster`);
-    the overlap flags and ``fp8_param_gather`` take both values where Megatron-LM allows them."""
+    the overlap flags and ``fp8_param_gather`` take both values where Megatron-LM allows them; ``max_cp``: the
+    largest context-parallel size of ``cp=None``."""
 
     tp: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
@@ -88,10 +92,13 @@ class SearchSpace:
     # over the 1 s target): SearchSpace(overlap_p2p_comm=(False, True)) or --constraints opens them
     overlap_p2p_comm: tuple[bool, ...] = (False,)  # the interleaved schedule's async send/recv (else a no-op)
     moe_a2a_overlap: tuple[bool, ...] = (False,)  # MoE with ep > 1, interleaved where pp > 1, no full recompute
-    cp_comm_type: tuple[str, ...] | None = None  # where ParallelConfig has the field: every value the cost accepts
+    # --cp-comm-type of the rows with cp > 1: Megatron's default; ("p2p", "all_gather", "a2a") searches all three
+    # (each only moves cp_comm_s; with all three the space of LLaMA-3 405B on 16,384 GPUs is 40,500 rows, not 22,000)
+    cp_comm_type: tuple[str, ...] = ("p2p",)
     uneven: tuple[bool, ...] = (False, True)
     max_micro_batch: int = 16
     max_vpp: int = 8
+    max_cp: int = 16  # the bound of cp=None: LLaMA-3 405B's 128K stage used cp 16 (Dubey et al. 2024, Table 4)
     max_stage_offset: int = 2
 
     def __post_init__(self) -> None:
@@ -101,6 +108,9 @@ class SearchSpace:
         bad = [b for b in self.attention_backend if b not in ATTENTION_BACKENDS]
         if bad or not self.attention_backend:
             raise ConfigError(f"space: attention_backend values {bad} are not in {ATTENTION_BACKENDS}")
+        bad = [t for t in self.cp_comm_type if t not in CP_COMM_TYPES]
+        if bad or not self.cp_comm_type:
+            raise ConfigError(f"space: cp_comm_type values {bad} are not in {CP_COMM_TYPES}")
         for f in ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp"):
             v = getattr(self, f)
             if v is not None and (not v or any(not isinstance(x, (int, np.integer)) or x < 1 for x in v)):
@@ -114,7 +124,7 @@ class SearchSpace:
             v = getattr(self, f)
             if v is not None and (not v or any(not isinstance(x, (bool, np.bool_)) for x in v)):
                 raise ConfigError(f"space: {f}={v!r} must be a non-empty tuple of booleans")
-        for f in ("max_micro_batch", "max_vpp"):
+        for f in ("max_micro_batch", "max_vpp", "max_cp"):
             if not isinstance(getattr(self, f), (int, np.integer)) or getattr(self, f) < 1:
                 raise ConfigError(f"space: {f}={getattr(self, f)!r} must be a positive integer")
         if not isinstance(self.max_stage_offset, (int, np.integer)) or self.max_stage_offset < 0:
@@ -248,7 +258,12 @@ def splits(model: ModelSpec, gpus: int, global_batch: int, tp: tuple[int, ...] |
 
 
 def _cp_values(model: ModelSpec, space: SearchSpace, gpus: int) -> tuple[int, ...]:
-    return tuple(accepted_values(model, "cp", divisors(gpus))) if space.cp is None else space.cp
+    """``space.cp``, or every CP size up to ``max_cp`` the cost rules accept (Megatron itself allows any cp with
+    ``2·cp | s``: at s = 8,192 on 16,384 GPUs up to cp 4,096, two tokens per chunk, which multiplies the space
+    25-fold for configurations no recipe runs; a bound, like ``max_vpp``, not a pruning rule)."""
+    if space.cp is not None:
+        return space.cp
+    return tuple(accepted_values(model, "cp", [c for c in divisors(gpus) if c <= space.max_cp]))
 
 
 def _cp_comm_types(model: ModelSpec, space: SearchSpace) -> tuple[str, ...]:
@@ -449,8 +464,20 @@ def enumerate_base(model: ModelSpec, gpus: int, global_batch: int, seq_len: int 
     needs (:func:`expand_time_flags` gives the rest); ``dominated``: without the rows
     :func:`dominated_combinations` leaves out, counted in :data:`TWIN_COLUMNS`."""
     df, table = _raw_candidates(model, gpus, global_batch, seq_len, space or SearchSpace(), dominated)
-    out = df[rules.valid(model, table, SCOPES)].reset_index(drop=True)
-    return out if dominated else out.drop(columns=list(TWIN_COLUMNS))
+    ok = rules.valid(model, table, SCOPES)
+    out = df[ok].reset_index(drop=True)
+    if not dominated:
+        return out.drop(columns=list(TWIN_COLUMNS))
+    has = out["unfused_twins"].to_numpy() > 0
+    if has.any():  # a left-out unfused twin counts only where the rules accept it (cp > 1 needs TE attention)
+        twin_cols = {c: df[c].to_numpy()[ok][has] for c in df.columns if c not in ("num_microbatches", *TWIN_COLUMNS)}
+        twin_cols["attention_backend"] = np.full(int(has.sum()), "unfused", dtype=object)
+        twin = ParallelTable.from_columns(int(has.sum()), model, **twin_cols)
+        valid = rules.valid(model, twin, SCOPES)
+        u = out["unfused_twins"].to_numpy().copy()
+        u[np.flatnonzero(has)[~valid]] = 0
+        out["unfused_twins"] = u
+    return out
 
 
 EXPLICIT = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp", "fsdp", "attention_backend", "sp", "recompute",
