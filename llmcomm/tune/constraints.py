@@ -29,7 +29,7 @@ ALIASES = {"mb": "micro_batch", "dist_opt": "distributed_optimizer", "dopt": "di
            "attention": "attention_backend", "tpo": "tp_comm_overlap", "ogr": "overlap_grad_reduce",
            "opg": "overlap_param_gather", "p2p": "overlap_p2p_comm", "a2a": "moe_a2a_overlap"}
 TRUE, FALSE = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
-KNOWN = (*INT_DIMS, *BOOL_DIMS, *STR_DIMS, *ALIASES, "fp8", "cp_comm_type", *(f"max_{d}" for d in INT_DIMS),
+KNOWN = (*INT_DIMS, *BOOL_DIMS, *STR_DIMS, *ALIASES, "fp8", *(f"max_{d}" for d in INT_DIMS),
          *(f"min_{d}" for d in INT_DIMS))
 
 
@@ -74,9 +74,6 @@ def parse(text: str, gpus: int, space: SearchSpace | None = None) -> SearchSpace
             if bad:
                 raise UsageError(f"--constraints {raw!r}: fp8 takes on, off, hybrid or e4m3; got {bad}")
             chosen[key] = tuple(dict.fromkeys(FP8[v.strip().lower()] for v in value.split("/")))
-            continue
-        if key == "cp_comm_type":
-            chosen[key] = tuple(dict.fromkeys(v.strip() for v in value.split("/") if v.strip()))
             continue
         if key.startswith(("max_", "min_")):
             bounds[key] = [_int(raw, value)]
