@@ -121,13 +121,11 @@ def test_recompute_rule_is_safe_in_the_formulation(name, gpus, batch, cluster) -
                                                pytest.param("gpt3-13b", 32, 256, marks=pytest.mark.slow),
                                                pytest.param("mixtral-8x7b", 32, 128, marks=pytest.mark.slow)])
 def test_flag_rules_are_safe_in_the_formulation(name, gpus, batch) -> None:  # noqa: ANN001
-    """fp8-param-gather-dominated: time(on) <= time(off); overlap-dominated: overlap_grad_reduce on <= off without
-    the distributed optimizer, and overlap_param_gather on <= off with overlap_grad_reduce on; all else equal."""
+    """fp8-param-gather-dominated: time(on) <= time(off); overlap-dominated: overlap_param_gather on <= off with
+    the distributed optimizer and overlap_grad_reduce on; all else equal."""
     t = _evaluated(name, gpus, batch, H100)
     fpg = _twins(t[t["fp8"].notna() & t["distributed_optimizer"]], "fp8_param_gather").dropna()
     assert len(fpg) and (fpg[True] <= fpg[False] * (1 + 1e-12)).all()
-    ogr = _twins(t[~t["distributed_optimizer"]], "overlap_grad_reduce").dropna()
-    assert len(ogr) and (ogr[True] <= ogr[False] * (1 + 1e-12)).all()
     opg = _twins(t[t["distributed_optimizer"] & t["overlap_grad_reduce"]], "overlap_param_gather").dropna()
     assert len(opg) and (opg[True] <= opg[False] * (1 + 1e-12)).all()
     # the memory model reads none of the time-only flags; fp8_param_gather never needs more memory
@@ -144,6 +142,9 @@ def test_overlap_rules_not_applied_where_not_provable() -> None:
     t = _evaluated("gpt3-13b", 32, 256, H100)
     tpo = _twins(t[(t["tp"] > 1) & t["sp"]], "tp_comm_overlap").dropna()
     assert (tpo[True] <= tpo[False]).mean() > 0.5  # mostly better; evaluated because not always
+    m = _evaluated("mixtral-8x7b", 32, 128, H100)  # overlap_grad_reduce: its buckets' latency where they cannot hide
+    ogr = _twins(m[~m["distributed_optimizer"]], "overlap_grad_reduce").dropna()
+    assert (ogr[True] > ogr[False]).any() and (ogr[True] <= ogr[False]).mean() > 0.5
 
 
 def test_same_as_without_rule_is_an_exact_tie() -> None:
