@@ -73,6 +73,12 @@ def _accounts(p: Any) -> Any:
     return np.logical_or(p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
 
 
+def _mixed_layers(m: Model) -> bool:
+    """Whether the model has both dense and MoE layers (``moe_layer_freq``, first dense layers)."""
+    pattern = getattr(m, "moe_layer_pattern", None)
+    return bool(getattr(m, "is_moe", False)) and pattern is not None and not all(pattern())
+
+
 def _even_total(m: Model, p: Any) -> Any:
     """``L + [embedding] + [loss]``: the layers the even split divides."""
     return (m.num_layers + np.asarray(p.account_for_embedding_in_pipeline_split, dtype=np.int64)
@@ -445,11 +451,11 @@ RULES: tuple[Rule, ...] = (
          lambda m, r: f"etp={r.expert_tp}: an expert tensor-parallel size other than tp={r.tp} is not modelled "
                       "by the iteration-time formulation"),
     Rule("cost-account-interleaved", "cost",
-         "kit: with vpp > 1 the embedding/loss slot makes one chunk's gradient buffer smaller than the others, "
-         "which the closed-form DP calls do not write",
-         lambda m, p: np.logical_and(_accounts(p), p.vpp > 1),
-         lambda m, r: "account_for_embedding/loss_in_pipeline_split with vpp > 1 is not modelled by the "
-                      "iteration-time formulation"),
+         "kit: with vpp > 1 the embedding/loss slot makes the edge chunk hold one layer fewer; the closed-form DP "
+         "buffers take its layers as all of one kind, so models mixing dense and MoE layers are refused there",
+         lambda m, p: np.logical_and(np.logical_and(_accounts(p), p.vpp > 1), _mixed_layers(m)),
+         lambda m, r: "account_for_embedding/loss_in_pipeline_split with vpp > 1 on a model mixing dense and MoE "
+                      "layers is not modelled by the iteration-time formulation"),
     Rule("cost-unmodelled", "cost", "kit: the predictor's calls for these options are not in comm_items",
          lambda m, p: _unmodelled(p),
          lambda m, r: f"{', '.join(f for f in COST_UNMODELLED_FIELDS if _non_default(r, f))}: not modelled by the "

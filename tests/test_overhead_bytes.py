@@ -16,7 +16,7 @@ from llmcomm.overhead.iteration import arrays, candidate_table, comm_items, for_
 from llmcomm.parallel_table import ParallelTable
 from llmcomm.predict import program
 from llmcomm.predict.calls import Context
-from llmcomm.specs import ParallelConfig, load_model, validate
+from llmcomm.specs import ParallelConfig, load_cluster, load_model, validate
 
 GPN = 8
 ORDERS = ("tp-cp-ep-dp-pp", "tp-pp-dp", "pp-dp-tp", "tp-dp-pp", "dp-tp-pp")
@@ -217,3 +217,53 @@ def test_fsdp_configurations_counted():
     assert any(p.fsdp and p.vpp > 1 for _, p in cfgs)
     for mod in ("mlp", "moe", "shared_experts"):
         assert any(p.recompute_modules and mod in p.recompute_modules and p.tp > 1 for _, p in cfgs), mod
+
+
+# ------------------------------------------------- account_for_* with the interleaved schedule (round 5)
+def _account_interleaved():
+    cases = [("megatron-gpt-3.6b", dict(tp=2, pp=2, vpp=2, dp=2, sp=True, distributed_optimizer=True)),
+             ("megatron-gpt-3.6b", dict(tp=1, pp=4, vpp=4, dp=2, distributed_optimizer=False)),
+             ("megatron-gpt-3.6b", dict(tp=2, pp=4, vpp=2, dp=2, sp=True, distributed_optimizer=True, cp=2)),
+             ("qwen3-30b-a3b", dict(tp=1, pp=2, vpp=5, dp=4, ep=2, distributed_optimizer=True)),
+             ("qwen3-30b-a3b", dict(tp=2, pp=2, vpp=5, dp=2, ep=2, sp=True))]
+    out = []
+    for name, kw in cases:
+        m = load_model(name)
+        dp = kw["dp"]
+        p = ParallelConfig(**kw, micro_batch=1, global_batch=dp * kw["pp"] * 2, seq_len=128,
+                           account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+        validate(m, p)
+        out.append((m, p))
+    return out
+
+
+@pytest.mark.parametrize("model,parallel", _account_interleaved(), ids=lambda x: getattr(x, "name", None) or "")
+def test_closed_form_equals_predictor_account_interleaved(model, parallel):
+    """The edge chunk holding one layer fewer (its slot is the embedding / loss): its gradient buffer, the
+    expert buffer and the parameter all-gathers, as the predictor issues them — call by call in size, not only in
+    the per-kind totals the general test compares."""
+    test_closed_form_equals_predictor(model, parallel)
+    ctx = Context(model, parallel)
+    t = candidate_table(model, ParallelTable.from_parallel(parallel, model))
+    c = arrays(model, t, GPN)
+    for cls, r in (("first", 0), ("last", parallel.pp - 1)):
+        want = sorted(call.bytes for call in program.stage_program(ctx, r)
+                      if call.parallelism == "dp" and call.op in ("reduce_scatter", "all_gather", "all_reduce")
+                      and call.bytes > 8)
+        layers = step.stage_classes(model, c["pp"], c["vpp"], {k: c[k] for k in step.UNEVEN})[cls]
+        got = sorted(int(it.nbytes[0]) for it in comm_items(model, for_class(c, cls), cls, layers)
+                     if it.parallelism == "dp" and it.op in ("reduce_scatter", "all_gather", "all_reduce")
+                     and int(it.nbytes[0]) > 8 for _ in range(int(it.count[0])))
+        assert got == want, (cls, got, want)
+
+
+def test_account_interleaved_refused_for_mixed_layers():
+    from llmcomm.overhead.iteration import iteration_time
+
+    m = load_model("deepseek-moe-16b")  # a first dense layer, then MoE layers
+    assert not all(m.moe_layer_pattern())
+    p = ParallelConfig(tp=1, pp=2, vpp=5, dp=2, ep=2, micro_batch=1, global_batch=8, seq_len=128,
+                       account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    validate(m, p)
+    with pytest.raises(ConfigError, match="mixing dense and MoE layers"):
+        iteration_time(m, p, load_cluster("a100-80g-hdr200"))

@@ -424,17 +424,30 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     edge = step.edge_parameters(model, tp, pp, holds_first, holds_last)[0]
     has_edge = (holds_first | holds_last).astype(np.int64)
     chunk_layers = (dense - edge) // v
+    # account_for_embedding/loss_in_pipeline_split with vpp > 1: the edge chunk gives its embedding / loss slot
+    # up, so it holds one layer fewer than the stage's other chunks (llmcomm.stage_split; layers of one kind:
+    # rule cost-account-interleaved refuses models mixing dense and MoE layers there)
+    nl = nd + nm
+    short = ((nl % v) != 0) & (has_edge > 0)
+    full = -(-nl // v)
+    chunk_layers = np.where(short, (dense - edge) // np.maximum(nl, 1) * full, chunk_layers)
+    edge_layers = np.where(short, dense - edge - (v - 1) * chunk_layers, chunk_layers)
+    e_plain = np.where(short, expert // np.maximum(nl, 1) * full, expert // v)
+    e_edge = np.where(short, expert - (v - 1) * e_plain, e_plain)
+    ush = short.astype(np.int64)
     # DistOpt + tied embeddings + pp > 1: the shared embedding (first stage) and its copy (last) are a bucket of
     # their own (llmcomm.predict.dp.buckets); the rest of that chunk is another
     shared = (c["distributed_optimizer"] & model.tied_embeddings & (pp > 1) & (holds_first | holds_last))
     sh = shared.astype(np.int64)
-    chunk_sizes = ((chunk_layers, v - has_edge), (chunk_layers + edge - sh * vh, has_edge), (vh, has_edge * sh))
+    chunk_sizes = ((chunk_layers, v - has_edge), (edge_layers + edge - sh * vh, has_edge), (vh, has_edge * sh))
+    expert_chunks = ((e_plain, v - ush), (e_edge, ush))
     for op, cnt in (("all_reduce", (1 - dist) * nf), ("reduce_scatter", dist * nf)):
         for (nb, k_), tag in zip(chunk_sizes, ("plain", "edge", "shared"), strict=True):
             items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * dpcpon, dp, rpn_dp, "iteration",
                                   grad=tag))
-        items.append(CommItem("dp", "dp", op, "optimizer", expert // v * gby, v * cnt * edpon, edp, rpn_edp,
-                              "iteration", grad="expert"))
+        for nb, k_ in expert_chunks:
+            items.append(CommItem("dp", "dp", op, "optimizer", nb * gby, k_ * cnt * edpon, edp, rpn_edp,
+                                  "iteration", grad="expert"))
     items.append(CommItem("dp", "tp", "all_reduce", "optimizer", repl * gby, tpon * ysp * (repl > 0), tp, rpn_tp,
                           "iteration"))
     tied = (pp > 1) & model.tied_embeddings & (holds_first | holds_last)
@@ -444,8 +457,9 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     for nb, k_ in chunk_sizes:
         items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * dpcpon * passes, dp,
                               rpn_dp, "iteration"))
-    items.append(CommItem("dp", "dp", "all_gather", "optimizer", expert // v * pby, v * dist * edpon * passes, edp,
-                          rpn_edp, "iteration"))
+    for nb, k_ in expert_chunks:
+        items.append(CommItem("dp", "dp", "all_gather", "optimizer", nb * pby, k_ * dist * edpon * passes, edp,
+                              rpn_edp, "iteration"))
     # per-iteration scalars (llmcomm.predict.scalars): fp16 found_inf + gradient norm over the gradient-statistics
     # group (world with the distributed optimizer, else tp·pp), train_step's two over tp·pp, the loss report over
     # DP on the last stage, MoE load-balancing metrics over pp, [tp], dp
