@@ -239,6 +239,9 @@ display(shown[["model", "container", "precision", "num_gpus", "tp", "pp", "cp", 
 display(pd.Series(nsum["needs"], name="rows that need it").head(8).to_frame())
 for k in ("rows", "predicted", "refused", "mape", "median_ape", "worst_ape", "mean_signed", "interval_coverage_90"):
     out.value(f"nemo_{k}", nsum.get(k))
+out.value("nemo_fitted_on_rows", int(shown["fitted"].sum()))
+out.value("nemo_not_fitted_on_rows", held.get("rows", 0))
+out.value("nemo_not_fitted_on_mape", held.get("mape"))
 # the validation's contract: every row predicted, or refused with what it lacks named
 out.check("nemo_every_row_predicted_or_refused_with_reason",
           nsum["predicted"] + nsum["refused"] == nsum["rows"] == len(npred)
