@@ -26,7 +26,8 @@ def test_recipe_table_says_why_a_published_configuration_is_not_predicted(extern
     from llmcomm.tune.published import _published, recipe_table
 
     pub = _published()
-    rows = pub[(pub["model_name"] == "llama3.1-405b")].head(1)
+    rows = pub[(pub["model_name"] == "qwen3-235b-a22b")].head(1)  # expert TP 1 under TP 2: refused (cost-etp)
+    assert rows["predicted_s"].isna().all()
     t = recipe_table(rows)
     assert t["published_pred_s"].isna().all() and t["predicted_speedup"].isna().all()
     assert (t["published_refused"] != "").all() and (t["tuner"] != "").all()
