@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 from conftest import TINY
+from stub_bandwidth import StubBandwidth, call
 
 from llmcomm import predict_traffic
 from llmcomm.cli import main
@@ -87,17 +88,6 @@ CLUSTER = Cluster(name="test", gpus_per_node=8, gpu="NVIDIA H100 test", peak_bf1
                   gpu_memory_bytes=80e9, intra_node_bandwidth=1e9, inter_node_bandwidth=1e9)
 GEMM_ONLY = Utilization(coef=(1.0, 0.0, 0.0, 0.0, 0.0))
 M = dataclasses.replace(TINY, name="cp-small")  # 4 layers, h 64, 4 heads of 16 (MHA), FFN 256, vocab 1000
-
-
-class StubBandwidth:
-    """1 µs per call plus 1 ns per byte, whatever the op and group."""
-
-    def time(self, op, nbytes, group_size, ranks_per_node):
-        return 1e-6 + np.asarray(nbytes, dtype=float) * 1e-9
-
-
-def call(nbytes: float) -> float:
-    return 1e-6 + nbytes * 1e-9
 
 
 def _time(**kw):

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import TINY
+from stub_bandwidth import StubBandwidth, call
 
 from llmcomm import step
 from llmcomm.errors import ConfigError
@@ -22,17 +23,6 @@ MODEL = dataclasses.replace(TINY, name="small", vocab_size=128, add_bias_linear=
 # hand-worked with the full score matrix: attention_backend unfused (test_attention_backend_by_hand: fused)
 PAR = ParallelConfig(tp=2, pp=2, dp=2, micro_batch=1, global_batch=4, recompute="full", attention_backend="unfused")
 GEMM_ONLY = Utilization(coef=(1.0, 0.0, 0.0, 0.0, 0.0))
-
-
-class StubBandwidth:
-    """1 µs per call plus 1 ns per byte, whatever the op and group (easy to add up by hand)."""
-
-    def time(self, op, nbytes, group_size, ranks_per_node):
-        return 1e-6 + np.asarray(nbytes, dtype=float) * 1e-9
-
-
-def call(nbytes: float) -> float:
-    return 1e-6 + nbytes * 1e-9
 
 
 def test_every_term_by_hand():

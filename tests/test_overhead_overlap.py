@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from stub_bandwidth import StubBandwidth, call
 
 from llmcomm import step
 from llmcomm.errors import ConfigError
@@ -30,17 +31,6 @@ GEMM_ONLY = Utilization(coef=(1.0, 0.0, 0.0, 0.0, 0.0))
 def cluster(peak: float, fp8: float | None = None) -> Cluster:
     return Cluster(name="test", gpus_per_node=8, gpu="test GPU", peak_bf16_flops=peak, peak_fp8_flops=fp8,
                    gpu_memory_bytes=80e9, intra_node_bandwidth=1e9, inter_node_bandwidth=1e9)
-
-
-class StubBandwidth:
-    """1 µs per call plus 1 ns per byte (easy to add up by hand)."""
-
-    def time(self, op, nbytes, group_size, ranks_per_node):
-        return 1e-6 + np.asarray(nbytes, dtype=float) * 1e-9
-
-
-def call(nbytes: float) -> float:
-    return 1e-6 + nbytes * 1e-9
 
 
 def test_tp_overlap_exposed_by_hand():

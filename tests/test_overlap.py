@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from stub_bandwidth import StubBandwidth, call
 
 from llmcomm import load_model, step
 from llmcomm.errors import ConfigError
@@ -30,17 +31,6 @@ def cluster(peak: float) -> Cluster:
 
 
 SLOW, FAST = cluster(1e6), cluster(1e30)  # compute of seconds (hides every call) or of nothing
-
-
-class StubBandwidth:
-    """1 µs per call plus 1 ns per byte."""
-
-    def time(self, op, nbytes, group_size, ranks_per_node):
-        return 1e-6 + np.asarray(nbytes, dtype=float) * 1e-9
-
-
-def call(nbytes: float) -> float:
-    return 1e-6 + nbytes * 1e-9
 
 
 def one(x):
