@@ -288,6 +288,11 @@ out.check("f5_overhead_rises_with_utilization", ci.loc["log2_utilization", 0] > 
           value=list(ci.loc["log2_utilization"]), expect="95% CI above 0")
 out.check("f5_overhead_falls_with_bandwidth", ci.loc["log2_bandwidth", 1] < 0,
           value=list(ci.loc["log2_bandwidth"]), expect="95% CI below 0")
+above_peak = points[points["utilization"] > 1.0]
+out.say(f"{len(above_peak)} of {len(points)} sweep points have an achieved utilization above 1 (up to "
+        f"{points['utilization'].max():.2f}): the largest compute scales model a GPU faster than the cluster's "
+        "peak. They are hypothetical points of the model's sensitivity, not predictions of any real GPU.")
+out.value("f5_points_above_peak", len(above_peak))
 fig = plots.overhead_surface(points, x="utilization", y="comm_overhead", hue="bandwidth_scale", col="case",
                              cols=list(sweep.CASES), cluster=sweep_clusters[0])
 out.figure(fig, "overhead_vs_utilization_bandwidth")
