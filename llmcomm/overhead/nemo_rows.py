@@ -76,7 +76,15 @@ IGNORED = {
     "fp8_enabled": "NeMo 1.0 config's fp8 switch, read into fp8 (the format) by the recipe file",
     "fp8_hybrid": "read into fp8 by the recipe file", "fp8_e4m3": "read into fp8 by the recipe file",
     "use_megatron_fsdp": "fsdp column (the table's FSDP)", "fsdp": "fsdp column (the table's FSDP)",
+    # token drop and forced balancing (Megatron-Bridge 25.09's MoE rows): the formulation's MoE layer already times
+    # balanced routing, every expert k·T/E tokens (llmcomm.overhead.iteration gemms: "balanced routing")
+    "moe_expert_capacity_factor": "1.0 with padding to capacity: every expert gets exactly its balanced share k·T/E "
+                                  "of the tokens, what the formulation times (balanced routing)",
+    "moe_pad_expert_input_to_capacity": "see moe_expert_capacity_factor",
+    "moe_router_force_load_balancing": "forced balanced routing: what the formulation times (balanced routing)",
 }
+# recipe settings that are ModelSpec fields: checked against the catalogue model, refused (setting:) if they differ
+MODEL_FIELDS = ("mtp_num_layers",)
 
 
 def _fields() -> frozenset[str]:
@@ -192,7 +200,9 @@ def settings(row: pd.Series) -> RowSettings:
         out.unknown["recipe"] = f"no entry for {key} in data/{RECIPES}"
         return out
     for k, why in (rec.get("unknown") or {}).items():
-        if str(why).startswith("not set in the library recipe or the perf script"):
+        if k in IGNORED:  # a setting with no modelled effect: not knowing it refuses nothing
+            out.ignored[k] = f"{IGNORED[k]} (not known for this row: {why})"
+        elif str(why).startswith("not set in the library recipe or the perf script"):
             out.defaulted[k] = str(why)  # read, and not set: the library's default applies
         else:
             out.unknown[k] = str(why)
@@ -247,10 +257,20 @@ def settings(row: pd.Series) -> RowSettings:
     if raw.get("moe_token_dispatcher_type", "alltoall") != "flex" and raw.get("moe_flex_dispatcher_backend"):
         out.ignored["moe_flex_dispatcher_backend"] = (f"moe_flex_dispatcher_backend={raw.pop('moe_flex_dispatcher_backend')!r} "
                                                       "has no effect: moe_token_dispatcher_type is not 'flex'")
-    if out.columns["fsdp"] and raw.get("distributed_optimizer"):
+    # the table's FSDP on a Megatron-Bridge recipe is Megatron-FSDP (use_megatron_fsdp, optim_grads_params), which runs
+    # with the distributed optimizer: the kit's fsdp=True with distributed_optimizer=True (rules.py: "fsdp with
+    # distributed_optimizer is Megatron-FSDP"); NeMo 1.0's fsdp (24.07) is torch FSDP without it
+    if out.columns["fsdp"] and raw.get("distributed_optimizer") and str(row["source_file"]).startswith("nemo_"):
         raw.pop("distributed_optimizer")
-        out.ignored["distributed_optimizer"] = ("Megatron FSDP runs with --use-distributed-optimizer "
-                                                "(arguments.py:1025); the kit's fsdp includes its sharding")
+        out.ignored["distributed_optimizer"] = ("NeMo 1.0's fsdp is torch FSDP; the kit's fsdp (without "
+                                                "distributed_optimizer) includes its sharding")
+    if model is not None:
+        from ..specs import load_model
+
+        spec = load_model(model)
+        for k in MODEL_FIELDS:
+            if k in raw and raw[k] == getattr(spec, k):
+                out.ignored[k] = f"{k}={raw.pop(k)!r}: the catalogue model {model} has the same"
     # settings Megatron reads only in another layout (no effect here: said so)
     for k, cond, why in (("cp_comm_type", cp == 1, "no context parallelism (cp=1)"),
                          ("overlap_p2p_comm", vp == 1, "valid only with virtual pipeline stages (vp > 1; NeMo "
