@@ -268,6 +268,27 @@ RULES: tuple[Rule, ...] = (
                                              _has_module(p, ("moe_act", "layernorm"))]),
          lambda m, r: "recompute_modules moe_act and layernorm with fp8 need an fp8_recipe other than 'delayed' "
                       "(Megatron-LM: 'Delayed scaling does not support moe_act and layernorm recompute for fp8')"),
+    # --recompute-method / --recompute-num-layers (which layers full recomputation checkpoints; llmcomm.step
+    # recomputed_layers): Megatron-LM's TransformerConfig checks, the kit's None meaning uniform of 1
+    Rule("recompute-method-names", "config", "megatron/core/transformer/transformer_config.py:1908-1912",
+         lambda m, p: np.isin(np.asarray(p.recompute_method, dtype=object), (None, "uniform", "block"), invert=True),
+         lambda m, r: f"recompute_method={r.recompute_method!r} must be None, 'uniform' or 'block'"),
+    Rule("recompute-method-needs-full", "config",
+         "megatron/training/arguments.py:1425-1428 (no recompute method with selective recomputation) and "
+         "megatron/core/transformer/transformer_block.py:662 (the method is read only under recompute granularity "
+         "'full'; Megatron ignores it without recomputation, the kit refuses instead)",
+         lambda m, p: np.logical_and(np.logical_or(np.not_equal(np.asarray(p.recompute_method, dtype=object), None),  # type: ignore[call-overload]
+                                                   np.asarray(_opt(p.recompute_num_layers)) != -1),
+                                     np.asarray(p.recompute) != "full"),
+         lambda m, r: f"recompute_method={r.recompute_method!r} / recompute_num_layers={r.recompute_num_layers!r} "
+                      f"need recompute='full', got recompute={r.recompute!r}"),
+    Rule("recompute-method-and-num-layers", "config",
+         "megatron/core/transformer/transformer_config.py:1913-1924 (full recomputation needs both a method and "
+         "recompute_num_layers; the kit's recompute='full' with neither is uniform of 1, every layer on its own)",
+         lambda m, p: np.equal(np.equal(np.asarray(p.recompute_method, dtype=object), None),  # type: ignore[call-overload]
+                               np.asarray(_opt(p.recompute_num_layers)) != -1),
+         lambda m, r: f"recompute_method={r.recompute_method!r} and recompute_num_layers={r.recompute_num_layers!r}: "
+                      "set both or neither"),
     # ---------------------------------------------------------------------------------------- job
     Rule("tp-heads", "job", "megatron/core/transformer/transformer_config.py:1446",
          lambda m, p: m.num_attention_heads % p.tp != 0,

@@ -186,6 +186,10 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["moe_aux_loss_coeff"] = t.moe_aux_loss_coeff
     c["act_is_fp16"] = (t.act_dtype == "fp16").astype(np.int64)
     c["recompute"] = t.recompute_code
+    meth = np.asarray(t.recompute_method, dtype=object)
+    if (meth == "block").any():  # --recompute-method block: only the first N layers of each chunk (stages())
+        c["rblock"] = meth == "block"
+        c["rblock_n"] = np.where(c["rblock"], np.asarray(t.recompute_num_layers, np.int64), -1)
     c["fused_attention"] = t.fused_attention
     c["fp8"] = np.not_equal(t.fp8, None).astype(bool)  # type: ignore[call-overload]  # object array vs None
     c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
@@ -292,6 +296,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tp, pp, dp, ep, v = c["tp"], c["pp"], c["dp"], c["ep"], c["vpp"]
     n = len(tp)
     sp, full = c["sp"], c["recompute"] == 2
+    if "rblock" in c:  # recompute_method="block": the checkpointed layers are counted apart (rec_d, rec_m)
+        full = full & ~c["rblock"]
     act, gby, pby = c["act_dtype"], c["grad_reduce_dtype"], c["param_dtype"]
     # fp8_param_gather: the DistOpt all-gathers FP8 weights, 1 byte each (biases and norms, a small share, are
     # counted at 1 byte too); the predictor does not carry this option yet (its bytes are param_dtype's)
@@ -315,13 +321,20 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     nsp, ysp = (~sp).astype(np.int64), sp.astype(np.int64)
     fr = full.astype(np.int64)
     # transformer blocks: dense layers have 2 blocks (attention, MLP), MoE layers 1 (+1 with shared experts)
-    blocks = 2 * nd + nm * (2 if model.num_shared_experts else 1)
+    per_moe = 2 if model.num_shared_experts else 1
+    blocks = 2 * nd + nm * per_moe
+    # recomputed layers (their forward calls again in the backward phase): every layer under full recomputation,
+    # the checkpointed ones under recompute_method="block" (llmcomm.step.recomputed_stage_classes)
+    rec_d, rec_m = nd * fr, nm * fr
+    if "rec_d" in c:
+        rec_d, rec_m = rec_d + c["rec_d"], rec_m + c["rec_m"]
+    rb = 2 * rec_d + rec_m * per_moe
     tpc("all_reduce", "forward", A, blocks * nsp)
-    tpc("all_reduce", "backward", A, blocks * nsp * (1 + fr))
+    tpc("all_reduce", "backward", A, blocks * nsp + rb * nsp)
     tpc("all_gather", "forward", A, blocks * ysp, ub=True)
     tpc("reduce_scatter", "forward", A, blocks * ysp, ub=True)
-    tpc("all_gather", "backward", A, blocks * ysp * (2 + fr), ub=True)
-    tpc("reduce_scatter", "backward", A, blocks * ysp * (1 + fr), ub=True)
+    tpc("all_gather", "backward", A, 2 * blocks * ysp + rb * ysp, ub=True)
+    tpc("reduce_scatter", "backward", A, blocks * ysp + rb * ysp, ub=True)
     # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
     # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
     rm = {k: c.get("rm_" + k, np.zeros(n, bool)).astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
@@ -331,24 +344,25 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         tpc("all_reduce", "backward", A, reblocks * nsp)
         tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
         tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
-    items += _cp_items(model, c, T, nd + nm, fr)
+    items += _cp_items(model, c, T, nd + nm, rec_d + rec_m)
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher, expert TP = TP (llmcomm.predict.ep)
         k, E = model.moe_router_topk, model.num_experts
         local = np.where(sp, T // tp, T)
-        fr = np.maximum(fr, rm["moe"])  # the MoE layer's forward calls again: full recomputation or recompute "moe"
-        rec = 1 + fr  # forward calls, and again in the backward phase under full recomputation
+        # the MoE layers whose forward calls run again in the backward phase: full recomputation (or block's
+        # checkpointed ones) or recompute "moe"
+        mf = np.maximum(rec_m, nm * rm["moe"])
         tpep = tp * ep
         cnt_on = (tpep > 1).astype(np.int64)
         rpn_tpep = c["k_tpep"]
         items.append(CommItem("ep", "ep", "all_gather", "forward", tpep * E * 8, nm * cnt_on, tpep, rpn_tpep,
                               "microbatch"))
-        items.append(CommItem("ep", "ep", "all_gather", "backward", tpep * E * 8, nm * cnt_on * fr, tpep,
+        items.append(CommItem("ep", "ep", "all_gather", "backward", tpep * E * 8, mf * cnt_on, tpep,
                               rpn_tpep, "microbatch"))
         tpcp, rpn_tpcp = tp * cp, np.where(cp > 1, c["k_tpcp"], rpn_tp)  # the router's tp x cp group
         aux_on = (c["moe_aux_loss_coeff"] > 0).astype(np.int64) * (tpcp > 1)  # router token-count all-reduce
         items.append(CommItem("ep", "ep", "all_reduce", "forward", 8 * E * one, nm * aux_on, tpcp, rpn_tpcp,
                               "microbatch"))
-        items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, nm * aux_on * fr, tpcp, rpn_tpcp,
+        items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, mf * aux_on, tpcp, rpn_tpcp,
                               "microbatch"))
         # expert TP (= TP): forward AG tokens, AG probabilities, RS output; backward AG output, RS probs, RS tokens
         rows = local * tp * k
@@ -356,9 +370,9 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         tpc("all_gather", "forward", tok, nm)
         tpc("all_gather", "forward", prb, nm)
         tpc("reduce_scatter", "forward", tok, nm)
-        tpc("all_gather", "backward", tok, nm * rec)
-        tpc("all_gather", "backward", prb, nm * fr)
-        tpc("reduce_scatter", "backward", tok, nm * rec)
+        tpc("all_gather", "backward", tok, nm + mf)
+        tpc("all_gather", "backward", prb, mf)
+        tpc("reduce_scatter", "backward", tok, nm + mf)
         tpc("reduce_scatter", "backward", prb, nm)
         split = np.rint(local * k * h * act / ep).astype(np.int64)
         psplit = np.rint(local * k * act / ep).astype(np.int64)
@@ -367,7 +381,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         for nb, n_calls in ((split * ep, 2), (psplit * ep, 1)):
             items.append(CommItem("ep", "ep", "all_to_all", "forward", nb, n_calls * nm * epon, ep, rpn_ep,
                                   "microbatch"))
-            items.append(CommItem("ep", "ep", "all_to_all", "backward", nb, n_calls * nm * epon * rec, ep, rpn_ep,
+            items.append(CommItem("ep", "ep", "all_to_all", "backward", nb, n_calls * (nm + mf) * epon, ep, rpn_ep,
                                   "microbatch"))
     f, la = holds_first.astype(np.int64), holds_last.astype(np.int64)
     # embedding: SP reduce-scatters only without learned positions (LanguageModelEmbedding), else all-reduce
@@ -495,10 +509,11 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
 
 
 def _cp_items(model: ModelSpec, c: dict[str, np.ndarray], tokens: np.ndarray, layers: np.ndarray,
-              full: np.ndarray) -> list[CommItem]:
+              recomputed: np.ndarray) -> list[CommItem]:
     """The CP calls of a stage per micro-batch (:func:`llmcomm.overhead.cp_time.cp_calls` per layer, times its
-    ``layers``; the forward's again in the backward phase under full recomputation), each ring send with its
-    receive, on the CP group as the layout places it."""
+    ``layers``; the forward's again in the backward phase for its ``recomputed`` layers: all under full
+    recomputation, the checkpointed ones under ``recompute_method="block"``), each ring send with its receive,
+    on the CP group as the layout places it."""
     cp, tp = c["cp"], c["tp"]
     if not np.any(cp > 1):
         return []
@@ -509,7 +524,7 @@ def _cp_items(model: ModelSpec, c: dict[str, np.ndarray], tokens: np.ndarray, la
     for cc in cp_time.cp_calls(model, cp, c["cp_comm_type"], tokens, tp, c["act_dtype"]):
         per_phase = [(cc.phase, cc.per_layer * layers)]
         if cc.fwd_kind:
-            per_phase.append(("backward", cc.per_layer * layers * full))
+            per_phase.append(("backward", cc.per_layer * recomputed))
         for phase, count in per_phase:
             if cc.op == "send":
                 for op in ("send", "recv"):
@@ -675,6 +690,9 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     out = {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
            "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
            "sel": np.asarray(core, dtype=np.float64), "Gag": Gag, "Grs": Grs}
+    if "rec_d" in c:  # recompute_method="block": the checkpointed layers only (llmcomm.step.recomputed_stage_classes)
+        out["full"] = np.where(c["rblock"], 0.0, out["full"])
+        out["rec_d"], out["rec_m"] = c["rec_d"].astype(np.float64), c["rec_m"].astype(np.float64)
     if "rm_mlp" in c:  # --recompute-modules given (arrays() sets the flags then)
         out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
     return out
@@ -731,6 +749,8 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
     rec = q["full"] * layers + q["sel"] * (q["nd"] * util.work(q["Cd"]) + q["nm"] * util.work(q["Cm"]))
     if "Rd" in q:  # --recompute-modules beside the attention core (recompute_module_features)
         rec = rec + q["nd"] * util.work(q["Rd"]) + q["nm"] * util.work(q["Rm"])
+    if "rec_d" in q:  # recompute_method="block": one more forward pass of each checkpointed layer
+        rec = rec + q["rec_d"] * util.layer_pass(q["Ld"]) + q["rec_m"] * util.layer_pass(q["Lm"])
     return fwd, 2.0 * fwd, rec
 
 
@@ -742,6 +762,9 @@ def layer_times(q: dict[str, np.ndarray], util: U.Utilization
     fd, fm = util.layer_pass(q["Ld"]), util.layer_pass(q["Lm"])
     rd = q["full"] * fd + q["sel"] * util.work(q["Cd"]) + (util.work(q["Rd"]) if "Rd" in q else 0.0)
     rm = q["full"] * fm + q["sel"] * util.work(q["Cm"]) + (util.work(q["Rm"]) if "Rm" in q else 0.0)
+    if "rec_d" in q:  # recompute_method="block": a layer's recompute averaged over the stage's layers of its kind
+        rd = rd + q["rec_d"] / np.maximum(q["nd"], 1.0) * fd
+        rm = rm + q["rec_m"] / np.maximum(q["nm"], 1.0) * fm
     return (fd, fm), (2.0 * fd + rd, 2.0 * fm + rm)
 
 
@@ -756,7 +779,10 @@ def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
     core = q["sel"][:, None] * (q["nd"][:, None] * q["Cd"] + q["nm"][:, None] * q["Cm"]) * w
     if "Rd" in q:  # --recompute-modules
         core = core + (q["nd"][:, None] * q["Rd"] + q["nm"][:, None] * q["Rm"]) * w
-    return (3.0 + q["full"][:, None]) * layers + 3.0 * q["E"] * w + core
+    out = (3.0 + q["full"][:, None]) * layers + 3.0 * q["E"] * w + core
+    if "rec_d" in q:  # recompute_method="block": the checkpointed layers' forward once more
+        out = out + q["rec_d"][:, None] * Dd + q["rec_m"][:, None] * Dm
+    return out
 
 
 # ----------------------------------------------------------------------------------------- evaluate
@@ -807,6 +833,10 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     hl3 = np.concatenate([e[1] for e in edges])
     layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
                np.concatenate([layers[cls][1] for cls in CLASSES]))
+    if "rblock" in c:  # recompute_method="block": the layers each stage class recomputes
+        rec = step.recomputed_stage_classes(model, pp, c["vpp"], c["rblock_n"], {k: c[k] for k in step.UNEVEN})
+        c3["rec_d"] = np.concatenate([rec[cls][0] for cls in CLASSES])
+        c3["rec_m"] = np.concatenate([rec[cls][1] for cls in CLASSES])
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops,
                   measured_gemm(cluster) if measured_gemms else None)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)

@@ -180,7 +180,8 @@ def settings(row: pd.Series) -> RowSettings:
     a candidate column; the rest stay in ``setting`` for the caller to refuse unless off (:func:`is_off`). Only
     the recipe dialects are translated here: NeMo 1.0's names (``optimizer``, ``grad_sync_dtype``,
     ``use_flash_attention``) and Megatron's recompute triple (granularity, method, layers) into the ``recompute``
-    column."""
+    column, with ``recompute_method``/``recompute_num_layers`` as their own columns where they are not uniform
+    of 1 (the kit's ``recompute='full'`` alone)."""
     key = (str(row["container"]), str(row["model"]), int(row["source_line"]))
     rec = recipes().get(key)
     model = CATALOGUE.get(row["group"])
