@@ -126,6 +126,23 @@ def recompute_groups(count: int, method: str | None, num_layers: int | None) -> 
     raise ValueError(f"recompute_method={method!r} is not None, 'uniform' or 'block'")
 
 
+def recomputed_share(count: int, method: str | None, num_layers: int | None) -> float:
+    """The share of a chunk's ``count`` layers full recomputation recomputes (:func:`recompute_groups`): 1.0 for
+    ``None`` and ``"uniform"``, ``min(N, count)/count`` for ``"block"``."""
+    return 1.0 if method is None or count == 0 else sum(len(g) for g in recompute_groups(count, method,
+                                                                                            num_layers)) / count
+
+
+def model_recomputed_share(model: ModelSpec, parallel: Any) -> float:
+    """The share of the model's layers full recomputation recomputes over every stage and chunk."""
+    if parallel.recompute_method is None:
+        return 1.0
+    rec = sum(len(g) for r in range(parallel.pp) for c in range(parallel.vpp)
+              for g in recompute_groups(len(chunk_layers(model.num_layers, parallel, r, c)),
+                                        parallel.recompute_method, parallel.recompute_num_layers))
+    return rec / model.num_layers
+
+
 def recomputed_stage_classes(model: ModelSpec, pp: np.ndarray, vpp: np.ndarray, num_layers: np.ndarray,
                              uneven: dict[str, np.ndarray] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{class: (dense layers, MoE layers)}`` that ``recompute_method="block"`` with ``num_layers`` recomputes

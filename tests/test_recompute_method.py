@@ -162,3 +162,13 @@ def test_step_description_keeps_per_layer():
         acts[name] = [la.activation_bytes for la in s.stages[0].chunks[0].layers]
     assert acts["b5"] == acts["full"][:5] + acts["none"][5:]
     assert acts["u4"] == [acts["full"][i] if i % 4 == 0 else 0.0 for i in range(32)]
+
+
+def test_hardware_flops_counts_the_checkpointed_share():
+    from llmcomm.overhead.sweep import hardware_flops
+
+    m = load_model("llama3-8b")
+    f = {k: hardware_flops(m, ParallelConfig(dp=8, global_batch=64, **kw)) for k, kw in {
+        "none": {}, "full": dict(recompute="full"),
+        "b5": dict(recompute="full", recompute_method="block", recompute_num_layers=5)}.items()}
+    assert f["b5"] - f["none"] == pytest.approx(5 / 32 * (f["full"] - f["none"]), rel=1e-12)

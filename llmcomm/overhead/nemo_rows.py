@@ -66,6 +66,9 @@ OFF: dict[str, Any] = {
     "cpu_offloading_num_layers": None, "fp8_dot_product_attention": None, "moe_a2a_overlap": False,
     "overlap_p2p_comm": False, "etp": None, "moe_shared_expert_overlap": False, "moe_flex_dispatcher_backend": None,
     "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None, "cp_comm_type": None,
+    # multi-token prediction: the catalogue's DeepSeek-V3 has its layer's parameters, but no MTP layer's compute or
+    # calls are in the step description, the formulation or the predictor (setting:mtp_num_layers when set)
+    "mtp_num_layers": 0,
 }
 # settings with no effect on the formulation's terms (said so, not silently dropped)
 IGNORED = {
@@ -83,8 +86,6 @@ IGNORED = {
     "moe_pad_expert_input_to_capacity": "see moe_expert_capacity_factor",
     "moe_router_force_load_balancing": "forced balanced routing: what the formulation times (balanced routing)",
 }
-# recipe settings that are ModelSpec fields: checked against the catalogue model, refused (setting:) if they differ
-MODEL_FIELDS = ("mtp_num_layers",)
 
 
 def _fields() -> frozenset[str]:
@@ -265,13 +266,6 @@ def settings(row: pd.Series) -> RowSettings:
         raw.pop("distributed_optimizer")
         out.ignored["distributed_optimizer"] = ("NeMo 1.0's fsdp is torch FSDP; the kit's fsdp (without "
                                                 "distributed_optimizer) includes its sharding")
-    if model is not None:
-        from ..specs import load_model
-
-        spec = load_model(model)
-        for k in MODEL_FIELDS:
-            if k in raw and raw[k] == getattr(spec, k):
-                out.ignored[k] = f"{k}={raw.pop(k)!r}: the catalogue model {model} has the same"
     # settings Megatron reads only in another layout (no effect here: said so)
     for k, cond, why in (("cp_comm_type", cp == 1, "no context parallelism (cp=1)"),
                          ("overlap_p2p_comm", vp == 1, "valid only with virtual pipeline stages (vp > 1; NeMo "
