@@ -172,3 +172,12 @@ def test_hardware_flops_counts_the_checkpointed_share():
         "none": {}, "full": dict(recompute="full"),
         "b5": dict(recompute="full", recompute_method="block", recompute_num_layers=5)}.items()}
     assert f["b5"] - f["none"] == pytest.approx(5 / 32 * (f["full"] - f["none"]), rel=1e-12)
+
+
+def test_time_cli_takes_the_method(capsys):
+    from llmcomm.cli import main
+
+    main(["time", "llama3-8b", "--tp", "1", "--pp", "1", "--dp", "8", "--global-batch", "128", "--seq-len", "8192",
+          "--cluster", "h100-80g-ndr400", "--recompute", "full", "--recompute-method", "block",
+          "--recompute-num-layers", "5", "--fsdp", "--distributed-optimizer", "--overlap-grad-reduce"])
+    assert "recompute=full (block 5)" in capsys.readouterr().out
