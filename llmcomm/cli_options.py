@@ -205,7 +205,7 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
                             "uniform (every layer, in checkpointed groups of N) or block (only the first N layers "
                             "of each model chunk; default: " + (meta or "every layer on its own") + ")")
         p.add_argument("--recompute-num-layers", type=positive_int, default=None, metavar="N",
-                       help="Megatron-LM's --recompute-num-layers (with --recompute-method)")
+                       help="Megatron-LM's --recompute-num-layers (with --recompute-method; default: " + (meta or "none") + ")")
     if "distributed_optimizer" in extras:
         flag("distributed_optimizer", "Megatron-LM's distributed optimizer (gradient reduce-scatter + parameter "
                                       "all-gather over DP)")
