@@ -55,6 +55,15 @@ def _seq(model: Model, p: Any) -> Any:
     return p.sequence_length(model)
 
 
+def _method_bad(v: Any) -> Any:
+    """Where ``recompute_method`` is not None, "uniform" or "block" (a scalar or an object array; no np.isin: this
+    runs on every ParallelConfig)."""
+    if v is None or isinstance(v, str):
+        return v not in (None, "uniform", "block")
+    a = np.asarray(v, dtype=object)
+    return ~((a == None) | (a == "uniform") | (a == "block"))  # noqa: E711  (elementwise on objects)
+
+
 def _opt(v: Any) -> Any:
     """An optional layer count as an integer (array): ``None`` (a ParallelConfig) or ``-1`` (a table) -> ``-1``."""
     return -1 if v is None else v
@@ -271,7 +280,7 @@ RULES: tuple[Rule, ...] = (
     # --recompute-method / --recompute-num-layers (which layers full recomputation checkpoints; llmcomm.step
     # recomputed_layers): Megatron-LM's TransformerConfig checks, the kit's None meaning uniform of 1
     Rule("recompute-method-names", "config", "megatron/core/transformer/transformer_config.py:1908-1912",
-         lambda m, p: np.isin(np.asarray(p.recompute_method, dtype=object), (None, "uniform", "block"), invert=True),
+         lambda m, p: _method_bad(p.recompute_method),
          lambda m, r: f"recompute_method={r.recompute_method!r} must be None, 'uniform' or 'block'"),
     Rule("recompute-method-needs-full", "config",
          "megatron/training/arguments.py:1425-1428 (no recompute method with selective recomputation) and "
