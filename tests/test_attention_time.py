@@ -111,3 +111,14 @@ def test_output_layer_timed_by_the_measured_gemm_model():
     e = st.cls["last"]["q"]["E"][0, 0]
     assert e == pytest.approx(float(g.time(4096, model.padded_vocab_size(1), 4096, 1, "bf16")), rel=1e-12)
     assert e > 2.0 * 4096 * model.padded_vocab_size(1) * 4096 / cl.peak_bf16_flops
+
+
+def test_unfused_core_matmuls_by_the_measured_gemm_model():
+    """Unfused on H100: Q·Kᵀ and scores·V as b·a/tp batched GEMMs (s×s×d, s×d×s) timed by the measured model."""
+    model, cl = load_model("llama3-8b"), load_cluster("h100-80g-ndr400").for_world(8)
+    t = ParallelTable.from_parallel(_config(attention_backend="unfused"), model)
+    st = it.stages(model, it.candidate_table(model, t), cl, it._resolve(cl, None, None)[0])
+    g = it.measured_gemm(cl)
+    want = float(g.time(4096, 4096, 128, 32, "bf16") + g.time(4096, 128, 4096, 32, "bf16"))
+    assert st.cls["first"]["q"]["Cd"][0, 0] == pytest.approx(want, rel=1e-12)
+    assert "Bd" not in st.cls["first"]["q"] or st.cls["first"]["q"]["Bd"][0, 0] == 0.0

@@ -627,7 +627,9 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     the layers, and its backward beyond ``2·forward`` as ``Bd``/``Bm`` (gemm feature, seconds;
     :func:`llmcomm.overhead.attention_time.core_seconds`, read by :func:`class_times`); the output layer's
     logits GEMM (``T × V'/tp × h``, BF16: Megatron's ``output_layer`` is not a TE module) by the measured model
-    instead of ``FLOPs/peak`` (its cross-entropy bytes unchanged).
+    instead of ``FLOPs/peak`` (its cross-entropy bytes unchanged); an unfused attention core's two matmuls
+    (``baddbmm`` Q·Kᵀ and ``bmm`` scores·V, ``b·a/tp`` batched GEMMs of ``s×s×d`` and ``s×d×s``) by the measured
+    model too, its score traffic unchanged.
     """
     b, s, tp = c["micro_batch"], c["seq_len"] // c["cp"], c["tp"]  # s: tokens of one CP rank (cp_time)
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
@@ -674,6 +676,12 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
                 B = np.zeros_like(C)
                 B[:, U.I["gemm"]] = np.where(fz, t_b - 2.0 * t_f, 0.0)
                 xb[key] = B
+        if (~fz).any():  # unfused: Q·Kᵀ (s×s×d) and scores·V (s×d×s), b·a/tp batched GEMMs, by the measured model
+            bh = (b * a // tp).astype(np.int64)
+            sq = s.astype(np.int64)
+            t_un = gemm_model.time(sq, sq, d, bh, "bf16") + gemm_model.time(sq, d, sq, bh, "bf16")
+            for C in (Cd, Cm):
+                C[:, U.I["gemm"]] = np.where(fz | (C[:, U.I["gemm"]] == 0), C[:, U.I["gemm"]], t_un)
         sec = {}
         for name, (m_, n_, k_, bt) in shapes.items():
             t16 = gemm_model.time(m_, n_, k_, bt, "bf16")
