@@ -612,8 +612,9 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     Measured GEMMs (``gemm_model``, a :class:`~llmcomm.overhead.gemm.GemmModel`: H100, H200): the linear layers'
     GEMMs of :func:`layer_gemm_shapes` (the step description's, :func:`llmcomm.step.layer_gemms`) are timed by it
     one by one (``bf16``, or ``fp8`` by its stated FP8 rule) and that time, in seconds, replaces their
-    ``FLOPs / peak`` in the gemm feature: the utilization fit's ``θ_gemm`` (fitted on A100, shipped at its bound
-    1.0) then multiplies measured time, which at 1.0 leaves it as measured. The backward is ``2·forward``
+    ``FLOPs / peak`` in the gemm feature; the utilization fit's ``θ_gemm`` (the A100 matmul efficiency of
+    ``FLOPs/peak``, fitted on vTrain's single-node runs) is then taken as 1 (:func:`combine`): measured time is
+    left as measured. The backward is ``2·forward``
     (dgrad and wgrad have the forward's FLOPs; their shapes are not timed apart). A100 (no GEMM table) keeps the
     ``FLOPs/peak`` features byte for byte.
     """
