@@ -617,8 +617,9 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     Measured GEMMs (``gemm_model``, a :class:`~llmcomm.overhead.gemm.GemmModel`: H100, H200): the linear layers'
     GEMMs of :func:`layer_gemm_shapes` (the step description's, :func:`llmcomm.step.layer_gemms`) are timed by it
     one by one (``bf16``, or ``fp8`` by its stated FP8 rule) and that time, in seconds, replaces their
-    ``FLOPs / peak`` in the gemm feature: the utilization fit's ``θ_gemm`` (fitted on A100, shipped at its bound
-    1.0) then multiplies measured time, which at 1.0 leaves it as measured. The backward is ``2·forward``
+    ``FLOPs / peak`` in the gemm feature; the utilization fit's ``θ_gemm`` (the A100 matmul efficiency of
+    ``FLOPs/peak``, fitted on vTrain's single-node runs) is then taken as 1 (:func:`combine`): measured time is
+    left as measured. The backward is ``2·forward``
     (dgrad and wgrad have the forward's FLOPs; their shapes are not timed apart). A100 (no GEMM table) keeps the
     ``FLOPs/peak`` features byte for byte.
 
@@ -829,6 +830,7 @@ class Stages:
     align_grad_reduce: np.ndarray | None = None
     fsdp: np.ndarray | None = None  # FSDP rows (llmcomm.overhead.fsdp_time)
     cp: np.ndarray | None = None  # context-parallel size (cp_time.exposed)
+    measured_gemm: bool = False  # the linear GEMMs' gemm feature is measured seconds (combine: θ_gemm = 1)
 
 
 def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
@@ -850,8 +852,8 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     hl3 = np.concatenate([e[1] for e in edges])
     layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
                np.concatenate([layers[cls][1] for cls in CLASSES]))
-    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops,
-                  measured_gemm(cluster) if measured_gemms else None)
+    gm = measured_gemm(cluster) if measured_gemms else None
+    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
@@ -927,7 +929,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
                   np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
                   _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
-                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"])
+                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None)
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
@@ -997,7 +999,12 @@ def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -
 
 
 def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
-    """The terms of :data:`TERMS` from :class:`Stages` and a utilization model (module docstring)."""
+    """The terms of :data:`TERMS` from :class:`Stages` and a utilization model (module docstring). Where the
+    linear GEMMs are measured seconds (``st.measured_gemm``: H100, H200) ``θ_gemm`` is taken as 1: it is the A100
+    matmul efficiency of ``FLOPs/peak`` features (the single-node fit), and a measured kernel time already holds
+    its own (the attention core stays at ``FLOPs/peak`` there, as it did while the fit sat at 1)."""
+    if st.measured_gemm and util.coef[U.I["gemm"]] != 1.0:
+        util = util.with_gemm_efficiency(1.0)
     pp, v, m = st.pp, st.vpp, st.m
     n = len(pp)
     tpo = st.tp_comm_overlap if st.tp_comm_overlap is not None else np.zeros(n, bool)
