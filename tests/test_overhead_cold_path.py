@@ -109,6 +109,7 @@ def _hex(x: float) -> str:
 
 def _clear_caches() -> None:
     it._STAGES.clear()
+    it._TIMERS.clear()  # the regimes and calls each timer keeps
     capacity._memory.cache_clear()
     for f in (mem._stage_parameters, mem._stage_info, mem._fsdp_units):
         f.cache_clear()
