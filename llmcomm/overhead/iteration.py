@@ -218,6 +218,9 @@ def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
 
 
 _CLASS_KEYS: dict[tuple[str, ...], list[tuple[str, tuple[str, str, str]]]] = {}
+# stack_classes' split of the keys into 2-D blocks, per key set, row count, dtypes and shapes
+_BLOCKS: dict[tuple[Any, ...], tuple[dict[Any, list[tuple[str, tuple[str, str, str]]]],
+                                     list[tuple[str, tuple[str, str, str]]]]] = {}
 
 
 def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -236,14 +239,22 @@ def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n = len(c["tp"])
     if n > 64:  # many rows: the copying costs the time, one concatenation per key copies once
         return {k: np.concatenate([c[a] for a in trio]) for k, trio in plan}
-    groups: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
-    out: dict[str, np.ndarray] = {}
-    for k, trio in plan:
-        arrs = [c[a] for a in trio]
-        if all(a.ndim == 1 and len(a) == n for a in arrs) and len({a.dtype for a in arrs}) == 1:
-            groups.setdefault(arrs[0].dtype, []).append((k, trio))
-        else:
-            out[k] = np.concatenate(arrs)
+    sig = (keys, n, tuple(v.dtype for v in c.values()), tuple(v.shape for v in c.values()))
+    split = _BLOCKS.get(sig)
+    if split is None:  # which keys go into one 2-D block per dtype (1-D, n rows, one dtype for the three classes)
+        blocks: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
+        alone = []
+        for k, trio in plan:
+            arrs = [c[a] for a in trio]
+            if all(a.ndim == 1 and len(a) == n for a in arrs) and len({a.dtype for a in arrs}) == 1:
+                blocks.setdefault(arrs[0].dtype, []).append((k, trio))
+            else:
+                alone.append((k, trio))
+        if len(_BLOCKS) > 256:
+            _BLOCKS.clear()
+        split = _BLOCKS[sig] = (blocks, alone)
+    groups, alone = split
+    out: dict[str, np.ndarray] = {k: np.concatenate([c[a] for a in trio]) for k, trio in alone}
     for items in groups.values():
         block = np.concatenate([np.array([c[trio[i]] for _, trio in items]) for i in range(3)], axis=1)
         out.update({k: block[j] for j, (k, _) in enumerate(items)})
