@@ -4,7 +4,7 @@ A spread of catalogue configurations (dense, GQA, MoE with EP, CP of every kind,
 pipelines, FP8, every overlap flag, GPipe, DeepSpeed's partitioned pipe, five clusters) is evaluated three ways:
 ``iteration_time`` on a configuration not seen before (every cache emptied), the same call again (the stage
 cache), and a row of the vectorized ``iteration_times``; all three must equal, bit for bit, the values recorded
-in ``tests/data/iteration_golden.json`` by the code before the speed-up (commit 97cf7e6). The memory model
+in ``tests/data/iteration_golden.json`` by the code without the speed-up (main at 2b2c033). The memory model
 (``memory``, ``model_state``, ``memory_table``) and two grids through ``iteration_times`` / ``memory_table``
 (their columns' bytes hashed) are held to the same record.
 
