@@ -1189,11 +1189,12 @@ class _Timer:
         xl = x if every else x[live]
         il = inv if every else inv[live]
         tl = out if every else np.zeros(len(xl))
+        present = np.bincount(il, minlength=len(uniq)) if len(uniq) > 1 else np.ones(1, np.int64)
         for i, u in enumerate(uniq.tolist()):
             nn, kk = u >> 20, u & ((1 << 20) - 1)
-            sel = slice(None) if len(uniq) == 1 else il == i
-            if nn == 1 or (len(uniq) > 1 and not sel.any()):  # type: ignore[union-attr]  # a group no live row is in
+            if nn == 1 or not present[i]:  # no call's time, or a group no live row is in
                 continue
+            sel = slice(None) if len(uniq) == 1 else il == i
             reg = self.cache.get((op, nn, kk))
             if reg is None:
                 reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
