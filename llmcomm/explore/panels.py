@@ -75,9 +75,10 @@ def _update_layout(fig: Figure, v: View) -> None:
     for ax, p in zip(fig.axes, _layout_dims(v), strict=True):
         _, _, colors, labels = layout_cells(v.group_table, x="rank", y="node", hue=f"{p}_group",
                                             gpus_per_node=v.cluster.gpus_per_node)
+        first = ax is fig.axes[0]
         for patch, text, color, label in zip(ax.patches, ax.texts, colors, labels, strict=True):
             patch.set_color(color)
-            text.set_text(label)
+            text.set_text(label if first else _group_line(label))
         ax.set_title(_layout_title(v, p))
     _layout_suptitle(fig, v)
 
@@ -234,7 +235,8 @@ def _screen_matrix_title(fig: Figure, v: View) -> None:
 
 def _screen_layout(v: View) -> Figure:
     """:func:`llmcomm.plots.layout_grid` per parallelism (as :func:`layout_figure`) with margins in inches
-    (:data:`LAYOUT_MARGINS`) instead of a tight layout, node names only left of the first panel."""
+    (:data:`LAYOUT_MARGINS`) instead of a tight layout, node names and ranks only in the first
+    panel (the other panels show the same cells)."""
     dims = _layout_dims(v)
     nodes = int(v.group_table["node"].max()) + 1
     gpn = v.cluster.gpus_per_node
@@ -249,16 +251,23 @@ def _screen_layout(v: View) -> Figure:
     for ax, p in zip(axes[0], dims, strict=True):
         layout_grid(v.group_table, x="rank", y="node", hue=f"{p}_group", ax=ax, gpus_per_node=gpn,
                     title=_layout_title(v, p))
-        if ax is not axes[0][0]:
+        if ax is not axes[0][0]:  # the same cells as the first panel: its node names and ranks hold here too
             ax.tick_params(labelleft=False)
+            for t in ax.texts:
+                t.set_text(_group_line(t.get_text()))
     _screen_layout_title(fig, v)
     return fig
+
+
+def _group_line(label: str) -> str:
+    """The group line of a :func:`llmcomm.plots.layout_cells` label (``"r5\\ng1"`` -> ``"g1"``)."""
+    return label.rsplit("\n", 1)[-1]
 
 
 def _screen_layout_title(fig: Figure, v: View) -> None:
     shown = "" if v.num_nodes <= LAYOUT_NODES else f"; first {LAYOUT_NODES} of {v.num_nodes:,} nodes"
     fig.suptitle(f"{v.choice.label()} on {v.world_size:,} GPUs, {v.cluster.gpus_per_node} per node, order "
-                 f"{v.parallel.order}{shown}\n(cell: r = global rank, g = group id)", fontsize=9,
+                 f"{v.parallel.order}{shown}\n(cell: r = global rank, in the first panel; g = group id)", fontsize=9,
                  y=1 - 0.05 / fig.get_figheight(), va="top")
 
 
