@@ -24,6 +24,8 @@ CASES = [
                        global_batch=8)),
     ("gpt3-6.7b", dict(tp=2, pp=2, dp=2, fsdp=True, global_batch=8)),
     ("gpt3-6.7b", dict(tp=2, pp=2, dp=2, cp=2, sp=True, recompute="full", global_batch=8)),
+    ("gpt3-6.7b", dict(tp=2, pp=2, dp=1, recompute="full", recompute_method="block", recompute_num_layers=3,
+                       global_batch=8)),
     ("mixtral-8x7b", dict(tp=2, pp=2, dp=4, ep=4, sp=True, global_batch=16)),
 ]
 
