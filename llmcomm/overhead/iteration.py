@@ -788,8 +788,9 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
 
         forward   = nd·t_pass(dense) + nm·t_pass(MoE) + work(embedding, output)
         backward  = 2·forward                                  (twice the FLOPs, bytes and kernels)
-                  + nd·work(Bd) + nm·work(Bm)                  (measured GPUs: the fused attention core's
-                                                                backward beyond twice its forward, attention_time)
+                  + nd·extra(Ld, Bd) + nm·extra(Lm, Bm)        (measured GPUs: the fused attention core's
+                                                                backward beyond twice its forward, attention_time;
+                                                                extra: backward_beyond_twice)
         recompute = full·(nd·t_pass(dense) + nm·t_pass(MoE)) + selective·work(attention cores)
     """
     layers = q["nd"] * util.layer_pass(q["Ld"]) + q["nm"] * util.layer_pass(q["Lm"])
@@ -801,8 +802,23 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
         rec = rec + q["rec_d"] * util.layer_pass(q["Ld"]) + q["rec_m"] * util.layer_pass(q["Lm"])
     bwd = 2.0 * fwd
     if "Bd" in q:  # the fused attention core's backward at its measured rate (llmcomm.overhead.attention_time)
-        bwd = bwd + q["nd"] * util.work(q["Bd"]) + q["nm"] * util.work(q["Bm"])
+        bwd = bwd + q["nd"] * backward_beyond_twice(util, q["Ld"], q["Bd"]) \
+            + q["nm"] * backward_beyond_twice(util, q["Lm"], q["Bm"])
     return fwd, bwd, rec
+
+
+def backward_beyond_twice(util: U.Utilization, L: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Seconds a layer's backward pass takes beyond twice its forward when its features are ``2·L + B``
+    (``B``: the fused attention core's measured backward beyond twice its forward, gemm feature)::
+
+        extra = layer_pass(2·L + B) − 2·layer_pass(L)
+
+    The extra matmul time enters the backward pass's ``max(θ_Lg, θ_gemm·X_gemm)`` like every other matmul of
+    the pass (a launch-bound pass hides it, as it hides an unfused core's batched GEMMs), not beside it: adding
+    ``work(B)`` outside the ``max`` made a fused core slower than the unfused one on launch-bound FP8 layers
+    (``tests/test_tune.py::test_unfused_rule_is_safe_in_the_formulation``). Exactly 0 where ``B`` is 0
+    (``layer_pass(2·L) = 2·layer_pass(L)`` in floating point: doubling is exact)."""
+    return util.layer_pass(2.0 * L + B) - 2.0 * util.layer_pass(L)
 
 
 def layer_times(q: dict[str, np.ndarray], util: U.Utilization
@@ -817,7 +833,8 @@ def layer_times(q: dict[str, np.ndarray], util: U.Utilization
         rd = rd + q["rec_d"] / np.maximum(q["nd"], 1.0) * fd
         rm = rm + q["rec_m"] / np.maximum(q["nm"], 1.0) * fm
     if "Bd" in q:  # the fused attention core's measured backward (class_times)
-        rd, rm = rd + util.work(q["Bd"]), rm + util.work(q["Bm"])
+        rd = rd + backward_beyond_twice(util, q["Ld"], q["Bd"])
+        rm = rm + backward_beyond_twice(util, q["Lm"], q["Bm"])
     return (fd, fm), (2.0 * fd + rd, 2.0 * fm + rm)
 
 
