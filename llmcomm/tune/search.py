@@ -62,6 +62,7 @@ from ..bounds import check_tune_candidates, check_tune_gpus
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
+from .bound import lower_bounds
 from .space import (
     DIMENSIONS,
     TWIN_COLUMNS,
@@ -220,6 +221,43 @@ def overlap_dominated(cands: pd.DataFrame) -> np.ndarray:
     return _has_twin(cands, dopt & ogr & ~opg, {"overlap_param_gather": True})
 
 
+BOUND = "lower_bound_s"  # the column of the candidates' lower bound (llmcomm.tune.bound) while they are searched
+FIRST_CHUNK = 512  # rows evaluated before the first threshold; each later chunk twice the previous
+
+
+def branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(table, beyond)``: the candidates evaluated (``evaluate(frame)`` adds ``total_s``), in chunks in the
+    order of their lower bound (column :data:`BOUND`, :mod:`llmcomm.tune.bound`), and those never evaluated
+    because their bound is above the ``top``-th smallest time found so far.
+
+    Safe: a row whose bound ``b`` exceeds the ``top``-th smallest time ``t_top`` among rows already evaluated
+    has ``total_s ≥ b > t_top``, so at least ``top`` evaluated rows are strictly faster and it is not among the
+    first ``top`` of the full ranking (ties at ``t_top`` are kept: ``b ≤ t_top`` is evaluated). The first
+    ``top`` rows of ``table`` sorted by ``total_s`` are therefore those of evaluating every row (ties ordered as
+    :func:`tune` orders them, by the other columns); ``tests/test_tune.py`` checks it against the search
+    without the bound."""
+    bound = cands[BOUND].to_numpy()
+    order = np.argsort(bound, kind="stable")
+    done: list[pd.DataFrame] = []
+    evaluated = np.zeros(len(cands), bool)
+    times = np.zeros(0)
+    at, chunk = 0, FIRST_CHUNK
+    while at < len(order):
+        thr = np.partition(times, top - 1)[top - 1] if len(times) >= top else np.inf
+        if bound[order[at]] > thr:  # every later row's bound is above too
+            break
+        sel = order[at:at + chunk]
+        sel = sel[bound[sel] <= thr]
+        part = evaluate(cands.iloc[sel].drop(columns=[BOUND]).reset_index(drop=True))
+        done.append(part)
+        evaluated[sel] = True
+        times = np.concatenate([times, part["total_s"].to_numpy()])
+        at, chunk = at + chunk, 2 * chunk
+    if not done:
+        done.append(evaluate(cands.iloc[:0].drop(columns=[BOUND])))
+    return pd.concat(done, ignore_index=True), cands[~evaluated]
+
+
 # ----------------------------------------------------------------------------------- explanations
 def has_split(model: ModelSpec, gpus: int, global_batch: int) -> bool:
     """Whether some tp·pp·dp = ``gpus`` satisfies the divisibility rules of :mod:`.space` (a quick check)."""
@@ -262,12 +300,14 @@ def _does_not_fit_error(model: ModelSpec, gpus: int, cluster: Cluster, global_ba
 # ------------------------------------------------------------------------------------------ search
 def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch: int, seq_len: int | None = None,
          *, space: SearchSpace | dict | None = None, prune: bool = True, bandwidth: Any = None,
-         utilization: Any = None, memory_fraction: float = 0.9) -> TuneResult:
+         utilization: Any = None, memory_fraction: float = 0.9, exact_top: int | None = 10) -> TuneResult:
     """Rank every valid configuration of ``model`` on ``gpus`` GPUs of ``cluster`` by predicted iteration time.
 
     ``memory_fraction``: the share of GPU memory a configuration may use (the rest is left to the CUDA context,
     NCCL buffers and fragmentation). Raises :class:`ConfigError` saying what would work when no configuration
-    is valid or none fits."""
+    is valid or none fits. ``exact_top`` (with ``prune``): the branch-and-bound on the compute-only lower
+    bound (rule ``lower-bound``, :func:`branch_and_bound`) keeps the first ``exact_top`` rows of ``table`` equal
+    to those of the search without it (``None``: no bound, every row the other rules keep is evaluated)."""
     from ..overhead.iteration import iteration_times
     from ..overhead.memory import memory_table
 
@@ -319,15 +359,26 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     # a memory-model row removed stands for its time-flag combinations (column ``rows``), removed by the same rule
     removed = [r.assign(rows=time_flag_multiplicity(model, r, space) * r.pop("twins").to_numpy() if "twins" in r
                         else time_flag_multiplicity(model, r, space)) for r in removed]
+    cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
     kept = expand_time_flags(model, kept.reset_index(drop=True), space)
     if prune:
         for rule, fn in (("overlap-dominated", overlap_dominated), ("same-as-without", same_as_without)):
             drop = fn(kept)
             removed.append(kept[drop].assign(rule=rule, rows=1))
             kept = kept[~drop]
+    bounded = prune and exact_top is not None and len(kept) > 0
+    if bounded:  # the lower bound of each row (llmcomm.tune.bound)
+        t_bound = time.perf_counter()
+        kept = kept.assign(**{BOUND: lower_bounds(model, kept, cluster_n, bandwidth, utilization)})
+        bound_s = time.perf_counter() - t_bound
     t_eval = time.perf_counter()
-    cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
-    table = iteration_times(model, kept.reset_index(drop=True), cluster_n, bandwidth, utilization)
+    if bounded:
+        table, beyond = branch_and_bound(kept.reset_index(drop=True), lambda c: iteration_times(
+            model, c, cluster_n, bandwidth, utilization), int(exact_top))
+        removed.append(beyond.assign(rule="lower-bound", rows=1))
+        removed = [r.drop(columns=[BOUND], errors="ignore") for r in removed]
+    else:
+        table = iteration_times(model, kept.reset_index(drop=True), cluster_n, bandwidth, utilization)
     eval_s = time.perf_counter() - t_eval
     flops = _iteration_flops(model, table)
     table["tokens_per_s"] = table["global_batch"] * table["seq_len"] / table["total_s"]
@@ -338,6 +389,8 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     stats = {"enumerated": enumerated, "evaluated": len(table), "pruned": int(pruned["rows"].sum()),
              "pruned_by_rule": {k: int(v) for k, v in by_rule.items()}, "prune": prune,
              "wall_s": time.perf_counter() - t0, "evaluate_s": eval_s}
+    if bounded:
+        stats["bound_s"] = bound_s
     return TuneResult(table, pruned, stats, model, cluster_n, gpus, global_batch,
                       {"seq_len": s, "memory_fraction": memory_fraction})
 
