@@ -33,13 +33,23 @@ candidates by rules that can never remove the optimum, each applied before any t
     the distributed optimizer with ``dp·cp = 1`` shards nothing and issues the same calls as without it, and
     ``tp_comm_overlap`` at tp = 1 overlaps nothing: exact ties, so only one copy is evaluated.
 
+``lower-bound``
+    branch-and-bound on the rows every other rule keeps: each row's lower bound (:mod:`llmcomm.tune.bound`:
+    the formulation's compute and the TP/EP/pipeline seconds that no flag of the row hides, through its own
+    pipeline expression, every other term at zero; why it is never above the row's time is proved there and
+    checked on every candidate of full spaces in ``tests/test_tune.py``), rows evaluated in the order of their
+    bound, in doubling chunks, until the next bound is above the ``exact_top``-th best time found
+    (:func:`branch_and_bound`): the first ``exact_top`` rows of the table (10 by default: the CLI's ``--top``
+    and notebook 08 read them) are those of evaluating every row.
+
 The order: the space's rows without the time-only flags (:data:`~llmcomm.tune.space.BOOL_TIME_FLAGS`, which the
 memory model does not read) are built first; ``unfused-dominated`` and ``fp8-param-gather-dominated`` act while
 they are built (their dominating twin never needs more memory, so no budget can undo them:
 :func:`~llmcomm.tune.space.dominated_combinations`, which counts what it leaves out); memory, ``recompute-dominated``
 and ``same-as-without`` act on those rows (each safe for every flag combination: the tests check the
 formulation's monotonicity over the full space, flags and FP8 included); then the flags are expanded and
-``overlap-dominated`` and ``same-as-without`` act on the expanded rows.
+``overlap-dominated`` and ``same-as-without`` act on the expanded rows; ``lower-bound`` acts last, while they are
+evaluated.
 
 Rules that need no time at all are in the space itself (:mod:`.space`): lighter-only uneven end stages, and the
 dimensions the cost model refuses (rule scope ``cost``) never enumerated.
