@@ -163,13 +163,26 @@ def _has_twin(cands: pd.DataFrame, drop: np.ndarray, changes: dict[str, Any]) ->
     n = len(cands)
     code_have = np.zeros(n, np.int64)
     code_want = np.zeros(len(idx), np.int64)
+    span = 1  # the codes are below span
     for c in key:
-        col = cands[c].to_numpy()
-        twin = np.full(len(idx), changes[c], dtype=col.dtype if col.dtype != object else object) if c in changes \
-            else col[idx]
-        codes, uniq = pd.factorize(np.concatenate([col, twin]), use_na_sentinel=False)
-        code_have = code_have * len(uniq) + codes[:n]
-        code_want = code_want * len(uniq) + codes[n:]
+        # each column coded once; a changed column's twin value is one constant, coded by the same uniques (or
+        # one past them where no row holds it)
+        codes, uniq = pd.factorize(cands[c].to_numpy(), use_na_sentinel=False)
+        radix = len(uniq) + 1
+        if c in changes:
+            v = changes[c]
+            hit = [i for i, u in enumerate(uniq.tolist()) if (u is None and v is None) or (
+                u is not None and v is not None and isinstance(u, bool) == isinstance(v, bool) and u == v)]
+            want = np.full(len(idx), hit[0] if hit else len(uniq), np.int64)
+        else:
+            want = codes[idx]
+        if span * radix >= 2**62:  # recode the pair together before the product overflows
+            both, uniq_codes = pd.factorize(np.concatenate([code_have, code_want]))
+            code_have, code_want = both[:n].astype(np.int64), both[n:].astype(np.int64)
+            span = len(uniq_codes)
+        code_have = code_have * radix + codes
+        code_want = code_want * radix + want
+        span *= radix
     out = np.zeros(n, bool)
     out[idx] = np.isin(code_want, code_have)
     return out
