@@ -1,5 +1,5 @@
-"""A lower bound on the formulation's iteration time that needs no communication, for the tuner's
-branch-and-bound (:func:`llmcomm.tune.search.tune`, rule ``lower-bound``).
+"""A lower bound on the formulation's iteration time from a stage's compute and the communication no flag of the
+row can hide, for the tuner's branch-and-bound (:func:`llmcomm.tune.search.tune`, rule ``lower-bound``).
 
 The formulation (:func:`llmcomm.overhead.iteration.combine`) gives, per configuration, with ``S_k`` the seconds
 of one micro-batch on stage class ``k`` (``first``; ``mid``, standing for the ``pp − 2`` middle stages, where
@@ -10,7 +10,7 @@ of one micro-batch on stage class ``k`` (``first``; ``mid``, standing for the ``
 
 (``forward_s + backward_s + recompute_s + tp/ep/pp/cp_comm_s`` are ``m·`` the critical class's terms, ``bubble_s``
 the second term, ``dp_comm_s = dp_exposed + m·fsdp``; ``Σ_r`` weights ``mid`` by ``pp − 2``). The bound is the
-same expression with every communication term at zero::
+same expression with the exposed communication, the DP term and the optimizer at zero (but see below)::
 
     bound = m·C_crit + (Σ_r C_r − C_crit)/v = (m − 1/v)·max_k C_k + Σ_r C_r / v
 
@@ -25,11 +25,17 @@ Why ``bound ≤ total_s`` for every configuration:
 3. ``C_k`` is the formulation's own compute (the ``q`` features of :func:`llmcomm.overhead.iteration.stages`
    through :func:`~llmcomm.overhead.iteration.class_times` and the same utilization model), not a re-derivation.
 
-``C_k`` does not read the dimensions of :data:`NOT_COMPUTE` (they change communication, sharding and memory,
-not the work of a micro-batch: ``dp`` enters only ``m``, which the bound takes per row), so it is computed once
-per distinct value of the others (:func:`lower_bounds`). ``tests/test_tune.py`` checks ``bound ≤ total_s`` on
-every candidate of full spaces (dense, MoE with expert TP, CP, FSDP, FP8, uneven stages) and that the
-once-per-key ``C_k`` equals the per-row one. The bound is multiplied by ``1 − 1e-9`` so that a configuration
+The bound also keeps, per class, the TP, EP and pipeline seconds that no flag of the row hides: ``tp`` unless
+``tp_comm_overlap``, ``ep`` unless ``moe_a2a_overlap``, ``pp`` unless ``overlap_p2p_comm`` with ``v > 1`` (the
+only places :func:`~llmcomm.overhead.iteration.combine` and :func:`llmcomm.overhead.overlap.pipeline_and_moe`
+change them; ``S_k`` then still holds them in full, so 1. holds with them in ``C_k``). Expert TP is read from
+the row (``etp``), never taken equal to ``tp``.
+
+``C_k`` and those seconds do not read the dimensions of :data:`NOT_COMPUTE` (they change the DP/CP calls,
+sharding, memory and what overlaps, not the work of a micro-batch nor its TP/EP/pipeline calls), so they are
+computed once per distinct value of the others (:func:`lower_bounds`). ``tests/test_tune.py`` checks
+``bound ≤ total_s`` on every candidate of full spaces (dense and MoE, CP, FSDP, FP8, uneven stages, the
+pipeline and all-to-all overlaps opened) and that the once-per-key seconds equal the per-row ones. The bound is multiplied by ``1 − 1e-9`` so that a configuration
 without any communication (where ``bound`` and ``total_s`` are the same sum in another order) is never above
 its time by a rounding.
 """
@@ -43,11 +49,15 @@ import pandas as pd
 
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec
-from .space import BOOL_TIME_FLAGS, DIMENSIONS
+from .space import DIMENSIONS
 
 # dimensions the per-micro-batch compute of a stage does not read (llmcomm.overhead.iteration._compute reads
-# micro-batch, sequence, tp, cp, ep, etp, SP, recomputation, fused attention, FP8 and the stage's layers)
-NOT_COMPUTE = ("distributed_optimizer", "fsdp", "fp8_param_gather", "cp_comm_type", *BOOL_TIME_FLAGS)
+# micro-batch, sequence, tp, cp, ep, etp, SP, recomputation, fused attention, FP8 and the stage's layers),
+# and the TP/EP/pipeline seconds before overlap do not read them either; named, not derived, so that a dimension
+# added to the space later is in the key (safe) until it is shown not to matter. ``dp`` is in the key: on a
+# given GPU count it follows from tp·cp·pp, so it costs nothing and the group placement may read it
+NOT_COMPUTE = ("distributed_optimizer", "fsdp", "fp8_param_gather", "cp_comm_type", "tp_comm_overlap",
+               "overlap_grad_reduce", "overlap_param_gather", "overlap_p2p_comm", "moe_a2a_overlap")
 ROUNDING = 1.0 - 1e-9
 
 
