@@ -32,10 +32,25 @@ for a gated MLP else 2; ``E`` experts of which ``E/ep`` local, ``topk`` routed, 
     output   m = T        n = V'/tp                 k = h            (last stage)
 
 Attention core per rank: batch ``b``, ``a/tp`` heads, ``s/cp`` queries against ``s`` keys, head dim ``d``, causal
-for a decoder; ``4·b·(a/tp)·(s/cp)·s·d`` FLOPs counted over the full score matrix and, unfused, ``2·5·b·(a/tp)·s²``
-bytes of score traffic (softmax, its dropout mask and output, read and written). Element-wise traffic of the rest
-of the layer: ``2·16·T·h/w + 2·2·T·f_eff/tp`` bytes (``w = tp`` with SP, else 1; ``f_eff`` the FFN width the
+for a decoder; ``4·b·(a/tp)·(s/cp)·s·d`` FLOPs counted over the full score matrix and, unfused,
+``SCORE_BYTES·b·(a/tp)·s²`` bytes of score traffic. Element-wise traffic of the rest of the layer:
+``ACTIVATION_BYTES·T·h/w + FFN_BYTES·T·f_eff/tp`` bytes (``w = tp`` with SP, else 1; ``f_eff`` the FFN width the
 tokens pass: ``f``, or ``(topk + S)·f_e``), as :func:`llmcomm.overhead.utilization.layer_features` counts them.
+The counts, per element of the tensor touched, 16-bit activations, are the kernels Megatron-DeepSpeed's GPT layer
+launches (``megatron/model/transformer.py``: ``ParallelTransformerLayer.forward``, ``ParallelAttention.forward``,
+``bias_dropout_add_fused_train``; Megatron-LM's layer has the same kernels)::
+
+    ACTIVATION_BYTES = 22   b·s·h: input and post-attention LayerNorm, each read + written (2 · 4 B); two
+                            fused bias-dropout-adds (TorchScript fuser: the CUDA lowering of dropout is
+                            ``rand_like(x) < 1-p``, fused with the bias and residual adds, torch
+                            ``symbolic_script.cpp`` ``dropout``), each reading x and the residual and writing
+                            the sum (6 B) and the bool mask kept for the backward (1 B): 2 · 7 B
+    FFN_BYTES = 4           b·s·f/tp: the fused bias-GeLU (``bias_gelu_impl``) reads and writes it
+    SCORE_BYTES = 13        b·(a/tp)·s², unfused core: Q·Kᵀ (``baddbmm``) writes the scores (2 B), the fused
+                            scale-mask-softmax reads and writes them (4 B), ``torch.nn.Dropout`` reads and writes
+                            them (4 B) and writes its bool mask (1 B), scores·V (``bmm``) reads them (2 B)
+
+(the kit counted 32 and 10 before: three unfused adds per residual branch and no mask or ``bmm`` read.)
 """
 
 from __future__ import annotations
@@ -52,6 +67,10 @@ from .stage_split import pipeline_split
 from .vocab import FUSED_ATTENTION_BACKENDS, RECOMPUTE_MODULES, dtype_bytes
 
 CLASSES = ("first", "mid", "last")
+# element-wise HBM bytes of one layer forward pass per element touched, 16-bit (module docstring: the kernels counted)
+ACTIVATION_BYTES = 22  # b·s·h: two LayerNorms, two fused bias-dropout-adds with their bool masks
+FFN_BYTES = 4  # b·s·f/tp: the fused bias-GeLU
+SCORE_BYTES = 13  # b·(a/tp)·s², unfused core: Q·Kᵀ out, softmax, dropout (+ bool mask), scores·V in
 
 
 # --------------------------------------------------------------------------------------- layer assignment
@@ -386,9 +405,9 @@ class AttentionCore:
         return full // 2 if self.fused and self.causal else full
 
     def score_bytes(self, act_bytes: int = 2) -> int:
-        """Unfused score traffic: softmax input/output, dropout mask and output, 5 tensors of ``b·heads·s²`` read
-        and written (in ``act_bytes`` elements; 2 as the utilization model counts); 0 fused."""
-        return 0 if self.fused else 2 * 5 * self.batch * self.heads * self.q_len * self.kv_len * act_bytes // 2
+        """Unfused score traffic (:data:`SCORE_BYTES` per score element at 16 bits, module docstring; scaled to
+        ``act_bytes`` elements; 2 as the utilization model counts); 0 fused."""
+        return 0 if self.fused else SCORE_BYTES * self.batch * self.heads * self.q_len * self.kv_len * act_bytes // 2
 
 
 @dataclass(frozen=True)
@@ -499,7 +518,7 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
                                              fp8=p.fp8 is not None)
                 layers.append(LayerStep(
                     la, moe, layer_gemms(model, p, moe), core,
-                    int(2 * 16 * T * h // fw + 2 * 2 * T * f_eff // tp),
+                    int(ACTIVATION_BYTES * T * h // fw + FFN_BYTES * T * f_eff // tp),
                     model.layer_parameter_split(la, tp, p.ep, etp=p.expert_tp), float(act),
                     tuple(program.layer_forward(ctx, la, 0)) if ctx else (),
                     tuple(program.layer_backward(ctx, la, 0)) if ctx else ()))

@@ -65,7 +65,12 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
                           quantization casts as element-wise bytes (:func:`_compute`); TP/DP bytes unchanged
 
 On a cluster whose GPU has a measured GEMM model (:func:`measured_gemm`: H100, H200 at their datasheet peak)
-the linear GEMMs are timed by it; A100 clusters keep the utilization fit's ``FLOPs/peak`` (byte-identical).
+the linear GEMMs and the output layer's logits GEMM are timed by it, and a fused attention core runs at
+cuDNN's measured rate with sliding windows counted (:mod:`llmcomm.overhead.attention_time`)::
+
+    backward = 2·forward + Σ_layers (t_bwd − 2·t_fwd)(attention core)     t_fwd = F/R_fwd, t_bwd = 2.5·F/R_bwd
+
+A100 clusters keep the utilization fit's ``FLOPs/peak`` (byte-identical).
 
 FSDP (``fsdp``, ``fsdp_reshard_after_forward``; :mod:`llmcomm.overhead.fsdp_time`): per micro-batch the units'
 parameter all-gathers and gradient reduce-scatters, exposed as prefetching leaves them (its equations), join the
@@ -95,7 +100,7 @@ from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import cp_time
+from . import attention_time, cp_time
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
@@ -612,10 +617,20 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     Measured GEMMs (``gemm_model``, a :class:`~llmcomm.overhead.gemm.GemmModel`: H100, H200): the linear layers'
     GEMMs of :func:`layer_gemm_shapes` (the step description's, :func:`llmcomm.step.layer_gemms`) are timed by it
     one by one (``bf16``, or ``fp8`` by its stated FP8 rule) and that time, in seconds, replaces their
-    ``FLOPs / peak`` in the gemm feature: the utilization fit's ``θ_gemm`` (fitted on A100, shipped at its bound
-    1.0) then multiplies measured time, which at 1.0 leaves it as measured. The backward is ``2·forward``
+    ``FLOPs / peak`` in the gemm feature; the utilization fit's ``θ_gemm`` (the A100 matmul efficiency of
+    ``FLOPs/peak``, fitted on vTrain's single-node runs) is then taken as 1 (:func:`combine`): measured time is
+    left as measured. The backward is ``2·forward``
     (dgrad and wgrad have the forward's FLOPs; their shapes are not timed apart). A100 (no GEMM table) keeps the
     ``FLOPs/peak`` features byte for byte.
+
+    With a measured GEMM model, also: the fused attention core (``Cd``/``Cm``, rows with ``fused_attention``)
+    in seconds at cuDNN's measured H100 rate, its FLOPs shortened by a sliding window on the windowed share of
+    the layers, and its backward beyond ``2·forward`` as ``Bd``/``Bm`` (gemm feature, seconds;
+    :func:`llmcomm.overhead.attention_time.core_seconds`, read by :func:`class_times`); the output layer's
+    logits GEMM (``T × V'/tp × h``, BF16: Megatron's ``output_layer`` is not a TE module) by the measured model
+    instead of ``FLOPs/peak`` (its cross-entropy bytes unchanged); an unfused attention core's two matmuls
+    (``baddbmm`` Q·Kᵀ and ``bmm`` scores·V, ``b·a/tp`` batched GEMMs of ``s×s×d`` and ``s×d×s``) by the measured
+    model too, its score traffic unchanged.
     """
     b, s, tp = c["micro_batch"], c["seq_len"] // c["cp"], c["tp"]  # s: tokens of one CP rank (cp_time)
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
@@ -651,7 +666,23 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     need = gemm_model is not None or c["tp_comm_overlap"].any() or any(
         rmods[k].any() for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
+    xb = {}  # the fused attention core's backward beyond 2·forward, per layer (attention_time; measured GPUs)
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
+        if fz.any():  # the fused attention core at cuDNN's measured rate, sliding windows counted (attention_time)
+            share = attention_time.windowed_share(model.num_layers, model.window_size, model.window_attn_skip_freq)
+            for key, C in (("Bd", Cd), ("Bm", Cm)):
+                t_f, t_b = attention_time.core_seconds(C[:, U.I["gemm"]] * peak, d, s, c["seq_len"],
+                                                       model.window_size, share)
+                C[:, U.I["gemm"]] = np.where(fz, t_f, C[:, U.I["gemm"]])
+                B = np.zeros_like(C)
+                B[:, U.I["gemm"]] = np.where(fz, t_b - 2.0 * t_f, 0.0)
+                xb[key] = B
+        if (~fz).any():  # unfused: Q·Kᵀ (s×s×d) and scores·V (s×d×s), b·a/tp batched GEMMs, by the measured model
+            bh = (b * a // tp).astype(np.int64)
+            sq = s.astype(np.int64)
+            t_un = gemm_model.time(sq, sq, d, bh, "bf16") + gemm_model.time(sq, d, sq, bh, "bf16")
+            for C in (Cd, Cm):
+                C[:, U.I["gemm"]] = np.where(fz | (C[:, U.I["gemm"]] == 0), C[:, U.I["gemm"]], t_un)
         sec = {}
         for name, (m_, n_, k_, bt) in shapes.items():
             t16 = gemm_model.time(m_, n_, k_, bt, "bf16")
@@ -669,14 +700,18 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP, BF16)
     Gag = nd * (sec.get("qkv", z) + sec.get("fc1", z)) + nm * (sec.get("qkv", z) + sec.get("shared_fc1", 0.0))
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
-    E = (holds_first[:, None] * U.embedding_features(b, s, h, hbm)
-         + holds_last[:, None] * U.output_features(b, s, tp, h, model.padded_vocab_size(tp), peak, hbm))
+    vp = model.padded_vocab_size(tp)
+    out_x = U.output_features(b, s, tp, h, vp, peak, hbm)
+    if gemm_model is not None and holds_last.any():  # the logits GEMM (BF16: not a TE module) by the measured model
+        out_x[:, U.I["gemm"]] = gemm_model.time(T.astype(np.int64), vp // tp, h * np.ones_like(tp), 1, "bf16")
+    E = holds_first[:, None] * U.embedding_features(b, s, h, hbm) + holds_last[:, None] * out_x
     core = c.get("rm_core_attn", c["recompute"] == 1)  # selective recomputation of the attention core
     out = {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
            "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
            "sel": np.asarray(core, dtype=np.float64), "Gag": Gag, "Grs": Grs}
     if "rm_mlp" in c:  # --recompute-modules given (arrays() sets the flags then)
         out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
+    out.update(xb)
     return out
 
 
@@ -724,6 +759,8 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
 
         forward   = nd·t_pass(dense) + nm·t_pass(MoE) + work(embedding, output)
         backward  = 2·forward                                  (twice the FLOPs, bytes and kernels)
+                  + nd·work(Bd) + nm·work(Bm)                  (measured GPUs: the fused attention core's
+                                                                backward beyond twice its forward, attention_time)
         recompute = full·(nd·t_pass(dense) + nm·t_pass(MoE)) + selective·work(attention cores)
     """
     layers = q["nd"] * util.layer_pass(q["Ld"]) + q["nm"] * util.layer_pass(q["Lm"])
@@ -731,7 +768,10 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
     rec = q["full"] * layers + q["sel"] * (q["nd"] * util.work(q["Cd"]) + q["nm"] * util.work(q["Cm"]))
     if "Rd" in q:  # --recompute-modules beside the attention core (recompute_module_features)
         rec = rec + q["nd"] * util.work(q["Rd"]) + q["nm"] * util.work(q["Rm"])
-    return fwd, 2.0 * fwd, rec
+    bwd = 2.0 * fwd
+    if "Bd" in q:  # the fused attention core's backward at its measured rate (llmcomm.overhead.attention_time)
+        bwd = bwd + q["nd"] * util.work(q["Bd"]) + q["nm"] * util.work(q["Bm"])
+    return fwd, bwd, rec
 
 
 def layer_times(q: dict[str, np.ndarray], util: U.Utilization
@@ -742,6 +782,8 @@ def layer_times(q: dict[str, np.ndarray], util: U.Utilization
     fd, fm = util.layer_pass(q["Ld"]), util.layer_pass(q["Lm"])
     rd = q["full"] * fd + q["sel"] * util.work(q["Cd"]) + (util.work(q["Rd"]) if "Rd" in q else 0.0)
     rm = q["full"] * fm + q["sel"] * util.work(q["Cm"]) + (util.work(q["Rm"]) if "Rm" in q else 0.0)
+    if "Bd" in q:  # the fused attention core's measured backward (class_times)
+        rd, rm = rd + util.work(q["Bd"]), rm + util.work(q["Bm"])
     return (fd, fm), (2.0 * fd + rd, 2.0 * fm + rm)
 
 
@@ -756,6 +798,8 @@ def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
     core = q["sel"][:, None] * (q["nd"][:, None] * q["Cd"] + q["nm"][:, None] * q["Cm"]) * w
     if "Rd" in q:  # --recompute-modules
         core = core + (q["nd"][:, None] * q["Rd"] + q["nm"][:, None] * q["Rm"]) * w
+    if "Bd" in q:  # the fused attention core's measured backward (class_times)
+        core = core + (q["nd"][:, None] * q["Bd"] + q["nm"][:, None] * q["Bm"]) * w
     return (3.0 + q["full"][:, None]) * layers + 3.0 * q["E"] * w + core
 
 
@@ -786,6 +830,7 @@ class Stages:
     align_grad_reduce: np.ndarray | None = None
     fsdp: np.ndarray | None = None  # FSDP rows (llmcomm.overhead.fsdp_time)
     cp: np.ndarray | None = None  # context-parallel size (cp_time.exposed)
+    measured_gemm: bool = False  # the linear GEMMs' gemm feature is measured seconds (combine: θ_gemm = 1)
 
 
 def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
@@ -807,8 +852,8 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     hl3 = np.concatenate([e[1] for e in edges])
     layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
                np.concatenate([layers[cls][1] for cls in CLASSES]))
-    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops,
-                  measured_gemm(cluster) if measured_gemms else None)
+    gm = measured_gemm(cluster) if measured_gemms else None
+    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
@@ -884,7 +929,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
                   np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
                   _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
-                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"])
+                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None)
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
@@ -953,8 +998,20 @@ def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -
     return np.maximum(ag / nb, ag - fwd * (nb - 1.0) / nb)
 
 
+def combine_utilization(st: Stages, util: U.Utilization) -> U.Utilization:
+    """The utilization model :func:`combine` times ``st`` with (``θ_gemm = 1`` where the GEMMs are measured; see
+    there); also what the tuner's lower bound (:mod:`llmcomm.tune.bound`) times the compute with."""
+    if st.measured_gemm and util.coef[U.I["gemm"]] != 1.0:
+        return util.with_gemm_efficiency(1.0)
+    return util
+
+
 def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
-    """The terms of :data:`TERMS` from :class:`Stages` and a utilization model (module docstring)."""
+    """The terms of :data:`TERMS` from :class:`Stages` and a utilization model (module docstring). Where the
+    linear GEMMs are measured seconds (``st.measured_gemm``: H100, H200) ``θ_gemm`` is taken as 1: it is the A100
+    matmul efficiency of ``FLOPs/peak`` features (the single-node fit), and a measured kernel time already holds
+    its own (the attention core stays at ``FLOPs/peak`` there, as it did while the fit sat at 1)."""
+    util = combine_utilization(st, util)
     pp, v, m = st.pp, st.vpp, st.m
     n = len(pp)
     tpo = st.tp_comm_overlap if st.tp_comm_overlap is not None else np.zeros(n, bool)

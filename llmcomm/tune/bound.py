@@ -85,6 +85,7 @@ def class_seconds(model: ModelSpec, cands: pd.DataFrame, cluster: Cluster, bandw
     t = ParallelTable.from_frame(cands.reset_index(drop=True), model)
     bw, util = it._resolve(cluster, bandwidth, utilization)
     st = it.stages(model, t, cluster, bw)
+    util = it.combine_utilization(st, util)  # the model combine times the stages with
     out = {}
     for cls, r in st.cls.items():
         fwd, bwd, rec = it.class_times(r["q"], util)
