@@ -191,6 +191,10 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["moe_aux_loss_coeff"] = t.moe_aux_loss_coeff
     c["act_is_fp16"] = (t.act_dtype == "fp16").astype(np.int64)
     c["recompute"] = t.recompute_code
+    meth = np.asarray(t.recompute_method, dtype=object)
+    if (meth == "block").any():  # --recompute-method block: only the first N layers of each chunk (stages())
+        c["rblock"] = meth == "block"
+        c["rblock_n"] = np.where(c["rblock"], np.asarray(t.recompute_num_layers, np.int64), -1)
     c["fused_attention"] = t.fused_attention
     c["fp8"] = np.not_equal(t.fp8, None).astype(bool)  # type: ignore[call-overload]  # object array vs None
     c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
@@ -223,6 +227,9 @@ def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
 
 
 _CLASS_KEYS: dict[tuple[str, ...], list[tuple[str, tuple[str, str, str]]]] = {}
+# stack_classes' split of the keys into 2-D blocks, per key set, row count, dtypes and shapes
+_BLOCKS: dict[tuple[Any, ...], tuple[dict[Any, list[tuple[str, tuple[str, str, str]]]],
+                                     list[tuple[str, tuple[str, str, str]]]]] = {}
 
 
 def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -241,14 +248,22 @@ def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n = len(c["tp"])
     if n > 64:  # many rows: the copying costs the time, one concatenation per key copies once
         return {k: np.concatenate([c[a] for a in trio]) for k, trio in plan}
-    groups: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
-    out: dict[str, np.ndarray] = {}
-    for k, trio in plan:
-        arrs = [c[a] for a in trio]
-        if all(a.ndim == 1 and len(a) == n for a in arrs) and len({a.dtype for a in arrs}) == 1:
-            groups.setdefault(arrs[0].dtype, []).append((k, trio))
-        else:
-            out[k] = np.concatenate(arrs)
+    sig = (keys, n, tuple(v.dtype for v in c.values()), tuple(v.shape for v in c.values()))
+    split = _BLOCKS.get(sig)
+    if split is None:  # which keys go into one 2-D block per dtype (1-D, n rows, one dtype for the three classes)
+        blocks: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
+        alone = []
+        for k, trio in plan:
+            arrs = [c[a] for a in trio]
+            if all(a.ndim == 1 and len(a) == n for a in arrs) and len({a.dtype for a in arrs}) == 1:
+                blocks.setdefault(arrs[0].dtype, []).append((k, trio))
+            else:
+                alone.append((k, trio))
+        if len(_BLOCKS) > 256:
+            _BLOCKS.clear()
+        split = _BLOCKS[sig] = (blocks, alone)
+    groups, alone = split
+    out: dict[str, np.ndarray] = {k: np.concatenate([c[a] for a in trio]) for k, trio in alone}
     for items in groups.values():
         block = np.concatenate([np.array([c[trio[i]] for _, trio in items]) for i in range(3)], axis=1)
         out.update({k: block[j] for j, (k, _) in enumerate(items)})
@@ -297,6 +312,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tp, pp, dp, ep, v = c["tp"], c["pp"], c["dp"], c["ep"], c["vpp"]
     n = len(tp)
     sp, full = c["sp"], c["recompute"] == 2
+    if "rblock" in c:  # recompute_method="block": the checkpointed layers are counted apart (rec_d, rec_m)
+        full = full & ~c["rblock"]
     act, gby, pby = c["act_dtype"], c["grad_reduce_dtype"], c["param_dtype"]
     # fp8_param_gather: the DistOpt all-gathers FP8 weights, 1 byte each (biases and norms, a small share, are
     # counted at 1 byte too); the predictor does not carry this option yet (its bytes are param_dtype's)
@@ -320,13 +337,20 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     nsp, ysp = (~sp).astype(np.int64), sp.astype(np.int64)
     fr = full.astype(np.int64)
     # transformer blocks: dense layers have 2 blocks (attention, MLP), MoE layers 1 (+1 with shared experts)
-    blocks = 2 * nd + nm * (2 if model.num_shared_experts else 1)
+    per_moe = 2 if model.num_shared_experts else 1
+    blocks = 2 * nd + nm * per_moe
+    # recomputed layers (their forward calls again in the backward phase): every layer under full recomputation,
+    # the checkpointed ones under recompute_method="block" (llmcomm.step.recomputed_stage_classes)
+    rec_d, rec_m = nd * fr, nm * fr
+    if "rec_d" in c:
+        rec_d, rec_m = rec_d + c["rec_d"], rec_m + c["rec_m"]
+    rb = 2 * rec_d + rec_m * per_moe
     tpc("all_reduce", "forward", A, blocks * nsp)
-    tpc("all_reduce", "backward", A, blocks * nsp * (1 + fr))
+    tpc("all_reduce", "backward", A, blocks * nsp + rb * nsp)
     tpc("all_gather", "forward", A, blocks * ysp, ub=True)
     tpc("reduce_scatter", "forward", A, blocks * ysp, ub=True)
-    tpc("all_gather", "backward", A, blocks * ysp * (2 + fr), ub=True)
-    tpc("reduce_scatter", "backward", A, blocks * ysp * (1 + fr), ub=True)
+    tpc("all_gather", "backward", A, 2 * blocks * ysp + rb * ysp, ub=True)
+    tpc("reduce_scatter", "backward", A, blocks * ysp + rb * ysp, ub=True)
     # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
     # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
     rm = {k: c.get("rm_" + k, np.zeros(n, bool)).astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
@@ -336,24 +360,25 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         tpc("all_reduce", "backward", A, reblocks * nsp)
         tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
         tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
-    items += _cp_items(model, c, T, nd + nm, fr)
+    items += _cp_items(model, c, T, nd + nm, rec_d + rec_m)
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher, expert TP = TP (llmcomm.predict.ep)
         k, E = model.moe_router_topk, model.num_experts
         local = np.where(sp, T // tp, T)
-        fr = np.maximum(fr, rm["moe"])  # the MoE layer's forward calls again: full recomputation or recompute "moe"
-        rec = 1 + fr  # forward calls, and again in the backward phase under full recomputation
+        # the MoE layers whose forward calls run again in the backward phase: full recomputation (or block's
+        # checkpointed ones) or recompute "moe"
+        mf = np.maximum(rec_m, nm * rm["moe"])
         tpep = tp * ep
         cnt_on = (tpep > 1).astype(np.int64)
         rpn_tpep = c["k_tpep"]
         items.append(CommItem("ep", "ep", "all_gather", "forward", tpep * E * 8, nm * cnt_on, tpep, rpn_tpep,
                               "microbatch"))
-        items.append(CommItem("ep", "ep", "all_gather", "backward", tpep * E * 8, nm * cnt_on * fr, tpep,
+        items.append(CommItem("ep", "ep", "all_gather", "backward", tpep * E * 8, mf * cnt_on, tpep,
                               rpn_tpep, "microbatch"))
         tpcp, rpn_tpcp = tp * cp, np.where(cp > 1, c["k_tpcp"], rpn_tp)  # the router's tp x cp group
         aux_on = (c["moe_aux_loss_coeff"] > 0).astype(np.int64) * (tpcp > 1)  # router token-count all-reduce
         items.append(CommItem("ep", "ep", "all_reduce", "forward", 8 * E * one, nm * aux_on, tpcp, rpn_tpcp,
                               "microbatch"))
-        items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, nm * aux_on * fr, tpcp, rpn_tpcp,
+        items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, mf * aux_on, tpcp, rpn_tpcp,
                               "microbatch"))
         # expert TP (= TP): forward AG tokens, AG probabilities, RS output; backward AG output, RS probs, RS tokens
         rows = local * tp * k
@@ -361,9 +386,9 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         tpc("all_gather", "forward", tok, nm)
         tpc("all_gather", "forward", prb, nm)
         tpc("reduce_scatter", "forward", tok, nm)
-        tpc("all_gather", "backward", tok, nm * rec)
-        tpc("all_gather", "backward", prb, nm * fr)
-        tpc("reduce_scatter", "backward", tok, nm * rec)
+        tpc("all_gather", "backward", tok, nm + mf)
+        tpc("all_gather", "backward", prb, mf)
+        tpc("reduce_scatter", "backward", tok, nm + mf)
         tpc("reduce_scatter", "backward", prb, nm)
         split = np.rint(local * k * h * act / ep).astype(np.int64)
         psplit = np.rint(local * k * act / ep).astype(np.int64)
@@ -372,7 +397,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         for nb, n_calls in ((split * ep, 2), (psplit * ep, 1)):
             items.append(CommItem("ep", "ep", "all_to_all", "forward", nb, n_calls * nm * epon, ep, rpn_ep,
                                   "microbatch"))
-            items.append(CommItem("ep", "ep", "all_to_all", "backward", nb, n_calls * nm * epon * rec, ep, rpn_ep,
+            items.append(CommItem("ep", "ep", "all_to_all", "backward", nb, n_calls * (nm + mf) * epon, ep, rpn_ep,
                                   "microbatch"))
     f, la = holds_first.astype(np.int64), holds_last.astype(np.int64)
     # embedding: SP reduce-scatters only without learned positions (LanguageModelEmbedding), else all-reduce
@@ -500,10 +525,11 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
 
 
 def _cp_items(model: ModelSpec, c: dict[str, np.ndarray], tokens: np.ndarray, layers: np.ndarray,
-              full: np.ndarray) -> list[CommItem]:
+              recomputed: np.ndarray) -> list[CommItem]:
     """The CP calls of a stage per micro-batch (:func:`llmcomm.overhead.cp_time.cp_calls` per layer, times its
-    ``layers``; the forward's again in the backward phase under full recomputation), each ring send with its
-    receive, on the CP group as the layout places it."""
+    ``layers``; the forward's again in the backward phase for its ``recomputed`` layers: all under full
+    recomputation, the checkpointed ones under ``recompute_method="block"``), each ring send with its receive,
+    on the CP group as the layout places it."""
     cp, tp = c["cp"], c["tp"]
     if not np.any(cp > 1):
         return []
@@ -514,7 +540,7 @@ def _cp_items(model: ModelSpec, c: dict[str, np.ndarray], tokens: np.ndarray, la
     for cc in cp_time.cp_calls(model, cp, c["cp_comm_type"], tokens, tp, c["act_dtype"]):
         per_phase = [(cc.phase, cc.per_layer * layers)]
         if cc.fwd_kind:
-            per_phase.append(("backward", cc.per_layer * layers * full))
+            per_phase.append(("backward", cc.per_layer * recomputed))
         for phase, count in per_phase:
             if cc.op == "send":
                 for op in ("send", "recv"):
@@ -709,6 +735,9 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     out = {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
            "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
            "sel": np.asarray(core, dtype=np.float64), "Gag": Gag, "Grs": Grs}
+    if "rec_d" in c:  # recompute_method="block": the checkpointed layers only (llmcomm.step.recomputed_stage_classes)
+        out["full"] = np.where(c["rblock"], 0.0, out["full"])
+        out["rec_d"], out["rec_m"] = c["rec_d"].astype(np.float64), c["rec_m"].astype(np.float64)
     if "rm_mlp" in c:  # --recompute-modules given (arrays() sets the flags then)
         out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
     out.update(xb)
@@ -768,6 +797,8 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
     rec = q["full"] * layers + q["sel"] * (q["nd"] * util.work(q["Cd"]) + q["nm"] * util.work(q["Cm"]))
     if "Rd" in q:  # --recompute-modules beside the attention core (recompute_module_features)
         rec = rec + q["nd"] * util.work(q["Rd"]) + q["nm"] * util.work(q["Rm"])
+    if "rec_d" in q:  # recompute_method="block": one more forward pass of each checkpointed layer
+        rec = rec + q["rec_d"] * util.layer_pass(q["Ld"]) + q["rec_m"] * util.layer_pass(q["Lm"])
     bwd = 2.0 * fwd
     if "Bd" in q:  # the fused attention core's backward at its measured rate (llmcomm.overhead.attention_time)
         bwd = bwd + q["nd"] * util.work(q["Bd"]) + q["nm"] * util.work(q["Bm"])
@@ -782,6 +813,9 @@ def layer_times(q: dict[str, np.ndarray], util: U.Utilization
     fd, fm = util.layer_pass(q["Ld"]), util.layer_pass(q["Lm"])
     rd = q["full"] * fd + q["sel"] * util.work(q["Cd"]) + (util.work(q["Rd"]) if "Rd" in q else 0.0)
     rm = q["full"] * fm + q["sel"] * util.work(q["Cm"]) + (util.work(q["Rm"]) if "Rm" in q else 0.0)
+    if "rec_d" in q:  # recompute_method="block": a layer's recompute averaged over the stage's layers of its kind
+        rd = rd + q["rec_d"] / np.maximum(q["nd"], 1.0) * fd
+        rm = rm + q["rec_m"] / np.maximum(q["nm"], 1.0) * fm
     if "Bd" in q:  # the fused attention core's measured backward (class_times)
         rd, rm = rd + util.work(q["Bd"]), rm + util.work(q["Bm"])
     return (fd, fm), (2.0 * fd + rd, 2.0 * fm + rm)
@@ -800,7 +834,10 @@ def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
         core = core + (q["nd"][:, None] * q["Rd"] + q["nm"][:, None] * q["Rm"]) * w
     if "Bd" in q:  # the fused attention core's measured backward (class_times)
         core = core + (q["nd"][:, None] * q["Bd"] + q["nm"][:, None] * q["Bm"]) * w
-    return (3.0 + q["full"][:, None]) * layers + 3.0 * q["E"] * w + core
+    out = (3.0 + q["full"][:, None]) * layers + 3.0 * q["E"] * w + core
+    if "rec_d" in q:  # recompute_method="block": the checkpointed layers' forward once more
+        out = out + q["rec_d"][:, None] * Dd + q["rec_m"][:, None] * Dm
+    return out
 
 
 # ----------------------------------------------------------------------------------------- evaluate
@@ -852,6 +889,10 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     hl3 = np.concatenate([e[1] for e in edges])
     layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
                np.concatenate([layers[cls][1] for cls in CLASSES]))
+    if "rblock" in c:  # recompute_method="block": the layers each stage class recomputes
+        rec = step.recomputed_stage_classes(model, pp, c["vpp"], c["rblock_n"], {k: c[k] for k in step.UNEVEN})
+        c3["rec_d"] = np.concatenate([rec[cls][0] for cls in CLASSES])
+        c3["rec_m"] = np.concatenate([rec[cls][1] for cls in CLASSES])
     gm = measured_gemm(cluster) if measured_gemms else None
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
@@ -864,25 +905,39 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
                                           "pp_sb", "pp_nb", "ep_a2a")})
     cp_calls: list[tuple[str, np.ndarray, np.ndarray]] = []  # (tag, seconds per call, calls): cp_time.exposed
-    items = [(it, it.count > 0) for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
+    calls = [it for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
              if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
-    items = [(it, live) for it, live in items if live.any()]
-    times = _batched_times(bandwidth, items) if n3 <= 192 else None
+    small = n3 <= 192
+    if small:  # a few rows: which rows call, read as Python values (one conversion, not two numpy calls)
+        live_rows = [[c_ > 0 for c_ in it.count.tolist()] for it in calls]
+        items = [(it, live) for it, live in zip(calls, live_rows, strict=True) if any(live)]
+    else:
+        items = [(it, it.count > 0) for it in calls]
+        items = [(it, live) for it, live in items if live.any()]
+    times, xs = _batched_times(bandwidth, items) if small else (None, None)
+    fast = isinstance(bandwidth, _Timer) and bandwidth.fast
     for j, (it, live) in enumerate(items):
         if times is not None:
             tt = times[j]
-        elif live.all():
-            tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
         else:
-            tt = np.zeros(n3)
-            tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
+            # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
+            x = bus_factor(it.op, it.size) * it.nbytes
+            if fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
+                tt = bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
+            elif live.all():
+                tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
+            else:
+                tt = np.zeros(n3)
+                tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
+        if xs is not None:
+            x = xs[j]
         if it.unit:  # FSDP: one unit's call, timed per call (fsdp_time.exposed), per micro-batch
             per_mb = 1.0 if it.per == "microbatch" else 1.0 / (c3["global_batch"] // (c3["micro_batch"] * c3["dp"]))
             if it.per == "iteration":  # a call once per iteration, spread over its micro-batches
                 tt = tt * it.count * per_mb
             tot["fsdp:" + it.unit] = tot.get("fsdp:" + it.unit, np.zeros(n3)) + tt
             tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
-            tot["fsdp_bus"] += it.count * per_mb * (bus_factor(it.op, it.size) * it.nbytes)
+            tot["fsdp_bus"] += it.count * per_mb * x
             continue
         tot[it.term] += it.count * tt
         if it.ub:
@@ -901,7 +956,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
             tot["pp_nf" if f_ else "pp_nb"] += it.count
         elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
             tot["ep_a2a"] += it.count * tt
-        tot[it.term + "_bus"] += it.count * (bus_factor(it.op, it.size) * it.nbytes)  # nccl-tests bus bytes
+        tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
     dn3 = params3[0] + params3[1]
@@ -932,26 +987,42 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None)
 
 
-def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
-    """Each item's call times (0 where it issues no call), one ``bandwidth.time`` per op over every item's live
-    rows: for a few configurations the per-call overhead, not the arithmetic, is the cost. Elementwise, so equal
-    to timing item by item."""
-    out = [np.zeros(len(it.count)) for it, _ in items]
+def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
+                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each item's call times and nccl-tests bus bytes ``bus_factor(op, size)·nbytes`` (both 0 where it issues
+    no call), for a few rows: for one configuration the per-call overhead, not the arithmetic, is the cost.
+    Through a caching :class:`_Timer` of a :class:`~llmcomm.overhead.bandwidth.Bandwidth` each distinct call
+    (op, group size, ranks per node, bytes) is evaluated once (:meth:`_Timer.calls`); any other model is called
+    once per op over every item's live rows. Elementwise, so equal to timing item by item."""
+    n = len(items[0][0].count) if items else 0
+    if isinstance(bandwidth, _Timer) and bandwidth.fast:
+        memo = bandwidth.calls(items)
+        out_t, out_x = [], []
+        for it, live in items:
+            op, sz, rp, nb = it.op, it.size.tolist(), it.rpn.tolist(), it.nbytes.tolist()
+            tx = [memo[(op, sz[i], rp[i], nb[i])] if on else (0.0, 0.0) for i, on in enumerate(live)]
+            out_t.append(np.array([a for a, _ in tx]))
+            out_x.append(np.array([b for _, b in tx]))
+        return out_t, out_x
+    out = [np.zeros(n) for _ in items]
+    xs = [np.zeros(n) for _ in items]
     by_op: dict[str, list[int]] = {}
     for j, (it, _) in enumerate(items):
         by_op.setdefault(it.op, []).append(j)
     for op, js in by_op.items():
-        sel = [items[j][1] for j in js]
+        sel = [np.asarray(items[j][1], dtype=bool) for j in js]
         nb = np.concatenate([items[j][0].nbytes[m] for j, m in zip(js, sel, strict=True)])
         size = np.concatenate([items[j][0].size[m] for j, m in zip(js, sel, strict=True)])
         rpn = np.concatenate([items[j][0].rpn[m] for j, m in zip(js, sel, strict=True)])
         tt = bandwidth.time(op, nb, size, rpn)
+        x = bus_factor(op, size) * nb
         at = 0
         for j, m in zip(js, sel, strict=True):
             k = int(m.sum())
             out[j][m] = tt[at:at + k]
+            xs[j][m] = x[at:at + k]
             at += k
-    return out
+    return out, xs
 
 
 def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: np.ndarray, g_ag: np.ndarray,
@@ -1105,6 +1176,69 @@ class _Timer:
         self.fast = hasattr(bandwidth, "regime")
         self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
+        self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
+
+    def calls(self, items: list[tuple[CommItem, list[bool]]]
+              ) -> dict[tuple[str, int, int, float], tuple[float, float]]:
+        """``{(op, group size, ranks per node, bytes): (seconds, bus bytes)}`` holding every live call of
+        ``items``: the calls not met before are evaluated, grouped by regime, with ``bus_factor`` and
+        ``eval_pieces`` as :meth:`time` does (a group of one rank: 0 s), and kept (up to :data:`CALL_MEMO_SIZE`
+        calls, then forgotten all at once). A sweep of one model meets the same calls again and again."""
+        memo = self.memo
+        if len(memo) > CALL_MEMO_SIZE:
+            memo.clear()
+        todo: dict[tuple[str, int, int], dict[Any, None]] = {}
+        for it, live in items:
+            op, sz, rp, nb = it.op, it.size.tolist(), it.rpn.tolist(), it.nbytes.tolist()
+            for i, on in enumerate(live):
+                if on and (op, sz[i], rp[i], nb[i]) not in memo:
+                    todo.setdefault((op, sz[i], rp[i]), {})[nb[i]] = None
+        for (op, nn, kk), nbs in todo.items():
+            nbytes = list(nbs)
+            x = bus_factor(op, np.full(len(nbytes), nn)) * np.asarray(nbytes, dtype=np.float64)
+            if nn == 1:
+                tt = np.zeros(len(nbytes))
+            else:
+                reg = self.cache.get((op, nn, kk))
+                if reg is None:
+                    reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+                tt = eval_pieces(x, *reg)[0]
+            memo.update({(op, nn, kk, b): (t, xb) for b, t, xb in zip(nbytes, tt.tolist(), x.tolist(), strict=True)})
+        return memo
+
+    def time_rows(self, op: str, x: np.ndarray, n: np.ndarray, k: np.ndarray, live: np.ndarray) -> np.ndarray:
+        """Seconds of one call on the rows ``live`` (0 elsewhere) from its bus bytes ``x = bus_factor(op, n)·nbytes``
+        (all rows): ``time(op, nbytes[live], n[live], k[live])`` placed in zeros, with the rows grouped by
+        (``n``, ``k``) once per pair of arrays (items share them) instead of once per call. Fast timers only."""
+        hit = self.groups.get((id(n), id(k)))
+        if hit is not None and hit[0] is n and hit[1] is k:
+            uniq, inv = hit[2], hit[3]
+        else:
+            n64, k64 = np.asarray(n, dtype=np.int64), np.asarray(k, dtype=np.int64)
+            key = n64 * (1 << 20) + k64
+            if len(key) and (key == key[0]).all():
+                uniq, inv = key[:1], np.zeros(len(key), np.int64)
+            else:
+                inv, uniq = pd.factorize(key, sort=False)
+            self.groups[(id(n), id(k))] = (n, k, uniq, inv)
+        out = np.zeros(len(x))
+        every = bool(live.all())
+        xl = x if every else x[live]
+        il = inv if every else inv[live]
+        tl = out if every else np.zeros(len(xl))
+        present = np.bincount(il, minlength=len(uniq)) if len(uniq) > 1 else np.ones(1, np.int64)
+        for i, u in enumerate(uniq.tolist()):
+            nn, kk = u >> 20, u & ((1 << 20) - 1)
+            if nn == 1 or not present[i]:  # no call's time, or a group no live row is in
+                continue
+            sel = slice(None) if len(uniq) == 1 else il == i
+            reg = self.cache.get((op, nn, kk))
+            if reg is None:
+                reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+            tl[sel] = eval_pieces(xl[sel], *reg)[0]
+        if not every:
+            out[live] = tl
+        return out
 
     def reset(self) -> None:
         """Forget the grouping of rows by (group size, ranks per node) cached for the current arrays."""
@@ -1126,6 +1260,21 @@ class _Timer:
         k = np.asarray(k, dtype=np.int64)
         x = bus_factor(op, n) * nbytes
         out = np.zeros(len(x))
+        if len(x) <= SMALL_ROWS:  # a few rows (one configuration's calls): grouped by a dict, no hashing pass
+            by: dict[tuple[int, int], list[int]] = {}
+            for i, g in enumerate(zip(n.tolist(), k.tolist(), strict=True)):
+                by.setdefault(g, []).append(i)
+            for (nn, kk), idx in by.items():
+                if nn == 1:
+                    continue
+                reg = self.cache.get((op, nn, kk))
+                if reg is None:
+                    reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+                if len(by) == 1:
+                    out = eval_pieces(x, *reg)[0]
+                else:
+                    out[idx] = eval_pieces(x[idx], *reg)[0]
+            return out
         hit = self.groups.get((id(n), id(k)))
         if hit is not None and hit[0] is n and hit[1] is k:
             uniq, inv = hit[2], hit[3]
@@ -1149,6 +1298,8 @@ class _Timer:
         return out
 
 
+CALL_MEMO_SIZE = 200_000  # distinct calls a _Timer keeps (_Timer.calls)
+SMALL_ROWS = 256  # _Timer.time groups this many rows or fewer by a dict (pandas' hashing pays off above)
 _TIMERS: dict[int, tuple[Any, _Timer]] = {}
 
 
