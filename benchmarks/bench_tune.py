@@ -2,7 +2,9 @@
 etp, micro-batch, vpp, SP, recompute, distributed optimizer, FSDP, attention backend, FP8 and its parameter gather
 on H100, tp_comm_overlap, overlap_grad_reduce, overlap_param_gather: every value the cost model can rank),
 exhaustive against pruned, with the candidate counts (``candidates``: configurations in the space;
-``evaluated``: those the formulation timed) and whether both find the same optimum:
+``evaluated``: those the formulation timed) and whether both find the same optimum. The pruned search runs the
+branch-and-bound of :mod:`llmcomm.tune.bound` with its default ``exact_top=10`` (the first ten rows exact;
+rule ``lower-bound`` in the printed counts):
 
 * LLaMA-3 405B on 16,384 H100s (h100-80g-ndr400), global batch 2,048 sequences of 8,192 tokens (16M tokens,
   Meta's pre-training recipe) — target: pruned search under 2 s;

@@ -58,12 +58,23 @@ def _objects(values: Any, n: int) -> np.ndarray:
     into a second axis."""
     out = np.empty(n, dtype=object)
     if isinstance(values, (list, np.ndarray, pd.Series)) and len(values) == n:
+        if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1 and _hashable(values):
+            out[:] = values  # no list among them (a list is not hashable): the same objects, element for element
+            return out
         for i, v in enumerate(values):
             out[i] = tuple(v) if isinstance(v, list) else v
     else:
-        for i in range(n):
-            out[i] = values
+        out.fill(values)  # the same object in every row, as the element-wise assignment put it
     return out
+
+
+def _hashable(values: np.ndarray) -> bool:
+    """Whether every element hashes (so none is a list), through pandas' hash table (no Python loop)."""
+    try:
+        pd.factorize(values)
+    except TypeError:
+        return False
+    return True
 
 
 def _codes(values: np.ndarray, table: Mapping[str, Any], field: str) -> np.ndarray:
@@ -168,7 +179,8 @@ class ParallelTable:
         for f in FIELDS:
             v = columns.get(f, DEFAULTS[f])
             if f in OBJECT_FIELDS:
-                cols[f] = _objects(v if np.ndim(v) == 0 or isinstance(v, tuple) else list(v), n)
+                cols[f] = _objects(v if np.ndim(v) == 0 or isinstance(v, tuple) or (
+                    isinstance(v, np.ndarray) and v.dtype == object) else list(v), n)
                 continue
             if v is None:
                 v = -1

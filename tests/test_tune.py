@@ -163,6 +163,50 @@ def test_same_as_without_rule_is_an_exact_tie() -> None:
     assert len(tie) and (tie[True] == tie[False]).all()
 
 
+OPEN_FLAGS = {"overlap_p2p_comm": (False, True), "moe_a2a_overlap": (False, True)}  # off in the default space
+BOUND_CASES = (("gpt3-13b", 32, 256, H100, None, {}), ("llama3-8b", 32, 256, A100, None, {}),
+               ("llama3-8b", 16, 16, H100, 32768, {}),  # context parallelism (cp up to 16) and FSDP
+               ("mixtral-8x7b", 16, 32, H100, None, OPEN_FLAGS),  # MoE: EP, its all-to-all overlap opened
+               pytest.param("mixtral-8x7b", 32, 128, H100, None, OPEN_FLAGS, marks=pytest.mark.slow),
+               pytest.param("deepseek-moe-16b", 64, 256, H100, None, OPEN_FLAGS, marks=pytest.mark.slow),
+               pytest.param("gpt3-175b", 64, 128, H100, None, OPEN_FLAGS, marks=pytest.mark.slow))
+
+
+@pytest.mark.parametrize("name, gpus, batch, cluster, seq, opened", BOUND_CASES)
+def test_lower_bound_is_below_the_time_of_every_candidate(name, gpus, batch, cluster, seq, opened) -> None:  # noqa: ANN001
+    """The branch-and-bound's safety (llmcomm.tune.bound): bound <= total_s on every candidate of the full space
+    (flags, FP8, CP, FSDP, uneven stages; the pipeline and all-to-all overlaps opened where asked), and the
+    stage seconds computed once per compute key equal those computed row by row."""
+    from llmcomm.tune.bound import lower_bounds
+
+    model = lc.load_model(name)
+    cands = enumerate_candidates(model, gpus, batch, seq, space=SearchSpace(**opened).for_cluster(cluster))
+    t = iteration_times(model, cands, cluster.for_world(gpus))
+    lb = lower_bounds(model, t, cluster.for_world(gpus))
+    assert len(t) > 1000 and np.all(lb > 0)
+    assert np.all(lb <= t["total_s"].to_numpy()), (t["total_s"].to_numpy() - lb).min()
+    if seq:
+        assert (t["cp"] > 1).any() and t["fsdp"].any()
+    if opened and lc.load_model(name).is_moe:
+        assert t["moe_a2a_overlap"].any() and t["overlap_p2p_comm"].any()
+    sample = t.sample(min(len(t), 400), random_state=0).reset_index(drop=True)
+    assert np.array_equal(lower_bounds(model, sample, cluster.for_world(gpus)),
+                          lower_bounds(model, sample, cluster.for_world(gpus), dedupe=False))
+    # and it prunes: most candidates are bounded above the optimum
+    assert (lb > t["total_s"].min()).mean() > 0.5
+
+
+def test_branch_and_bound_keeps_the_top_rows() -> None:
+    """With the bound the first exact_top rows of the table are those of the search without it."""
+    for name, gpus, batch, top in (("gpt3-13b", 64, 512, 10), ("mixtral-8x7b", 32, 128, 3)):
+        a = tune(name, gpus, H100, batch, exact_top=top)
+        b = tune(name, gpus, H100, batch, exact_top=None)
+        cols = [*DIMENSIONS, "total_s"]
+        assert a.table.head(top)[cols].equals(b.table.head(top)[cols])
+        assert a.stats["evaluated"] < b.stats["evaluated"] and a.stats["pruned_by_rule"]["lower-bound"] > 0
+        assert a.stats["evaluated"] + a.stats["pruned"] == a.stats["enumerated"] == b.stats["enumerated"]
+
+
 SMALL = ["gpt3-1.3b", "gpt3-6.7b", "gpt3-13b", "llama2-7b", "llama3-8b", "megatron-gpt-18b", "mixtral-8x7b"]
 
 
@@ -177,20 +221,26 @@ def _odd_layers(name: str, layers: int) -> lc.ModelSpec:
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(SMALL), gpus=st.sampled_from([8, 16, 32, 64, 96, 128]),
        batch=st.sampled_from([64, 96, 128, 256, 512]), layers=st.sampled_from([0, 0, 14, 30, 38]),
-       cluster=st.sampled_from(["a100", "h100"]))
-def test_pruned_optimum_equals_exhaustive(name: str, gpus: int, batch: int, layers: int, cluster: str) -> None:
+       cluster=st.sampled_from(["a100", "h100"]), opened=st.booleans())
+def test_pruned_optimum_equals_exhaustive(name: str, gpus: int, batch: int, layers: int, cluster: str,
+                                          opened: bool) -> None:
     """Over the whole space (uneven stages, both attention backends, every recompute, the overlap flags, on H100
-    FP8 and its parameter gather too), odd layer counts too; the counts add up to the exhaustive enumeration."""
+    FP8 and its parameter gather too; ``opened``: the pipeline and all-to-all overlaps too), odd layer counts
+    too; the counts add up to the exhaustive enumeration; the branch-and-bound (llmcomm.tune.bound) keeps the
+    top 10 of the pruned search without it."""
     model = _odd_layers(name, layers) if layers else lc.load_model(name)
     hw = A100 if cluster == "a100" else H100
+    space = OPEN_FLAGS if opened else None
     try:
-        full = tune(model, gpus, hw, batch, prune=False)
+        full = tune(model, gpus, hw, batch, prune=False, space=space)
     except lc.ConfigError:
         with pytest.raises(lc.ConfigError):
-            tune(model, gpus, hw, batch, prune=True)
+            tune(model, gpus, hw, batch, prune=True, space=space)
         return
-    pruned = tune(model, gpus, hw, batch, prune=True)
+    pruned = tune(model, gpus, hw, batch, prune=True, space=space)
+    unbounded = tune(model, gpus, hw, batch, prune=True, space=space, exact_top=None)
     assert pruned.best["total_s"] == full.best["total_s"]
+    assert np.array_equal(pruned.table["total_s"].head(10), unbounded.table["total_s"].head(10))
     assert pruned.stats["evaluated"] <= full.stats["evaluated"]
     assert pruned.stats["evaluated"] + pruned.stats["pruned"] == full.stats["enumerated"] == pruned.stats["enumerated"]
     assert full.stats["evaluated"] + full.stats["pruned"] == full.stats["enumerated"]
@@ -202,7 +252,7 @@ def test_result_tables() -> None:
     assert (np.diff(t["total_s"].to_numpy()) >= 0).all()
     assert (t["total_bytes"] <= 0.9 * A100.gpu_memory_bytes).all()
     assert set(r.pruned["rule"]) <= {"memory", "recompute-dominated", "unfused-dominated", "same-as-without",
-                                     "fp8-param-gather-dominated", "overlap-dominated"}
+                                     "fp8-param-gather-dominated", "overlap-dominated", "lower-bound"}
     assert r.stats["enumerated"] == len(t) + r.pruned["rows"].sum()
     best = r.best_parallel()
     assert best.world_size == 64 and best.global_batch == 512

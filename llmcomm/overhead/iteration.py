@@ -1086,13 +1086,20 @@ def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -
     return np.maximum(ag / nb, ag - fwd * (nb - 1.0) / nb)
 
 
+def combine_utilization(st: Stages, util: U.Utilization) -> U.Utilization:
+    """The utilization model :func:`combine` times ``st`` with (``θ_gemm = 1`` where the GEMMs are measured; see
+    there); also what the tuner's lower bound (:mod:`llmcomm.tune.bound`) times the compute with."""
+    if st.measured_gemm and util.coef[U.I["gemm"]] != 1.0:
+        return util.with_gemm_efficiency(1.0)
+    return util
+
+
 def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
     """The terms of :data:`TERMS` from :class:`Stages` and a utilization model (module docstring). Where the
     linear GEMMs are measured seconds (``st.measured_gemm``: H100, H200) ``θ_gemm`` is taken as 1: it is the A100
     matmul efficiency of ``FLOPs/peak`` features (the single-node fit), and a measured kernel time already holds
     its own (the attention core stays at ``FLOPs/peak`` there, as it did while the fit sat at 1)."""
-    if st.measured_gemm and util.coef[U.I["gemm"]] != 1.0:
-        util = util.with_gemm_efficiency(1.0)
+    util = combine_utilization(st, util)
     pp, v, m = st.pp, st.vpp, st.m
     n = len(pp)
     tpo = st.tp_comm_overlap if st.tp_comm_overlap is not None else np.zeros(n, bool)

@@ -128,6 +128,18 @@ def bucket_profile(model: ModelSpec, parallel: ParallelConfig) -> tuple[np.ndarr
     hit = _PROFILES.get(key)
     if hit is not None:
         return hit
+    return _store_profile(key, _profile(model, parallel))
+
+
+def _store_profile(key: tuple[Any, ...], out: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    if len(_PROFILES) > 65536:
+        _PROFILES.clear()
+    _PROFILES[key] = out
+    return out
+
+
+def _profile(model: ModelSpec, parallel: ParallelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`bucket_profile` computed (not cached)."""
     ctx = Context(model, dataclasses.replace(parallel, overlap_grad_reduce=True))
     bl = _dp.buckets(ctx, 0, 0)
     sizes = np.array([b.numel for b in bl], dtype=np.float64)
@@ -136,11 +148,7 @@ def bucket_profile(model: ModelSpec, parallel: ParallelConfig) -> tuple[np.ndarr
     cum = np.cumsum(sizes)
     ready = np.minimum(1.0, cum / max(total - lookup, 1.0))
     ready[-1] = 1.0
-    out = (ready, (cum - sizes) / total)
-    if len(_PROFILES) > 4096:
-        _PROFILES.clear()
-    _PROFILES[key] = out
-    return out
+    return ready, (cum - sizes) / total
 
 
 def first_chunk_exposed(d: np.ndarray, window: np.ndarray, ready: np.ndarray, before: np.ndarray) -> np.ndarray:
@@ -163,10 +171,31 @@ def first_chunk_buckets(model: ModelSpec, t: ParallelTable, rows: np.ndarray) ->
     uniq, first, inv = np.unique(cols, axis=0, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
     out = []
-    for j in range(len(uniq)):
-        ready, before = bucket_profile(model, t.row(int(idx[first[j]])))
-        out.append((idx[inv == j], ready, before))
+    order = np.argsort(inv, kind="stable")  # the rows of each layout, in row order (as idx[inv == j])
+    counts = np.bincount(inv, minlength=len(uniq))
+    starts = np.cumsum(counts) - counts
+    for j, u in enumerate(uniq.tolist()):
+        # the cache key of bucket_profile from the table's integers (ParallelConfig's None for an unset one),
+        # so that a layout seen before costs no ParallelConfig
+        key = (model,) + tuple(_key_value(k, x) for k, x in zip(BUCKET_KEY, u, strict=True))
+        hit = _PROFILES.get(key)
+        ready, before = hit if hit is not None else bucket_profile(model, t.row(int(idx[first[j]])))
+        out.append((idx[order[starts[j]:starts[j] + counts[j]]], ready, before))
     return out
+
+
+_BOOL_KEYS = ("distributed_optimizer", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+_OPTIONAL_KEYS = ("etp", "bucket_size", "ddp_num_buckets", "num_layers_in_first_pipeline_stage",
+                  "num_layers_in_last_pipeline_stage")
+
+
+def _key_value(field: str, x: int) -> Any:
+    """A :data:`BUCKET_KEY` field's value as ``ParallelConfig`` holds it, from the table's integer."""
+    if field in _BOOL_KEYS:
+        return bool(x)
+    if field in _OPTIONAL_KEYS:
+        return None if x < 0 else int(x)
+    return int(x)
 
 
 def vp_last_group(m: np.ndarray, pp: np.ndarray, group: np.ndarray | None = None) -> np.ndarray:

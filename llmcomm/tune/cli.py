@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
                               f"configuration is left by {why}")
     with progress_line(f"tune: ranking {n:,} candidates", show):
         r = tune(model, args.gpus, cluster, args.global_batch, args.seq_len, space=space,
-                 prune=not args.no_prune, memory_fraction=args.memory_fraction)
+                 prune=not args.no_prune, memory_fraction=args.memory_fraction,
+                 exact_top=max(args.top, 2))  # the rows printed and the runner-up of --explain, exact
     s = r.stats
     if not args.quiet:
         print(f"{r.model.name} on {r.gpus:,} × {r.cluster.gpu} ({r.cluster.name}), global batch {r.global_batch}, "

@@ -33,13 +33,23 @@ candidates by rules that can never remove the optimum, each applied before any t
     the distributed optimizer with ``dp·cp = 1`` shards nothing and issues the same calls as without it, and
     ``tp_comm_overlap`` at tp = 1 overlaps nothing: exact ties, so only one copy is evaluated.
 
+``lower-bound``
+    branch-and-bound on the rows every other rule keeps: each row's lower bound (:mod:`llmcomm.tune.bound`:
+    the formulation's compute and the TP/EP/pipeline seconds that no flag of the row hides, through its own
+    pipeline expression, every other term at zero; why it is never above the row's time is proved there and
+    checked on every candidate of full spaces in ``tests/test_tune.py``), rows evaluated in the order of their
+    bound, in doubling chunks, until the next bound is above the ``exact_top``-th best time found
+    (:func:`branch_and_bound`): the first ``exact_top`` rows of the table (10 by default: the CLI's ``--top``
+    and notebook 08 read them) are those of evaluating every row.
+
 The order: the space's rows without the time-only flags (:data:`~llmcomm.tune.space.BOOL_TIME_FLAGS`, which the
 memory model does not read) are built first; ``unfused-dominated`` and ``fp8-param-gather-dominated`` act while
 they are built (their dominating twin never needs more memory, so no budget can undo them:
 :func:`~llmcomm.tune.space.dominated_combinations`, which counts what it leaves out); memory, ``recompute-dominated``
 and ``same-as-without`` act on those rows (each safe for every flag combination: the tests check the
 formulation's monotonicity over the full space, flags and FP8 included); then the flags are expanded and
-``overlap-dominated`` and ``same-as-without`` act on the expanded rows.
+``overlap-dominated`` and ``same-as-without`` act on the expanded rows; ``lower-bound`` acts last, while they are
+evaluated.
 
 Rules that need no time at all are in the space itself (:mod:`.space`): lighter-only uneven end stages, and the
 dimensions the cost model refuses (rule scope ``cost``) never enumerated.
@@ -62,6 +72,7 @@ from ..bounds import check_tune_candidates, check_tune_gpus
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
+from .bound import lower_bounds
 from .space import (
     DIMENSIONS,
     TWIN_COLUMNS,
@@ -152,13 +163,26 @@ def _has_twin(cands: pd.DataFrame, drop: np.ndarray, changes: dict[str, Any]) ->
     n = len(cands)
     code_have = np.zeros(n, np.int64)
     code_want = np.zeros(len(idx), np.int64)
+    span = 1  # the codes are below span
     for c in key:
-        col = cands[c].to_numpy()
-        twin = np.full(len(idx), changes[c], dtype=col.dtype if col.dtype != object else object) if c in changes \
-            else col[idx]
-        codes, uniq = pd.factorize(np.concatenate([col, twin]), use_na_sentinel=False)
-        code_have = code_have * len(uniq) + codes[:n]
-        code_want = code_want * len(uniq) + codes[n:]
+        # each column coded once; a changed column's twin value is one constant, coded by the same uniques (or
+        # one past them where no row holds it)
+        codes, uniq = pd.factorize(cands[c].to_numpy(), use_na_sentinel=False)
+        radix = len(uniq) + 1
+        if c in changes:
+            v = changes[c]
+            hit = [i for i, u in enumerate(uniq.tolist()) if (u is None and v is None) or (
+                u is not None and v is not None and isinstance(u, bool) == isinstance(v, bool) and u == v)]
+            want = np.full(len(idx), hit[0] if hit else len(uniq), np.int64)
+        else:
+            want = codes[idx]
+        if span * radix >= 2**62:  # recode the pair together before the product overflows
+            both, uniq_codes = pd.factorize(np.concatenate([code_have, code_want]))
+            code_have, code_want = both[:n].astype(np.int64), both[n:].astype(np.int64)
+            span = len(uniq_codes)
+        code_have = code_have * radix + codes
+        code_want = code_want * radix + want
+        span *= radix
     out = np.zeros(n, bool)
     out[idx] = np.isin(code_want, code_have)
     return out
@@ -220,6 +244,43 @@ def overlap_dominated(cands: pd.DataFrame) -> np.ndarray:
     return _has_twin(cands, dopt & ogr & ~opg, {"overlap_param_gather": True})
 
 
+BOUND = "lower_bound_s"  # the column of the candidates' lower bound (llmcomm.tune.bound) while they are searched
+FIRST_CHUNK = 512  # rows evaluated before the first threshold; each later chunk twice the previous
+
+
+def branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(table, beyond)``: the candidates evaluated (``evaluate(frame)`` adds ``total_s``), in chunks in the
+    order of their lower bound (column :data:`BOUND`, :mod:`llmcomm.tune.bound`), and those never evaluated
+    because their bound is above the ``top``-th smallest time found so far.
+
+    Safe: a row whose bound ``b`` exceeds the ``top``-th smallest time ``t_top`` among rows already evaluated
+    has ``total_s ≥ b > t_top``, so at least ``top`` evaluated rows are strictly faster and it is not among the
+    first ``top`` of the full ranking (ties at ``t_top`` are kept: ``b ≤ t_top`` is evaluated). The first
+    ``top`` rows of ``table`` sorted by ``total_s`` are therefore those of evaluating every row (ties ordered as
+    :func:`tune` orders them, by the other columns); ``tests/test_tune.py`` checks it against the search
+    without the bound."""
+    bound = cands[BOUND].to_numpy()
+    order = np.argsort(bound, kind="stable")
+    done: list[pd.DataFrame] = []
+    evaluated = np.zeros(len(cands), bool)
+    times = np.zeros(0)
+    at, chunk = 0, FIRST_CHUNK
+    while at < len(order):
+        thr = np.partition(times, top - 1)[top - 1] if len(times) >= top else np.inf
+        if bound[order[at]] > thr:  # every later row's bound is above too
+            break
+        sel = order[at:at + chunk]
+        sel = sel[bound[sel] <= thr]
+        part = evaluate(cands.iloc[sel].drop(columns=[BOUND]).reset_index(drop=True))
+        done.append(part)
+        evaluated[sel] = True
+        times = np.concatenate([times, part["total_s"].to_numpy()])
+        at, chunk = at + chunk, 2 * chunk
+    if not done:
+        done.append(evaluate(cands.iloc[:0].drop(columns=[BOUND])))
+    return pd.concat(done, ignore_index=True), cands[~evaluated]
+
+
 # ----------------------------------------------------------------------------------- explanations
 def has_split(model: ModelSpec, gpus: int, global_batch: int) -> bool:
     """Whether some tp·pp·dp = ``gpus`` satisfies the divisibility rules of :mod:`.space` (a quick check)."""
@@ -262,12 +323,14 @@ def _does_not_fit_error(model: ModelSpec, gpus: int, cluster: Cluster, global_ba
 # ------------------------------------------------------------------------------------------ search
 def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch: int, seq_len: int | None = None,
          *, space: SearchSpace | dict | None = None, prune: bool = True, bandwidth: Any = None,
-         utilization: Any = None, memory_fraction: float = 0.9) -> TuneResult:
+         utilization: Any = None, memory_fraction: float = 0.9, exact_top: int | None = 10) -> TuneResult:
     """Rank every valid configuration of ``model`` on ``gpus`` GPUs of ``cluster`` by predicted iteration time.
 
     ``memory_fraction``: the share of GPU memory a configuration may use (the rest is left to the CUDA context,
     NCCL buffers and fragmentation). Raises :class:`ConfigError` saying what would work when no configuration
-    is valid or none fits."""
+    is valid or none fits. ``exact_top`` (with ``prune``): the branch-and-bound on the compute-only lower
+    bound (rule ``lower-bound``, :func:`branch_and_bound`) keeps the first ``exact_top`` rows of ``table`` equal
+    to those of the search without it (``None``: no bound, every row the other rules keep is evaluated)."""
     from ..overhead.iteration import iteration_times
     from ..overhead.memory import memory_table
 
@@ -319,15 +382,26 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     # a memory-model row removed stands for its time-flag combinations (column ``rows``), removed by the same rule
     removed = [r.assign(rows=time_flag_multiplicity(model, r, space) * r.pop("twins").to_numpy() if "twins" in r
                         else time_flag_multiplicity(model, r, space)) for r in removed]
+    cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
     kept = expand_time_flags(model, kept.reset_index(drop=True), space)
     if prune:
         for rule, fn in (("overlap-dominated", overlap_dominated), ("same-as-without", same_as_without)):
             drop = fn(kept)
             removed.append(kept[drop].assign(rule=rule, rows=1))
             kept = kept[~drop]
+    bounded = prune and exact_top is not None and len(kept) > 0
+    if bounded:  # the lower bound of each row (llmcomm.tune.bound)
+        t_bound = time.perf_counter()
+        kept = kept.assign(**{BOUND: lower_bounds(model, kept, cluster_n, bandwidth, utilization)})
+        bound_s = time.perf_counter() - t_bound
     t_eval = time.perf_counter()
-    cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
-    table = iteration_times(model, kept.reset_index(drop=True), cluster_n, bandwidth, utilization)
+    if bounded:
+        table, beyond = branch_and_bound(kept.reset_index(drop=True), lambda c: iteration_times(
+            model, c, cluster_n, bandwidth, utilization), int(exact_top))
+        removed.append(beyond.assign(rule="lower-bound", rows=1))
+        removed = [r.drop(columns=[BOUND], errors="ignore") for r in removed]
+    else:
+        table = iteration_times(model, kept.reset_index(drop=True), cluster_n, bandwidth, utilization)
     eval_s = time.perf_counter() - t_eval
     flops = _iteration_flops(model, table)
     table["tokens_per_s"] = table["global_batch"] * table["seq_len"] / table["total_s"]
@@ -338,6 +412,8 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     stats = {"enumerated": enumerated, "evaluated": len(table), "pruned": int(pruned["rows"].sum()),
              "pruned_by_rule": {k: int(v) for k, v in by_rule.items()}, "prune": prune,
              "wall_s": time.perf_counter() - t0, "evaluate_s": eval_s}
+    if bounded:
+        stats["bound_s"] = bound_s
     return TuneResult(table, pruned, stats, model, cluster_n, gpus, global_batch,
                       {"seq_len": s, "memory_fraction": memory_fraction})
 

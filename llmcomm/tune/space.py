@@ -289,8 +289,8 @@ def _product(columns: dict[str, Sequence[Any]]) -> dict[str, np.ndarray]:
     return {k: np.asarray(list(columns[k]), dtype=object)[g.ravel()] for k, g in zip(names, grids, strict=True)}
 
 
-def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
-                    space: SearchSpace, dominated: bool = False) -> tuple[pd.DataFrame, ParallelTable]:
+def _raw_columns(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
+                 space: SearchSpace, dominated: bool = False) -> tuple[dict[str, np.ndarray], ParallelTable]:
     """Every row of the space but the time-only flags (:data:`BOOL_TIME_FLAGS`, False here), before the rules.
     ``dominated``: leave out the rows two pruning rules would remove whatever the memory budget
     (:func:`dominated_combinations`), counted in the columns :data:`TWIN_COLUMNS` of the row that dominates them."""
@@ -354,15 +354,33 @@ def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int
         cols["cp_comm_type"] = np.where(np.repeat(cp_gt1, reps), cct, default)
     for k in BOOL_TIME_FLAGS:
         cols[k] = np.zeros(len(cols["tp"]), bool)
-    df = pd.DataFrame({c: cols[c] for c in (*DIMENSIONS, "num_microbatches", *TWIN_COLUMNS) if c != "fp8"})
+    cols["global_batch"] = np.full(len(cols["tp"]), global_batch, np.int64)
+    cols["seq_len"] = np.full(len(cols["tp"]), s, np.int64)
+    cols["schedule"] = np.where(cols["vpp"] > 1, "interleaved", "1f1b").astype(object)
+    # the table straight from the arrays (the DataFrame is built by _frame, on the rows that are kept)
+    table = ParallelTable.from_columns(len(cols["tp"]), model, **{c: cols[c] for c in _FRAME_COLUMNS
+                                                                  if c not in ("num_microbatches", *TWIN_COLUMNS)})
+    return cols, table
+
+
+_FRAME_COLUMNS = (*DIMENSIONS, "num_microbatches", "unfused_twins", "fp8_param_gather_twins", "global_batch",
+                  "seq_len", "schedule")  # TWIN_COLUMNS in the middle
+
+
+def _frame(cols: dict[str, np.ndarray], rows: np.ndarray | None = None) -> pd.DataFrame:
+    """The candidates' DataFrame of :func:`_raw_columns`' arrays (``rows``: a boolean mask, or all)."""
+    pick = (lambda v: v) if rows is None else (lambda v: v[rows])
+    df = pd.DataFrame({c: pick(cols[c]) for c in _FRAME_COLUMNS if c != "fp8"})
     # fp8 holds None (BF16) or a format name: an object column (pandas would read None as a missing string)
-    df.insert(DIMENSIONS.index("fp8"), "fp8", pd.Series(cols["fp8"], dtype=object))
-    df["global_batch"] = global_batch
-    df["seq_len"] = s
-    df["schedule"] = np.where(df["vpp"] > 1, "interleaved", "1f1b")
-    table = ParallelTable.from_columns(len(df), model, **{c: df[c].to_numpy() for c in df.columns
-                                                          if c not in ("num_microbatches", *TWIN_COLUMNS)})
-    return df, table
+    df.insert(DIMENSIONS.index("fp8"), "fp8", pd.Series(pick(cols["fp8"]), dtype=object))
+    return df
+
+
+def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
+                    space: SearchSpace, dominated: bool = False) -> tuple[pd.DataFrame, ParallelTable]:
+    """:func:`_raw_columns` as a DataFrame and its table."""
+    cols, table = _raw_columns(model, gpus, global_batch, seq_len, space, dominated)
+    return _frame(cols), table
 
 
 # per row of a space built with ``dominated=True``: how many rows of the full space it stands for (its twins), by
@@ -463,16 +481,15 @@ def enumerate_base(model: ModelSpec, gpus: int, global_batch: int, seq_len: int 
     """The valid rows of the space with the time-only flags (:data:`BOOL_TIME_FLAGS`) off: what the memory model
     needs (:func:`expand_time_flags` gives the rest); ``dominated``: without the rows
     :func:`dominated_combinations` leaves out, counted in :data:`TWIN_COLUMNS`."""
-    df, table = _raw_candidates(model, gpus, global_batch, seq_len, space or SearchSpace(), dominated)
+    cols, table = _raw_columns(model, gpus, global_batch, seq_len, space or SearchSpace(), dominated)
     ok = rules.valid(model, table, SCOPES)
-    out = df[ok].reset_index(drop=True)
+    out = _frame(cols, ok)
     if not dominated:
         return out.drop(columns=list(TWIN_COLUMNS))
     has = out["unfused_twins"].to_numpy() > 0
     if has.any():  # a left-out unfused twin counts only where the rules accept it (cp > 1 needs TE attention)
-        twin_cols = {c: df[c].to_numpy()[ok][has] for c in df.columns if c not in ("num_microbatches", *TWIN_COLUMNS)}
-        twin_cols["attention_backend"] = np.full(int(has.sum()), "unfused", dtype=object)
-        twin = ParallelTable.from_columns(int(has.sum()), model, **twin_cols)
+        twin = table.take(np.flatnonzero(ok)[has])  # the kept rows, their backend unfused
+        twin.columns["attention_backend"] = np.full(int(has.sum()), "unfused", dtype=object)
         valid = rules.valid(model, twin, SCOPES)
         u = out["unfused_twins"].to_numpy().copy()
         u[np.flatnonzero(has)[~valid]] = 0
