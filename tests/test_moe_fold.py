@@ -9,6 +9,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from stub_bandwidth import StubBandwidth, call
 from test_overhead_bytes import GPN, ORDERS, _mid_stage, closed_form, predictor_stage
 
@@ -17,7 +19,7 @@ from llmcomm.errors import ConfigError
 from llmcomm.overhead import Utilization, iteration_time
 from llmcomm.overhead.iteration import arrays, candidate_table, comm_items, for_class
 from llmcomm.parallel_table import ParallelTable
-from llmcomm.specs import Cluster, ModelSpec, ParallelConfig, load_model, validate
+from llmcomm.specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model, validate
 
 MOE_MODELS = ("mixtral-8x7b", "tiny-moe", "deepseek-moe-16b", "qwen3-30b-a3b")
 
@@ -161,7 +163,6 @@ def test_inter_node_all_to_all_is_nic_bound():
     regime shares k ways: per bus byte k·(n−k)/(n−1) times the all-reduce's β (32 ranks, 8 per node: 8·24/31);
     inside a node and with one rank per node nothing changes."""
     from llmcomm.overhead.bandwidth import Bandwidth, all_to_all_nic_factor, bus_factor, eval_pieces
-    from llmcomm.specs import load_cluster
 
     assert all_to_all_nic_factor(32, 8) == pytest.approx(8 * 24 / 31)
     assert all_to_all_nic_factor(4, 1) == 1.0 and all_to_all_nic_factor(8, 8) == 1.0
@@ -174,3 +175,58 @@ def test_inter_node_all_to_all_is_nic_bound():
     # a 128 MiB dispatch over 4 DGX-H100 nodes is bound by one NIC: at most its line rate, 50 GB/s
     t = float(bw.time("all_to_all", S, 32, 8))
     assert S * 24 / 32 / t <= 50e9
+
+
+# ------------------------------------------------------------------------------------------ the tuner's etp
+def test_space_folds_ep_over_tp_with_etp_given():
+    """etp given: EP over the divisors of tp·cp·dp (here ep 8 with dp 4 under tp 2 at etp 1), every row valid for
+    the expert grid; etp not given: the space as before (EP divides dp, etp left to tp)."""
+    from llmcomm.tune.space import SearchSpace, enumerate_base, expert_shapes
+
+    m = load_model("mixtral-8x7b")
+    folded = enumerate_base(m, 16, 64, space=SearchSpace(tp=(2,), pp=(2,), etp=(1, 2)))
+    assert ((folded["etp"] == 1) & (folded["ep"] == 8) & (folded["dp"] == 4)).any()
+    assert ((16 // folded["pp"]) % (folded["etp"] * folded["ep"]) == 0).all()
+    plain = enumerate_base(m, 16, 64, space=SearchSpace(tp=(2,), pp=(2,)))
+    assert (plain["etp"] == -1).all() and (plain["dp"] % plain["ep"] == 0).all()
+    assert expert_shapes(load_model("gpt3-1.3b"), 2, 1, 4, SearchSpace(etp=(1,))) == [(1, -1)]
+
+
+@pytest.mark.slow
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["mixtral-8x7b", "qwen3-30b-a3b", "tiny-moe"]), gpus=st.sampled_from([8, 16]),
+       batch=st.sampled_from([64, 128]), cluster=st.sampled_from(["a100-80g-hdr200", "h100-80g-ndr400"]),
+       etps=st.sampled_from([(1,), (1, 2), (1, 2, 4)]))
+def test_pruned_optimum_equals_exhaustive_with_etp(name, gpus, batch, cluster, etps):
+    """The tuner's property (tests/test_tune.py) over the space with expert TP as a dimension and EP folded over
+    tp·cp·dp: the pruned search finds the exhaustive optimum and the counts add up."""
+    from llmcomm.tune import tune
+    from llmcomm.tune.space import SearchSpace
+
+    model, hw, space = load_model(name), load_cluster(cluster), SearchSpace(etp=etps)
+    try:
+        full = tune(model, gpus, hw, batch, space=space, prune=False)
+    except ConfigError:
+        with pytest.raises(ConfigError):
+            tune(model, gpus, hw, batch, space=space, prune=True)
+        return
+    pruned = tune(model, gpus, hw, batch, space=space, prune=True)
+    assert pruned.best["total_s"] == full.best["total_s"]
+    assert pruned.stats["evaluated"] + pruned.stats["pruned"] == full.stats["enumerated"] == pruned.stats["enumerated"]
+    assert full.stats["evaluated"] + full.stats["pruned"] == full.stats["enumerated"]
+
+
+def test_memory_shards_expert_weights_by_etp_times_ep():
+    """Expert weights per GPU go with etp·ep (etp 1 · ep 32 holds what etp 2 · ep 16 holds, and less than etp 1 ·
+    ep 16 by exactly the experts' half); the expert optimizer state is sharded over edp = world/(etp·ep·pp), so
+    with the distributed optimizer it is the same in all three (the expert parameters / edp do not change)."""
+    from llmcomm.overhead.memory import model_state
+
+    m = load_model("qwen3-235b-a22b")
+    kw = dict(tp=2, pp=8, dp=16, sp=True, vpp=4, micro_batch=1, global_batch=8192, distributed_optimizer=True,
+              account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    a, b, c = (model_state(m, ParallelConfig(**kw, ep=ep, etp=etp)) for etp, ep in ((1, 32), (2, 16), (1, 16)))
+    assert a == b
+    assert c[0] > a[0] and c[2] == a[2]
+    per_layer = m.layer_parameter_split(1, 2, 16, etp=1).expert - m.layer_parameter_split(1, 2, 32, etp=1).expert
+    assert per_layer == 128 // 32 * 3 * 4096 * 1536
