@@ -179,7 +179,8 @@ def _has_module(p: Any, names: tuple[str, ...]) -> Any:
 def _expert_order_bad(p: Any) -> Any:
     """Where the order is not pp-last while ``pp > 1`` and the expert DP size differs from dp, for ``etp != tp``
     (rule ``expert-order``)."""
-    not_pp_last = np.asarray([not str(o).endswith("pp") for o in np.atleast_1d(np.asarray(p.order, dtype=object))])
+    not_pp_last = np.asarray([not str(o).endswith("pp") for o in np.atleast_1d(np.asarray(p.order, dtype=object))],
+                             dtype=bool)
     out = (np.asarray(p.pp) > 1) & (np.asarray(p.expert_dp) != np.asarray(p.dp)) & \
         (np.asarray(p.expert_tp) != np.asarray(p.tp)) & not_pp_last.reshape(np.shape(p.tp))
     return out if isinstance(p.tp, np.ndarray) else bool(out)
@@ -455,12 +456,19 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: _has_module(p, ("mla_up_proj",)),
          lambda m, r: "recompute_modules mla_up_proj is not modelled by the iteration-time formulation"),
     Rule("cost-dispatcher", "cost",
-         "kit: the formulation writes the alltoall dispatcher's NCCL calls only; the flex dispatcher "
-         "(moe_token_dispatcher_type='flex', or moe_flex_dispatcher_backend set: DeepEP / HybridEP / NCCL EP "
-         "fused dispatch-combine kernels, megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher, "
-         "fused_a2a.py) moves tokens by NVLink and RDMA kernels of their own — DeepEP sends a token once per "
-         "destination node over RDMA and fans it out over NVLink — whose bytes per link and kernel time have no "
-         "model here (the predictor refuses them too: llmcomm.predict.ep); allgather's calls are not written",
+         "kit: the formulation writes the alltoall dispatcher's NCCL calls only (allgather's are not written). The "
+         "flex dispatcher (moe_token_dispatcher_type='flex' or moe_flex_dispatcher_backend set; "
+         "megatron/core/transformer/moe/token_dispatcher.py:1809 MoEFlexTokenDispatcher, over the tp_ep group "
+         ":1836) runs DeepEP (fused_a2a.py:72-165: get_dispatch_layout -> num_tokens_per_rank, "
+         "num_tokens_per_rdma_rank, is_token_in_rank, then Buffer.dispatch / combine) or HybridEP "
+         "(fused_a2a.py:358-520 dispatch_with_permute, BF16 only: fp8_dispatch off, :327, :402): a token crosses "
+         "RDMA once per destination node and NVLink once per destination GPU, not once per routed expert. Missing: "
+         "(1) in the predictor and the events table, a call for a two-hop forwarded transfer (its per-token "
+         "distinct ranks ep·(1 - C(E - E/ep, k)/C(E, k)) and nodes are computable under uniform routing, but no "
+         "op of vocab.Op carries them, so llmcomm.predict.ep refuses flex); (2) in time, the kernels' bandwidth: "
+         "SM-driven copies (DeepEP num_sms, HybridEP num_sms_dispatch_api) that are not NCCL collectives, with no "
+         "H100 measurement in the shared data (DeepEP's published figures are H800: 153 GB/s NVLink at EP 8, "
+         "43-58 GB/s RDMA at EP 16-64, DeepEP docs/legacy.md:19-26)",
          lambda m, p: np.logical_and(m.is_moe, np.logical_or(
              p.moe_token_dispatcher_type != "alltoall",
              np.not_equal(np.asarray(getattr(p, "moe_flex_dispatcher_backend", None), dtype=object),  # type: ignore[call-overload]
@@ -468,7 +476,9 @@ RULES: tuple[Rule, ...] = (
          lambda m, r: (f"moe_token_dispatcher_type={r.moe_token_dispatcher_type!r}, moe_flex_dispatcher_backend="
                        f"{getattr(r, 'moe_flex_dispatcher_backend', None)!r}: only the alltoall MoE token "
                        "dispatcher is modelled by the iteration-time formulation; the flex dispatcher's DeepEP/"
-                       "HybridEP kernels (two-hop RDMA + NVLink token exchange) are the missing mechanism")),
+                       "HybridEP kernels (a token once per destination node over RDMA, once per GPU over NVLink) "
+                       "are the missing mechanism: their bytes have no call in the events table and their kernel "
+                       "bandwidth no H100 measurement")),
     Rule("cost-account-interleaved", "cost",
          "kit: with vpp > 1 the embedding/loss slot makes the edge chunk hold one layer fewer; the closed-form DP "
          "buffers take its layers as all of one kind, so models mixing dense and MoE layers are refused there",
