@@ -230,3 +230,16 @@ def test_memory_shards_expert_weights_by_etp_times_ep():
     assert c[0] > a[0] and c[2] == a[2]
     per_layer = m.layer_parameter_split(1, 2, 16, etp=1).expert - m.layer_parameter_split(1, 2, 32, etp=1).expert
     assert per_layer == 128 // 32 * 3 * 4096 * 1536
+
+
+def test_cli_time_takes_etp(capsys):
+    """``llmcomm time --etp`` (Megatron's --expert-tensor-parallel-size) reaches the formulation; a size the expert
+    grid refuses is an error naming the rule's numbers."""
+    from llmcomm.cli import main
+
+    base = ["time", "tiny-moe", "--tp", "2", "--dp", "2", "--ep", "4", "--sp", "--global-batch", "4",
+            "--cluster", "h100-80g-ndr400", "--quiet"]
+    assert main([*base, "--etp", "1"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--etp", "2"]) != 0  # etp 2 · ep 4 on 4 GPUs
+    assert "etp*ep*pp=8" in capsys.readouterr().err
