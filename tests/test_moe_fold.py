@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from stub_bandwidth import StubBandwidth, call
 from test_overhead_bytes import GPN, ORDERS, _mid_stage, closed_form, predictor_stage
@@ -197,6 +197,9 @@ def test_space_folds_ep_over_tp_with_etp_given():
 @given(name=st.sampled_from(["mixtral-8x7b", "qwen3-30b-a3b", "tiny-moe"]), gpus=st.sampled_from([8, 16]),
        batch=st.sampled_from([64, 128]), cluster=st.sampled_from(["a100-80g-hdr200", "h100-80g-ndr400"]),
        etps=st.sampled_from([(1,), (1, 2), (1, 2, 4)]))
+# found by this test: with etp 1 under tp 4 at dp 1 the distributed optimizer still shards the expert state and
+# changes the expert optimizer's gradient statistics, so 'same-as-without' must not call it a tie there
+@example(name="qwen3-30b-a3b", gpus=8, batch=64, cluster="a100-80g-hdr200", etps=(1,))
 def test_pruned_optimum_equals_exhaustive_with_etp(name, gpus, batch, cluster, etps):
     """The tuner's property (tests/test_tune.py) over the space with expert TP as a dimension and EP folded over
     tp·cp·dp: the pruned search finds the exhaustive optimum and the counts add up."""
