@@ -45,6 +45,7 @@ PARALLEL_FIELDS += ("fsdp_reshard_after_forward", "recompute_modules")  # with "
 PARALLEL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_backend", "align_grad_reduce")  # issue 20: overlap
 PARALLEL_FIELDS += ("cp_comm_type",)  # issue 20: context parallelism
 PARALLEL_FIELDS += ("etp",)  # moe-fold: expert tensor parallelism (MoE parallel folding)
+PARALLEL_FIELDS += ("recompute_method", "recompute_num_layers")  # with "recompute": which layers full recomputes
 
 
 # ------------------------------------------------------------------------------------------ value types
@@ -200,6 +201,12 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
         p.add_argument("--recompute-modules", nargs="+", default=None, choices=RECOMPUTE_MODULES, metavar="MODULE",
                        help="Megatron-LM's --recompute-modules with --recompute selective (" + ", ".join(
                            RECOMPUTE_MODULES) + f"; default: {meta or 'core_attn'})")
+        p.add_argument("--recompute-method", default=None, choices=("uniform", "block"),
+                       help="Megatron-LM's --recompute-method with --recompute full and --recompute-num-layers: "
+                            "uniform (every layer, in checkpointed groups of N) or block (only the first N layers "
+                            "of each model chunk; default: " + (meta or "every layer on its own") + ")")
+        p.add_argument("--recompute-num-layers", type=positive_int, default=None, metavar="N",
+                       help="Megatron-LM's --recompute-num-layers (with --recompute-method; default: " + (meta or "none") + ")")
     if "distributed_optimizer" in extras:
         flag("distributed_optimizer", "Megatron-LM's distributed optimizer (gradient reduce-scatter + parameter "
                                       "all-gather over DP)")

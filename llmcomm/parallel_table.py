@@ -45,6 +45,9 @@ BOOL_FIELDS += ("fsdp_reshard_after_forward",)  # FSDP (issue 20)
 OBJECT_FIELDS += ("recompute_modules",)  # None or a tuple of Megatron-LM's --recompute-modules names
 BOOL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "align_grad_reduce")  # issue 20: pipeline and MoE overlap
 OBJECT_FIELDS += ("moe_flex_dispatcher_backend",)  # None or a string
+OBJECT_FIELDS += ("recompute_method",)  # None, "uniform" or "block" (--recompute-method)
+OPTIONAL_INT_FIELDS += ("recompute_num_layers",)  # --recompute-num-layers (None -> -1)
+NAN_IS_NONE = ("recompute_method",)  # object fields whose NaN in a DataFrame (a row without the value) is None
 assert set(FIELDS) == set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS + STR_FIELDS
                           + OBJECT_FIELDS), sorted(set(FIELDS) ^ set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS
                                                                    + FLOAT_FIELDS + STR_FIELDS + OBJECT_FIELDS))
@@ -145,7 +148,10 @@ class ParallelTable:
             elif f in FLOAT_FIELDS:
                 cols[f] = np.full(n, float(const)) if v is None else pd.Series(v).fillna(DEFAULTS[f]).to_numpy(np.float64)
             elif f in OBJECT_FIELDS:
-                cols[f] = _objects(const if v is None else list(v), n)
+                vals = const if v is None else list(v)
+                if f in NAN_IS_NONE and v is not None:  # a frame's missing value (NaN) is the field's None
+                    vals = [None if isinstance(x, float) and x != x else x for x in vals]
+                cols[f] = _objects(vals, n)
             else:
                 cols[f] = (np.full(n, const, dtype=object) if v is None
                            else pd.Series(v).fillna(DEFAULTS[f]).astype(str).to_numpy(dtype=object))

@@ -55,6 +55,15 @@ def _seq(model: Model, p: Any) -> Any:
     return p.sequence_length(model)
 
 
+def _method_bad(v: Any) -> Any:
+    """Where ``recompute_method`` is not None, "uniform" or "block" (a scalar or an object array; no np.isin: this
+    runs on every ParallelConfig)."""
+    if v is None or isinstance(v, str):
+        return v not in (None, "uniform", "block")
+    a = np.asarray(v, dtype=object)
+    return ~((a == None) | (a == "uniform") | (a == "block"))  # noqa: E711  (elementwise on objects)
+
+
 def _opt(v: Any) -> Any:
     """An optional layer count as an integer (array): ``None`` (a ParallelConfig) or ``-1`` (a table) -> ``-1``."""
     return -1 if v is None else v
@@ -278,6 +287,27 @@ RULES: tuple[Rule, ...] = (
                                              _has_module(p, ("moe_act", "layernorm"))]),
          lambda m, r: "recompute_modules moe_act and layernorm with fp8 need an fp8_recipe other than 'delayed' "
                       "(Megatron-LM: 'Delayed scaling does not support moe_act and layernorm recompute for fp8')"),
+    # --recompute-method / --recompute-num-layers (which layers full recomputation checkpoints; llmcomm.step
+    # recomputed_layers): Megatron-LM's TransformerConfig checks, the kit's None meaning uniform of 1
+    Rule("recompute-method-names", "config", "megatron/core/transformer/transformer_config.py:1908-1912",
+         lambda m, p: _method_bad(p.recompute_method),
+         lambda m, r: f"recompute_method={r.recompute_method!r} must be None, 'uniform' or 'block'"),
+    Rule("recompute-method-needs-full", "config",
+         "megatron/training/arguments.py:1425-1428 (no recompute method with selective recomputation) and "
+         "megatron/core/transformer/transformer_block.py:662 (the method is read only under recompute granularity "
+         "'full'; Megatron ignores it without recomputation, the kit refuses instead)",
+         lambda m, p: np.logical_and(np.logical_or(np.not_equal(np.asarray(p.recompute_method, dtype=object), None),  # type: ignore[call-overload]
+                                                   np.asarray(_opt(p.recompute_num_layers)) != -1),
+                                     np.asarray(p.recompute) != "full"),
+         lambda m, r: f"recompute_method={r.recompute_method!r} / recompute_num_layers={r.recompute_num_layers!r} "
+                      f"need recompute='full', got recompute={r.recompute!r}"),
+    Rule("recompute-method-and-num-layers", "config",
+         "megatron/core/transformer/transformer_config.py:1913-1924 (full recomputation needs both a method and "
+         "recompute_num_layers; the kit's recompute='full' with neither is uniform of 1, every layer on its own)",
+         lambda m, p: np.equal(np.equal(np.asarray(p.recompute_method, dtype=object), None),  # type: ignore[call-overload]
+                               np.asarray(_opt(p.recompute_num_layers)) != -1),
+         lambda m, r: f"recompute_method={r.recompute_method!r} and recompute_num_layers={r.recompute_num_layers!r}: "
+                      "set both or neither"),
     # ---------------------------------------------------------------------------------------- job
     Rule("tp-heads", "job", "megatron/core/transformer/transformer_config.py:1446",
          lambda m, p: m.num_attention_heads % p.tp != 0,

@@ -719,6 +719,13 @@ class ParallelConfig:
     align_grad_reduce: bool = True  # Megatron-LM's default (--no-align-grad-reduce): stages launch chunk reductions together
     # context parallelism (issue 20): Megatron-LM's --cp-comm-type, one type for every layer (llmcomm.predict.cp)
     cp_comm_type: str = "p2p"  # p2p, all_gather, a2a (a2a+p2p is refused: rule "cp-hierarchical")
+    # which layers full recomputation checkpoints (Megatron-LM's --recompute-method / --recompute-num-layers,
+    # megatron/core/recompute.py:157-183 at d98e8a6; llmcomm.step.recomputed_layers): None with recompute="full"
+    # is every layer on its own (uniform of 1, the kit's "full" before these fields); "uniform": every layer, in
+    # checkpointed groups of recompute_num_layers (only each group's input kept); "block": only the first
+    # recompute_num_layers layers of each model chunk, the rest keep all their activations
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):
@@ -769,7 +776,7 @@ class ParallelConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{f}={v!r} must be a positive integer")
         for f in ("etp", "bucket_size", "microbatch_group_size_per_vp_stage", "num_layers_in_first_pipeline_stage",
-                  "num_layers_in_last_pipeline_stage"):
+                  "num_layers_in_last_pipeline_stage", "recompute_num_layers"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(f"{f}={v!r} must be a positive integer or None")

@@ -32,10 +32,25 @@ for a gated MLP else 2; ``E`` experts of which ``E/ep`` local, ``topk`` routed, 
     output   m = T        n = V'/tp                 k = h            (last stage)
 
 Attention core per rank: batch ``b``, ``a/tp`` heads, ``s/cp`` queries against ``s`` keys, head dim ``d``, causal
-for a decoder; ``4·b·(a/tp)·(s/cp)·s·d`` FLOPs counted over the full score matrix and, unfused, ``2·5·b·(a/tp)·s²``
-bytes of score traffic (softmax, its dropout mask and output, read and written). Element-wise traffic of the rest
-of the layer: ``2·16·T·h/w + 2·2·T·f_eff/tp`` bytes (``w = tp`` with SP, else 1; ``f_eff`` the FFN width the
+for a decoder; ``4·b·(a/tp)·(s/cp)·s·d`` FLOPs counted over the full score matrix and, unfused,
+``SCORE_BYTES·b·(a/tp)·s²`` bytes of score traffic. Element-wise traffic of the rest of the layer:
+``ACTIVATION_BYTES·T·h/w + FFN_BYTES·T·f_eff/tp`` bytes (``w = tp`` with SP, else 1; ``f_eff`` the FFN width the
 tokens pass: ``f``, or ``(topk + S)·f_e``), as :func:`llmcomm.overhead.utilization.layer_features` counts them.
+The counts, per element of the tensor touched, 16-bit activations, are the kernels Megatron-DeepSpeed's GPT layer
+launches (``megatron/model/transformer.py``: ``ParallelTransformerLayer.forward``, ``ParallelAttention.forward``,
+``bias_dropout_add_fused_train``; Megatron-LM's layer has the same kernels)::
+
+    ACTIVATION_BYTES = 22   b·s·h: input and post-attention LayerNorm, each read + written (2 · 4 B); two
+                            fused bias-dropout-adds (TorchScript fuser: the CUDA lowering of dropout is
+                            ``rand_like(x) < 1-p``, fused with the bias and residual adds, torch
+                            ``symbolic_script.cpp`` ``dropout``), each reading x and the residual and writing
+                            the sum (6 B) and the bool mask kept for the backward (1 B): 2 · 7 B
+    FFN_BYTES = 4           b·s·f/tp: the fused bias-GeLU (``bias_gelu_impl``) reads and writes it
+    SCORE_BYTES = 13        b·(a/tp)·s², unfused core: Q·Kᵀ (``baddbmm``) writes the scores (2 B), the fused
+                            scale-mask-softmax reads and writes them (4 B), ``torch.nn.Dropout`` reads and writes
+                            them (4 B) and writes its bool mask (1 B), scores·V (``bmm``) reads them (2 B)
+
+(the kit counted 32 and 10 before: three unfused adds per residual branch and no mask or ``bmm`` read.)
 """
 
 from __future__ import annotations
@@ -52,6 +67,10 @@ from .stage_split import pipeline_split
 from .vocab import FUSED_ATTENTION_BACKENDS, RECOMPUTE_MODULES, dtype_bytes
 
 CLASSES = ("first", "mid", "last")
+# element-wise HBM bytes of one layer forward pass per element touched, 16-bit (module docstring: the kernels counted)
+ACTIVATION_BYTES = 22  # b·s·h: two LayerNorms, two fused bias-dropout-adds with their bool masks
+FFN_BYTES = 4  # b·s·f/tp: the fused bias-GeLU
+SCORE_BYTES = 13  # b·(a/tp)·s², unfused core: Q·Kᵀ out, softmax, dropout (+ bool mask), scores·V in
 
 
 # --------------------------------------------------------------------------------------- layer assignment
@@ -103,6 +122,74 @@ def stage_classes(model: ModelSpec, pp: np.ndarray, vpp: np.ndarray, uneven: dic
         for c, (held, moe) in {"first": counts[0], "last": counts[-1], "mid": mid}.items():
             out[c][0][sel] = held - moe
             out[c][1][sel] = moe
+    return out
+
+
+def recompute_groups(count: int, method: str | None, num_layers: int | None) -> tuple[tuple[int, ...], ...]:
+    """The checkpointed groups of one model chunk of ``count`` layers under full recomputation, as indices within
+    the chunk (Megatron-LM d98e8a6, megatron/core/recompute.py:157-183, which runs per TransformerBlock, i.e. per
+    model chunk: ``num_layers_per_pipeline_rank`` is the block's own layer count): ``method=None`` (the kit's
+    ``recompute="full"`` alone) every layer on its own; ``"uniform"`` consecutive groups of ``num_layers`` (the
+    last one shorter), each recomputed as a whole with only its input kept (:160-166); ``"block"`` the first
+    ``num_layers`` layers each on its own, the rest not checkpointed (:173-181; the FP8/FP4 skip of layers whose
+    input needs no gradient, :175-176, does not arise in training: the embedding output needs one). The one home
+    of which layers full recomputation recomputes: :func:`recomputed_stage_classes` (time),
+    :func:`llmcomm.overhead.memory.memory_table` (memory), :func:`llmcomm.predict.program` (the calls)."""
+    if method is None:
+        return tuple((i,) for i in range(count))
+    n = int(num_layers or 1)
+    if method == "uniform":
+        return tuple(tuple(range(i, min(i + n, count))) for i in range(0, count, n))
+    if method == "block":
+        return tuple((i,) for i in range(min(n, count)))
+    raise ValueError(f"recompute_method={method!r} is not None, 'uniform' or 'block'")
+
+
+def recomputed_share(count: int, method: str | None, num_layers: int | None) -> float:
+    """The share of a chunk's ``count`` layers full recomputation recomputes (:func:`recompute_groups`): 1.0 for
+    ``None`` and ``"uniform"``, ``min(N, count)/count`` for ``"block"``."""
+    return 1.0 if method is None or count == 0 else sum(len(g) for g in recompute_groups(count, method,
+                                                                                            num_layers)) / count
+
+
+def model_recomputed_share(model: ModelSpec, parallel: Any) -> float:
+    """The share of the model's layers full recomputation recomputes over every stage and chunk."""
+    if parallel.recompute_method is None:
+        return 1.0
+    rec = sum(len(g) for r in range(parallel.pp) for c in range(parallel.vpp)
+              for g in recompute_groups(len(chunk_layers(model.num_layers, parallel, r, c)),
+                                        parallel.recompute_method, parallel.recompute_num_layers))
+    return rec / model.num_layers
+
+
+def recomputed_stage_classes(model: ModelSpec, pp: np.ndarray, vpp: np.ndarray, num_layers: np.ndarray,
+                             uneven: dict[str, np.ndarray] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{class: (dense layers, MoE layers)}`` that ``recompute_method="block"`` with ``num_layers`` recomputes
+    on the stage of each class of :func:`stage_classes` (the same stages: first, the middle one with the most MoE
+    layers, last): per model chunk the layers of :func:`recompute_groups`. Rows with ``num_layers < 1`` get 0."""
+    n = len(pp)
+    out = {c: (np.zeros(n, np.int64), np.zeros(n, np.int64)) for c in CLASSES}
+    u = uneven or {}
+    cols = [pp, vpp, np.asarray(num_layers, np.int64)] + [
+        np.asarray(u.get(k, np.full(n, -1 if "num" in k else 0)), np.int64) for k in UNEVEN]
+    inv, uniq = factorize(cols)
+    pat = model.moe_layer_pattern()
+    for j, (p_, v_, nl, f, la, e, lo) in enumerate(uniq):
+        if nl < 1:
+            continue
+        sel = inv == j
+        split = pipeline_split(model.num_layers, p_, v_, None if f < 0 else f, None if la < 0 else la, bool(e),
+                               bool(lo))
+        counts = _stage_counts(model, split)
+        rec = [(sum(1 for s0, c in row for g in recompute_groups(c, "block", nl) for _ in g),
+                sum(pat[s0 + i] for s0, c in row for g in recompute_groups(c, "block", nl) for i in g))
+               for row in split]
+        mid = max(range(1, p_ - 1), key=lambda i: (counts[i][1], counts[i][0])) if p_ > 2 else None
+        for cname, i in {"first": 0, "last": p_ - 1, "mid": mid}.items():
+            if i is None:
+                continue
+            out[cname][0][sel] = rec[i][0] - rec[i][1]
+            out[cname][1][sel] = rec[i][1]
     return out
 
 
@@ -387,9 +474,9 @@ class AttentionCore:
         return full // 2 if self.fused and self.causal else full
 
     def score_bytes(self, act_bytes: int = 2) -> int:
-        """Unfused score traffic: softmax input/output, dropout mask and output, 5 tensors of ``b·heads·s²`` read
-        and written (in ``act_bytes`` elements; 2 as the utilization model counts); 0 fused."""
-        return 0 if self.fused else 2 * 5 * self.batch * self.heads * self.q_len * self.kv_len * act_bytes // 2
+        """Unfused score traffic (:data:`SCORE_BYTES` per score element at 16 bits, module docstring; scaled to
+        ``act_bytes`` elements; 2 as the utilization model counts); 0 fused."""
+        return 0 if self.fused else SCORE_BYTES * self.batch * self.heads * self.q_len * self.kv_len * act_bytes // 2
 
 
 @dataclass(frozen=True)
@@ -490,17 +577,24 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
             vs = c * p.pp + r
             first, last = vs == 0, vs == p.pp * p.vpp - 1
             layers = []
-            for la in chunk_layers(model.num_layers, p, r, c):
+            cl = chunk_layers(model.num_layers, p, r, c)
+            groups = recompute_groups(len(cl), p.recompute_method, p.recompute_num_layers)
+            keeps_input = {g[0] for g in groups}  # full recomputation: a group keeps only its input
+            for i, la in enumerate(cl):
                 moe = pattern[la]
+                in_group = any(i in g for g in groups)
+                rec = "none" if p.recompute == "full" and not in_group else p.recompute
                 f_eff = ((model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size if moe
                          else model.ffn_hidden_size)
                 act = layer_activation_bytes(model, moe, seq=s / p.cp, micro_batch=p.micro_batch, tp=tp, sp=p.sp,
-                                             recompute=p.recompute, act_bytes=dtype_bytes(p.act_dtype),
+                                             recompute=rec, act_bytes=dtype_bytes(p.act_dtype),
                                              fused_attention=core.fused, recompute_modules=p.recompute_modules,
                                              fp8=p.fp8 is not None)
+                if rec == "full" and in_group and i not in keeps_input:
+                    act = 0.0  # inside a uniform group: only the group's first layer keeps its input
                 layers.append(LayerStep(
                     la, moe, layer_gemms(model, p, moe), core,
-                    int(2 * 16 * T * h // fw + 2 * 2 * T * f_eff // tp),
+                    int(ACTIVATION_BYTES * T * h // fw + FFN_BYTES * T * f_eff // tp),
                     model.layer_parameter_split(la, tp, p.ep, etp=p.expert_tp), float(act),
                     tuple(program.layer_forward(ctx, la, 0)) if ctx else (),
                     tuple(program.layer_backward(ctx, la, 0)) if ctx else ()))

@@ -184,11 +184,13 @@ def test_bad_inputs(h100) -> None:
         G.load_gemm_model("B200")
 
 
-def test_a100_is_the_utilization_fit_at_its_bound() -> None:
+def test_a100_is_the_utilization_fit() -> None:
     a = G.load_gemm_model(load_cluster("vtrain-a100"))
     assert isinstance(a, G.UtilizationGemm)
-    assert a.at_bound and a.theta_gemm == 1.0  # the finding: the vTrain fit puts matmuls at 100 % of peak
-    assert float(a.efficiency(4096, 4096, 4096)) == pytest.approx(1.0)
+    # with the element-wise bytes counted kernel by kernel (llmcomm.step.ACTIVATION_BYTES, SCORE_BYTES) the vTrain
+    # single-node fit no longer sits on its bound 1.0: matmuls at 1/θ_gemm of peak, below 100 %
+    assert not a.at_bound and 1.0 < a.theta_gemm < 1.25
+    assert float(a.efficiency(4096, 4096, 4096)) == pytest.approx(1.0 / a.theta_gemm)
 
 
 def test_scalar_vector_and_deduplicated_paths_agree(h100):

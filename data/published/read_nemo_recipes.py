@@ -7,6 +7,7 @@ NeMo-Framework-Launcher's training configs at its 24.07 tag.
 import argparse
 import ast
 import csv
+import functools
 import re
 import subprocess
 import sys
@@ -351,7 +352,13 @@ def perf_matrix_2509(r, commit, model):
         ok = ok and bool(f) == fsdp_t
         if ok:
             match.append(v)
-    res = {"status": "partial", "perf_matrix": {"file": path, "variants": variants, "matching_table": match,
+    checks = {}
+    for v in match[:1]:  # a matching block agrees with every size by construction: the first one's lines are cited
+        for key, col in PM_SIZES.items():
+            hit = kv.get(f"{pre}{v}.{key}") or kv.get(f"{pre}common.{key}")
+            checks[col] = {"table": table[col], "recipe": hit[0] if hit else None, "agree": True,
+                           "cite": f"{path}:{hit[1]}" if hit else f"{path} (not set in the block: the default)"}
+    res = {"checks": checks, "status": "partial", "perf_matrix": {"file": path, "variants": variants, "matching_table": match,
                                                 "rule": "precision blocks whose tp/pp/cp/vp/ep/mbs/gbs and FSDP equal "
                                                         "the table's row"}}
     unknown = {"recipe": "library recipe defaults (overlap, optimizer, recompute) of 25.09 not read"}
@@ -393,10 +400,269 @@ def perf_matrix_2509(r, commit, model):
                                  "not stated")
         res["settings"] = settings_
     else:
-        unknown["precision"] = (f"the 25.09 table prints no precision and the perf matrix blocks matching the row "
-                                f"are {match or 'none'}")
+        paren = _paren_rule_2509(r, match, path)
+        if paren is None:
+            unknown["precision"] = (f"the 25.09 table prints no precision and the perf matrix blocks matching the row "
+                                    f"are {match or 'none'}")
+        else:
+            variant, why = paren
+            res["settings"] = _fp8_settings_2509(commit, variant, f"{why}; {path}")
+            res["precision_rule"] = why
+            match = [variant]
+    res["settings"] = {**library_2509(r, commit, model, match, unknown), **(res.get("settings") or {})}
+    if res["settings"].get("fp8_recipe", {}).get("value") == "tensorwise":  # fp8_cs: helpers.py turns the BF16 edges off
+        res["settings"]["first_last_layers_bf16"] = {"value": False, "cite": at(
+            commit, "scripts/performance/utils/helpers.py", r"current_scaling_cfg.first_last_layers_bf16 = False",
+            None, "get_precision_config('fp8', 'cs')")}
+    del unknown["recipe"]
+    lib_default = "not set in the library recipe or the perf script at this commit"
+    res["status"] = "read" if all(str(v).startswith(lib_default) for v in unknown.values()) else "partial"
     res["unknown"] = unknown
     return res
+
+
+# the 25.09 page's note (docs/performance-summary.md:80 at the publishing commit; the archive copy
+# megatron_bridge_performance-summary-archive.md:635): "The numbers in parentheses indicate the use of different
+# quantization granularities: ... For H100 system, 128x128 for weights and 1x128 for activations" -- the blockwise
+# FP8 recipe, the perf matrix's fp8_ss block (bf16_with_fp8_subchannel_scaling_mixed: fp8_recipe 'blockwise').
+# A row printed with a parenthesized number therefore ran its main number in FP8 at the other granularity: the one
+# FP8 block of its perf matrix that is not fp8_ss (BF16 has no quantization granularity).
+DOC_2509 = "docs/performance-summary.md:80 (megatron_bridge_performance-summary-archive.md:635)"
+
+
+def _paren_rule_2509(r, match, path):
+    if not str(r.get("model_tflops_per_gpu_paren") or "").strip():
+        return None
+    other = [v for v in match if v.startswith("fp8") and v != "fp8_ss"]
+    if "fp8_ss" not in match or len(other) != 1:
+        return None
+    return other[0], (f"the row prints a parenthesized number, which {DOC_2509} says is the 128x128/1x128 "
+                      f"(blockwise, fp8_ss) granularity: the main number is FP8 at the other granularity, the "
+                      f"matrix's only other FP8 block {other[0]!r}")
+
+
+def _fp8_settings_2509(commit, variant, why):
+    mp = "src/megatron/bridge/training/mixed_precision.py"
+    fn = {"ds": "bf16_with_fp8_delayed_scaling_mixed", "cs": "bf16_with_fp8_current_scaling_mixed"}[variant.split("_", 1)[1]]
+    rows_ = fn_rows(commit, mp, fn) or []
+    out = {}
+    for name, tgt in (("fp8", "cfg.fp8"), ("fp8_recipe", "cfg.fp8_recipe"), ("fp8_param_gather", "cfg.fp8_param_gather")):
+        h = last(rows_, ("assign",), (tgt,))
+        if h:
+            out[name] = {"value": h[0], "cite": f"{cite(mp, h[1], fn)}; {why}"}
+    return out
+
+
+RUN_2509 = "scripts/performance/run_script.py"
+HELP_2509 = "scripts/performance/utils/helpers.py"
+CO_2509 = "src/megatron/bridge/training/comm_overlap.py"
+
+
+def at(commit, path, pattern, after=None, what="", until=None):
+    """path:line of the first line matching ``pattern`` (after the first line matching ``after``); the reader
+    stops (KeyError) where the source does not say it, so a cite is never typed by hand."""
+    lines = src(commit, path).splitlines()
+    start = 0
+    if after is not None:
+        start = next(i for i, ln in enumerate(lines) if re.search(after, ln)) + 1
+    if after is not None and until is None:
+        until = r"^def " if path.endswith(".py") and after.startswith("def ") else None
+    for i in range(start, len(lines)):
+        if until is not None and re.search(until, lines[i]):
+            break
+        if re.search(pattern, lines[i]):
+            return cite(path, i + 1, what)
+    raise KeyError(f"{path}: no line matches {pattern!r} (after {after!r})")
+
+
+def library_2509(r, commit, model, match, unknown):
+    """25.09's recipe chain, as run_script.py at the commit runs it: the library recipe (Megatron-Bridge's
+    src/megatron/bridge/recipes), run_script.py's per-model lines for --gpu h100, the perf YAML's ConfigContainer
+    block and perf-matrix block, then ConfigContainer's setup (config.py: mixed_precision.setup copies
+    grad_reduce_in_fp32 into the DDP config, comm_overlap.setup sets the DP/PP overlap when a CommOverlapConfig is
+    present). Each value is what the line cited states; a setting none of them states is 'defaulted' (unknown
+    with the library-default wording), as for the other releases."""
+    s = {}
+    tp, pp, cp = (int(float(r[c])) for c in ("tp", "pp", "cp"))
+    vp = None if r["vp"] in ("", "n/a") else int(float(r["vp"]))
+    dp = int(r["num_gpus"]) // (tp * pp * cp)
+    yml = f"scripts/performance/configs/{PM_2509[model]}_llm_pretrain.yaml"
+    branch = {"LLAMA3_8B": r'model_size == "8b"', "LLAMA3_70B": r'model_size == "70b"',
+              "LLAMA3.1_405B": r'model_size == "405b"', "DeepSeekV3": r'model_size == "v3"',
+              "Qwen3_30B_a3B": r'model_size == "30b_a3b"', "Qwen3_235B_a22B": r'model_size == "235b_a22b"'}[model]
+    run = lambda pat, what="": at(commit, RUN_2509, pat, branch, what, r"^    elif args|^    else:")  # noqa: E731
+    ngk = f"num_gpus_{int(r['num_gpus'])}:"
+
+    def put(name, value, where, over=None):
+        s[name] = {"value": value, "cite": where, **({"overrides": over} if over else {})}
+
+    gr = at(commit, yml, r"grad_reduce_in_fp32: false", r"mixed_precision:")
+    put("grad_reduce_in_fp32", False, f"{gr} (ConfigContainer.mixed_precision, copied into the DDP config by "
+        f"{at(commit, 'src/megatron/bridge/training/config.py', r'mixed_precision.setup')} -> "
+        f"{at(commit, 'src/megatron/bridge/training/mixed_precision.py', r'ddp_config = update_config_with_precision_overrides')})")
+    if model.startswith("LLAMA"):
+        lib = LIB
+        fn = {"LLAMA3_8B": "llama3_8b_pretrain_config", "LLAMA3_70B": "llama3_70b_pretrain_config",
+              "LLAMA3.1_405B": "llama31_405b_pretrain_config"}[model]
+        common = r"def _llama3_common"
+        put("use_distributed_optimizer", True, at(commit, lib, r"use_distributed_optimizer=True", common, "_llama3_common"))
+        ddp_og = at(commit, lib, r"overlap_grad_reduce=True", common, "_llama3_common")
+        ddp_op = at(commit, lib, r"overlap_param_gather=True", common, "_llama3_common")
+        for k, pat in (("account_for_embedding_in_pipeline_split", r'"account_for_embedding_in_pipeline_split": True'),
+                       ("account_for_loss_in_pipeline_split", r'"account_for_loss_in_pipeline_split": True')):
+            try:
+                put(k, True, at(commit, lib, pat, rf"def {fn}\(", fn))
+            except KeyError:
+                put(k, False, at(commit, lib, rf"{k}: bool = False", common, "_llama3_common default"))
+        try:
+            where = at(commit, lib, r"tp_comm_overlap=True", rf"def {fn}\(", fn)
+            has_co = True
+        except KeyError:
+            has_co = False
+        if has_co:
+            put("tp_comm_overlap", True, f"{where}; kept on at tp={tp} with sequence_parallel "
+                f"({at(commit, HELP_2509, r'sequence_parallel = bool')}; {at(commit, CO_2509, r'if model_cfg.tensor_model_parallel_size < 2')})")
+            key = {"LLAMA3_70B": "llama3_70b", "LLAMA3.1_405B": "llama31_405b"}[model]
+            cfgs = {}
+            for dt in ("bf16", "fp8"):
+                cfgs[dt] = re.search(rf'"{dt}": (\w+)', src(commit, HELP_2509).split(f'"{key}"')[1].split('"b200"')[0]).group(1)
+            dts = {"fp8" if v.startswith("fp8") else "bf16" for v in match}
+            val = cfgs[dts.pop()] if len(dts) == 1 else None
+            if val is not None:
+                put("tp_comm_overlap_cfg", val, f"{at(commit, HELP_2509, val)} (COMM_OVERLAP_CONFIG_MAP, h100), set by "
+                    f"{at(commit, RUN_2509, r'recipe.comm_overlap.tp_comm_overlap_cfg = ub_cfg')}")
+            else:
+                unknown["tp_comm_overlap_cfg"] = f"COMM_OVERLAP_CONFIG_MAP's h100 entry differs by precision ({cfgs}); the precision is unknown"
+        else:
+            c1 = at(commit, lib, r"comm_overlap_config: Optional\[CommOverlapConfig\] = None", common)
+            c2 = run(r"pretrain_config\(mock=True, precision_config=precision_config\)")
+            put("tp_comm_overlap", False, f"{c1} (no CommOverlapConfig: {fn} passes none, {c2})")
+        co = has_co
+    else:
+        co = True  # DeepSeek-V3's recipe adds CommOverlapConfig(tp_comm_overlap=False); Qwen3's run_script passes one
+    if model.startswith("Qwen3"):
+        lib = "src/megatron/bridge/recipes/qwen/qwen3_moe.py"
+        fn = {"Qwen3_30B_a3B": "qwen3_30b_a3b_pretrain_config", "Qwen3_235B_a22B": "qwen3_235b_a22b_pretrain_config"}[model]
+        common = r"def _qwen3_moe_common"
+        put("use_distributed_optimizer", True, at(commit, lib, r"use_distributed_optimizer=True", common, "_qwen3_moe_common"))
+        ddp_og = at(commit, lib, r"overlap_grad_reduce=True", common, "_qwen3_moe_common")
+        ddp_op = at(commit, lib, r"overlap_param_gather=True", common, "_qwen3_moe_common")
+        s["grad_reduce_in_fp32"]["overrides"] = [at(commit, lib, r"precision_config.grad_reduce_in_fp32 = False", common)]
+        for k in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+            try:
+                put(k, True, at(commit, lib, rf'"{k}": True', rf"def {fn}\(", fn))
+            except KeyError:
+                put(k, False, at(commit, lib, rf"{k}: bool = False", common, "_qwen3_moe_common default"))
+        c1 = run(r"CommOverlapConfig\(tp_comm_overlap=True\)")
+        c2 = at(commit, CO_2509, r"if model_cfg.tensor_model_parallel_size < 2")
+        put("tp_comm_overlap", tp > 1, c1 + ("" if tp > 1 else f"; off at tp=1: {c2}"))
+        # recompute: the 30B recipe's enable_recompute (full/uniform/1) is cleared by the perf YAML
+        for k in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
+            over = []
+            try:
+                at(commit, lib, r'"enable_recompute": True', rf"def {fn}\(")
+                over = [at(commit, lib, rf"model_cfg.{k} = ", common, "_qwen3_moe_common, enable_recompute")]
+            except KeyError:
+                pass
+            put(k, None, at(commit, yml, rf"{k}: null", r"ConfigContainer:") + " (ConfigContainer.model, merged after "
+                f"the recipe: {at(commit, RUN_2509, r'merged_omega_conf = OmegaConf.merge')})", over)
+        put("moe_token_dispatcher_type", "alltoall", at(commit, "src/megatron/bridge/models/qwen/qwen_provider.py",
+            r'moe_token_dispatcher_type: str = "alltoall"', None, "Qwen3MoEModelProvider default") + "; token drop needs it: "
+            + at(commit, "src/megatron/bridge/training/utils/moe_token_drop.py", r'"alltoall",'))
+        tdrop = run(r"apply_moe_token_drop\(recipe.model\)")
+        put("moe_expert_capacity_factor", 1.0, f"{at(commit, 'src/megatron/bridge/training/utils/moe_token_drop.py', r'moe_expert_capacity_factor: float = 1.0')} via {tdrop}")
+        put("moe_pad_expert_input_to_capacity", True, f"{at(commit, 'src/megatron/bridge/training/utils/moe_token_drop.py', r'moe_pad_expert_input_to_capacity: bool = True')} via {tdrop}")
+        etp = at(commit, yml, r"etp: 1", ngk)
+        put("expert_tensor_parallel_size", 1, f"{etp} (perf matrix, applied by {at(commit, HELP_2509, r'expert_tensor_parallel_size = perf_overrides')})")
+    if model == "DeepSeekV3":
+        lib = "src/megatron/bridge/recipes/deepseek/deepseek_v3.py"
+        pc = r"def pretrain_config\("
+        put("use_distributed_optimizer", True, at(commit, lib, r"use_distributed_optimizer=True", pc, "pretrain_config"))
+        ddp_og = run(r"recipe.comm_overlap.overlap_grad_reduce = False", "--gpu h100")
+        ddp_op = at(commit, lib, r"overlap_param_gather=True", pc, "pretrain_config")
+        s["grad_reduce_in_fp32"]["overrides"] = [at(commit, lib, r"grad_reduce_in_fp32=False", pc)]
+        put("tp_comm_overlap", False, at(commit, lib, r"tp_comm_overlap=False", pc, "pretrain_config: no CommOverlapConfig given"))
+        for k in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                  "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+            put(k, False if k.startswith("account") else None, at(commit, lib, rf"cfg.{k} = ", r"def model_config\(", "model_config"))
+        c1 = run(r'layout="Et\|')
+        c2 = at(commit, yml, r"pipeline_model_parallel_layout:")
+        put("pipeline_model_parallel_layout", "Et|(tt|)*30mL", f"{c1} and {c2}")
+        put("mtp_num_layers", 1, at(commit, lib, r"mtp_num_layers: Optional\[int\] = 1", pc, "pretrain_config default"))
+        dee = run(r'enable_deepep = bool\(args.gpu.lower\(\) in \["h100"\]\)', "--gpu h100")
+        c1 = at(commit, lib, r'cfg.moe_token_dispatcher_type = "flex"')
+        put("moe_token_dispatcher_type", "flex", f"{c1} with {dee}")
+        put("moe_flex_dispatcher_backend", "deepep", f"{at(commit, lib, r'cfg.moe_enable_deepep = True')} with {dee}")
+        put("moe_router_force_load_balancing", True, run(r"moe_router_force_load_balancing = True"))
+        put("moe_a2a_overlap", True, run(r"overlap_moe_expert_parallel_comm = True", "A2A_1F1B: --gpu h100"))
+        put("delay_wgrad_compute", True, run(r"delay_wgrad_compute = True", "A2A_1F1B: --gpu h100"))
+        put("moe_shared_expert_overlap", False, run(r"moe_shared_expert_overlap = False", "A2A_1F1B: --gpu h100"))
+        put("recompute_granularity", "selective", at(commit, yml, r'recompute_granularity: "selective"'))
+        put("recompute_modules", ["mla_up_proj", "mlp"], run(r'recompute_modules = \["mla_up_proj", "mlp"\]', "--gpu h100"))
+        put("expert_tensor_parallel_size", 1, f"{at(commit, yml, r'etp: 1', ngk)} "
+            f"(perf matrix, applied by {at(commit, HELP_2509, r'expert_tensor_parallel_size = perf_overrides')})")
+    # DP/PP overlap: CommOverlapConfig.setup (config.py) sets them from the parallel sizes, over the DDP config's
+    if co:
+        if dp > 1:
+            og = at(commit, CO_2509, r"comm_overlap_cfg.overlap_grad_reduce = True")
+            op = at(commit, CO_2509, r"comm_overlap_cfg.overlap_param_gather = True")
+            if model == "DeepSeekV3":
+                put("overlap_grad_reduce", False, ddp_og + f" (the user value wins: {at(commit, CO_2509, r'if user_value is not None')})", [og])
+            else:
+                put("overlap_grad_reduce", True, f"{og} (data_parallel_size={dp} > 1)", [ddp_og])
+            put("overlap_param_gather", True, f"{op} (data_parallel_size={dp} > 1)", [ddp_op])
+        if pp > 1:
+            v = bool(vp and vp > 1)
+            put("overlap_p2p_comm", v, at(commit, CO_2509, r"comm_overlap_cfg.overlap_p2p_comm = True" if v
+                                          else r"comm_overlap_cfg.overlap_p2p_comm = False"))
+    else:
+        put("overlap_grad_reduce", True, ddp_og)
+        put("overlap_param_gather", True, ddp_op)
+    # perf matrix: FSDP, CUDA graphs, recompute and offloading (helpers.py apply_perf_matrix_overrides)
+    pre = f"perf_matrix.h100.num_gpus_{int(r['num_gpus'])}."
+    kv = yaml_lines(src(commit, yml))
+    per = {}
+    for v in match:
+        got = {}
+        for key in ("use_megatron_fsdp", "fsdp", "cuda_graphs", "recompute_num_layers", "cpu_offloading_num_layers",
+                    "nccl_ub", "keep_fp8_transpose_cache_when_using_custom_fsdp"):
+            for blk in (v, "common"):
+                hit = kv.get(f"{pre}{blk}.{key}")
+                if hit is not None:
+                    got[key] = (hit[0], f"{yml}:{hit[1]}")
+                    break
+        per[v] = got
+    keys = set().union(*[set(g) for g in per.values()]) if per else set()
+    for key in sorted(keys):
+        vals = {str(g.get(key, (None,))[0]) for g in per.values()}
+        if len(vals) != 1:
+            unknown[key] = f"the matching perf matrix blocks {match} differ in {key}"
+            continue
+        val, where = next(iter(per.values()))[key]
+        if key in ("use_megatron_fsdp", "fsdp"):
+            put("use_megatron_fsdp", bool(val), f"{where} (applied by {at(commit, HELP_2509, r'def set_megatron_fsdp_overrides')}"
+                + (f": optim_grads_params {at(commit, HELP_2509, r'data_parallel_sharding_strategy = ')}" if val else "") + ")")
+        elif key == "cuda_graphs":
+            put("cuda_graph_impl", None if not val else "local", f"{where} ({at(commit, HELP_2509, r'enable_cuda_graph = perf_overrides')})")
+        elif key == "recompute_num_layers" and val is not None:
+            rc = at(commit, HELP_2509, r'recompute_method = "block"')
+            put("recompute_granularity", "full", f"{rc} (set_recompute_overrides)")
+            put("recompute_method", "block", rc)
+            put("recompute_num_layers", val, where)
+        elif key == "cpu_offloading_num_layers" and val:
+            put("cpu_offloading_num_layers", val, where)
+        elif key == "nccl_ub":
+            put("nccl_ub", val, where)
+    # what none of the files sets: the library default (Megatron-Bridge's model provider / Megatron-Core)
+    for k in ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+              "attention_backend", "cp_comm_type", "moe_token_dispatcher_type", "pipeline_model_parallel_layout",
+              "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage", "moe_shared_expert_overlap",
+              "tp_comm_overlap_cfg"):
+        if k not in s and k not in unknown:
+            if k.startswith("moe_") and not model.startswith(("Qwen3", "DeepSeek")):
+                continue
+            unknown[k] = "not set in the library recipe or the perf script at this commit (the library default applies)"
+    return s
 
 
 NFL_SCRIPTS = {  # table model -> NeMo-Framework-Launcher's H100 FP8 example command lines (examples/training/...)
@@ -538,6 +804,7 @@ def nemo_row(r):
             "unknown": unknown, "caveats": caveats, "checks": checks}
 
 
+@functools.cache
 def src(commit, path):
     return subprocess.run(["git", "-C", GIT_DIR, "show", f"{commit}:{path}"], capture_output=True, text=True, check=True).stdout
 

@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
           f"vpp={parallel.vpp} micro-batch={parallel.micro_batch} global batch={parallel.global_batch} "
           f"({parallel.num_microbatches} micro-batches), recompute={parallel.recompute}"
           f"{'' if parallel.recompute_modules is None else ' ' + '+'.join(parallel.recompute_modules)}"
+          f"{'' if parallel.recompute_method is None else f' ({parallel.recompute_method} {parallel.recompute_num_layers})'}"
           f"{'' if not parallel.fsdp else ', fsdp' + ('' if parallel.fsdp_reshard_after_forward else ' (shards kept)')}"
           f"; bandwidth: "
           f"{'per regime, below' if bw is not None else 'shipped calibration'}")

@@ -43,11 +43,14 @@ GPUs: H100 SXM is measured (``sm_90``). H200 is the same GH100 silicon, SM count
 the H100 fit with the H200's HBM bandwidth (only ``t_hbm`` and split-K traffic change) and the H100 ceiling.
 A100: there is no GEMM table; :func:`load_gemm_model` returns :class:`UtilizationGemm`, the GEMM term of the
 vTrain single-node utilization fit (:mod:`llmcomm.overhead.utilization`) behind the same interface — whose
-``θ_gemm`` sits at its bound 1.0 (matmuls at 100 % of peak, a finding, see :attr:`UtilizationGemm.at_bound`).
+``θ_gemm`` is fitted there (1.09 since the element-wise bytes are counted kernel by kernel,
+:data:`llmcomm.step.ACTIVATION_BYTES`: matmuls at 92 % of peak; before, it sat at its bound 1.0, see
+:attr:`UtilizationGemm.at_bound` and the finding below, made with the old counts).
 Other GPUs (B200): no measurement, refused with :class:`~llmcomm.errors.DataError`. (XLA's newer tables also hold
 ``sm_100`` and FP8 rows; the shared data holds only the ``sm_90`` version, so neither is used here.)
 
-Finding on A100 (an experiment, nothing refitted or shipped): the vTrain single-node fit puts ``θ_gemm`` on its
+Finding on A100 (an experiment with the former element-wise counts, 16 accesses of b·s·h and 5 of the scores;
+nothing refitted or shipped): the vTrain single-node fit puts ``θ_gemm`` on its
 bound 1.0; freed of the bound it comes out 0.97 (95 % CI 0.93–1.02), i.e. the data want matmuls at 100 % of the
 A100 peak. Timing the layer GEMMs instead by this mechanism carried to A100 geometry (108 SMs, 312 TFLOP/s,
 1.555 TB/s; the H100-fitted η, k0, t0, B_sm) puts vTrain's GEMMs at 24–83 % of peak (median 68 %), and the
@@ -284,8 +287,8 @@ class UtilizationGemm:
     """The GEMM term of the shipped single-node utilization fit (A100, vTrain) behind :class:`GemmModel`'s
     interface: ``t = θ_gemm · 2·b·m·n·k / P``, one efficiency ``1/θ_gemm`` for every shape. The per-layer-pass
     launch floor of that fit is not a per-GEMM quantity and is not included. ``at_bound`` is True when the fit
-    put ``θ_gemm`` on its physical bound 1.0 (the shipped fit does: every matmul at 100 % of peak), i.e. the
-    single-node data did not determine the GEMM efficiency."""
+    put ``θ_gemm`` on its physical bound 1.0 (every matmul at 100 % of peak), i.e. the single-node data did not
+    determine the GEMM efficiency (the fit with the former element-wise counts did; the shipped one does not)."""
 
     gpu: str
     peak_bf16: float

@@ -65,7 +65,12 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
                           quantization casts as element-wise bytes (:func:`_compute`); TP/DP bytes unchanged
 
 On a cluster whose GPU has a measured GEMM model (:func:`measured_gemm`: H100, H200 at their datasheet peak)
-the linear GEMMs are timed by it; A100 clusters keep the utilization fit's ``FLOPs/peak`` (byte-identical).
+the linear GEMMs and the output layer's logits GEMM are timed by it, and a fused attention core runs at
+cuDNN's measured rate with sliding windows counted (:mod:`llmcomm.overhead.attention_time`)::
+
+    backward = 2·forward + Σ_layers (t_bwd − 2·t_fwd)(attention core)     t_fwd = F/R_fwd, t_bwd = 2.5·F/R_bwd
+
+A100 clusters keep the utilization fit's ``FLOPs/peak`` (byte-identical).
 
 FSDP (``fsdp``, ``fsdp_reshard_after_forward``; :mod:`llmcomm.overhead.fsdp_time`): per micro-batch the units'
 parameter all-gathers and gradient reduce-scatters, exposed as prefetching leaves them (its equations), join the
@@ -95,7 +100,7 @@ from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import cp_time, moe_fold
+from . import attention_time, cp_time, moe_fold
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
@@ -186,6 +191,10 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["moe_aux_loss_coeff"] = t.moe_aux_loss_coeff
     c["act_is_fp16"] = (t.act_dtype == "fp16").astype(np.int64)
     c["recompute"] = t.recompute_code
+    meth = np.asarray(t.recompute_method, dtype=object)
+    if (meth == "block").any():  # --recompute-method block: only the first N layers of each chunk (stages())
+        c["rblock"] = meth == "block"
+        c["rblock_n"] = np.where(c["rblock"], np.asarray(t.recompute_num_layers, np.int64), -1)
     c["fused_attention"] = t.fused_attention
     c["fp8"] = np.not_equal(t.fp8, None).astype(bool)  # type: ignore[call-overload]  # object array vs None
     c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
@@ -292,6 +301,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tp, pp, dp, ep, v = c["tp"], c["pp"], c["dp"], c["ep"], c["vpp"]
     n = len(tp)
     sp, full = c["sp"], c["recompute"] == 2
+    if "rblock" in c:  # recompute_method="block": the checkpointed layers are counted apart (rec_d, rec_m)
+        full = full & ~c["rblock"]
     act, gby, pby = c["act_dtype"], c["grad_reduce_dtype"], c["param_dtype"]
     # fp8_param_gather: the DistOpt all-gathers FP8 weights, 1 byte each (biases and norms, a small share, are
     # counted at 1 byte too); the predictor does not carry this option yet (its bytes are param_dtype's)
@@ -315,13 +326,20 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     nsp, ysp = (~sp).astype(np.int64), sp.astype(np.int64)
     fr = full.astype(np.int64)
     # transformer blocks: dense layers have 2 blocks (attention, MLP), MoE layers 1 (+1 with shared experts)
-    blocks = 2 * nd + nm * (2 if model.num_shared_experts else 1)
+    per_moe = 2 if model.num_shared_experts else 1
+    blocks = 2 * nd + nm * per_moe
+    # recomputed layers (their forward calls again in the backward phase): every layer under full recomputation,
+    # the checkpointed ones under recompute_method="block" (llmcomm.step.recomputed_stage_classes)
+    rec_d, rec_m = nd * fr, nm * fr
+    if "rec_d" in c:
+        rec_d, rec_m = rec_d + c["rec_d"], rec_m + c["rec_m"]
+    rb = 2 * rec_d + rec_m * per_moe
     tpc("all_reduce", "forward", A, blocks * nsp)
-    tpc("all_reduce", "backward", A, blocks * nsp * (1 + fr))
+    tpc("all_reduce", "backward", A, blocks * nsp + rb * nsp)
     tpc("all_gather", "forward", A, blocks * ysp, ub=True)
     tpc("reduce_scatter", "forward", A, blocks * ysp, ub=True)
-    tpc("all_gather", "backward", A, blocks * ysp * (2 + fr), ub=True)
-    tpc("reduce_scatter", "backward", A, blocks * ysp * (1 + fr), ub=True)
+    tpc("all_gather", "backward", A, 2 * blocks * ysp + rb * ysp, ub=True)
+    tpc("reduce_scatter", "backward", A, blocks * ysp + rb * ysp, ub=True)
     # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
     # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
     rm = {k: c.get("rm_" + k, np.zeros(n, bool)).astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
@@ -331,29 +349,30 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         tpc("all_reduce", "backward", A, reblocks * nsp)
         tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
         tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
-    items += _cp_items(model, c, T, nd + nm, fr)
+    items += _cp_items(model, c, T, nd + nm, rec_d + rec_m)
     etp = c["etp"]
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher on the expert grid (llmcomm.predict.ep, moe_fold)
         k, E = model.moe_router_topk, model.num_experts
         local = np.where(sp, T // tp, T)
-        fr = np.maximum(fr, rm["moe"])  # the MoE layer's forward calls again: full recomputation or recompute "moe"
-        rec = 1 + fr  # forward calls, and again in the backward phase under full recomputation
+        # the MoE layers whose forward calls run again in the backward phase: full recomputation (or block's
+        # checkpointed ones) or recompute "moe"
+        mf = np.maximum(rec_m, nm * rm["moe"])
         tpep = etp * ep  # Megatron's tp_ep group: expert TP x EP (parallel_state.py:1388)
         cnt_on = (tpep > 1).astype(np.int64)
         rpn_tpep = c["k_tpep"]
         items.append(CommItem("ep", "ep", "all_gather", "forward", tpep * E * 8, nm * cnt_on, tpep, rpn_tpep,
                               "microbatch"))
-        items.append(CommItem("ep", "ep", "all_gather", "backward", tpep * E * 8, nm * cnt_on * fr, tpep,
+        items.append(CommItem("ep", "ep", "all_gather", "backward", tpep * E * 8, mf * cnt_on, tpep,
                               rpn_tpep, "microbatch"))
         tpcp, rpn_tpcp = tp * cp, np.where(cp > 1, c["k_tpcp"], rpn_tp)  # the router's tp x cp group
         aux_on = (c["moe_aux_loss_coeff"] > 0).astype(np.int64) * (tpcp > 1)  # router token-count all-reduce
         items.append(CommItem("ep", "ep", "all_reduce", "forward", 8 * E * one, nm * aux_on, tpcp, rpn_tpcp,
                               "microbatch"))
-        items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, nm * aux_on * fr, tpcp, rpn_tpcp,
+        items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, mf * aux_on, tpcp, rpn_tpcp,
                               "microbatch"))
         # expert TP: forward AG tokens, AG probabilities, RS output; backward AG output, RS probs, RS tokens, on
         # the expert-TP group (moe_fold.expert_tp_items: the TP group itself where etp = tp)
-        items += moe_fold.expert_tp_items(c, local, k, h, act, nm, fr)
+        items += moe_fold.expert_tp_items(c, local, k, h, act, nm, mf)
         split = np.rint(local * k * h * act / ep).astype(np.int64)
         psplit = np.rint(local * k * act / ep).astype(np.int64)
         epon = (ep > 1).astype(np.int64)
@@ -361,7 +380,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         for nb, n_calls in ((split * ep, 2), (psplit * ep, 1)):
             items.append(CommItem("ep", "ep", "all_to_all", "forward", nb, n_calls * nm * epon, ep, rpn_ep,
                                   "microbatch"))
-            items.append(CommItem("ep", "ep", "all_to_all", "backward", nb, n_calls * nm * epon * rec, ep, rpn_ep,
+            items.append(CommItem("ep", "ep", "all_to_all", "backward", nb, n_calls * (nm + mf) * epon, ep, rpn_ep,
                                   "microbatch"))
     f, la = holds_first.astype(np.int64), holds_last.astype(np.int64)
     # embedding: SP reduce-scatters only without learned positions (LanguageModelEmbedding), else all-reduce
@@ -489,10 +508,11 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
 
 
 def _cp_items(model: ModelSpec, c: dict[str, np.ndarray], tokens: np.ndarray, layers: np.ndarray,
-              full: np.ndarray) -> list[CommItem]:
+              recomputed: np.ndarray) -> list[CommItem]:
     """The CP calls of a stage per micro-batch (:func:`llmcomm.overhead.cp_time.cp_calls` per layer, times its
-    ``layers``; the forward's again in the backward phase under full recomputation), each ring send with its
-    receive, on the CP group as the layout places it."""
+    ``layers``; the forward's again in the backward phase for its ``recomputed`` layers: all under full
+    recomputation, the checkpointed ones under ``recompute_method="block"``), each ring send with its receive,
+    on the CP group as the layout places it."""
     cp, tp = c["cp"], c["tp"]
     if not np.any(cp > 1):
         return []
@@ -503,7 +523,7 @@ def _cp_items(model: ModelSpec, c: dict[str, np.ndarray], tokens: np.ndarray, la
     for cc in cp_time.cp_calls(model, cp, c["cp_comm_type"], tokens, tp, c["act_dtype"]):
         per_phase = [(cc.phase, cc.per_layer * layers)]
         if cc.fwd_kind:
-            per_phase.append(("backward", cc.per_layer * layers * full))
+            per_phase.append(("backward", cc.per_layer * recomputed))
         for phase, count in per_phase:
             if cc.op == "send":
                 for op in ("send", "recv"):
@@ -606,10 +626,20 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     Measured GEMMs (``gemm_model``, a :class:`~llmcomm.overhead.gemm.GemmModel`: H100, H200): the linear layers'
     GEMMs of :func:`layer_gemm_shapes` (the step description's, :func:`llmcomm.step.layer_gemms`) are timed by it
     one by one (``bf16``, or ``fp8`` by its stated FP8 rule) and that time, in seconds, replaces their
-    ``FLOPs / peak`` in the gemm feature: the utilization fit's ``θ_gemm`` (fitted on A100, shipped at its bound
-    1.0) then multiplies measured time, which at 1.0 leaves it as measured. The backward is ``2·forward``
+    ``FLOPs / peak`` in the gemm feature; the utilization fit's ``θ_gemm`` (the A100 matmul efficiency of
+    ``FLOPs/peak``, fitted on vTrain's single-node runs) is then taken as 1 (:func:`combine`): measured time is
+    left as measured. The backward is ``2·forward``
     (dgrad and wgrad have the forward's FLOPs; their shapes are not timed apart). A100 (no GEMM table) keeps the
     ``FLOPs/peak`` features byte for byte.
+
+    With a measured GEMM model, also: the fused attention core (``Cd``/``Cm``, rows with ``fused_attention``)
+    in seconds at cuDNN's measured H100 rate, its FLOPs shortened by a sliding window on the windowed share of
+    the layers, and its backward beyond ``2·forward`` as ``Bd``/``Bm`` (gemm feature, seconds;
+    :func:`llmcomm.overhead.attention_time.core_seconds`, read by :func:`class_times`); the output layer's
+    logits GEMM (``T × V'/tp × h``, BF16: Megatron's ``output_layer`` is not a TE module) by the measured model
+    instead of ``FLOPs/peak`` (its cross-entropy bytes unchanged); an unfused attention core's two matmuls
+    (``baddbmm`` Q·Kᵀ and ``bmm`` scores·V, ``b·a/tp`` batched GEMMs of ``s×s×d`` and ``s×d×s``) by the measured
+    model too, its score traffic unchanged.
     """
     b, s, tp = c["micro_batch"], c["seq_len"] // c["cp"], c["tp"]  # s: tokens of one CP rank (cp_time)
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
@@ -645,7 +675,23 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     need = gemm_model is not None or c["tp_comm_overlap"].any() or any(
         rmods[k].any() for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
+    xb = {}  # the fused attention core's backward beyond 2·forward, per layer (attention_time; measured GPUs)
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
+        if fz.any():  # the fused attention core at cuDNN's measured rate, sliding windows counted (attention_time)
+            share = attention_time.windowed_share(model.num_layers, model.window_size, model.window_attn_skip_freq)
+            for key, C in (("Bd", Cd), ("Bm", Cm)):
+                t_f, t_b = attention_time.core_seconds(C[:, U.I["gemm"]] * peak, d, s, c["seq_len"],
+                                                       model.window_size, share)
+                C[:, U.I["gemm"]] = np.where(fz, t_f, C[:, U.I["gemm"]])
+                B = np.zeros_like(C)
+                B[:, U.I["gemm"]] = np.where(fz, t_b - 2.0 * t_f, 0.0)
+                xb[key] = B
+        if (~fz).any():  # unfused: Q·Kᵀ (s×s×d) and scores·V (s×d×s), b·a/tp batched GEMMs, by the measured model
+            bh = (b * a // tp).astype(np.int64)
+            sq = s.astype(np.int64)
+            t_un = gemm_model.time(sq, sq, d, bh, "bf16") + gemm_model.time(sq, d, sq, bh, "bf16")
+            for C in (Cd, Cm):
+                C[:, U.I["gemm"]] = np.where(fz | (C[:, U.I["gemm"]] == 0), C[:, U.I["gemm"]], t_un)
         sec = {}
         for name, (m_, n_, k_, bt) in shapes.items():
             t16 = gemm_model.time(m_, n_, k_, bt, "bf16")
@@ -663,14 +709,21 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP, BF16)
     Gag = nd * (sec.get("qkv", z) + sec.get("fc1", z)) + nm * (sec.get("qkv", z) + sec.get("shared_fc1", 0.0))
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
-    E = (holds_first[:, None] * U.embedding_features(b, s, h, hbm)
-         + holds_last[:, None] * U.output_features(b, s, tp, h, model.padded_vocab_size(tp), peak, hbm))
+    vp = model.padded_vocab_size(tp)
+    out_x = U.output_features(b, s, tp, h, vp, peak, hbm)
+    if gemm_model is not None and holds_last.any():  # the logits GEMM (BF16: not a TE module) by the measured model
+        out_x[:, U.I["gemm"]] = gemm_model.time(T.astype(np.int64), vp // tp, h * np.ones_like(tp), 1, "bf16")
+    E = holds_first[:, None] * U.embedding_features(b, s, h, hbm) + holds_last[:, None] * out_x
     core = c.get("rm_core_attn", c["recompute"] == 1)  # selective recomputation of the attention core
     out = {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
            "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
            "sel": np.asarray(core, dtype=np.float64), "Gag": Gag, "Grs": Grs}
+    if "rec_d" in c:  # recompute_method="block": the checkpointed layers only (llmcomm.step.recomputed_stage_classes)
+        out["full"] = np.where(c["rblock"], 0.0, out["full"])
+        out["rec_d"], out["rec_m"] = c["rec_d"].astype(np.float64), c["rec_m"].astype(np.float64)
     if "rm_mlp" in c:  # --recompute-modules given (arrays() sets the flags then)
         out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
+    out.update(xb)
     return out
 
 
@@ -718,6 +771,8 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
 
         forward   = nd·t_pass(dense) + nm·t_pass(MoE) + work(embedding, output)
         backward  = 2·forward                                  (twice the FLOPs, bytes and kernels)
+                  + nd·work(Bd) + nm·work(Bm)                  (measured GPUs: the fused attention core's
+                                                                backward beyond twice its forward, attention_time)
         recompute = full·(nd·t_pass(dense) + nm·t_pass(MoE)) + selective·work(attention cores)
     """
     layers = q["nd"] * util.layer_pass(q["Ld"]) + q["nm"] * util.layer_pass(q["Lm"])
@@ -725,7 +780,12 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
     rec = q["full"] * layers + q["sel"] * (q["nd"] * util.work(q["Cd"]) + q["nm"] * util.work(q["Cm"]))
     if "Rd" in q:  # --recompute-modules beside the attention core (recompute_module_features)
         rec = rec + q["nd"] * util.work(q["Rd"]) + q["nm"] * util.work(q["Rm"])
-    return fwd, 2.0 * fwd, rec
+    if "rec_d" in q:  # recompute_method="block": one more forward pass of each checkpointed layer
+        rec = rec + q["rec_d"] * util.layer_pass(q["Ld"]) + q["rec_m"] * util.layer_pass(q["Lm"])
+    bwd = 2.0 * fwd
+    if "Bd" in q:  # the fused attention core's backward at its measured rate (llmcomm.overhead.attention_time)
+        bwd = bwd + q["nd"] * util.work(q["Bd"]) + q["nm"] * util.work(q["Bm"])
+    return fwd, bwd, rec
 
 
 def layer_times(q: dict[str, np.ndarray], util: U.Utilization
@@ -736,6 +796,11 @@ def layer_times(q: dict[str, np.ndarray], util: U.Utilization
     fd, fm = util.layer_pass(q["Ld"]), util.layer_pass(q["Lm"])
     rd = q["full"] * fd + q["sel"] * util.work(q["Cd"]) + (util.work(q["Rd"]) if "Rd" in q else 0.0)
     rm = q["full"] * fm + q["sel"] * util.work(q["Cm"]) + (util.work(q["Rm"]) if "Rm" in q else 0.0)
+    if "rec_d" in q:  # recompute_method="block": a layer's recompute averaged over the stage's layers of its kind
+        rd = rd + q["rec_d"] / np.maximum(q["nd"], 1.0) * fd
+        rm = rm + q["rec_m"] / np.maximum(q["nm"], 1.0) * fm
+    if "Bd" in q:  # the fused attention core's measured backward (class_times)
+        rd, rm = rd + util.work(q["Bd"]), rm + util.work(q["Bm"])
     return (fd, fm), (2.0 * fd + rd, 2.0 * fm + rm)
 
 
@@ -750,7 +815,12 @@ def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
     core = q["sel"][:, None] * (q["nd"][:, None] * q["Cd"] + q["nm"][:, None] * q["Cm"]) * w
     if "Rd" in q:  # --recompute-modules
         core = core + (q["nd"][:, None] * q["Rd"] + q["nm"][:, None] * q["Rm"]) * w
-    return (3.0 + q["full"][:, None]) * layers + 3.0 * q["E"] * w + core
+    if "Bd" in q:  # the fused attention core's measured backward (class_times)
+        core = core + (q["nd"][:, None] * q["Bd"] + q["nm"][:, None] * q["Bm"]) * w
+    out = (3.0 + q["full"][:, None]) * layers + 3.0 * q["E"] * w + core
+    if "rec_d" in q:  # recompute_method="block": the checkpointed layers' forward once more
+        out = out + q["rec_d"][:, None] * Dd + q["rec_m"][:, None] * Dm
+    return out
 
 
 # ----------------------------------------------------------------------------------------- evaluate
@@ -780,6 +850,7 @@ class Stages:
     align_grad_reduce: np.ndarray | None = None
     fsdp: np.ndarray | None = None  # FSDP rows (llmcomm.overhead.fsdp_time)
     cp: np.ndarray | None = None  # context-parallel size (cp_time.exposed)
+    measured_gemm: bool = False  # the linear GEMMs' gemm feature is measured seconds (combine: θ_gemm = 1)
 
 
 def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
@@ -801,8 +872,12 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     hl3 = np.concatenate([e[1] for e in edges])
     layers3 = (np.concatenate([layers[cls][0] for cls in CLASSES]),
                np.concatenate([layers[cls][1] for cls in CLASSES]))
-    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops,
-                  measured_gemm(cluster) if measured_gemms else None)
+    if "rblock" in c:  # recompute_method="block": the layers each stage class recomputes
+        rec = step.recomputed_stage_classes(model, pp, c["vpp"], c["rblock_n"], {k: c[k] for k in step.UNEVEN})
+        c3["rec_d"] = np.concatenate([rec[cls][0] for cls in CLASSES])
+        c3["rec_m"] = np.concatenate([rec[cls][1] for cls in CLASSES])
+    gm = measured_gemm(cluster) if measured_gemms else None
+    q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
     tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
@@ -878,7 +953,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
                   np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
                   _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
-                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"])
+                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None)
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
@@ -948,7 +1023,12 @@ def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -
 
 
 def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) -> dict[str, np.ndarray]:
-    """The terms of :data:`TERMS` from :class:`Stages` and a utilization model (module docstring)."""
+    """The terms of :data:`TERMS` from :class:`Stages` and a utilization model (module docstring). Where the
+    linear GEMMs are measured seconds (``st.measured_gemm``: H100, H200) ``θ_gemm`` is taken as 1: it is the A100
+    matmul efficiency of ``FLOPs/peak`` features (the single-node fit), and a measured kernel time already holds
+    its own (the attention core stays at ``FLOPs/peak`` there, as it did while the fit sat at 1)."""
+    if st.measured_gemm and util.coef[U.I["gemm"]] != 1.0:
+        util = util.with_gemm_efficiency(1.0)
     pp, v, m = st.pp, st.vpp, st.m
     n = len(pp)
     tpo = st.tp_comm_overlap if st.tp_comm_overlap is not None else np.zeros(n, bool)

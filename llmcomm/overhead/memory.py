@@ -271,6 +271,14 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
     cp_buffers = cp_buffer_bytes(model, cp=cp, cp_comm_type=cp_comm, seq_local=seq, micro_batch=mb, tp=tp,
                                  act_bytes=act)
     per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) for moe in (False, True)}
+    # --recompute-method (llmcomm.step.recompute_groups): "block" keeps the first N layers of a chunk as under full
+    # recomputation (their input) and the rest as without it; "uniform" keeps one input per group of N layers
+    meth = np.asarray(tab.recompute_method, dtype=object)
+    blk, uni = meth == "block", meth == "uniform"
+    rnl = np.maximum(np.asarray(tab.recompute_num_layers, np.int64), 1).astype(float)
+    if blk.any():
+        none_kw = {**layer_kw, "recompute": np.where(blk, "none", recompute)}
+        per_none = {moe: layer_activation_bytes(model, moe, **none_kw) for moe in (False, True)}
     sbh = seq * mb * model.hidden_size
     best = np.empty((n, 6))
     expert_dp, dp_cp = tab.expert_dp, dp * cp
@@ -288,6 +296,16 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
                       + info.moe_share[:, None] * per_layer[True][rows])
         chunks = chunks_in_flight(r, pp=p, vpp=v, microbatches=microbatches[rows], gpipe=gpipe[rows])
         activations = chunks * info.layers_per_chunk[:, None] * mean_layer + cp_buffers[rows]
+        meth_rows = blk[rows] | uni[rows]
+        if meth_rows.any():  # per chunk: k checkpointed inputs (+ the block's other layers, all kept)
+            lpc, nl = info.layers_per_chunk[:, None], rnl[rows]
+            k = np.where(blk[rows], np.minimum(nl, lpc), np.ceil(lpc / nl))
+            rest = 0.0
+            if blk.any():
+                mean_none = ((1 - info.moe_share)[:, None] * per_none[False][rows]
+                             + info.moe_share[:, None] * per_none[True][rows])
+                rest = np.where(blk[rows], lpc - k, 0.0) * mean_none
+            activations = np.where(meth_rows, chunks * (k * mean_layer + rest) + cp_buffers[rows], activations)
         activations[0] += -(-chunks[0] // v) * sbh[rows] / np.where(sp[rows], t, 1)
         activations[p - 1] += 4 * sbh[rows] / t * (1 + model.padded_vocab_size(int(t)) / model.hidden_size)
         w, g, o = model_state_bytes(info.dense[:, None], info.expert[:, None], dp_cp=dp_cp[rows],

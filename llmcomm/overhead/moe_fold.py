@@ -61,13 +61,14 @@ def expert_rows(T: np.ndarray, tp: np.ndarray, etp: np.ndarray, ep: np.ndarray, 
 
 
 def expert_tp_items(c: dict[str, np.ndarray], local: np.ndarray, k: int, h: int, act: np.ndarray,
-                    nm: np.ndarray, fr: np.ndarray) -> list[Any]:
+                    nm: np.ndarray, mf: np.ndarray) -> list[Any]:
     """The alltoall dispatcher's expert-TP calls of a stage class per micro-batch, as
     :class:`~llmcomm.overhead.iteration.CommItem` rows (term ``tp``, parallelism ``sp``, as the predictor labels
     them): forward all-gather of the ``etp·L·k`` received tokens and of their probabilities, reduce-scatter of the
-    expert output; backward all-gather of the output's gradient, reduce-scatter of the tokens' (and, only when the
-    forward is replayed under recomputation, the probabilities' all-gather again, as the predictor's program
-    writes it). On the expert-TP group (``etp`` ranks, its ranks per node ``k_etp``); where ``etp = tp`` that is
+    expert output; backward all-gather of the output's gradient, reduce-scatter of the tokens' and the
+    probabilities', plus the forward's calls of the ``mf`` MoE layers whose forward is replayed in the backward
+    phase (full or block recomputation, or recompute ``moe``; ``nm`` MoE layers in all), as the predictor's program
+    writes them. On the expert-TP group (``etp`` ranks, its ranks per node ``k_etp``); where ``etp = tp`` that is
     the TP group itself (``k_tp``). None where ``etp = 1``.
 
     The probabilities and the output reduction are in the activation dtype here (``moe_router_dtype`` unset:
@@ -79,12 +80,11 @@ def expert_tp_items(c: dict[str, np.ndarray], local: np.ndarray, k: int, h: int,
     on = (etp > 1).astype(np.int64)
     rows = local * etp * k
     tok, prb = rows * h * act, rows * act
-    rec = 1 + fr
     out = []
     for op, phase, nbytes, count in (("all_gather", "forward", tok, nm), ("all_gather", "forward", prb, nm),
-                                     ("reduce_scatter", "forward", tok, nm), ("all_gather", "backward", tok, nm * rec),
-                                     ("all_gather", "backward", prb, nm * fr),
-                                     ("reduce_scatter", "backward", tok, nm * rec),
+                                     ("reduce_scatter", "forward", tok, nm), ("all_gather", "backward", tok, nm + mf),
+                                     ("all_gather", "backward", prb, mf),
+                                     ("reduce_scatter", "backward", tok, nm + mf),
                                      ("reduce_scatter", "backward", prb, nm)):
         out.append(CommItem("tp", "sp", op, phase, nbytes, count * on, etp, rpn, "microbatch"))
     return out

@@ -66,6 +66,9 @@ OFF: dict[str, Any] = {
     "cpu_offloading_num_layers": None, "fp8_dot_product_attention": None, "moe_a2a_overlap": False,
     "overlap_p2p_comm": False, "etp": None, "moe_shared_expert_overlap": False, "moe_flex_dispatcher_backend": None,
     "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None, "cp_comm_type": None,
+    # multi-token prediction: the catalogue's DeepSeek-V3 has its layer's parameters, but no MTP layer's compute or
+    # calls are in the step description, the formulation or the predictor (setting:mtp_num_layers when set)
+    "mtp_num_layers": 0,
 }
 # settings with no effect on the formulation's terms (said so, not silently dropped)
 IGNORED = {
@@ -76,6 +79,12 @@ IGNORED = {
     "fp8_enabled": "NeMo 1.0 config's fp8 switch, read into fp8 (the format) by the recipe file",
     "fp8_hybrid": "read into fp8 by the recipe file", "fp8_e4m3": "read into fp8 by the recipe file",
     "use_megatron_fsdp": "fsdp column (the table's FSDP)", "fsdp": "fsdp column (the table's FSDP)",
+    # token drop and forced balancing (Megatron-Bridge 25.09's MoE rows): the formulation's MoE layer already times
+    # balanced routing, every expert k·T/E tokens (llmcomm.overhead.iteration gemms: "balanced routing")
+    "moe_expert_capacity_factor": "1.0 with padding to capacity: every expert gets exactly its balanced share k·T/E "
+                                  "of the tokens, what the formulation times (balanced routing)",
+    "moe_pad_expert_input_to_capacity": "see moe_expert_capacity_factor",
+    "moe_router_force_load_balancing": "forced balanced routing: what the formulation times (balanced routing)",
 }
 
 
@@ -172,7 +181,8 @@ def settings(row: pd.Series) -> RowSettings:
     a candidate column; the rest stay in ``setting`` for the caller to refuse unless off (:func:`is_off`). Only
     the recipe dialects are translated here: NeMo 1.0's names (``optimizer``, ``grad_sync_dtype``,
     ``use_flash_attention``) and Megatron's recompute triple (granularity, method, layers) into the ``recompute``
-    column."""
+    column, with ``recompute_method``/``recompute_num_layers`` as their own columns where they are not uniform
+    of 1 (the kit's ``recompute='full'`` alone)."""
     key = (str(row["container"]), str(row["model"]), int(row["source_line"]))
     rec = recipes().get(key)
     model = CATALOGUE.get(row["group"])
@@ -192,7 +202,9 @@ def settings(row: pd.Series) -> RowSettings:
         out.unknown["recipe"] = f"no entry for {key} in data/{RECIPES}"
         return out
     for k, why in (rec.get("unknown") or {}).items():
-        if str(why).startswith("not set in the library recipe or the perf script"):
+        if k in IGNORED:  # a setting with no modelled effect: not knowing it refuses nothing
+            out.ignored[k] = f"{IGNORED[k]} (not known for this row: {why})"
+        elif str(why).startswith("not set in the library recipe or the perf script"):
             out.defaulted[k] = str(why)  # read, and not set: the library's default applies
         else:
             out.unknown[k] = str(why)
@@ -247,10 +259,13 @@ def settings(row: pd.Series) -> RowSettings:
     if raw.get("moe_token_dispatcher_type", "alltoall") != "flex" and raw.get("moe_flex_dispatcher_backend"):
         out.ignored["moe_flex_dispatcher_backend"] = (f"moe_flex_dispatcher_backend={raw.pop('moe_flex_dispatcher_backend')!r} "
                                                       "has no effect: moe_token_dispatcher_type is not 'flex'")
-    if out.columns["fsdp"] and raw.get("distributed_optimizer"):
+    # the table's FSDP on a Megatron-Bridge recipe is Megatron-FSDP (use_megatron_fsdp, optim_grads_params), which runs
+    # with the distributed optimizer: the kit's fsdp=True with distributed_optimizer=True (rules.py: "fsdp with
+    # distributed_optimizer is Megatron-FSDP"); NeMo 1.0's fsdp (24.07) is torch FSDP without it
+    if out.columns["fsdp"] and raw.get("distributed_optimizer") and str(row["source_file"]).startswith("nemo_"):
         raw.pop("distributed_optimizer")
-        out.ignored["distributed_optimizer"] = ("Megatron FSDP runs with --use-distributed-optimizer "
-                                                "(arguments.py:1025); the kit's fsdp includes its sharding")
+        out.ignored["distributed_optimizer"] = ("NeMo 1.0's fsdp is torch FSDP; the kit's fsdp (without "
+                                                "distributed_optimizer) includes its sharding")
     # settings Megatron reads only in another layout (no effect here: said so)
     for k, cond, why in (("cp_comm_type", cp == 1, "no context parallelism (cp=1)"),
                          ("overlap_p2p_comm", vp == 1, "valid only with virtual pipeline stages (vp > 1; NeMo "

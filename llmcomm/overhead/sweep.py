@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import step
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
 from .iteration import TERMS, _resolve, iteration_time
 from .utilization import Utilization
@@ -86,7 +87,8 @@ def hardware_flops(model: ModelSpec, parallel: ParallelConfig) -> float:
     3·logits] / (tp·pp·dp)`` with ``ρ`` 1 for full recomputation, the attention share for selective, else 0."""
     s = parallel.sequence_length(model)
     f = model.forward_flops(s, model.padded_vocab_size(parallel.tp))
-    rec = {"full": f.linear + f.attention, "selective": f.attention, "none": 0.0}[parallel.recompute]
+    rec = {"full": (f.linear + f.attention) * step.model_recomputed_share(model, parallel),  # block: its share
+           "selective": f.attention, "none": 0.0}[parallel.recompute]
     per_token = 3 * (f.linear + f.attention) + rec + 3 * f.logits
     global_batch = parallel.num_microbatches * parallel.micro_batch * parallel.dp  # the resolved global batch
     return global_batch * s * per_token / (parallel.tp * parallel.pp * parallel.dp)

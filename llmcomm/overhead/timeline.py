@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from .. import step as step_
 from ..errors import ConfigError
 from ..layout import Layout
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
@@ -215,7 +216,9 @@ def _stage_items(e: pd.DataFrame, rows: np.ndarray, steps: list, ctx: Context, r
     for st in steps:
         kind = "forward" if st.kind == "F" else "backward"
         layers = list(ctx.chunk_layers(r, st.chunk))
-        f = 1.0 if kind == "forward" else 2.0 + rec
+        # recompute_method="block": the chunk's checkpointed share of its layers (llmcomm.step.recomputed_share)
+        f = 1.0 if kind == "forward" else 2.0 + rec * step_.recomputed_share(
+            len(layers), ctx.parallel.recompute_method, ctx.parallel.recompute_num_layers)
         extra = 0.0
         if ctx.virtual_stage(r, st.chunk) == 0:
             extra += t_emb * (1.0 if kind == "forward" else 2.0)

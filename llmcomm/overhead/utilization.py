@@ -16,14 +16,26 @@ every rank); the shipped fit drives it to its bound, 0.
 
     F_gemm = 2·b·s·(h·a·d + 2·h·g·d + a·d·h + k·h·f)/tp        weight matmuls (MoE: the routed share)
     F_attn = 4·b·s²·a·d/tp                                    Q·Kᵀ and scores·V
-    B      = 2·(16·b·s·h + 2·b·s·f/tp + 5·b·(a/tp)·s²)        bytes: 2 LayerNorms, 2 dropouts, 2 residual
-             adds on the full activation (16 accesses; not split by TP without SP, by TP with it), a fused
-             bias-GeLU on the FFN activation (2), fused scale-mask-softmax and dropout on the scores (5)
+    B      = 22·b·s·h/w + 4·b·s·f/tp + 13·b·(a/tp)·s²           bytes (16-bit; w = tp with SP, else 1): two
+             LayerNorms and two fused bias-dropout-adds with their bool masks on the full activation, the fused
+             bias-GeLU on the FFN activation, and the unfused core's scores written by Q·Kᵀ, read and written
+             by the fused softmax and by dropout (+ its bool mask), read by scores·V
+             (:data:`llmcomm.step.ACTIVATION_BYTES`, ``FFN_BYTES``, ``SCORE_BYTES``: each kernel of
+             Megatron-DeepSpeed's ``megatron/model/transformer.py`` counted there)
 
 ``P`` is the GPU's peak dense BF16/FP16 FLOP/s and ``H`` its memory bandwidth. The output layer adds
 ``2·b·s·h·V'/tp`` FLOPs and its fp32 cross-entropy ``20·b·s·V'/tp`` bytes (5 passes over fp32 logits) per
 pass; the embedding lookup ``2·b·s·h`` bytes. The access counts fix how the memory traffic scales with the
 shape; ``θ_mem`` scales them all (1 if the counts and the bandwidth were exact).
+
+Fitted values (``data/calibration/utilization.json``, vTrain's 1,440 single-node runs): ``θ_gemm`` 1.092 (95 % CI
+1.059–1.125: matmuls at 92 % of peak), ``θ_mem`` 1.19, launch floors 0.24 and 0.55 ms per layer pass, ``θ_tp`` on its
+bound 0. With the former counts (16 accesses of ``b·s·h``, 5 of the scores, no dropout masks, no ``scores·V`` read)
+``θ_gemm`` sat on its bound 1.0 and ``θ_mem`` was 1.41 (in-sample MAPE 6.29 % vs 6.21 % now; leave-one-shape-out
+6.13 % vs 6.65 %). The identification is fragile, a finding: ``θ_gemm`` ≈ 1.09 holds for activation counts of
+22–26 B and score counts of 12–13.5 B per element, but at 28 B or more (an unfused dropout mask in fp16) or a score
+count of 10 B or 14 B the alternating fit lands on ``θ_gemm`` ≈ 1.0 again (in-sample MAPE within 0.2 points either
+way); the shipped counts are the kernels as the code runs them, not chosen by the fit.
 
 Why this form: it is linear in θ once the sides of the ``max`` are known (statsmodels gives coefficients with
 confidence intervals) and it saturates.
@@ -57,6 +69,7 @@ import numpy as np
 from ..atomic import write_bytes
 from ..errors import DataError
 from ..specs import Cluster, data_dir
+from ..step import ACTIVATION_BYTES, FFN_BYTES, SCORE_BYTES
 
 FEATURES = ("gemm", "mem", "launch_gemm", "launch_mem", "tp")
 K = len(FEATURES)
@@ -93,7 +106,7 @@ def layer_features(b: np.ndarray, s: np.ndarray, tp: np.ndarray, h: int, a: int,
     ``fused`` marks rows whose attention core is one fused kernel (``attention_backend`` flash/fused/auto,
     :data:`llmcomm.vocab.FUSED_ATTENTION_BACKENDS`; the step description's :class:`llmcomm.step.AttentionCore`)::
 
-        unfused:  F_attn = 4·T·s·a·d/tp (full score matrix)      score bytes = 2·5·b·(a/tp)·s²
+        unfused:  F_attn = 4·T·s·a·d/tp (full score matrix)      score bytes = 13·b·(a/tp)·s² (SCORE_BYTES)
         fused:    F_attn = 2·T·s·a·d/tp (causal: the kernel skips the masked half of the blocks, FlashAttention-2,
                   Dao 2023, §3.1)                                score bytes = 0 (scores stay on chip)
     """
@@ -104,13 +117,13 @@ def layer_features(b: np.ndarray, s: np.ndarray, tp: np.ndarray, h: int, a: int,
     core = np.zeros((T.shape[0], K))
     proj = h * a * d + 2 * h * g * d + a * d * h
     f_attn = 4.0 * T * s * a * d / tp
-    score_bytes = 2.0 * 5.0 * b * (a / tp) * s * s
+    score_bytes = float(SCORE_BYTES) * b * (a / tp) * s * s
     if fused is not None:
         fz = np.asarray(fused, dtype=bool)
         f_attn = np.where(fz, 0.5 * f_attn, f_attn)
         score_bytes = np.where(fz, 0.0, score_bytes)
     X[:, I["gemm"]] = (2.0 * T * (proj + k * h * f_eff) / tp + f_attn) / peak
-    X[:, I["mem"]] = (2.0 * 16.0 * T * h / fw + 2.0 * 2.0 * T * f_eff / tp + score_bytes) / hbm
+    X[:, I["mem"]] = (float(ACTIVATION_BYTES) * T * h / fw + float(FFN_BYTES) * T * f_eff / tp + score_bytes) / hbm
     X[:, I["launch_gemm"]] = 1.0
     X[:, I["launch_mem"]] = 1.0
     X[:, I["tp"]] = np.log2(tp)
@@ -194,6 +207,15 @@ class Utilization:
     def achieved_flops(self, X: np.ndarray, flops: np.ndarray) -> np.ndarray:
         """FLOP/s a layer pass of features ``X`` and ``flops`` reaches: ``flops / layer_pass``."""
         return flops / self.layer_pass(X)
+
+    def with_gemm_efficiency(self, theta_gemm: float) -> Utilization:
+        """This model with ``θ_gemm`` replaced (the rest kept): what a GPU whose GEMMs are timed from measured
+        kernels uses (:func:`llmcomm.overhead.iteration.combine`)."""
+        import dataclasses
+
+        coef = list(self.coef)
+        coef[I["gemm"]] = float(theta_gemm)
+        return dataclasses.replace(self, coef=tuple(coef))
 
     def scaled(self, scale: float) -> Utilization:
         import dataclasses

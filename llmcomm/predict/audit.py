@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from .. import step
 from ..specs import ModelSpec, ParallelConfig, load_model, validate
 from ..vocab import dtype_bytes
 from . import cp, dp, ep, pp, program, scalars, tp
@@ -104,8 +105,13 @@ def _stage_rows(ctx: Context, stage: int) -> list[dict]:
         add("batch", batch_broadcast, batch_broadcast(ctx, vs, mb))
         if vs == 0:
             add("embedding", tp.embedding_forward, tp.embedding_forward(ctx, mb))
+        recomputed = ({layers[j] for g in step.recompute_groups(len(layers), p.recompute_method,
+                                                                p.recompute_num_layers) for j in g}
+                      if p.recompute == "full" else set())  # the layers full recomputation recomputes
         for phase_fwd in (True, False) if p.recompute == "full" else (True,):
             for la in layers:
+                if not phase_fwd and la not in recomputed:
+                    continue
                 att = [c for part in tp.attention_forward(ctx, la, mb) for c in part]
                 ring = cp_fwd(ctx, la, mb)
                 mlp = ep.moe_forward(ctx, la, mb) if ctx.moe_pattern[la] else tp.block_forward(ctx, la, mb)

@@ -124,11 +124,19 @@ def _backward(ctx: Context, stage: int, chunk: int, mb: int) -> list[Call]:
     else:
         out += tp.output_backward(ctx, mb)
         out += dp.overlapped_grad_sync(ctx, bl, ctx.model.num_layers, mb)
-    full = ctx.parallel.recompute == "full"
-    for la in reversed(layers):
+    # full recomputation: a checkpointed group's forward calls again when the backward reaches its last layer
+    # (llmcomm.step.recompute_groups: every layer alone, uniform groups, or block's first layers)
+    from .. import step
+
+    p = ctx.parallel
+    groups = step.recompute_groups(len(layers), p.recompute_method, p.recompute_num_layers) \
+        if p.recompute == "full" else ()
+    at_end = {g[-1]: g for g in groups}
+    for i in reversed(range(len(layers))):
+        la = layers[i]
         d, e = _fsdp_unit(ctx, la)
-        if full:
-            out += [dataclasses.replace(c, phase="backward") for c in layer_forward(ctx, la, mb)]
+        for j in at_end.get(i, ()):
+            out += [dataclasses.replace(c, phase="backward") for c in layer_forward(ctx, layers[j], mb)]
         out += dp.fsdp_unit_backward(ctx, d, e, la, mb)
         out += recompute_replay(ctx, la, mb)
         out += layer_backward(ctx, la, mb)

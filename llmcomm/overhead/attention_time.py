@@ -1,0 +1,130 @@
+"""The fused attention kernel's time on Hopper from published kernel measurements, and sliding-window attention.
+
+Before this module the formulation timed a fused attention core (``attention_backend`` flash/fused/auto) at
+``F_attn / P``: Q·Kᵀ and P·V at 100 % of the BF16 datasheet peak (989 TFLOP/s on H100), the backward at twice the
+forward. Neither holds. A fused attention kernel is not a GEMM: between its two matmuls it runs the online
+softmax (an ``exp`` per score on the SFU, 3.9 TFLOP/s on H100 SXM5 against 989 TFLOP/s of BF16 matmul: FlashAttention-3,
+Shah et al. 2024, §3), and its backward runs five matmuls where the forward runs two (``2.5×`` the forward's FLOPs:
+recompute ``S = Q·Kᵀ``, ``dV = Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dQ = dS·K``, ``dK = dSᵀ·Q``; FlashAttention-2, Dao 2023,
+§3.1.2 and the FLOP count of its benchmarks) with ``dQ`` accumulated across key blocks.
+
+**Which kernel.** On Hopper TransformerEngine's ``DotProductAttention`` prefers its cuDNN ``FusedAttention``
+(``F16_arbitrary_seqlen``) over FlashAttention whenever both can run ("Disabling FlashAttention to give
+FusedAttention preference on Hopper+ for performance reasons", TransformerEngine
+``transformer_engine/pytorch/attention/dot_product_attention/utils.py``, ``get_attention_backend``), which is what
+Megatron-LM's ``--attention-backend auto`` (and flash/fused through TE) runs on an H100.
+
+**Measured throughput.** :data:`CUDNN_H100` holds cuDNN's fused attention throughput on one H100 80GB SXM5, BF16, as
+printed on the bars of FlashAttention-3's Figures 5 and 6 (Shah et al., "FlashAttention-3: Fast and Accurate
+Attention with Asynchrony and Low-precision", arXiv:2407.08608, 2024; batch × sequence = 16k tokens, hidden 2,048,
+so 32 heads of 64 or 16 of 128): forward without and with a causal mask at head dims 64 and 128, backward without
+a causal mask at head dims 64 and 128, sequence 512 … 16k. FLOPs are counted as there: forward
+``4·b·heads·s²·d`` (halved with the causal mask), backward ``2.5×`` the forward.
+
+**The rule** (nothing fitted)::
+
+    t_fwd = F_fwd / R_fwd(d, s_k, causal)
+    t_bwd = 2.5 · F_fwd / R_bwd(d, s_k, causal)
+    R_bwd(d, s, causal) = R_bwd(d, s, non-causal) · R_fwd(d, s, causal) / R_fwd(d, s, non-causal)
+
+``R`` is interpolated linearly in ``log2 s`` and in ``d`` between the measured points and held at the ends
+(``s < 512`` takes 512's rate, ``s > 16k`` 16k's; ``d < 64`` takes 64's, ``d > 128`` 128's: cuDNN's causal
+forward at ``d = 256``, the only larger head dim published, is within 6 % of ``d = 128``'s at 2k–16k). The
+causal backward is not published: it takes the non-causal backward scaled by the forward's causal/non-causal
+ratio at the same length (the masked diagonal blocks cost both passes alike). ``s_k`` is the key length one
+kernel call sees: the sequence of one context-parallel rank (``s/cp``; TransformerEngine's p2p ring runs
+``cp`` steps of that size), or the window (below).
+
+**Sliding-window attention** (Megatron-LM ``--window-size w``, ``--window-attn-skip-freq k``;
+``megatron/core/transformer/utils.py`` ``is_layer_window_attention``: layer ``l`` (1-indexed) is windowed unless
+``l % k == 0``, every layer when ``k`` is unset). A windowed query attends to at most ``w + 1`` keys (itself
+and ``w`` to its left), so over a sequence of ``s`` queries the causal kernel computes::
+
+    pairs(s, w) = Σ_{i=1..s} min(i, w + 1) = (w+1)(w+2)/2 + (s − w − 1)(w + 1)     (s > w; else s(s+1)/2)
+
+out of ``s(s+1)/2`` causal pairs, at the rate of a kernel whose key extent is ``w + 1`` (``s_k = w + 1``). The
+share of windowed layers is ``1 − 1/k`` (all layers spread evenly over the stages: each stage's layer is the
+average). Sinks (``softmax_type="learnable"``: one extra logit per head in the softmax's denominator) add no
+matmul work and are not timed apart.
+
+Where it applies: the GPUs with a measured GEMM model (:func:`llmcomm.overhead.iteration.measured_gemm`: H100, and
+H200, which carries the H100 figures — same GH100 SMs and clocks; attention is bound by the SMs, not HBM). The
+A100 path (vTrain, ``attention_backend="unfused"``) keeps the utilization fit's terms byte for byte.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SEQ = (512, 1024, 2048, 4096, 8192, 16384)
+HEAD_DIMS = (64, 128)
+BACKWARD_FLOPS = 2.5  # backward FLOPs per forward FLOP of the attention core (FlashAttention-2's count)
+# cuDNN fused attention, H100 80GB SXM5, BF16, TFLOP/s at SEQ (FlashAttention-3, arXiv:2407.08608, Fig. 5 (a)-(d)
+# forward, Fig. 6 (a)-(b) backward; the cuDNN bars)
+CUDNN_H100: dict[tuple[str, bool, int], tuple[float, ...]] = {
+    ("fwd", False, 64): (335, 373, 395, 408, 412, 413),
+    ("fwd", True, 64): (225, 288, 334, 363, 379, 388),
+    ("fwd", False, 128): (497, 574, 617, 609, 600, 595),
+    ("fwd", True, 128): (315, 410, 484, 518, 529, 539),
+    ("bwd", False, 64): (266, 348, 395, 417, 432, 433),
+    ("bwd", False, 128): (305, 408, 465, 499, 518, 516),
+}
+SOURCE = ("cuDNN fused attention on H100 80GB SXM5, BF16 (FlashAttention-3, Shah et al. 2024, arXiv:2407.08608, "
+          "Figs. 5-6)")
+
+
+def _curve(kind: str, causal: bool, d: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Measured TFLOP/s of one pass kind at head dim ``d`` and key length ``s`` (interpolated, held at the ends)."""
+    x = np.log2(np.clip(np.asarray(s, dtype=np.float64), SEQ[0], SEQ[-1]))
+    xs = np.log2(np.asarray(SEQ, dtype=np.float64))
+    lo = np.interp(x, xs, CUDNN_H100[(kind, causal, HEAD_DIMS[0])])
+    hi = np.interp(x, xs, CUDNN_H100[(kind, causal, HEAD_DIMS[1])])
+    w = (np.clip(np.asarray(d, dtype=np.float64), *HEAD_DIMS) - HEAD_DIMS[0]) / (HEAD_DIMS[1] - HEAD_DIMS[0])
+    return lo + w * (hi - lo)
+
+
+def rate(kind: str, d: np.ndarray, s: np.ndarray, causal: bool = True) -> np.ndarray:
+    """FLOP/s of cuDNN's fused attention ``kind`` (``"fwd"``/``"bwd"``) at head dim ``d`` and key length ``s``
+    (module docstring: the causal backward scaled by the forward's causal/non-causal ratio)."""
+    if kind == "fwd":
+        return 1e12 * _curve("fwd", causal, d, s)
+    b = _curve("bwd", False, d, s)
+    if causal:
+        b = b * _curve("fwd", True, d, s) / _curve("fwd", False, d, s)
+    return 1e12 * b
+
+
+def window_pairs(s: np.ndarray, w: int) -> np.ndarray:
+    """Query-key pairs a causal window of ``w`` tokens to the left computes over ``s`` queries (module docstring)."""
+    s = np.asarray(s, dtype=np.float64)
+    full = s * (s + 1.0) / 2.0
+    wide = (w + 1.0) * (w + 2.0) / 2.0 + (s - w - 1.0) * (w + 1.0)
+    return np.where(s > w, wide, full)
+
+
+def windowed_share(num_layers: int, window_size: int | None, skip_freq: int | None) -> float:
+    """Share of a model's layers Megatron-LM runs with the sliding window (``is_layer_window_attention``)."""
+    if not window_size:
+        return 0.0
+    if skip_freq is None:
+        return 1.0
+    return sum(1 for layer in range(1, num_layers + 1) if layer % skip_freq != 0) / num_layers
+
+
+def core_seconds(flops_fwd: np.ndarray, head_dim: int, s_kernel: np.ndarray, s_full: np.ndarray,
+                 window_size: int | None = None, windowed: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """``(forward, backward)`` seconds of one layer's causal fused attention core whose forward FLOPs without a
+    window are ``flops_fwd`` (the causal count), on one GPU with the H100 figures. ``s_kernel``: the key length of
+    one kernel call (the CP rank's ``s/cp``); ``s_full``: the sequence whose causal pairs ``flops_fwd`` counts;
+    ``windowed``: the share of layers with the sliding window of ``window_size`` tokens (module docstring)."""
+    f = np.asarray(flops_fwd, dtype=np.float64)
+    d = np.full(f.shape, float(head_dim))
+    t_f = (1.0 - windowed) * f / rate("fwd", d, s_kernel)
+    t_b = (1.0 - windowed) * BACKWARD_FLOPS * f / rate("bwd", d, s_kernel)
+    if windowed > 0.0 and window_size:
+        s = np.asarray(s_full, dtype=np.float64)
+        fw = f * window_pairs(s, window_size) / (s * (s + 1.0) / 2.0)
+        sk = np.minimum(np.asarray(s_kernel, dtype=np.float64), window_size + 1.0)
+        t_f = t_f + windowed * fw / rate("fwd", d, sk)
+        t_b = t_b + windowed * BACKWARD_FLOPS * fw / rate("bwd", d, sk)
+    return t_f, t_b

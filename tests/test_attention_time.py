@@ -1,0 +1,124 @@
+"""The fused attention core at cuDNN's measured H100 rate and sliding-window attention
+(llmcomm.overhead.attention_time), by hand, and in the iteration time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from llmcomm.overhead import attention_time as A
+from llmcomm.overhead import iteration as it
+from llmcomm.parallel_table import ParallelTable
+from llmcomm.specs import ParallelConfig, load_cluster, load_model
+
+
+def test_rates_at_the_measured_points_and_between():
+    # measured points (FlashAttention-3, Fig. 5 (d): causal forward, head dim 128, 4k: 518 TFLOP/s)
+    assert A.rate("fwd", 128, 4096, causal=True) == pytest.approx(518e12)
+    assert A.rate("fwd", 64, 16384, causal=False) == pytest.approx(413e12)
+    # halfway in log2(s) between 2k and 4k, and halfway in d between 64 and 128
+    assert A.rate("fwd", 128, 2 ** 11.5, causal=True) == pytest.approx((484 + 518) / 2 * 1e12)
+    assert A.rate("fwd", 96, 4096, causal=True) == pytest.approx((363 + 518) / 2 * 1e12)
+    # held at the ends: s < 512 at 512's rate, d > 128 at 128's
+    assert A.rate("fwd", 128, 128, causal=True) == pytest.approx(315e12)
+    assert A.rate("fwd", 192, 4096, causal=True) == pytest.approx(518e12)
+
+
+def test_causal_backward_scaled_by_the_forward_causal_ratio():
+    # not published: non-causal backward (Fig. 6 (b), 4k: 499) x forward causal/non-causal (518/609)
+    assert A.rate("bwd", 128, 4096, causal=True) == pytest.approx(499 * 518 / 609 * 1e12)
+    assert A.rate("bwd", 128, 4096, causal=False) == pytest.approx(499e12)
+
+
+def test_window_pairs_by_hand():
+    # s = 10 queries, a window of 3 to the left: min(i, 4) summed = 1 + 2 + 3 + 4·7 = 34
+    assert A.window_pairs(np.array([10.0]), 3)[0] == 34
+    # a window wider than the sequence is the causal triangle
+    assert A.window_pairs(np.array([10.0]), 50)[0] == 55
+
+
+def test_windowed_share_follows_megatron():
+    # is_layer_window_attention: layer l (1-indexed) windowed unless l % k == 0
+    assert A.windowed_share(36, 128, 2) == 0.5
+    assert A.windowed_share(5, 128, 2) == pytest.approx(3 / 5)
+    assert A.windowed_share(36, 128, None) == 1.0
+    assert A.windowed_share(36, None, 2) == 0.0
+
+
+def test_core_seconds_by_hand():
+    f = np.array([1e12])
+    t_f, t_b = A.core_seconds(f, 128, np.array([4096.0]), np.array([4096.0]))
+    assert t_f[0] == pytest.approx(1e12 / 518e12)
+    assert t_b[0] == pytest.approx(2.5e12 / (499 * 518 / 609 * 1e12))
+    # half the layers windowed (w = 127, the kernel's key extent 128 -> 512's rate): the windowed half computes
+    # pairs(4096, 127) / (4096·4097/2) of the causal FLOPs
+    s = np.array([4096.0])
+    t_fw, t_bw = A.core_seconds(f, 128, s, s, window_size=127, windowed=0.5)
+    share = (128 * 129 / 2 + (4096 - 128) * 128) / (4096 * 4097 / 2)
+    assert t_fw[0] == pytest.approx(0.5e12 / 518e12 + 0.5e12 * share / 315e12)
+    assert t_bw[0] == pytest.approx(0.5 * 2.5e12 / (499 * 518 / 609 * 1e12)
+                                    + 0.5 * 2.5e12 * share / (305 * 315 / 497 * 1e12))
+
+
+def _config(**kw):
+    base = dict(tp=1, pp=1, dp=8, micro_batch=1, global_batch=32, seq_len=4096, attention_backend="flash",
+                distributed_optimizer=True)
+    base.update(kw)
+    return ParallelConfig(**base)
+
+
+def test_backward_beyond_twice_forward_is_the_measured_attention_backward():
+    """Llama-3 8B on one H100, fused attention: backward − 2·forward = m · layers · (t_bwd − 2·t_fwd) of one
+    layer's attention core, its causal FLOPs 2·b·s²·a·d = 2·4096²·32·128."""
+    model, cl = load_model("llama3-8b"), load_cluster("h100-80g-ndr400").for_world(8)
+    b = it.iteration_time(model, _config(), cl)
+    f = 2.0 * 4096 ** 2 * 32 * 128
+    t_f, t_b = A.core_seconds(np.array([f]), 128, np.array([4096.0]), np.array([4096.0]))
+    assert b.backward_s - 2 * b.forward_s == pytest.approx(4 * 32 * (t_b[0] - 2 * t_f[0]), rel=1e-9)
+
+
+def test_a100_keeps_backward_twice_forward():
+    """No measured kernel model on A100: the utilization fit's terms as before (backward = 2·forward)."""
+    model, cl = load_model("llama3-8b"), load_cluster("a100-80g-hdr200").for_world(8)
+    b = it.iteration_time(model, _config(), cl)
+    assert b.backward_s == pytest.approx(2 * b.forward_s, rel=1e-12)
+
+
+def test_sliding_window_shortens_the_attention_time():
+    """GPT-OSS's window (128 on every other layer) against the same model without it: the windowed half of the
+    layers computes pairs(4096, w) of the causal pairs at the short kernel's rate (core_seconds)."""
+    oss = load_model("gpt-oss-120b")
+    full = dataclasses.replace(oss, window_size=None, window_attn_skip_freq=None)
+    cl = load_cluster("h100-80g-ndr400").for_world(32)
+    p = _config(pp=4, dp=8, ep=8, global_batch=8)  # one micro-batch per rank, 9 layers per stage
+    bw, bf = it.iteration_time(oss, p, cl), it.iteration_time(full, p, cl)
+    assert bw.forward_s < bf.forward_s
+    s = np.array([4096.0])
+    f = np.array([2.0 * 4096 ** 2 * 64 * 64])
+    tw, _ = A.core_seconds(f, 64, s, s, oss.window_size, 0.5)
+    tf, _ = A.core_seconds(f, 64, s, s)
+    assert bf.forward_s - bw.forward_s == pytest.approx(9 * (tf[0] - tw[0]), rel=1e-9)
+
+
+def test_output_layer_timed_by_the_measured_gemm_model():
+    """The logits GEMM (T × V'/tp × h, BF16) on the last stage: the measured model's seconds, not FLOPs/peak."""
+    model, cl = load_model("llama3-8b"), load_cluster("h100-80g-ndr400").for_world(16)
+    t = ParallelTable.from_parallel(_config(pp=2), model)
+    st = it.stages(model, it.candidate_table(model, t), cl, it._resolve(cl, None, None)[0])
+    g = it.measured_gemm(cl)
+    e = st.cls["last"]["q"]["E"][0, 0]
+    assert e == pytest.approx(float(g.time(4096, model.padded_vocab_size(1), 4096, 1, "bf16")), rel=1e-12)
+    assert e > 2.0 * 4096 * model.padded_vocab_size(1) * 4096 / cl.peak_bf16_flops
+
+
+def test_unfused_core_matmuls_by_the_measured_gemm_model():
+    """Unfused on H100: Q·Kᵀ and scores·V as b·a/tp batched GEMMs (s×s×d, s×d×s) timed by the measured model."""
+    model, cl = load_model("llama3-8b"), load_cluster("h100-80g-ndr400").for_world(8)
+    t = ParallelTable.from_parallel(_config(attention_backend="unfused"), model)
+    st = it.stages(model, it.candidate_table(model, t), cl, it._resolve(cl, None, None)[0])
+    g = it.measured_gemm(cl)
+    want = float(g.time(4096, 4096, 128, 32, "bf16") + g.time(4096, 128, 4096, 32, "bf16"))
+    assert st.cls["first"]["q"]["Cd"][0, 0] == pytest.approx(want, rel=1e-12)
+    assert "Bd" not in st.cls["first"]["q"] or st.cls["first"]["q"]["Bd"][0, 0] == 0.0
