@@ -163,6 +163,22 @@ def _matrix_panel(ax: Axes, dense: np.ndarray, k: int, world_size: int, gpus_per
                   cmap: str, log: bool, title: str | None, **kwargs: Any):
     im = ax.imshow(np.log10(dense) if log else dense, cmap=cmap, norm=norm, interpolation="nearest",
                    origin="upper", **kwargs)
+    title = _node_boundaries(ax, k, world_size, gpus_per_node, title)
+    ax.set_xlabel(_matrix_axis_label("receiver", k))
+    ax.set_ylabel(_matrix_axis_label("sender", k))
+    ax.grid(False)
+    ax.set_title(title or "communication matrix")
+    return im
+
+
+def _matrix_axis_label(side: str, k: int) -> str:
+    """A matrix panel's axis label: ``"sender rank"`` / ``"receiver rank"``, with the bin size above 1."""
+    return f"{side} rank" + (f" (bins of {k})" if k > 1 else "")
+
+
+def _node_boundaries(ax: Axes, k: int, world_size: int, gpus_per_node: int, title: str | None) -> str | None:
+    """The dashed node boundaries of a matrix panel in bins of ``k`` ranks (up to :data:`MAX_NODE_LINES` nodes);
+    returns ``title``, with a note when there are too many nodes to draw."""
     nodes = int(np.ceil(world_size / gpus_per_node))
     if 1 < nodes <= MAX_NODE_LINES:
         for b in range(1, nodes):
@@ -171,11 +187,7 @@ def _matrix_panel(ax: Axes, dense: np.ndarray, k: int, world_size: int, gpus_per
             ax.axvline(pos, **NODE_LINE)
     elif nodes > MAX_NODE_LINES:
         title = f"{title or 'communication matrix'}\n({nodes} nodes: boundaries not drawn)"
-    ax.set_xlabel("receiver rank" + (f" (bins of {k})" if k > 1 else ""))
-    ax.set_ylabel("sender rank" + (f" (bins of {k})" if k > 1 else ""))
-    ax.grid(False)
-    ax.set_title(title or "communication matrix")
-    return im
+    return title
 
 
 def _floor_cells(dense: np.ndarray, floor: float | None, top: float) -> tuple[np.ndarray, float]:
@@ -259,6 +271,28 @@ class MatrixImages:
     def fits(self, images: Mapping[str, np.ndarray], *, unit: int, world_size: int, gpus_per_node: int = 8) -> bool:
         """Whether ``images`` can be drawn into this figure (same titles, shapes, blocks and nodes)."""
         return self._key(images, unit, world_size, gpus_per_node) == self.key
+
+    def reshape(self, images: Mapping[str, np.ndarray], *, unit: int, world_size: int, gpus_per_node: int = 8
+                ) -> None:
+        """Show ``images`` of the same titles as this figure's but any cells, blocks and world, in place: each
+        image's data and extent, its axes' limits, node boundaries, title and axis labels (those not emptied,
+        e.g. by ``label_outer``), then :meth:`update`; the figure then :meth:`fits` ``images``."""
+        if tuple(images) != self.key[0]:
+            raise ValueError(f"MatrixImages.reshape: panels {list(images)} are not this figure's {list(self.key[0])}")
+        for im, title, m in zip(self.ims, images, images.values(), strict=True):
+            ax, n = im.axes, m.shape[0]
+            for line in list(ax.lines):
+                line.remove()
+            im.set_extent((-0.5, n - 0.5, n - 0.5, -0.5))
+            ax.set_xlim(-0.5, n - 0.5)
+            ax.set_ylim(n - 0.5, -0.5)
+            ax.set_title(str(_node_boundaries(ax, unit, world_size, gpus_per_node, str(title))), fontsize=8)
+            if ax.get_xlabel():
+                ax.set_xlabel(_matrix_axis_label("receiver", unit))
+            if ax.get_ylabel():
+                ax.set_ylabel(_matrix_axis_label("sender", unit))
+        self.key = self._key(images, unit, world_size, gpus_per_node)
+        self.update(images)
 
     def update(self, images: Mapping[str, np.ndarray]) -> None:
         """Show ``images`` (which :meth:`fits`) in place: data, shared log scale and colour-bar label."""

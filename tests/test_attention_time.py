@@ -122,3 +122,23 @@ def test_unfused_core_matmuls_by_the_measured_gemm_model():
     want = float(g.time(4096, 4096, 128, 32, "bf16") + g.time(4096, 128, 4096, 32, "bf16"))
     assert st.cls["first"]["q"]["Cd"][0, 0] == pytest.approx(want, rel=1e-12)
     assert "Bd" not in st.cls["first"]["q"] or st.cls["first"]["q"]["Bd"][0, 0] == 0.0
+
+
+def test_fused_backward_extra_enters_the_passes_max() -> None:
+    """``backward_beyond_twice``: the fused core's extra backward matmul time is hidden under a launch-bound
+    pass's floor and added in full on a matmul-bound one; exactly 0 without it (hand-worked, θ = 1)."""
+    from llmcomm.overhead import utilization as U
+
+    util = U.Utilization(coef=(1.0, 1.0, 1.0, 1.0, 0.0))  # θ_gemm, θ_mem, launch floors (s), θ_tp
+    L = np.zeros((3, U.K))
+    L[:, U.I["launch_gemm"]] = 10.0  # a 10 s launch floor of the matmuls of one pass
+    L[:, U.I["gemm"]] = (2.0, 7.0, 3.0)  # matmuls 2 s (launch-bound), 7 s, 3 s
+    B = np.zeros((3, U.K))
+    B[:, U.I["gemm"]] = (4.0, 4.0, 0.0)
+    # backward: max(20, 2·g + b): row 0 max(20, 8) = 20 (hidden, +0); row 1 max(20, 18) = 20 vs 2·max(10, 7) = 20
+    # (+0); doubling the floor hides it too. A matmul-bound row: floor 1 s
+    assert it.backward_beyond_twice(util, L, B).tolist() == [0.0, 0.0, 0.0]
+    L[:, U.I["launch_gemm"]] = 1.0
+    assert it.backward_beyond_twice(util, L, B).tolist() == [4.0, 4.0, 0.0]
+    L[1, U.I["launch_gemm"]] = 8.0  # 2·7 + 4 = 18 against the doubled floor 16 and 2·max(8, 7) = 16: +2
+    assert it.backward_beyond_twice(util, L, B)[1] == 2.0

@@ -173,7 +173,10 @@ def test_time_panel_shows_the_cost_models_interval(view) -> None:
 
 
 def test_painter_redraws_in_place_what_a_new_figure_shows(view) -> None:
+    import io
+
     import matplotlib.pyplot as plt
+    from PIL import Image
 
     from llmcomm.explore import panels
 
@@ -182,8 +185,8 @@ def test_painter_redraws_in_place_what_a_new_figure_shows(view) -> None:
     for v in (view, other):
         for name in PANELS:
             assert p.render(v, name)[:4] == b"\x89PNG"
-    assert p.reused["matrix"] == 1 and p.reused["layout"] == 1
-    fresh = panels._matrix_images(other)
+    assert p.reused["matrix"] == 1 and p.reused["layout"] == 1 and p.reused["axes"] == 3
+    fresh = panels._screen_matrix(other)
     kept = p.matrix
     assert kept is not None and len(kept.ims) == len(fresh.ims)
     for a, b in zip(kept.ims, fresh.ims, strict=True):
@@ -192,7 +195,7 @@ def test_painter_redraws_in_place_what_a_new_figure_shows(view) -> None:
         assert (a.norm.vmin, a.norm.vmax) == (b.norm.vmin, b.norm.vmax)
     assert kept.colorbar.ax.get_ylabel() == fresh.colorbar.ax.get_ylabel()
     assert kept.fig.get_suptitle() == fresh.fig.get_suptitle()
-    new_layout = panels.layout_figure(other)
+    new_layout = panels._screen_layout(other)
     for a, b in zip(p.layout[1].axes, new_layout.axes, strict=True):
         assert [t.get_text() for t in a.texts] == [t.get_text() for t in b.texts]
         assert [q.get_facecolor() for q in a.patches] == [q.get_facecolor() for q in b.patches]
@@ -200,4 +203,17 @@ def test_painter_redraws_in_place_what_a_new_figure_shows(view) -> None:
     assert p.layout[1].get_suptitle() == new_layout.get_suptitle()
     plt.close(fresh.fig)
     plt.close(new_layout)
+
+    def pixels(png: bytes) -> np.ndarray:
+        return np.asarray(Image.open(io.BytesIO(png)))
+
+    # another world, other block size, same panels: the kept matrix figure is reshaped; every kept figure
+    # draws the same pixels as a new painter's (given the same subplot parameters)
+    wide = compute(START.replace(tp=16, pp=32))  # 512 GPUs in blocks of 2, TP and PP as before
+    for name in PANELS:
+        again = panels.Painter()
+        again.pars = dict(p.pars)
+        assert np.array_equal(pixels(p.render(wide, name)), pixels(again.render(wide, name))), name
+        again.close()
+    assert p.reused["matrix"] == 2 and p.matrix.fits(wide.matrices, unit=2, world_size=512, gpus_per_node=8)
     p.close()

@@ -49,3 +49,25 @@ def test_2511_llama3_8b_block_recompute_with_megatron_fsdp(nemo):
     assert st.columns["recompute"] == "full"
     assert st.columns["recompute_method"] == "block" and st.columns["recompute_num_layers"] == 5
     assert st.columns["fsdp"] and st.columns["distributed_optimizer"]  # Megatron-FSDP runs with DistOpt
+
+
+def test_later_releases_read_overlap_p2p_comm_from_comm_overlap_setup(nemo):
+    """After 25.09 the recipe's CommOverlapConfig goes through runtime_config_update -> setup as well, which turns
+    overlap_p2p_comm on for pp > 1 with vp > 1; GPT-OSS's H100 chain builds no CommOverlapConfig (nothing read)."""
+    rec = nemo_rows.recipes()
+    later = [(k, v) for k, v in rec.items() if k[0] not in ("24.07", "25.09")]
+    on = {(k[0], k[1]) for k, v in later if (v.get("settings") or {}).get("overlap_p2p_comm", {}).get("value")}
+    for cont in ("25.11", "26.02", "26.02.01", "26.04", "26.04.01"):
+        assert (cont, "LLAMA3_70B") in on  # tp4 pp8 vp5
+    for cont in ("25.11", "26.02", "26.04.01", "26.06"):
+        assert (cont, "LLAMA3.1_405B") in on  # tp8 pp8 vp8
+    for k, v in later:
+        p2p = (v.get("settings") or {}).get("overlap_p2p_comm")
+        if k[1] == "GPT OSS 120B":
+            assert p2p is None
+        if p2p is not None:
+            assert "comm_overlap.py:" in p2p["cite"] and "runtime_config_update" in p2p["cite"]
+            assert "CommOverlapConfig" in p2p["cite"]
+    t, _ = nemo
+    row = _row(t, "26.02", "LLAMA3_70B")
+    assert row["refused"] == "" and "overlap_p2p_comm" in row["columns"]

@@ -256,6 +256,9 @@ def mb_row(r):
                 if k == "assign" and t == "comm_overlap_cfg" and isinstance(v, str) and f"_{want}_" in f"_{v}":
                     s["tp_comm_overlap_cfg"] = {"value": v, "cite": cite(perf, line, f"{recipe}_pretrain_config_h100, "
                                                                       f"{prec.lower()} branch")}
+        p2p = pp_overlap(commit, r, chain)
+        if p2p is not None:
+            s["overlap_p2p_comm"] = p2p
         out["status"] = "read"
     # set_workload_base_configs -> _set_recompute_overrides, last: the workload's recompute fields when not None
     if w is not None and fields.get("recompute_num_layers", (None,))[0] is not None:
@@ -275,6 +278,50 @@ def mb_row(r):
                           "checks): the sizes are the table's, the other settings the constant's and the recipe's"}
     out["not_in_repo"] = "the command line of the published runs (any CLI overrides) is not in the repository"
     return out
+
+
+CONFIG_PY = "src/megatron/bridge/training/config.py"
+CO = "src/megatron/bridge/training/comm_overlap.py"
+CO_MODEL = r"def _get_model_comm_overlap_cfgs"
+
+
+def pp_overlap(commit, r, chain):
+    """overlap_p2p_comm of a row read on the generic path (releases after 25.09), or None where no line sets it.
+
+    runtime_config_update (config.py) runs ``cfg.comm_overlap.setup`` only when the recipe holds a
+    CommOverlapConfig; its _get_model_comm_overlap_cfgs (comm_overlap.py) sets, for pipeline_model_parallel_size > 1,
+    overlap_p2p_comm = True (batch_p2p_comm = False) with virtual_pipeline_model_parallel_size > 1, else
+    overlap_p2p_comm = False (batch_p2p_comm = True), then _override_user_cfgs puts back every field the user's
+    CommOverlapConfig(...) set (not None), and _apply_cfgs copies them onto the model config. The sizes are the
+    table's. A row whose chain builds no CommOverlapConfig (GPT-OSS before 26.06 on H100) keeps the model
+    config's own value, which no line of its chain states: nothing is recorded. pp = 1 is not recorded either
+    (off, the formulation's default). batch_p2p_comm is not recorded: the kit has no field for it."""
+    pp = int(float(r["pp"] or 1))
+    vp = None if r["vp"] in ("", "n/a", None) else int(float(r["vp"]))
+    made = None
+    for path, fn, rows in chain:
+        for k, t, v, line in rows:
+            if ((k == "assign" and t == "cfg.comm_overlap") or (k in ("kw", "key", "default")
+                                                               and t == "comm_overlap_config")):
+                if v is None or (isinstance(v, str) and v.startswith("CommOverlapConfig(")):
+                    made = (v, cite(path, line, fn))
+    if pp <= 1 or made is None or made[0] is None:
+        return None
+    user = [(v, cite(path, line, fn)) for path, fn, rows in chain for k, t, v, line in rows
+            if (k == "kw" and t == "overlap_p2p_comm") or (k == "assign" and t in (
+                "cfg.comm_overlap.overlap_p2p_comm", "cfg.model.overlap_p2p_comm"))]
+    setup = at(commit, CONFIG_PY, r"cfg\.comm_overlap\.setup\(", r"def runtime_config_update", "runtime_config_update")
+    if user and user[-1][0] is not None:
+        return {"value": user[-1][0], "cite": f"{user[-1][1]} (the user value wins: "
+                f"{at(commit, CO, r'if user_value is not None', r'def _override_user_cfgs')})",
+                "overrides": [at(commit, CO, r"comm_overlap_cfg\.overlap_p2p_comm = ", CO_MODEL)]}
+    on = bool(vp and vp > 1)
+    line = at(commit, CO, r"comm_overlap_cfg\.overlap_p2p_comm = True" if on else
+              r"comm_overlap_cfg\.overlap_p2p_comm = False", r"if model_cfg\.pipeline_model_parallel_size > 1",
+              "_get_model_comm_overlap_cfgs")
+    return {"value": on, "cite": f"{line} (pipeline_model_parallel_size={pp} > 1, "
+            f"virtual_pipeline_model_parallel_size={vp}; the recipe's CommOverlapConfig {made[1]}, set up by "
+            f"{setup}; no user overlap_p2p_comm in the recipe chain)"}
 
 
 NFL_DIR = ""  # a clone of NVIDIA/NeMo-Framework-Launcher (set by --launcher-git-dir)

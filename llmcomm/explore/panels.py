@@ -9,9 +9,9 @@ import io
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib._tight_bbox import adjust_bbox  # the step of savefig(bbox_inches=...), kept
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.transforms import Bbox
+from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
 from ..overhead import interval
@@ -34,7 +34,6 @@ PANEL_TITLES = {"layout": "Rank layout", "matrix": "Communication matrix per par
                 "time": "Iteration time"}
 DPI = 80  # screen figures: small PNGs, quick to draw
 CALL_ROWS = 12  # calls listed under the call-sequence figure
-BBOX_PAD = 0.35  # inches kept right of a kept matrix figure's measured box (its colour-bar label may grow)
 
 
 def layout_figure(v: View) -> Figure:
@@ -76,9 +75,10 @@ def _update_layout(fig: Figure, v: View) -> None:
     for ax, p in zip(fig.axes, _layout_dims(v), strict=True):
         _, _, colors, labels = layout_cells(v.group_table, x="rank", y="node", hue=f"{p}_group",
                                             gpus_per_node=v.cluster.gpus_per_node)
+        first = ax is fig.axes[0]
         for patch, text, color, label in zip(ax.patches, ax.texts, colors, labels, strict=True):
             patch.set_color(color)
-            text.set_text(label)
+            text.set_text(label if first else _group_line(label))
         ax.set_title(_layout_title(v, p))
     _layout_suptitle(fig, v)
 
@@ -109,9 +109,12 @@ def _matrix_title(fig: Figure, v: View) -> None:
                  "dashed: node boundaries", fontsize=9, y=1.02)
 
 
-def bytes_figure(v: View, tight: bool = True) -> Figure:
-    """:func:`llmcomm.plots.volume_bars` of the bytes each parallelism moves in one iteration."""
-    fig, ax = plt.subplots(figsize=(4.2, 3.4), dpi=DPI)
+def bytes_figure(v: View, tight: bool = True, ax: Axes | None = None) -> Figure:
+    """:func:`llmcomm.plots.volume_bars` of the bytes each parallelism moves in one iteration (on ``ax``, emptied
+    by :func:`clear_axes`, to redraw a kept figure)."""
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(4.2, 3.4), dpi=DPI)
+    fig = ax.figure  # type: ignore[assignment]  # a top-level figure
     volume_bars(v.volumes.assign(config=v.choice.label()), x="config", y="bytes", hue="parallelism", ax=ax,
                 title="all ranks (each send counted once)")
     if tight:
@@ -119,9 +122,12 @@ def bytes_figure(v: View, tight: bool = True) -> Figure:
     return fig
 
 
-def calls_figure(v: View, tight: bool = True) -> Figure:
-    """:func:`llmcomm.plots.call_sequence` of the chosen rank's calls for one micro-batch."""
-    fig, ax = plt.subplots(figsize=(7.5, 2.8), dpi=DPI)
+def calls_figure(v: View, tight: bool = True, ax: Axes | None = None) -> Figure:
+    """:func:`llmcomm.plots.call_sequence` of the chosen rank's calls for one micro-batch (on ``ax`` as in
+    :func:`bytes_figure`)."""
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7.5, 2.8), dpi=DPI)
+    fig = ax.figure  # type: ignore[assignment]  # a top-level figure
     call_sequence(v.calls, x="step", y="bytes", hue="parallelism", ax=ax, phase="phase",
                   title=f"rank {v.choice.rank} (stage {v.layout.pp_stage(v.choice.rank)}), micro-batch "
                         f"{v.choice.microbatch} of {v.parallel.num_microbatches}: {len(v.calls)} calls")
@@ -179,24 +185,145 @@ def fast_png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+# -- screen figures: laid out in inches once, redrawn in place ---------------------------------------------------
+MATRIX_SIDE = 2.4  # inches per matrix panel (square)
+MATRIX_MARGINS = {"left": 0.62, "right": 1.05, "bottom": 0.55, "top": 0.78, "wgap": 0.22, "hgap": 0.5}  # inches
+MATRIX_TICKS = 4  # at most this many tick intervals per matrix axis
+LAYOUT_MARGINS = {"left": 0.62, "right": 0.15, "bottom": 0.5, "top": 0.72, "wgap": 0.22}  # inches
+
+
+def _fractions(width: float, height: float, left: float, right: float, bottom: float, top: float
+               ) -> dict[str, float]:
+    """Subplot edges as fractions of a ``width`` × ``height`` inch figure from margins in inches."""
+    return {"left": left / width, "right": 1 - right / width, "bottom": bottom / height, "top": 1 - top / height}
+
+
+def _screen_matrix(v: View) -> MatrixImages:
+    """:class:`llmcomm.plots.MatrixImages` laid out for the screen without measuring anything: square panels of
+    :data:`MATRIX_SIDE` inches and margins of :data:`MATRIX_MARGINS` (room for 3-digit tick labels, two-line
+    panel titles, the colour bar and its label), tick labels and axis labels only on the outer panels (every
+    panel spans the same cells), at most :data:`MATRIX_TICKS` ticks per axis, the title inside the canvas."""
+    n = len(v.matrices)
+    cols = min(4, n)
+    rows = -(-n // cols)
+    mm = MATRIX_MARGINS
+    width = mm["left"] + cols * MATRIX_SIDE + (cols - 1) * mm["wgap"] + mm["right"]
+    height = mm["bottom"] + rows * MATRIX_SIDE + (rows - 1) * mm["hgap"] + mm["top"]
+    pars = {**_fractions(width, height, mm["left"], mm["right"], mm["bottom"], mm["top"]),
+            "wspace": mm["wgap"] / MATRIX_SIDE, "hspace": mm["hgap"] / MATRIX_SIDE}
+    m = MatrixImages(v.matrices, unit=v.unit, world_size=v.world_size, gpus_per_node=v.cluster.gpus_per_node,
+                     ncols=4, size=2.9, subplotpars=pars)
+    m.fig.set_size_inches(width, height)
+    m.fig.set_dpi(DPI)
+    cbar = m.colorbar.ax if m.colorbar is not None else None
+    for ax in m.fig.axes:
+        if ax is cbar or not ax.get_visible():
+            continue
+        ax.xaxis.set_major_locator(MaxNLocator(MATRIX_TICKS, integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(MATRIX_TICKS, integer=True))
+        ax.label_outer()
+    _screen_matrix_title(m.fig, v)
+    return m
+
+
+def _screen_matrix_title(fig: Figure, v: View) -> None:
+    unit = (f"blocks of {v.unit} ranks = {v.unit // v.cluster.gpus_per_node} node(s)" if v.level == "node"
+            else f"blocks of {v.unit} ranks" if v.unit > 1 else "one cell per GPU")
+    fig.suptitle(f"{v.choice.label()}: bytes per iteration from sender (row) to receiver (column)\n{unit}; "
+                 "dashed: node boundaries", fontsize=9, y=1 - 0.06 / fig.get_figheight(), va="top")
+
+
+def _screen_layout(v: View) -> Figure:
+    """:func:`llmcomm.plots.layout_grid` per parallelism (as :func:`layout_figure`) with margins in inches
+    (:data:`LAYOUT_MARGINS`) instead of a tight layout, node names and ranks only in the first
+    panel (the other panels show the same cells)."""
+    dims = _layout_dims(v)
+    nodes = int(v.group_table["node"].max()) + 1
+    gpn = v.cluster.gpus_per_node
+    lm = LAYOUT_MARGINS
+    side = 0.42 * gpn
+    width = max(lm["left"] + len(dims) * side + (len(dims) - 1) * lm["wgap"] + lm["right"], 6.4)
+    height = lm["bottom"] + 0.5 * nodes + lm["top"]
+    fig, axes = plt.subplots(1, len(dims), figsize=(width, height), squeeze=False, dpi=DPI, sharey=True)
+    right = width - lm["left"] - len(dims) * side - (len(dims) - 1) * lm["wgap"]
+    fig.subplots_adjust(**_fractions(width, height, lm["left"], right, lm["bottom"], lm["top"]),
+                        wspace=lm["wgap"] / side)
+    for ax, p in zip(axes[0], dims, strict=True):
+        layout_grid(v.group_table, x="rank", y="node", hue=f"{p}_group", ax=ax, gpus_per_node=gpn,
+                    title=_layout_title(v, p))
+        if ax is not axes[0][0]:  # the same cells as the first panel: its node names and ranks hold here too
+            ax.tick_params(labelleft=False)
+            for t in ax.texts:
+                t.set_text(_group_line(t.get_text()))
+    _screen_layout_title(fig, v)
+    return fig
+
+
+def _group_line(label: str) -> str:
+    """The group line of a :func:`llmcomm.plots.layout_cells` label (``"r5\\ng1"`` -> ``"g1"``)."""
+    return label.rsplit("\n", 1)[-1]
+
+
+def _screen_layout_title(fig: Figure, v: View) -> None:
+    shown = "" if v.num_nodes <= LAYOUT_NODES else f"; first {LAYOUT_NODES} of {v.num_nodes:,} nodes"
+    fig.suptitle(f"{v.choice.label()} on {v.world_size:,} GPUs, {v.cluster.gpus_per_node} per node, order "
+                 f"{v.parallel.order}{shown}\n(cell: r = global rank, in the first panel; g = group id)", fontsize=9,
+                 y=1 - 0.05 / fig.get_figheight(), va="top")
+
+
+TIME_SIZE = (10.0, 2.9)  # inches: a two-line title, one bar, the legend of up to three rows below
+
+
+def _screen_time(v: View, ax: Axes | None = None) -> Figure:
+    """:func:`llmcomm.plots.breakdown_bars` on axes placed in inches: the bar's label measured (one text), the
+    two-line title above, the legend below (on ``ax`` as in :func:`bytes_figure`)."""
+    if ax is None:
+        fig, ax = plt.subplots(figsize=TIME_SIZE, dpi=DPI)
+    fig = ax.figure  # type: ignore[assignment]  # a top-level figure
+    for t in list(fig.texts):
+        t.remove()
+    b = v.breakdown
+    assert b is not None
+    breakdown_bars(b.to_frame().assign(config=v.choice.label()), x="seconds", y="config", hue="term", ax=ax,
+                   title=f"{b.total_s:.3f} s per iteration on {v.cluster.name}, exposed communication "
+                         f"{100 * b.comm_overhead:.1f}%\n{_interval_text(b.total_s)}")
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas
+    label = max((t.get_window_extent(renderer).width for t in ax.get_yticklabels()), default=0.0) / DPI
+    w, h = TIME_SIZE
+    fig.subplots_adjust(**_fractions(w, h, label + 0.2, 0.3, 1.45, 0.5))
+    fig.text(0.1 / w, 1 - 0.06 / h, ax.get_title(), ha="left", va="top", fontsize=8)  # from the left edge:
+    ax.set_title("")  # the interval's long line fits the canvas whatever the bar's label
+    return fig
+
+
+def clear_axes(ax: Axes) -> None:
+    """Remove what a figure function drew on ``ax`` (bars, lines, collections, texts, the legend) but keep the
+    axes and their ticks, so that the function can draw a new view on them: a new figure's axes and ticks cost
+    more than drawing them (each tick is built, then copied for the next)."""
+    for c in list(ax.containers):
+        c.remove()
+    for a in [*ax.patches, *ax.collections, *ax.lines, *ax.texts, *ax.images]:
+        a.remove()
+    if ax.get_legend() is not None:
+        ax.get_legend().remove()
+
+
 class Painter:
-    """Draws the panels of one view after another, as the explorer does, without the costs that do not depend on
-    the view. The matrix figure (up to a dozen images, a colour bar) is redrawn in place
-    (:meth:`llmcomm.plots.MatrixImages.update`) while the matrices keep their titles, shape and world; the layout
-    figure is recoloured and relabelled in place while its parallelisms and nodes stay
-    (:func:`llmcomm.plots.layout_cells`). A new figure (another world, other parallelisms; the bytes and
-    call-sequence panels every time) is laid out with the subplot parameters a ``tight_layout`` found for the first
-    figure of its shape (:func:`llmcomm.plots.subplot_params`; a tight layout costs as much as a drawing), and a
-    matrix canvas is cut to the bounding box measured for the first of its shape, padded by :data:`BBOX_PAD`
-    inches. Every figure is encoded from its canvas (:func:`fast_png`); the time panel, whose legend and title lie
-    outside its axes, as :func:`render` draws it."""
+    """Draws the panels of one view after another, as the explorer does, at a small fixed cost per panel. No
+    figure is measured (``tight_layout``, a tight bounding box: each costs as much as a drawing): the screen
+    figures are laid out in inches (:func:`_screen_matrix`, :func:`_screen_layout`, :func:`_screen_time`), the
+    bytes and call-sequence figures with the subplot parameters a ``tight_layout`` found for the first figure of
+    their kind (:func:`llmcomm.plots.subplot_params`). The matrix figure (up to a dozen images, a colour bar) is
+    redrawn in place (:meth:`llmcomm.plots.MatrixImages.update`) while the matrices keep their titles, shape and
+    world; the layout figure is recoloured and relabelled in place while its parallelisms and nodes stay
+    (:func:`llmcomm.plots.layout_cells`). Every figure is encoded from its canvas (:func:`fast_png`)."""
 
     def __init__(self) -> None:
         self.matrix: MatrixImages | None = None
         self.layout: tuple[tuple, Figure] | None = None
         self.pars: dict[tuple, dict[str, float]] = {}  # subplot parameters per panel shape
-        self.boxes: dict[tuple, Bbox] = {}  # matrix canvases per shape
-        self.reused = {"matrix": 0, "layout": 0, "pars": 0}  # what was reused (for tests and the benchmark)
+        self.kept: dict[tuple, Figure] = {}  # the bytes, call-sequence and time figures, redrawn on their axes
+        self.reused = {"matrix": 0, "layout": 0, "pars": 0, "axes": 0}  # what was reused (tests, the benchmark)
 
     def render(self, v: View, panel: str) -> bytes:
         """One panel of ``v`` as PNG bytes."""
@@ -204,13 +331,24 @@ class Painter:
             return self._matrix(v)
         if panel == "layout":
             return self._layout(v)
-        if panel in ("bytes", "calls"):
-            fig = {"bytes": bytes_figure, "calls": calls_figure}[panel](v, tight=False)
-            self._lay_out(fig, (panel, len(v.calls) > 0))
-            try:
-                return fast_png(fig)
-            finally:
-                plt.close(fig)
+        if panel in ("bytes", "calls") or (panel == "time" and v.breakdown is not None):
+            key = (panel, len(v.calls) > 0) if panel == "calls" else (panel,)
+            kept = self.kept.get(key)
+            draw = {"bytes": bytes_figure, "calls": calls_figure, "time": None}[panel]
+            if kept is not None:
+                clear_axes(kept.axes[0])
+                self.reused["axes"] += 1
+            if panel == "time":
+                fig = _screen_time(v, None if kept is None else kept.axes[0])
+            else:
+                assert draw is not None
+                fig = draw(v, tight=False, ax=None if kept is None else kept.axes[0])
+                if kept is not None and panel == "bytes":  # the only one whose limits come from its data
+                    fig.axes[0].relim()
+                    fig.axes[0].autoscale_view()
+                self._lay_out(fig, key)
+            self.kept[key] = fig
+            return fast_png(fig)
         return render(v, panel)
 
     def _lay_out(self, fig: Figure, key: tuple) -> None:
@@ -226,40 +364,30 @@ class Painter:
         key = _layout_key(v)
         if self.layout is not None and self.layout[0] == key:
             _update_layout(self.layout[1], v)
+            _screen_layout_title(self.layout[1], v)
             self.reused["layout"] += 1
         else:
             if self.layout is not None:
                 plt.close(self.layout[1])
-            self.layout = (key, layout_figure(v))
+            self.layout = (key, _screen_layout(v))
         return fast_png(self.layout[1])
 
     def _matrix(self, v: View) -> bytes:
         gpn = v.cluster.gpus_per_node
-        if self.matrix is not None and self.matrix.fits(v.matrices, unit=v.unit, world_size=v.world_size,
-                                                        gpus_per_node=gpn):
-            self.matrix.update(v.matrices)
-            _matrix_title(self.matrix.fig, v)
+        m = self.matrix
+        if m is not None and m.fits(v.matrices, unit=v.unit, world_size=v.world_size, gpus_per_node=gpn):
+            m.update(v.matrices)
+            _screen_matrix_title(m.fig, v)
             self.reused["matrix"] += 1
-            return fast_png(self.matrix.fig)
-        if self.matrix is not None:
-            plt.close(self.matrix.fig)
-        shape = (len(v.matrices), v.cells, v.level, v.unit > 1)  # what sets the layout: panels, tick labels
-        pars = self.pars.get(("matrix", *shape))
-        self.matrix = _matrix_images(v, pars)
-        fig = self.matrix.fig
-        renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas
-        if pars is None:
-            self.pars[("matrix", *shape)] = subplot_params(fig)
+        elif m is not None and m.key[0] == tuple(v.matrices):  # the same panels: another size or world
+            m.reshape(v.matrices, unit=v.unit, world_size=v.world_size, gpus_per_node=gpn)
+            _screen_matrix_title(m.fig, v)
+            self.reused["matrix"] += 1
         else:
-            self.reused["pars"] += 1
-        box = self.boxes.get(shape)
-        if box is None:
-            b = fig.get_tightbbox(renderer)
-            box = self.boxes[shape] = Bbox.from_extents(b.x0 - 0.05, b.y0 - 0.05, b.x1 + BBOX_PAD, b.y1 + 0.05)
-        # the canvas becomes the box (matplotlib's own savefig(bbox_inches=...) step, kept rather than undone
-        # after one save), so that every redraw is one canvas draw
-        adjust_bbox(fig, box, renderer)
-        return fast_png(fig)
+            if self.matrix is not None:
+                plt.close(self.matrix.fig)
+            self.matrix = _screen_matrix(v)
+        return fast_png(self.matrix.fig)
 
     def close(self) -> None:
         """Close the kept figures."""
@@ -267,7 +395,9 @@ class Painter:
             plt.close(self.matrix.fig)
         if self.layout is not None:
             plt.close(self.layout[1])
-        self.matrix, self.layout = None, None
+        for fig in self.kept.values():
+            plt.close(fig)
+        self.matrix, self.layout, self.kept = None, None, {}
 
 
 def _table(df: pd.DataFrame, css: str) -> str:

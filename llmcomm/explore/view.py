@@ -10,8 +10,9 @@ matrices             :func:`llmcomm.predict.predict_traffic` → :meth:`llmcomm.
                      puts on the wire), summed into blocks by :func:`llmcomm.matrix_view.binned_matrices` (an image
                      from the group structure; equal to the exact matrix summed into the same blocks)
 bytes                :meth:`llmcomm.Trace.volumes` by parallelism (nccl-tests sizes, each send counted once)
-call sequence        :func:`llmcomm.predict.program.stage_program` of the chosen rank's stage, one micro-batch;
-                     its groups resolved by :meth:`llmcomm.layout.Layout.group_rows`
+call sequence        :meth:`llmcomm.predict.program.StagePlan.microbatch_calls` of the chosen rank's stage (the
+                     plan the prediction built, cached by :func:`~llmcomm.predict.program.stage_plan`), one
+                     micro-batch; its groups resolved by :meth:`llmcomm.layout.Layout.group_rows`
 iteration time       :func:`llmcomm.overhead.iteration.iteration_time` → :class:`Breakdown`, with the 90 %
                      interval of :mod:`llmcomm.overhead.interval` in the panel
 ==================== ===============================================================================
@@ -44,7 +45,7 @@ from ..matrix_view import Grid, binned_matrices, view_grid
 from ..overhead.iteration import Breakdown, iteration_time
 from ..predict import predict_traffic
 from ..predict.calls import Context
-from ..predict.program import stage_program
+from ..predict.program import stage_plan
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
 from ..trace import Trace
 from ..vocab import GROUP_PARALLELISMS, AlgorithmName
@@ -181,7 +182,7 @@ def _calls(model: ModelSpec, parallel: ParallelConfig, lay: Layout, rank: int, m
     if not 0 <= microbatch < m:
         raise ConfigError(f"microbatch={microbatch} is outside 0..{m - 1} (num_microbatches={m})")
     stage = lay.pp_stage(rank)
-    prog = [c for c in stage_program(Context(model, parallel), stage) if c.microbatch == microbatch]
+    prog = stage_plan(Context(model, parallel), stage).microbatch_calls(microbatch)  # the predictor's plan
     pp_group = lay.group_of(rank, "pp")
     rows = []
     for i, c in enumerate(prog):

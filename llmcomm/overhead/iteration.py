@@ -227,6 +227,9 @@ def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
 
 
 _CLASS_KEYS: dict[tuple[str, ...], list[tuple[str, tuple[str, str, str]]]] = {}
+# stack_classes' split of the keys into 2-D blocks, per key set, row count, dtypes and shapes
+_BLOCKS: dict[tuple[Any, ...], tuple[dict[Any, list[tuple[str, tuple[str, str, str]]]],
+                                     list[tuple[str, tuple[str, str, str]]]]] = {}
 
 
 def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -245,14 +248,22 @@ def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n = len(c["tp"])
     if n > 64:  # many rows: the copying costs the time, one concatenation per key copies once
         return {k: np.concatenate([c[a] for a in trio]) for k, trio in plan}
-    groups: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
-    out: dict[str, np.ndarray] = {}
-    for k, trio in plan:
-        arrs = [c[a] for a in trio]
-        if all(a.ndim == 1 and len(a) == n for a in arrs) and len({a.dtype for a in arrs}) == 1:
-            groups.setdefault(arrs[0].dtype, []).append((k, trio))
-        else:
-            out[k] = np.concatenate(arrs)
+    sig = (keys, n, tuple(v.dtype for v in c.values()), tuple(v.shape for v in c.values()))
+    split = _BLOCKS.get(sig)
+    if split is None:  # which keys go into one 2-D block per dtype (1-D, n rows, one dtype for the three classes)
+        blocks: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
+        alone = []
+        for k, trio in plan:
+            arrs = [c[a] for a in trio]
+            if all(a.ndim == 1 and len(a) == n for a in arrs) and len({a.dtype for a in arrs}) == 1:
+                blocks.setdefault(arrs[0].dtype, []).append((k, trio))
+            else:
+                alone.append((k, trio))
+        if len(_BLOCKS) > 256:
+            _BLOCKS.clear()
+        split = _BLOCKS[sig] = (blocks, alone)
+    groups, alone = split
+    out: dict[str, np.ndarray] = {k: np.concatenate([c[a] for a in trio]) for k, trio in alone}
     for items in groups.values():
         block = np.concatenate([np.array([c[trio[i]] for _, trio in items]) for i in range(3)], axis=1)
         out.update({k: block[j] for j, (k, _) in enumerate(items)})
@@ -771,8 +782,9 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
 
         forward   = nd·t_pass(dense) + nm·t_pass(MoE) + work(embedding, output)
         backward  = 2·forward                                  (twice the FLOPs, bytes and kernels)
-                  + nd·work(Bd) + nm·work(Bm)                  (measured GPUs: the fused attention core's
-                                                                backward beyond twice its forward, attention_time)
+                  + nd·extra(Ld, Bd) + nm·extra(Lm, Bm)        (measured GPUs: the fused attention core's
+                                                                backward beyond twice its forward, attention_time;
+                                                                extra: backward_beyond_twice)
         recompute = full·(nd·t_pass(dense) + nm·t_pass(MoE)) + selective·work(attention cores)
     """
     layers = q["nd"] * util.layer_pass(q["Ld"]) + q["nm"] * util.layer_pass(q["Lm"])
@@ -784,8 +796,23 @@ def class_times(q: dict[str, np.ndarray], util: U.Utilization) -> tuple[np.ndarr
         rec = rec + q["rec_d"] * util.layer_pass(q["Ld"]) + q["rec_m"] * util.layer_pass(q["Lm"])
     bwd = 2.0 * fwd
     if "Bd" in q:  # the fused attention core's backward at its measured rate (llmcomm.overhead.attention_time)
-        bwd = bwd + q["nd"] * util.work(q["Bd"]) + q["nm"] * util.work(q["Bm"])
+        bwd = bwd + q["nd"] * backward_beyond_twice(util, q["Ld"], q["Bd"]) \
+            + q["nm"] * backward_beyond_twice(util, q["Lm"], q["Bm"])
     return fwd, bwd, rec
+
+
+def backward_beyond_twice(util: U.Utilization, L: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Seconds a layer's backward pass takes beyond twice its forward when its features are ``2·L + B``
+    (``B``: the fused attention core's measured backward beyond twice its forward, gemm feature)::
+
+        extra = layer_pass(2·L + B) − 2·layer_pass(L)
+
+    The extra matmul time enters the backward pass's ``max(θ_Lg, θ_gemm·X_gemm)`` like every other matmul of
+    the pass (a launch-bound pass hides it, as it hides an unfused core's batched GEMMs), not beside it: adding
+    ``work(B)`` outside the ``max`` made a fused core slower than the unfused one on launch-bound FP8 layers
+    (``tests/test_tune.py::test_unfused_rule_is_safe_in_the_formulation``). Exactly 0 where ``B`` is 0
+    (``layer_pass(2·L) = 2·layer_pass(L)`` in floating point: doubling is exact)."""
+    return util.layer_pass(2.0 * L + B) - 2.0 * util.layer_pass(L)
 
 
 def layer_times(q: dict[str, np.ndarray], util: U.Utilization
@@ -800,7 +827,8 @@ def layer_times(q: dict[str, np.ndarray], util: U.Utilization
         rd = rd + q["rec_d"] / np.maximum(q["nd"], 1.0) * fd
         rm = rm + q["rec_m"] / np.maximum(q["nm"], 1.0) * fm
     if "Bd" in q:  # the fused attention core's measured backward (class_times)
-        rd, rm = rd + util.work(q["Bd"]), rm + util.work(q["Bm"])
+        rd = rd + backward_beyond_twice(util, q["Ld"], q["Bd"])
+        rm = rm + backward_beyond_twice(util, q["Lm"], q["Bm"])
     return (fd, fm), (2.0 * fd + rd, 2.0 * fm + rm)
 
 
@@ -888,25 +916,39 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
                                           "pp_sb", "pp_nb", "ep_a2a")})
     cp_calls: list[tuple[str, np.ndarray, np.ndarray]] = []  # (tag, seconds per call, calls): cp_time.exposed
-    items = [(it, it.count > 0) for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
+    calls = [it for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
              if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
-    items = [(it, live) for it, live in items if live.any()]
-    times = _batched_times(bandwidth, items) if n3 <= 192 else None
+    small = n3 <= 192
+    if small:  # a few rows: which rows call, read as Python values (one conversion, not two numpy calls)
+        live_rows = [[c_ > 0 for c_ in it.count.tolist()] for it in calls]
+        items = [(it, live) for it, live in zip(calls, live_rows, strict=True) if any(live)]
+    else:
+        items = [(it, it.count > 0) for it in calls]
+        items = [(it, live) for it, live in items if live.any()]
+    times, xs = _batched_times(bandwidth, items) if small else (None, None)
+    fast = isinstance(bandwidth, _Timer) and bandwidth.fast
     for j, (it, live) in enumerate(items):
         if times is not None:
             tt = times[j]
-        elif live.all():
-            tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
         else:
-            tt = np.zeros(n3)
-            tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
+            # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
+            x = bus_factor(it.op, it.size) * it.nbytes
+            if fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
+                tt = bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
+            elif live.all():
+                tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
+            else:
+                tt = np.zeros(n3)
+                tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
+        if xs is not None:
+            x = xs[j]
         if it.unit:  # FSDP: one unit's call, timed per call (fsdp_time.exposed), per micro-batch
             per_mb = 1.0 if it.per == "microbatch" else 1.0 / (c3["global_batch"] // (c3["micro_batch"] * c3["dp"]))
             if it.per == "iteration":  # a call once per iteration, spread over its micro-batches
                 tt = tt * it.count * per_mb
             tot["fsdp:" + it.unit] = tot.get("fsdp:" + it.unit, np.zeros(n3)) + tt
             tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
-            tot["fsdp_bus"] += it.count * per_mb * (bus_factor(it.op, it.size) * it.nbytes)
+            tot["fsdp_bus"] += it.count * per_mb * x
             continue
         tot[it.term] += it.count * tt
         if it.ub:
@@ -925,7 +967,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
             tot["pp_nf" if f_ else "pp_nb"] += it.count
         elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
             tot["ep_a2a"] += it.count * tt
-        tot[it.term + "_bus"] += it.count * (bus_factor(it.op, it.size) * it.nbytes)  # nccl-tests bus bytes
+        tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
     dn3 = params3[0] + params3[1]
@@ -956,26 +998,42 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None)
 
 
-def _batched_times(bandwidth: Any, items: list[tuple[CommItem, np.ndarray]]) -> list[np.ndarray]:
-    """Each item's call times (0 where it issues no call), one ``bandwidth.time`` per op over every item's live
-    rows: for a few configurations the per-call overhead, not the arithmetic, is the cost. Elementwise, so equal
-    to timing item by item."""
-    out = [np.zeros(len(it.count)) for it, _ in items]
+def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
+                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each item's call times and nccl-tests bus bytes ``bus_factor(op, size)·nbytes`` (both 0 where it issues
+    no call), for a few rows: for one configuration the per-call overhead, not the arithmetic, is the cost.
+    Through a caching :class:`_Timer` of a :class:`~llmcomm.overhead.bandwidth.Bandwidth` each distinct call
+    (op, group size, ranks per node, bytes) is evaluated once (:meth:`_Timer.calls`); any other model is called
+    once per op over every item's live rows. Elementwise, so equal to timing item by item."""
+    n = len(items[0][0].count) if items else 0
+    if isinstance(bandwidth, _Timer) and bandwidth.fast:
+        memo = bandwidth.calls(items)
+        out_t, out_x = [], []
+        for it, live in items:
+            op, sz, rp, nb = it.op, it.size.tolist(), it.rpn.tolist(), it.nbytes.tolist()
+            tx = [memo[(op, sz[i], rp[i], nb[i])] if on else (0.0, 0.0) for i, on in enumerate(live)]
+            out_t.append(np.array([a for a, _ in tx]))
+            out_x.append(np.array([b for _, b in tx]))
+        return out_t, out_x
+    out = [np.zeros(n) for _ in items]
+    xs = [np.zeros(n) for _ in items]
     by_op: dict[str, list[int]] = {}
     for j, (it, _) in enumerate(items):
         by_op.setdefault(it.op, []).append(j)
     for op, js in by_op.items():
-        sel = [items[j][1] for j in js]
+        sel = [np.asarray(items[j][1], dtype=bool) for j in js]
         nb = np.concatenate([items[j][0].nbytes[m] for j, m in zip(js, sel, strict=True)])
         size = np.concatenate([items[j][0].size[m] for j, m in zip(js, sel, strict=True)])
         rpn = np.concatenate([items[j][0].rpn[m] for j, m in zip(js, sel, strict=True)])
         tt = bandwidth.time(op, nb, size, rpn)
+        x = bus_factor(op, size) * nb
         at = 0
         for j, m in zip(js, sel, strict=True):
             k = int(m.sum())
             out[j][m] = tt[at:at + k]
+            xs[j][m] = x[at:at + k]
             at += k
-    return out
+    return out, xs
 
 
 def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: np.ndarray, g_ag: np.ndarray,
@@ -1122,6 +1180,69 @@ class _Timer:
         self.fast = hasattr(bandwidth, "regime")
         self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
+        self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
+
+    def calls(self, items: list[tuple[CommItem, list[bool]]]
+              ) -> dict[tuple[str, int, int, float], tuple[float, float]]:
+        """``{(op, group size, ranks per node, bytes): (seconds, bus bytes)}`` holding every live call of
+        ``items``: the calls not met before are evaluated, grouped by regime, with ``bus_factor`` and
+        ``eval_pieces`` as :meth:`time` does (a group of one rank: 0 s), and kept (up to :data:`CALL_MEMO_SIZE`
+        calls, then forgotten all at once). A sweep of one model meets the same calls again and again."""
+        memo = self.memo
+        if len(memo) > CALL_MEMO_SIZE:
+            memo.clear()
+        todo: dict[tuple[str, int, int], dict[Any, None]] = {}
+        for it, live in items:
+            op, sz, rp, nb = it.op, it.size.tolist(), it.rpn.tolist(), it.nbytes.tolist()
+            for i, on in enumerate(live):
+                if on and (op, sz[i], rp[i], nb[i]) not in memo:
+                    todo.setdefault((op, sz[i], rp[i]), {})[nb[i]] = None
+        for (op, nn, kk), nbs in todo.items():
+            nbytes = list(nbs)
+            x = bus_factor(op, np.full(len(nbytes), nn)) * np.asarray(nbytes, dtype=np.float64)
+            if nn == 1:
+                tt = np.zeros(len(nbytes))
+            else:
+                reg = self.cache.get((op, nn, kk))
+                if reg is None:
+                    reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+                tt = eval_pieces(x, *reg)[0]
+            memo.update({(op, nn, kk, b): (t, xb) for b, t, xb in zip(nbytes, tt.tolist(), x.tolist(), strict=True)})
+        return memo
+
+    def time_rows(self, op: str, x: np.ndarray, n: np.ndarray, k: np.ndarray, live: np.ndarray) -> np.ndarray:
+        """Seconds of one call on the rows ``live`` (0 elsewhere) from its bus bytes ``x = bus_factor(op, n)·nbytes``
+        (all rows): ``time(op, nbytes[live], n[live], k[live])`` placed in zeros, with the rows grouped by
+        (``n``, ``k``) once per pair of arrays (items share them) instead of once per call. Fast timers only."""
+        hit = self.groups.get((id(n), id(k)))
+        if hit is not None and hit[0] is n and hit[1] is k:
+            uniq, inv = hit[2], hit[3]
+        else:
+            n64, k64 = np.asarray(n, dtype=np.int64), np.asarray(k, dtype=np.int64)
+            key = n64 * (1 << 20) + k64
+            if len(key) and (key == key[0]).all():
+                uniq, inv = key[:1], np.zeros(len(key), np.int64)
+            else:
+                inv, uniq = pd.factorize(key, sort=False)
+            self.groups[(id(n), id(k))] = (n, k, uniq, inv)
+        out = np.zeros(len(x))
+        every = bool(live.all())
+        xl = x if every else x[live]
+        il = inv if every else inv[live]
+        tl = out if every else np.zeros(len(xl))
+        present = np.bincount(il, minlength=len(uniq)) if len(uniq) > 1 else np.ones(1, np.int64)
+        for i, u in enumerate(uniq.tolist()):
+            nn, kk = u >> 20, u & ((1 << 20) - 1)
+            if nn == 1 or not present[i]:  # no call's time, or a group no live row is in
+                continue
+            sel = slice(None) if len(uniq) == 1 else il == i
+            reg = self.cache.get((op, nn, kk))
+            if reg is None:
+                reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+            tl[sel] = eval_pieces(xl[sel], *reg)[0]
+        if not every:
+            out[live] = tl
+        return out
 
     def reset(self) -> None:
         """Forget the grouping of rows by (group size, ranks per node) cached for the current arrays."""
@@ -1143,6 +1264,21 @@ class _Timer:
         k = np.asarray(k, dtype=np.int64)
         x = bus_factor(op, n) * nbytes
         out = np.zeros(len(x))
+        if len(x) <= SMALL_ROWS:  # a few rows (one configuration's calls): grouped by a dict, no hashing pass
+            by: dict[tuple[int, int], list[int]] = {}
+            for i, g in enumerate(zip(n.tolist(), k.tolist(), strict=True)):
+                by.setdefault(g, []).append(i)
+            for (nn, kk), idx in by.items():
+                if nn == 1:
+                    continue
+                reg = self.cache.get((op, nn, kk))
+                if reg is None:
+                    reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+                if len(by) == 1:
+                    out = eval_pieces(x, *reg)[0]
+                else:
+                    out[idx] = eval_pieces(x[idx], *reg)[0]
+            return out
         hit = self.groups.get((id(n), id(k)))
         if hit is not None and hit[0] is n and hit[1] is k:
             uniq, inv = hit[2], hit[3]
@@ -1166,6 +1302,8 @@ class _Timer:
         return out
 
 
+CALL_MEMO_SIZE = 200_000  # distinct calls a _Timer keeps (_Timer.calls)
+SMALL_ROWS = 256  # _Timer.time groups this many rows or fewer by a dict (pandas' hashing pays off above)
 _TIMERS: dict[int, tuple[Any, _Timer]] = {}
 
 

@@ -232,6 +232,7 @@ def _or_unset(n: int | None) -> int:
     return -1 if n is None else n
 
 
+@lru_cache(maxsize=8192)
 def _shape(tp: int, pp: int, ep: int, vpp: int, etp: int, first: int, last: int, emb: bool, loss: bool
            ) -> ParallelConfig:
     """The smallest configuration with a stage layout and parameter split (tp, pp, ep, vpp, etp, the pipeline
@@ -253,6 +254,17 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
     ones; :func:`memory` validates)."""
     tab = (candidates if isinstance(candidates, ParallelTable)
          else ParallelTable.from_frame(candidates, model, required=(), **fixed))
+    best = memory_rows(model, tab)
+    index = candidates.index if isinstance(candidates, pd.DataFrame) else None
+    cols: dict[str, np.ndarray] = {f"{c}_bytes": best[:, j] for j, c in enumerate((*COLUMNS, "total"))}
+    cols["stage"] = best[:, 5].astype(np.int64)
+    return pd.DataFrame(cols, index=index)  # column by column: one 2-D block converted costs more than the rows
+
+
+def memory_rows(model: ModelSpec, tab: ParallelTable) -> np.ndarray:
+    """:func:`memory_table`'s numbers as an ``(n, 6)`` array, columns ``weights, gradients, optimizer,
+    activations, total`` (bytes) and the peak ``stage`` (as a float): the table without pandas (what
+    :func:`memory` reads for one configuration)."""
     n = len(tab)
     tp, pp, dp, ep, cp, vpp, mb = tab.tp, tab.pp, tab.dp, tab.ep, tab.cp, tab.vpp, tab.micro_batch
     expert_dp = tab.expert_dp  # once, not per shape and stage (a full-table product each time)
@@ -270,7 +282,9 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
     cp_comm = np.asarray(getattr(tab, "cp_comm_type", np.full(n, "p2p", dtype=object)), dtype=object)
     cp_buffers = cp_buffer_bytes(model, cp=cp, cp_comm_type=cp_comm, seq_local=seq, micro_batch=mb, tp=tp,
                                  act_bytes=act)
-    per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) for moe in (False, True)}
+    kinds = set(model.moe_layer_pattern())  # a kind no layer has enters mean_layer with weight 0: not computed
+    per_layer = {moe: layer_activation_bytes(model, moe, **layer_kw) if moe in kinds else np.zeros(n)
+                 for moe in (False, True)}
     # --recompute-method (llmcomm.step.recompute_groups): "block" keeps the first N layers of a chunk as under full
     # recomputation (their input) and the rest as without it; "uniform" keeps one input per group of N layers
     meth = np.asarray(tab.recompute_method, dtype=object)
@@ -278,14 +292,18 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
     rnl = np.maximum(np.asarray(tab.recompute_num_layers, np.int64), 1).astype(float)
     if blk.any():
         none_kw = {**layer_kw, "recompute": np.where(blk, "none", recompute)}
-        per_none = {moe: layer_activation_bytes(model, moe, **none_kw) for moe in (False, True)}
+        per_none = {moe: layer_activation_bytes(model, moe, **none_kw) if moe in kinds else np.zeros(n)
+                    for moe in (False, True)}
     sbh = seq * mb * model.hidden_size
     best = np.empty((n, 6))
-    expert_dp, dp_cp = tab.expert_dp, dp * cp
+    dp_cp = dp * cp
     keys = [tp, pp, ep, vpp, tab.expert_tp, *(np.asarray(getattr(tab, k), np.int64) for k in step.UNEVEN)]
     inv, uniq = step.factorize(keys)
-    order = np.argsort(inv, kind="stable")
-    bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
+    if len(uniq) == 1:  # one layout (one configuration, or a table of one shape): every row
+        order, bounds = np.arange(n), np.array([0, n])
+    else:
+        order = np.argsort(inv, kind="stable")
+        bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
     for j, key in enumerate(uniq):
         rows = order[bounds[j]:bounds[j + 1]]
         shape = _shape(*(int(x) for x in key[:7]), bool(key[7]), bool(key[8]))  # type: ignore[arg-type, call-arg]
@@ -320,10 +338,7 @@ def memory_table(model: ModelSpec, candidates: pd.DataFrame | ParallelTable, **f
         cols = np.arange(len(rows))
         best[rows] = np.column_stack([w[peak, cols], g[peak, cols], o[peak, cols], activations[peak, cols],
                                       total[peak, cols], peak])
-    index = candidates.index if isinstance(candidates, pd.DataFrame) else None
-    out = pd.DataFrame(best, columns=[f"{c}_bytes" for c in (*COLUMNS, "total")] + ["stage"], index=index)
-    out["stage"] = out["stage"].astype(np.int64)
-    return out
+    return best
 
 
 def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, float, float]:
@@ -352,6 +367,5 @@ def model_state(model: ModelSpec, parallel: ParallelConfig) -> tuple[float, floa
 def memory(model: ModelSpec, parallel: ParallelConfig) -> MemoryBreakdown:
     """The most loaded pipeline stage's memory for one configuration (validated first)."""
     validate(model, parallel)
-    row = memory_table(model, ParallelTable.from_parallel(parallel, model)).iloc[0]
-    return MemoryBreakdown(int(row["stage"]), row["weights_bytes"], row["gradients_bytes"], row["optimizer_bytes"],
-                           row["activations_bytes"])
+    w, g, o, a, _, stage = memory_rows(model, ParallelTable.from_parallel(parallel, model))[0]
+    return MemoryBreakdown(int(stage), w, g, o, a)

@@ -24,7 +24,7 @@ from ..trace import Trace
 from ..vocab import FrameworkName
 from . import expand, program, torch_rules
 from .audit import audit_table
-from .calls import Context
+from .calls import Call, Context
 from .ep import peer_tokens, routing_counts
 from .support import check_supported as _check_supported
 
@@ -54,8 +54,10 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, *, cluster
     _check_supported(model, parallel, framework)
     ctx = Context(model, parallel, framework)
     lay = Layout(parallel, cluster.gpus_per_node if cluster is not None else 8)
-    build = torch_rules.stage_program if framework == "torch" else program.stage_program
-    programs = [build(ctx, r) for r in range(parallel.pp)]
+    # Megatron: each stage as a program.StagePlan (one build per class of steps; expanded or aggregated below)
+    programs: list[list[Call]] | list[program.StagePlan] = (
+        [torch_rules.stage_program(ctx, r) for r in range(parallel.pp)] if framework == "torch"
+        else [program.stage_plan(ctx, r) for r in range(parallel.pp)])
     if routing is not None and not model.is_moe:
         raise ConfigError(f"routing was given but {model.name} is not an MoE model")
     d_tokens = None
@@ -72,7 +74,10 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, *, cluster
                           "micro-batch); use aggregate=False with routing")
     parts = []
     for r, prog in enumerate(programs):
-        calls, call_counts = expand.aggregate_calls(prog) if aggregate else (prog, [1] * len(prog))
+        if isinstance(prog, program.StagePlan):
+            calls, call_counts = prog.aggregated() if aggregate else (prog.calls(), [1] * len(prog))
+        else:
+            calls, call_counts = expand.aggregate_calls(prog) if aggregate else (prog, [1] * len(prog))
         if not calls:
             continue
         parts.append(expand.stage_table(lay, r, calls, call_counts, iteration, d_tokens, model.hidden_size * ctx.act,

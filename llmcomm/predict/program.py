@@ -22,12 +22,15 @@ of every chunk and bucket (twice with an expert optimizer, :func:`.dp.param_gath
 from __future__ import annotations
 
 import dataclasses
+from functools import lru_cache
 
 from ..vocab import dtype_bytes
 from . import cp, dp, ep, pp, scalars, tp
 from .batch import batch_broadcast
 from .calls import Call, Context
-from .schedule import schedule
+from .schedule import Step, schedule
+
+PLAN_CACHE = 256  # stage plans kept (:func:`stage_plan`): one job of up to 256 stages
 
 
 def attention_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
@@ -172,14 +175,154 @@ def iteration_end(ctx: Context, stage: int) -> list[Call]:
     return out
 
 
-def stage_program(ctx: Context, stage: int) -> list[Call]:
-    """Every call of one rank of pipeline stage ``stage``, in issue order."""
+def _steps(ctx: Context, stage: int) -> list[Step]:
     # pp = 1: Megatron's forward_backward_no_pipelining, forward then backward per micro-batch (= 1F1B, p = 1)
     sched = ctx.parallel.schedule if ctx.pp > 1 else "1f1b"
+    return schedule(sched, ctx.num_microbatches, ctx.pp, stage, ctx.vpp, ctx.parallel.vp_group_size)
+
+
+def _step_calls(ctx: Context, stage: int, step: Step) -> list[Call]:
+    build = _forward if step.kind == "F" else _backward
+    return build(ctx, stage, step.chunk, step.microbatch)
+
+
+def direct_stage_program(ctx: Context, stage: int) -> list[Call]:
+    """Every call of one rank of pipeline stage ``stage``, in issue order, built step by step (the definition
+    :class:`StagePlan` is checked against; :func:`stage_program` gives the same list faster)."""
     out: list[Call] = []
-    for step in schedule(sched, ctx.num_microbatches, ctx.pp, stage, ctx.vpp, ctx.parallel.vp_group_size):
-        if step.kind == "F":
-            out += _forward(ctx, stage, step.chunk, step.microbatch)
-        else:
-            out += _backward(ctx, stage, step.chunk, step.microbatch)
+    for step in _steps(ctx, stage):
+        out += _step_calls(ctx, stage, step)
     return out + iteration_end(ctx, stage)
+
+
+def _restamp(c: Call, mb: int) -> Call:
+    """``c`` with ``microbatch = mb`` (what ``dataclasses.replace`` gives, without its per-field checks)."""
+    n = object.__new__(Call)
+    d = n.__dict__
+    d.update(c.__dict__)
+    d["microbatch"] = mb
+    return n
+
+
+@dataclasses.dataclass(frozen=True)
+class _Template:
+    """The calls of one class of scheduled steps, built for micro-batch ``mb``; ``stamped[i]``: call ``i`` carries
+    the step's micro-batch (else a fixed one, kept as it is)."""
+
+    calls: tuple[Call, ...]
+    mb: int
+    stamped: tuple[bool, ...]
+
+    def at(self, mb: int) -> list[Call]:
+        if mb == self.mb:
+            return list(self.calls)
+        return [_restamp(c, mb) if s else c for c, s in zip(self.calls, self.stamped, strict=True)]
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    """One stage's program held compactly: the scheduled steps as ``(template, micro-batch)`` pieces in issue
+    order, then the once-per-iteration calls (:func:`iteration_end`).
+
+    A step's calls depend on its micro-batch ``mb`` only through the ``microbatch`` they carry and two tests in
+    the generators: ``mb == 0`` (Megatron-FSDP's edge gather, :func:`.dp.fsdp_edge_forward`) and
+    ``mb == m - 1`` (the overlapped gradient reduction of the last micro-batch, :func:`.dp.overlapped_grad_sync`).
+    So the steps fall into classes ``(kind, chunk, mb == 0, mb == m - 1)``; a class's calls are built once and
+    re-stamped with each step's micro-batch. :func:`stage_plan` checks that claim on two micro-batches of every
+    class holding more than one and builds the stage step by step where it does not hold, so the plan always
+    lists exactly :func:`direct_stage_program`'s calls. The plan costs one build per class (a handful per stage)
+    instead of one per micro-batch: the explorer's deep pipelines (hundreds of micro-batches, dozens of stages)
+    and the predictor's aggregated form (:meth:`aggregated`) need no per-micro-batch Python work beyond
+    re-stamping."""
+
+    templates: tuple[_Template, ...]
+    pieces: tuple[tuple[int, int], ...]  # (template index, micro-batch) per scheduled step
+    tail: tuple[Call, ...]
+
+    def __len__(self) -> int:
+        return sum(len(self.templates[t].calls) for t, _ in self.pieces) + len(self.tail)
+
+    def calls(self) -> list[Call]:
+        """The program, call by call (equal to :func:`direct_stage_program`)."""
+        out: list[Call] = []
+        for t, mb in self.pieces:
+            out += self.templates[t].at(mb)
+        return out + list(self.tail)
+
+    def microbatch_calls(self, microbatch: int) -> list[Call]:
+        """``[c for c in self.calls() if c.microbatch == microbatch]`` without building the other micro-batches'
+        calls."""
+        out: list[Call] = []
+        for t, mb in self.pieces:
+            tm = self.templates[t]
+            if mb == microbatch:
+                out += tm.at(mb)
+            else:
+                out += [c for c, s in zip(tm.calls, tm.stamped, strict=True) if not s and c.microbatch == microbatch]
+        return out + [c for c in self.tail if c.microbatch == microbatch]
+
+    def aggregated(self) -> tuple[list[Call], list[int]]:
+        """``expand.aggregate_calls(self.calls())`` (calls equal up to ``layer``/``microbatch`` merged, first-seen
+        order, counts) from one aggregation per template: a class's merged calls times how many steps it has."""
+        from .expand import aggregate_calls
+
+        uses = [0] * len(self.templates)
+        order: list[int] = []
+        for t, _ in self.pieces:
+            if not uses[t]:
+                order.append(t)
+            uses[t] += 1
+        index: dict[Call, int] = {}
+        out: list[Call] = []
+        counts: list[int] = []
+        parts = [(*aggregate_calls(self.templates[t].calls), uses[t]) for t in order]
+        parts.append((*aggregate_calls(self.tail), 1))
+        for calls, n, times in parts:
+            for c, k in zip(calls, n, strict=True):
+                i = index.get(c)
+                if i is None:
+                    index[c] = len(out)
+                    out.append(c)
+                    counts.append(k * times)
+                else:
+                    counts[i] += k * times
+        return out, counts
+
+
+def _template(calls: list[Call], mb: int) -> _Template:
+    return _Template(tuple(calls), mb, tuple(c.microbatch == mb for c in calls))
+
+
+@lru_cache(maxsize=PLAN_CACHE)
+def stage_plan(ctx: Context, stage: int) -> StagePlan:
+    """The :class:`StagePlan` of stage ``stage`` (cached for the last :data:`PLAN_CACHE` stages, so that the
+    predictor and the explorer's call-sequence panel build a stage once)."""
+    steps = _steps(ctx, stage)
+    m = ctx.num_microbatches
+    slots: dict[tuple, int] = {}
+    templates: list[_Template] = []
+    samples: dict[int, int] = {}  # template -> a second micro-batch of its class, checked below
+    pieces: list[tuple[int, int]] = []
+    for step in steps:
+        mb = step.microbatch
+        key = (step.kind, step.chunk, mb == 0, mb == m - 1)
+        t = slots.get(key)
+        if t is None:
+            t = slots[key] = len(templates)
+            templates.append(_template(_step_calls(ctx, stage, step), mb))
+        elif t not in samples:
+            samples[t] = mb
+        pieces.append((t, mb))
+    for t, mb in samples.items():  # the claim of the class docstring, on a second micro-batch of each class
+        kind, chunk = next(k for k, i in slots.items() if i == t)[:2]
+        if _step_calls(ctx, stage, Step(kind, mb, chunk)) != templates[t].at(mb):
+            templates = [_template(_step_calls(ctx, stage, s), s.microbatch) for s in steps]
+            pieces = [(i, s.microbatch) for i, s in enumerate(steps)]
+            break
+    return StagePlan(tuple(templates), tuple(pieces), tuple(iteration_end(ctx, stage)))
+
+
+def stage_program(ctx: Context, stage: int) -> list[Call]:
+    """Every call of one rank of pipeline stage ``stage``, in issue order (:class:`StagePlan`; equal to
+    :func:`direct_stage_program`)."""
+    return stage_plan(ctx, stage).calls()
