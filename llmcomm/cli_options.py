@@ -44,6 +44,7 @@ PARALLEL_FIELDS: tuple[str, ...] = ("tp", "pp", "dp", "ep", "cp", "vpp", "sp", "
 PARALLEL_FIELDS += ("fsdp_reshard_after_forward", "recompute_modules")  # with "fsdp" and "recompute" (issue 20)
 PARALLEL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_backend", "align_grad_reduce")  # issue 20: overlap
 PARALLEL_FIELDS += ("cp_comm_type",)  # issue 20: context parallelism
+PARALLEL_FIELDS += ("etp",)  # moe-fold: expert tensor parallelism (MoE parallel folding)
 PARALLEL_FIELDS += ("recompute_method", "recompute_num_layers")  # with "recompute": which layers full recomputes
 
 
@@ -267,6 +268,11 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
                        help="Megatron-LM's --moe-flex-dispatcher-backend (the flex dispatcher's DeepEP/HybridEP "
                             "kernels; the formulation refuses it and says why; default: not set)")
 
+    if "etp" in extras:  # MoE parallel folding (moe-fold; llmcomm.overhead.moe_fold)
+        p.add_argument("--etp", "--expert-tensor-parallel-size", dest="etp", type=positive_int, default=None,
+                       help="Megatron-LM's --expert-tensor-parallel-size: the experts' TP size, on the expert grid "
+                            "etp x ep x edp x pp (EP may then span the attention TP, CP and DP ranks; world must be "
+                            "divisible by etp*ep*pp)" + (f" (default: {meta})" if meta else " (default: tp)"))
     if "cp_comm_type" in extras:
         p.add_argument("--cp-comm-type", dest="cp_comm_type", default=default("cp_comm_type"),
                        choices=CP_COMM_TYPES,

@@ -185,6 +185,16 @@ def _has_module(p: Any, names: tuple[str, ...]) -> Any:
     return (has & sel) if isinstance(p.recompute_modules, np.ndarray) else bool(has[0] and sel)
 
 
+def _expert_order_bad(p: Any) -> Any:
+    """Where the order is not pp-last while ``pp > 1`` and the expert DP size differs from dp, for ``etp != tp``
+    (rule ``expert-order``)."""
+    not_pp_last = np.asarray([not str(o).endswith("pp") for o in np.atleast_1d(np.asarray(p.order, dtype=object))],
+                             dtype=bool)
+    out = (np.asarray(p.pp) > 1) & (np.asarray(p.expert_dp) != np.asarray(p.dp)) & \
+        (np.asarray(p.expert_tp) != np.asarray(p.tp)) & not_pp_last.reshape(np.shape(p.tp))
+    return out if isinstance(p.tp, np.ndarray) else bool(out)
+
+
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise", "custom")  # transformer_config.py:594
 
 RULES: tuple[Rule, ...] = (
@@ -347,6 +357,13 @@ RULES: tuple[Rule, ...] = (
     Rule("ep-experts", "job", "megatron/training/arguments.py:1657",
          lambda m, p: np.logical_and(m.is_moe, m.num_experts % p.ep != 0),
          lambda m, r: f"ep={r.ep} does not divide num_experts={m.num_experts}"),
+    # MoE parallel folding (moe-fold; llmcomm.overhead.moe_fold): the expert grid's own rules
+    Rule("etp-expert-ffn", "job",
+         "megatron/core/transformer/moe/experts.py:210-239 (TEGroupedMLP: linear_fc1/linear_fc2 split "
+         "moe_ffn_hidden_size over pg_collection.expt_tp; megatron/core/utils.py:595 divide asserts divisibility)",
+         lambda m, p: np.logical_and(m.is_moe, m.expert_ffn_hidden_size % np.maximum(p.expert_tp, 1) != 0),
+         lambda m, r: f"etp={r.expert_tp} does not divide the expert FFN size {m.expert_ffn_hidden_size} "
+                      "(moe_ffn_hidden_size)"),
     Rule("recompute-mla-up-proj", "job", "megatron/core/transformer/transformer_config.py:1969",
          lambda m, p: np.logical_and(_has_module(p, ("mla_up_proj",)), not m.multi_latent_attention),
          lambda m, r: f"recompute_modules mla_up_proj needs multi-latent attention; {m.name} has none"),
@@ -450,6 +467,13 @@ RULES: tuple[Rule, ...] = (
                                      np.asarray(p.recompute, dtype=object) == "full"),
          lambda m, r: "moe_a2a_overlap needs recompute != 'full'"),
     # --------------------------------------------------------------------------------------- cost
+    Rule("expert-order", "megatron",
+         "megatron/core/parallel_state.py:898-902 (Megatron asserts it for every MoE grid; the kit checks it where "
+         "etp != tp, the configurations MoE parallel folding brought in, and leaves the etp = tp ones as before)",
+         lambda m, p: np.logical_and(m.is_moe, _expert_order_bad(p)),
+         lambda m, r: f"order={r.order!r} does not end with pp, so the expert data-parallel size "
+                      f"{r.expert_dp} must equal dp={r.dp} (Megatron-LM: 'When not using pp-last rank ordering, "
+                      "the data parallel size of the attention and moe layers must be the same')"),
     Rule("cost-fp8-recipe", "cost",
          "kit: the formulation times the delayed and tensorwise (per-tensor current) scaling recipes; mxfp8 is "
          "Blackwell-only (transformer_config.py:594), blockwise and custom scale per block or by user code",
@@ -462,12 +486,19 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: _has_module(p, ("mla_up_proj",)),
          lambda m, r: "recompute_modules mla_up_proj is not modelled by the iteration-time formulation"),
     Rule("cost-dispatcher", "cost",
-         "kit: the formulation writes the alltoall dispatcher's NCCL calls only; the flex dispatcher "
-         "(moe_token_dispatcher_type='flex', or moe_flex_dispatcher_backend set: DeepEP / HybridEP / NCCL EP "
-         "fused dispatch-combine kernels, megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher, "
-         "fused_a2a.py) moves tokens by NVLink and RDMA kernels of their own — DeepEP sends a token once per "
-         "destination node over RDMA and fans it out over NVLink — whose bytes per link and kernel time have no "
-         "model here (the predictor refuses them too: llmcomm.predict.ep); allgather's calls are not written",
+         "kit: the formulation writes the alltoall dispatcher's NCCL calls only (allgather's are not written). The "
+         "flex dispatcher (moe_token_dispatcher_type='flex' or moe_flex_dispatcher_backend set; "
+         "megatron/core/transformer/moe/token_dispatcher.py:1809 MoEFlexTokenDispatcher, over the tp_ep group "
+         ":1836) runs DeepEP (fused_a2a.py:72-165: get_dispatch_layout -> num_tokens_per_rank, "
+         "num_tokens_per_rdma_rank, is_token_in_rank, then Buffer.dispatch / combine) or HybridEP "
+         "(fused_a2a.py:358-520 dispatch_with_permute, BF16 only: fp8_dispatch off, :327, :402): a token crosses "
+         "RDMA once per destination node and NVLink once per destination GPU, not once per routed expert. Missing: "
+         "(1) in the predictor and the events table, a call for a two-hop forwarded transfer (its per-token "
+         "distinct ranks ep·(1 - C(E - E/ep, k)/C(E, k)) and nodes are computable under uniform routing, but no "
+         "op of vocab.Op carries them, so llmcomm.predict.ep refuses flex); (2) in time, the kernels' bandwidth: "
+         "SM-driven copies (DeepEP num_sms, HybridEP num_sms_dispatch_api) that are not NCCL collectives, with no "
+         "H100 measurement in the shared data (DeepEP's published figures are H800: 153 GB/s NVLink at EP 8, "
+         "43-58 GB/s RDMA at EP 16-64, DeepEP docs/legacy.md:19-26)",
          lambda m, p: np.logical_and(m.is_moe, np.logical_or(
              p.moe_token_dispatcher_type != "alltoall",
              np.not_equal(np.asarray(getattr(p, "moe_flex_dispatcher_backend", None), dtype=object),  # type: ignore[call-overload]
@@ -475,11 +506,9 @@ RULES: tuple[Rule, ...] = (
          lambda m, r: (f"moe_token_dispatcher_type={r.moe_token_dispatcher_type!r}, moe_flex_dispatcher_backend="
                        f"{getattr(r, 'moe_flex_dispatcher_backend', None)!r}: only the alltoall MoE token "
                        "dispatcher is modelled by the iteration-time formulation; the flex dispatcher's DeepEP/"
-                       "HybridEP kernels (two-hop RDMA + NVLink token exchange) are the missing mechanism")),
-    Rule("cost-etp", "cost", "kit: the formulation times expert TP on the TP group",
-         lambda m, p: np.logical_and(m.is_moe, p.expert_tp != p.tp),
-         lambda m, r: f"etp={r.expert_tp}: an expert tensor-parallel size other than tp={r.tp} is not modelled "
-                      "by the iteration-time formulation"),
+                       "HybridEP kernels (a token once per destination node over RDMA, once per GPU over NVLink) "
+                       "are the missing mechanism: their bytes have no call in the events table and their kernel "
+                       "bandwidth no H100 measurement")),
     Rule("cost-account-interleaved", "cost",
          "kit: with vpp > 1 the embedding/loss slot makes the edge chunk hold one layer fewer; the closed-form DP "
          "buffers take its layers as all of one kind, so models mixing dense and MoE layers are refused there",

@@ -27,7 +27,7 @@ for a gated MLP else 2; ``E`` experts of which ``E/ep`` local, ``topk`` routed, 
     fc1      m = T        n = (k_m − 1)·f/tp        k = h            (dense layer)
     fc2      m = T        n = h                     k = f/tp
     router   m = T        n = E                     k = h            (MoE layer, replicated over TP)
-    expert   E/ep GEMMs   m = T·topk·ep/E           n = (k_m − 1)·f_e/etp, k = h; fc2 n = h, k = f_e/etp
+    expert   E/ep GEMMs   m = T·topk·ep·etp/(tp·E)  n = (k_m − 1)·f_e/etp, k = h; fc2 n = h, k = f_e/etp
     shared   m = T        n = (k_m − 1)·S·f_e/tp    k = h; fc2 n = h, k = S·f_e/tp
     output   m = T        n = V'/tp                 k = h            (last stage)
 
@@ -266,7 +266,8 @@ def stage_parameters(model: ModelSpec, tp: np.ndarray, ep: np.ndarray, etp: np.n
 
 
 # --------------------------------------------------------------------------------------------- placement
-PLACED_KINDS = ("tp", "dp", "pp", "ep", "edp", "tpep", "mp", "world", "emb", "tpeppp", "cp", "dpcp", "tpcp")
+PLACED_KINDS = ("tp", "dp", "pp", "ep", "edp", "tpep", "mp", "world", "emb", "tpeppp", "cp", "dpcp", "tpcp",
+                "etp")  # etp: the expert-TP group (the TP group where etp = tp; llmcomm.overhead.moe_fold)
 
 
 def class_stages(cls: str, pp: int) -> list[int]:
@@ -539,7 +540,7 @@ def layer_gemms(model: ModelSpec, parallel: ParallelConfig, moe: bool) -> tuple[
         f = model.ffn_hidden_size
         return (*out, Gemm("fc1", T, (km - 1) * f // tp, h, dt), Gemm("fc2", T, h, f // tp, dt))
     E, fe, etp = model.num_experts, model.expert_ffn_hidden_size, p.expert_tp
-    rows = T * model.moe_router_topk * p.ep // E
+    rows = T * model.moe_router_topk * p.ep * etp // (tp * E)  # llmcomm.overhead.moe_fold.expert_rows
     out += [Gemm("router", T, E, h, dt), Gemm("expert_fc1", rows, (km - 1) * fe // etp, h, dt, E // p.ep),
             Gemm("expert_fc2", rows, h, fe // etp, dt, E // p.ep)]
     if model.num_shared_experts:

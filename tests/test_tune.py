@@ -76,8 +76,8 @@ def test_dimensions_the_cost_model_refuses_are_named_by_its_rule() -> None:
     why = refusals(model, 16, 64, 8192, SearchSpace(cp=(2,), cp_comm_type=("a2a+p2p",)))
     assert "cp-hierarchical" in why["cp_comm_type=a2a+p2p"]
     moe = lc.load_model("mixtral-8x7b")
-    why = refusals(moe, 64, 256, None, SearchSpace(tp=(2,), etp=(1,)))
-    assert "cost-etp" in why["etp=1"]
+    why = refusals(moe, 64, 256, None, SearchSpace(tp=(2,), etp=(1, 3)))  # etp 1 under tp 2: MoE parallel folding
+    assert "etp=1" not in why and "expert-grid" in why["etp=3"]
 
 
 H100 = lc.load_cluster("h100-80g-ndr400")

@@ -26,7 +26,10 @@ def test_recipe_table_says_why_a_published_configuration_is_not_predicted(extern
     from llmcomm.tune.published import _published, recipe_table
 
     pub = _published()
-    rows = pub[(pub["model_name"] == "qwen3-235b-a22b")].head(1)  # expert TP 1 under TP 2: refused (cost-etp)
+    # the flex dispatcher (HybridEP) of the Qwen3-30B rows: refused (cost-dispatcher); expert TP 1 under TP 2 (the
+    # Qwen3-235B rows) is predicted since MoE parallel folding (llmcomm.overhead.moe_fold)
+    rows = pub[(pub["model_name"] == "qwen3-30b-a3b") & (pub["needs"] == "rule:cost-dispatcher")].head(1)
+    assert len(rows) == 1
     assert rows["predicted_s"].isna().all()
     t = recipe_table(rows)
     assert t["published_pred_s"].isna().all() and t["predicted_speedup"].isna().all()

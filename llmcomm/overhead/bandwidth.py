@@ -34,8 +34,10 @@ Regimes that were not measured are carried from measured ones by these rules (:m
 * an op with its own measurements uses them (send and recv share theirs); one without uses all_reduce's
   α and β per bus byte: ring all-gather and
   reduce-scatter are the two halves of a ring all-reduce and move ``(n−1)/n`` of the buffer per rank over
-  the same links; all-to-all moves ``(n−1)/n`` of its send buffer through the same links (NIC-bound across
-  nodes); broadcast and send/recv move the buffer once (bus factor 1) — a send between two GPUs is timed as
+  the same links; all-to-all moves ``(n−1)/n`` of its send buffer through the same links inside a node, and
+  across nodes each rank's ``(n−k)/n`` share to other nodes through its own NIC, which the all-reduce's rings
+  share ``k`` ways: β × ``k·(n−k)/(n−1)`` (:func:`all_to_all_nic_factor`; no inter-node all-to-all sweep is in
+  the shared data); broadcast and send/recv move the buffer once (bus factor 1) — a send between two GPUs is timed as
   the two-rank regime, intra- or inter-node. α is the all-reduce's (launch and synchronisation latency),
   an upper bound for ops with fewer ring steps;
 * a group of one rank communicates nothing: time 0.
@@ -327,6 +329,22 @@ class Bandwidth:
         return self._memo[key]
 
     def _resolve(self, op: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x_lo, alpha, beta = self._resolve_carried(op, n, k)
+        if op == "all_to_all" and -(-n // k) > 1 and not self._measured(op, "inter"):
+            beta = beta * all_to_all_nic_factor(n, k, self.vendor is not None and self._vendor_only(op, "inter"),
+                                                self.vendor)
+        return x_lo, alpha, beta
+
+    def _measured(self, op: str, scope: str) -> bool:
+        p = self.params
+        return bool(len(p)) and bool(((p["op"] == op) & (p["scope"] == scope)).any())
+
+    def _vendor_only(self, op: str, scope: str) -> bool:
+        """Whether ``op`` in ``scope`` is timed from vendor figures (no rows of it or of all_reduce)."""
+        p = self.params
+        return not len(p) or not ((p["op"].isin((op, "all_reduce"))) & (p["scope"] == scope)).any()
+
+    def _resolve_carried(self, op: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         m = -(-n // k)
         scope = "intra" if m == 1 else "inter"
         p = self.params
@@ -387,6 +405,35 @@ def eval_pieces(x: np.ndarray, x_lo: np.ndarray, alpha: np.ndarray, beta: np.nda
 
 def _empty_params() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype="object" if c in ("op", "scope") else float) for c in PARAM_COLUMNS})
+
+
+def all_to_all_nic_factor(n: int, k: int, vendor: bool = False, cluster: Cluster | None = None) -> float:
+    """How much slower per bus byte an inter-node all-to-all is than the all-reduce regime it is carried from
+    (``n`` ranks, ``k`` per node, ``m = ⌈n/k⌉ > 1`` nodes; no all-to-all sweep across nodes is in the shared
+    data, so this is a stated rule, not a fit).
+
+    A ring all-reduce over ``m`` nodes sends, per ring, one hop per node boundary, and NCCL runs one ring per
+    NIC: a node's ``k`` NICs carry ``k`` rings at once, so the all-reduce regime's bus rate is ``k · r`` with
+    ``r`` one NIC's effective rate — which is how the inter-node β is carried to ``k`` ranks per node
+    (``β_k = β_ref · k_ref / k``, :meth:`Bandwidth._resolve_carried`). An all-to-all has no such sharing: rank
+    ``i`` sends ``S/n`` to every rank, ``S·(n − k)/n`` of it to the ranks of other nodes, all through its own NIC
+    (one NIC per GPU on DGX-class nodes: rail-local traffic or PXN, which still crosses once per byte), while its
+    ``S·(k − 1)/n`` to the ranks of its own node go over NVLink concurrently. So with ``x = S·(n − 1)/n`` bus
+    bytes::
+
+        t_a2a = α + S·(n − k)/n / r = α + β_k · x · k·(n − k)/(n − 1)
+
+    the factor returned (1 at ``k = 1``: each rank alone on its node is NIC-bound either way). The NVLink share
+    is not added: it runs at the same time and is smaller whenever ``(k − 1)/B_nvlink < (n − k)/r`` (on DGX H100
+    with ``n ≥ 2k``: 7/450 GB/s against 8/50 GB/s). ``vendor`` (a regime from the cluster's datasheet figures,
+    ``β = 1/min(B_intra, k·B_nic)``): the same rule on ``r = B_nic``, i.e. the factor
+    ``min(B_intra, k·B_nic)·(n − k)/((n − 1)·B_nic)``."""
+    if n <= k:
+        return 1.0
+    if vendor and cluster is not None:
+        b_nic = cluster.inter_node_bandwidth
+        return min(cluster.intra_node_bandwidth, k * b_nic) * (n - k) / ((n - 1) * b_nic)
+    return k * (n - k) / (n - 1)
 
 
 def _vendor_regime(c: Cluster, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -75,6 +75,7 @@ from typing import Any
 import numpy as np
 
 from .. import step
+from . import moe_fold
 
 UNITS = ("d", "m", "me", "e")  # dense layer, MoE layer (its dense part), MoE layer's experts, non-layer unit
 
@@ -88,7 +89,7 @@ def unit_parameters(model: Any, c: dict[str, np.ndarray], holds_first: np.ndarra
     tp, ep, etp, pp = c["tp"], c["ep"], c["etp"], c["pp"]
     sh_d, _, rep_d = step.layer_split(model, tp, ep, etp, moe=False)
     sh_m, ex_m, rep_m = step.layer_split(model, tp, ep, etp, moe=True)
-    fold = ep == 1
+    fold = ~moe_fold.experts_in_own_buffer(model, c)  # ep = 1 and etp = tp: the experts share the dense buffer
     edge = step.edge_parameters(model, tp, pp, holds_first, holds_last)[0]
     return {"d": sh_d + rep_d, "m": sh_m + rep_m + np.where(fold, ex_m, 0), "me": np.where(fold, 0, ex_m),
             "e": np.asarray(edge, np.int64) * np.ones_like(tp)}
@@ -106,7 +107,7 @@ def comm_items(model: Any, c: dict[str, np.ndarray], holds_first: np.ndarray, ho
         return []
     P = unit_parameters(model, c, holds_first, holds_last)
     dpcp = c["dp"] * c["cp"]
-    edp = dpcp // c["ep"]
+    edp = moe_fold.expert_dp(c)  # world / (etp·ep·pp)
     rpn_dp = c.get("k_dpcp", c["k_dp"])
     has_edge = (np.asarray(holds_first) | np.asarray(holds_last)) & (P["e"] > 0)
     count = {"d": nd * (P["d"] > 0), "m": nm * (P["m"] > 0), "me": nm * (P["me"] > 0),

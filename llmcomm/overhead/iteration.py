@@ -100,7 +100,7 @@ from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import attention_time, cp_time
+from . import attention_time, cp_time, moe_fold
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
@@ -299,8 +299,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         per dense layer and micro-batch (A = b·s·h·act):  no SP: fwd 2 AR(A), bwd 2 AR(A)
                                                           SP:    fwd 2 AG(A) + 2 RS(A), bwd 4 AG(A) + 2 RS(A)
         per MoE layer: attention half of the above; ep > 1: 2 all-to-alls fwd and 2 bwd of
-                       T_local·topk·h·act; tp > 1: AG + RS of b·s·topk·h·act fwd and bwd; shared experts
-                       a dense block's calls
+                       T_local·topk·h·act; etp > 1: AG + RS of etp·T_local·topk·h·act fwd and bwd on the
+                       expert-TP group (llmcomm.overhead.moe_fold); shared experts a dense block's calls
         full recomputation: each layer's forward calls again in the backward phase
         first stage: embedding fwd AR(A) (SP: RS(A)); SP: bwd AG(A)
         last stage:  output fwd (SP: AG(A)) + 3 fp32 AR(4·b·s); bwd AR(A) (SP: 2 AG(A) + RS(A))
@@ -361,13 +361,14 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
         tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
     items += _cp_items(model, c, T, nd + nm, rec_d + rec_m)
-    if model.is_moe:  # Megatron-LM's alltoall token dispatcher, expert TP = TP (llmcomm.predict.ep)
+    etp = c["etp"]
+    if model.is_moe:  # Megatron-LM's alltoall token dispatcher on the expert grid (llmcomm.predict.ep, moe_fold)
         k, E = model.moe_router_topk, model.num_experts
         local = np.where(sp, T // tp, T)
         # the MoE layers whose forward calls run again in the backward phase: full recomputation (or block's
         # checkpointed ones) or recompute "moe"
         mf = np.maximum(rec_m, nm * rm["moe"])
-        tpep = tp * ep
+        tpep = etp * ep  # Megatron's tp_ep group: expert TP x EP (parallel_state.py:1388)
         cnt_on = (tpep > 1).astype(np.int64)
         rpn_tpep = c["k_tpep"]
         items.append(CommItem("ep", "ep", "all_gather", "forward", tpep * E * 8, nm * cnt_on, tpep, rpn_tpep,
@@ -380,16 +381,9 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
                               "microbatch"))
         items.append(CommItem("ep", "ep", "all_reduce", "backward", 8 * E * one, mf * aux_on, tpcp, rpn_tpcp,
                               "microbatch"))
-        # expert TP (= TP): forward AG tokens, AG probabilities, RS output; backward AG output, RS probs, RS tokens
-        rows = local * tp * k
-        tok, prb = rows * h * act, rows * act
-        tpc("all_gather", "forward", tok, nm)
-        tpc("all_gather", "forward", prb, nm)
-        tpc("reduce_scatter", "forward", tok, nm)
-        tpc("all_gather", "backward", tok, nm + mf)
-        tpc("all_gather", "backward", prb, mf)
-        tpc("reduce_scatter", "backward", tok, nm + mf)
-        tpc("reduce_scatter", "backward", prb, nm)
+        # expert TP: forward AG tokens, AG probabilities, RS output; backward AG output, RS probs, RS tokens, on
+        # the expert-TP group (moe_fold.expert_tp_items: the TP group itself where etp = tp)
+        items += moe_fold.expert_tp_items(c, local, k, h, act, nm, mf)
         split = np.rint(local * k * h * act / ep).astype(np.int64)
         psplit = np.rint(local * k * act / ep).astype(np.int64)
         epon = (ep > 1).astype(np.int64)
@@ -434,16 +428,16 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     tpc("all_gather", "backward", A, 2 * (v - la) * pon, "pp")
     # once per iteration
     dense, expert, repl = params or _stage_params(model, c, nd, nm, holds_first, holds_last)
-    # experts share the dense buffer unless ep > 1 (etp = tp here; llmcomm.predict.dp.experts_in_own_buffer)
-    fold = ep == 1
-    dense, expert = np.where(fold, dense + expert, dense), np.where(fold, 0, expert)
-    eopt = ((ep > 1) & (expert > 0)).astype(np.int64)  # the stage has an expert optimizer (chained)
+    # experts share the dense buffer unless ep > 1 or etp != tp (llmcomm.predict.dp.experts_in_own_buffer)
+    own = moe_fold.experts_in_own_buffer(model, c)
+    dense, expert = np.where(own, dense, dense + expert), np.where(own, expert, 0)
+    eopt = (own & (expert > 0)).astype(np.int64)  # the stage has an expert optimizer (chained)
     dpon = (dp > 1).astype(np.int64)  # the MoE metrics' DP average (scalars.moe_metrics) stays on dp
     dp_only, rpn_dp_only = dp, c["k_dp"]
     # gradients, parameters and the loss report go over dp x cp (Megatron's data_parallel_group_with_cp)
     dp, rpn_dp = dp * cp, np.where(cp > 1, c["k_dpcp"], c["k_dp"])
     dpcpon = (dp > 1).astype(np.int64)
-    edp = dp // ep
+    edp = moe_fold.expert_dp(c)  # world / (etp·ep·pp): EP may span dp·cp·tp (MoE parallel folding)
     edpon = ((edp > 1) & (expert > 0)).astype(np.int64)
     rpn_edp = c["k_edp"]
     dist = c["distributed_optimizer"].astype(np.int64)
@@ -502,7 +496,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     # per optimizer (the expert one over etp·ep·pp); the rerun state machine's int32 over the world
     items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one,
                           (gs > 1) * (1 + fp16 * (1 + eopt * dist)), gs, rpn_gs, "iteration"))
-    eg = tp * ep * pp
+    eg = etp * ep * pp
     rpn_eg = c["k_tpeppp"]  # the expert optimizer's gradient-statistics group etp·ep·pp
     items.append(CommItem("dp", "other", "all_reduce", "optimizer", 4 * one, (eg > 1) * eopt * (1 - dist) * (1 + fp16),
                           eg, rpn_eg, "iteration"))
@@ -595,7 +589,7 @@ def layer_gemm_shapes(model: ModelSpec, T: np.ndarray, tp: np.ndarray, etp: np.n
                       ) -> dict[str, tuple[np.ndarray, ...]]:
     """``name -> (m, n, k, batch)`` of one layer's forward linear GEMMs on one rank, the step description's
     :func:`llmcomm.step.layer_gemms` over arrays (``T = b·s/cp`` tokens; tested equal to it): ``qkv``, ``proj``,
-    ``fc1``, ``fc2`` of a dense layer; ``expert_fc1``/``expert_fc2`` (``E/ep`` experts of ``T·topk·ep/E`` rows
+    ``fc1``, ``fc2`` of a dense layer; ``expert_fc1``/``expert_fc2`` (``E/ep`` experts of ``T·topk·ep·etp/(tp·E)`` rows
     each, balanced routing) and ``shared_fc1``/``shared_fc2`` of an MoE layer (zero-sized where absent)."""
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
     km = 3 if model.gated_mlp else 2
@@ -606,7 +600,7 @@ def layer_gemm_shapes(model: ModelSpec, T: np.ndarray, tp: np.ndarray, etp: np.n
     if model.is_moe:
         E, fe = model.num_experts, model.expert_ffn_hidden_size
         et = np.where(etp > 0, etp, tp)
-        rows = T * model.moe_router_topk * ep // E
+        rows = moe_fold.expert_rows(T, tp, et, ep, model.moe_router_topk, E)
         out["expert_fc1"] = (rows, (km - 1) * fe // et, h * one, E // ep)
         out["expert_fc2"] = (rows, h * one, fe // et, E // ep)
         if model.num_shared_experts:

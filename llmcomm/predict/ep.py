@@ -30,7 +30,15 @@ with ``n = etp·ep`` (the ``tp_ep`` group), when ``n > 1``: forward all-gathers 
 ``n·T·h·act`` (the reduce-scatter's), reduce-scatter ``n·T·h·act`` (the hidden-state gather's) and
 reduce-scatter ``n·T·E·act`` (the probabilities'). It moves ``n/k`` times the alltoall dispatcher's bytes.
 
-``flex`` (DeepEP / HybridEP fused kernels) is refused: its traffic is not made of NCCL collectives.
+``flex`` (DeepEP / HybridEP fused kernels) is refused: its traffic is not made of NCCL collectives. What its calls
+would be, per MoE layer and micro-batch over the ``tp_ep`` group (token_dispatcher.py:1809-1840, fused_a2a.py:72-165
+DeepEP, :358-520 HybridEP): forward one fused *dispatch* — the layout step (``get_dispatch_layout``: per-rank and
+per-node token counts, ``is_token_in_rank``, exchanged with the data) then each token sent once to every node holding
+one of its experts (RDMA, to the GPU of the same local index) and forwarded there once to every GPU holding one
+(NVLink), with its top-k indices and fp32 weights — and one fused *combine*, the reverse with the expert outputs
+summed per GPU and per node before they travel; backward the combine's backward (a dispatch-shaped transfer) and the
+dispatch's (a combine-shaped one). Under uniform routing a token reaches ``ep·(1 − C(E − E/ep, k)/C(E, k))`` GPUs
+instead of ``k`` copies. No op of the events table is a two-hop forwarded transfer, so these are not written.
 
 Split sizes of the routed all-to-alls: ``D[r, j] = Σ_{e on j} tokens(r → e)`` tokens; rank ``r`` sends
 ``D[r, j]·h·act`` bytes (``D[r, j]·act`` for the probabilities) to peer ``j`` in a dispatch and ``D[j, r]·…``
@@ -209,7 +217,8 @@ def _check_dispatcher(ctx: Context) -> str:
     kind = ctx.parallel.moe_token_dispatcher_type
     if kind == "flex":
         raise ConfigError("moe_token_dispatcher_type='flex' (DeepEP/HybridEP fused kernels) is not predicted: "
-                          "its traffic is not NCCL collectives; use 'alltoall' or 'allgather'")
+                          "its traffic is not NCCL collectives (a token crosses RDMA once per destination node "
+                          "and NVLink once per destination GPU, fused_a2a.py); use 'alltoall' or 'allgather'")
     return kind
 
 

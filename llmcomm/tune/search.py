@@ -197,6 +197,11 @@ def same_as_without(cands: pd.DataFrame) -> np.ndarray:
     dopt = (cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() * cands["cp"].to_numpy() == 1)
             & ~cands.get("fp8_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool)
             & ~cands.get("overlap_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool))
+    # moe-fold: with expert TP other than tp (MoE parallel folding) a stage can have expert buffers at dp·cp = 1 —
+    # sharded over edp = world/(etp·ep·pp) and stepped by an expert optimizer whose gradient statistics differ with
+    # and without the distributed optimizer — so the tie needs no expert buffers (ep = 1 and etp = tp)
+    etp = cands.get("etp", pd.Series(-1, index=cands.index)).to_numpy()
+    dopt &= ((etp < 0) | (etp == cands["tp"].to_numpy())) & (cands["ep"].to_numpy() == 1)
     out = _has_twin(cands, dopt, {"distributed_optimizer": False})
     if "tp_comm_overlap" in cands:
         tpo = cands["tp_comm_overlap"].to_numpy(bool) & (cands["tp"].to_numpy() == 1)

@@ -5,7 +5,8 @@ and a global batch, and that the iteration-time formulation can rank.
 
 Built by construction, not by filtering a Cartesian product, so that a 16,384-GPU space stays small in memory:
 ``tp``, ``cp`` and ``pp`` run over the divisors of the GPUs (``dp = gpus / (tp·cp·pp)``), the pipeline split over
-:func:`stage_splits`, ``ep`` (MoE only) over the divisors of ``dp``, ``micro_batch`` over the divisors of
+:func:`stage_splits`, ``ep`` and ``etp`` (MoE only) over :func:`expert_shapes` (``ep`` over the divisors of
+``dp`` by default; with ``etp`` given, MoE parallel folding: over the divisors of ``tp·cp·dp``), ``micro_batch`` over the divisors of
 ``global_batch / dp`` (up to ``max_micro_batch``), ``vpp`` over the divisors of every stage's layer count; every
 row is then checked against the rules of :mod:`llmcomm.rules` (scopes :data:`SCOPES`: what ``ParallelConfig``,
 ``specs.validate``, Megatron-LM and the iteration-time formulation require, each rule written once there with its
@@ -64,7 +65,8 @@ UNSET = -1  # an optional integer field left to Megatron's default (ParallelTabl
 class SearchSpace:
     """Which values each dimension may take; ``None`` means every valid value (for ``cp`` and ``fsdp``: every
     value the cost model accepts, :func:`accepted_values`). Narrow any dimension by giving a tuple, e.g.
-    ``SearchSpace(tp=(8,), recompute=("selective",))``. ``etp=None``: expert TP equals tp (Megatron's default);
+    ``SearchSpace(tp=(8,), recompute=("selective",))``. ``etp=None``: expert TP equals tp (Megatron's default) and
+    EP divides dp; ``etp=(1, 2, ...)``: those expert TP sizes, with EP folded over tp·cp·dp (:func:`expert_shapes`);
     ``uneven``: which pipeline splits, even (``False``) and/or uneven first/last stages (``True``);
     ``max_stage_offset``: how many layers lighter than a middle stage an uneven end stage may be; ``fp8``: the
     ``--fp8-format`` values (``None`` is BF16; the space's ``None`` resolves per cluster, :meth:`for_cluster`);
@@ -282,6 +284,28 @@ def _cp_comm_types(model: ModelSpec, space: SearchSpace) -> tuple[str, ...]:
     return tuple(v for v, k in zip(values, ok, strict=True) if k)
 
 
+# ------------------------------------------------------------------------ the expert grid (moe-fold)
+def expert_shapes(model: ModelSpec, tp: int, cp: int, dp: int, space: SearchSpace) -> list[tuple[int, int]]:
+    """``(ep, etp)`` pairs of the space for one attention shape ``tp · cp · dp`` (per pipeline stage), before the
+    rules (the expert grid's own: ``expert-grid``, ``etp-expert-ffn``, ``ep-experts``, ``expert-order`` in
+    :mod:`llmcomm.rules`, which :func:`refusals` names when they remove a value asked for).
+
+    ``space.etp is None`` (the default): expert TP = tp (:data:`UNSET`, Megatron's default) and ``ep`` over the
+    divisors of ``dp`` that divide the experts — the space as it was before MoE parallel folding. An explicit
+    ``space.etp``: each of its values with ``ep`` over the divisors of ``tp · cp · dp`` that divide the experts,
+    Megatron-Core's folding (``megatron/core/parallel_state.py:871-895``: the expert grid is
+    ``etp · ep · edp · pp`` over the same world, so EP may span the attention TP, CP and DP ranks, as NVIDIA's
+    Qwen3-235B-A22B recipe does with tp 2, ep 32, etp 1 and dp 16); the ``expert-grid`` rule then keeps exactly the
+    pairs with ``etp · ep | tp · cp · dp``. A dense model: ``(1, UNSET)``."""
+    if not model.is_moe:
+        return [(1, UNSET)]
+    E = model.num_experts
+    if space.etp is None:
+        return [(ep, UNSET) for ep in _allowed([e for e in divisors(dp) if E % e == 0], space.ep)]
+    eps = _allowed([e for e in divisors(tp * cp * dp) if E % e == 0], space.ep)
+    return [(ep, et) for ep in eps for et in space.etp]
+
+
 def _product(columns: dict[str, Sequence[Any]]) -> dict[str, np.ndarray]:
     """The Cartesian product of ``columns`` as one array per name (first name slowest)."""
     names = list(columns)
@@ -299,9 +323,7 @@ def _raw_columns(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | 
     fsdps = tuple(accepted_values(model, "fsdp", [False, True])) if space.fsdp is None else space.fsdp
     shape_rows: list[tuple[int, ...]] = []
     for tp, cp, pp, dp in splits(model, gpus, global_batch, space.tp, space.pp, _cp_values(model, space, gpus)):
-        eps = [e for e in divisors(dp) if model.num_experts % e == 0] if model.is_moe else [1]
-        etps = (UNSET,) if space.etp is None or not model.is_moe else space.etp
-        shape_rows += [(tp, cp, pp, dp, ep, et) for ep in _allowed(eps, space.ep) for et in etps]
+        shape_rows += [(tp, cp, pp, dp, ep, et) for ep, et in expert_shapes(model, tp, cp, dp, space)]
     rows = []
     split_cache: dict[int, list[tuple[int, int, list[int]]]] = {}
     for tp, cp, pp, dp, ep, et in shape_rows:
