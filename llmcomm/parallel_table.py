@@ -30,7 +30,7 @@ FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ParallelConfi
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
 INT_FIELDS = ("tp", "pp", "dp", "ep", "cp", "vpp", "micro_batch", "global_batch", "seq_len",
               "num_distributed_optimizer_instances")
-OPTIONAL_INT_FIELDS = ("etp", "bucket_size", "microbatch_group_size_per_vp_stage", "num_layers_in_first_pipeline_stage",
+OPTIONAL_INT_FIELDS: tuple[str, ...] = ("etp", "bucket_size", "microbatch_group_size_per_vp_stage", "num_layers_in_first_pipeline_stage",
                        "num_layers_in_last_pipeline_stage", "ddp_num_buckets")  # None -> -1 in the arrays
 BOOL_FIELDS: tuple[str, ...] = ("sp", "distributed_optimizer", "fsdp", "overlap_grad_reduce", "create_attention_mask_in_dataloader",
                "pipe_partitioned", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",

@@ -586,7 +586,7 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
                 rec = "none" if p.recompute == "full" and not in_group else p.recompute
                 f_eff = ((model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size if moe
                          else model.ffn_hidden_size)
-                act = layer_activation_bytes(model, moe, seq=s / p.cp, micro_batch=p.micro_batch, tp=tp, sp=p.sp,
+                act: Any = layer_activation_bytes(model, moe, seq=s / p.cp, micro_batch=p.micro_batch, tp=tp, sp=p.sp,
                                              recompute=rec, act_bytes=dtype_bytes(p.act_dtype),
                                              fused_attention=core.fused, recompute_modules=p.recompute_modules,
                                              fp8=p.fp8 is not None)

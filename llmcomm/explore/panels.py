@@ -304,8 +304,9 @@ def clear_axes(ax: Axes) -> None:
         c.remove()
     for a in [*ax.patches, *ax.collections, *ax.lines, *ax.texts, *ax.images]:
         a.remove()
-    if ax.get_legend() is not None:
-        ax.get_legend().remove()
+    legend = ax.get_legend()
+    if legend is not None:
+        legend.remove()
 
 
 class Painter:
@@ -387,6 +388,7 @@ class Painter:
             if self.matrix is not None:
                 plt.close(self.matrix.fig)
             self.matrix = _screen_matrix(v)
+        assert self.matrix is not None
         return fast_png(self.matrix.fig)
 
     def close(self) -> None:

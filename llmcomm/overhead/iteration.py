@@ -919,6 +919,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     calls = [it for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
              if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
     small = n3 <= 192
+    items: list[tuple[CommItem, Any]]
     if small:  # a few rows: which rows call, read as Python values (one conversion, not two numpy calls)
         live_rows = [[c_ > 0 for c_ in it.count.tolist()] for it in calls]
         items = [(it, live) for it, live in zip(calls, live_rows, strict=True) if any(live)]

@@ -306,7 +306,7 @@ def memory_rows(model: ModelSpec, tab: ParallelTable) -> np.ndarray:
         bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
     for j, key in enumerate(uniq):
         rows = order[bounds[j]:bounds[j + 1]]
-        shape = _shape(*(int(x) for x in key[:7]), bool(key[7]), bool(key[8]))  # type: ignore[arg-type, call-arg]
+        shape = _shape(*(int(x) for x in key[:7]), bool(key[7]), bool(key[8]))
         t, p, v = shape.tp, shape.pp, shape.vpp
         info = _stage_info(model, shape)
         r = np.arange(p)[:, None]  # stages × rows below

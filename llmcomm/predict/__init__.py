@@ -13,6 +13,8 @@ program and lists every difference from Megatron-LM.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pandas as pd
 
@@ -77,7 +79,8 @@ def predict_traffic(model: ModelSpec | str, parallel: ParallelConfig, *, cluster
         if isinstance(prog, program.StagePlan):
             calls, call_counts = prog.aggregated() if aggregate else (prog.calls(), [1] * len(prog))
         else:
-            calls, call_counts = expand.aggregate_calls(prog) if aggregate else (prog, [1] * len(prog))
+            seq = cast(list[Call], prog)
+            calls, call_counts = expand.aggregate_calls(seq) if aggregate else (seq, [1] * len(seq))
         if not calls:
             continue
         parts.append(expand.stage_table(lay, r, calls, call_counts, iteration, d_tokens, model.hidden_size * ctx.act,

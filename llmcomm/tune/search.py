@@ -402,7 +402,7 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     t_eval = time.perf_counter()
     if bounded:
         table, beyond = branch_and_bound(kept.reset_index(drop=True), lambda c: iteration_times(
-            model, c, cluster_n, bandwidth, utilization), int(exact_top))
+            model, c, cluster_n, bandwidth, utilization), int(exact_top or 0))
         removed.append(beyond.assign(rule="lower-bound", rows=1))
         removed = [r.drop(columns=[BOUND], errors="ignore") for r in removed]
     else:
