@@ -215,7 +215,22 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
         c[name] = t.dtype_bytes(name)
     for kind, (_, per_node) in step.placement(t, gpus_per_node).items():
         c["k_" + kind] = per_node  # k_<kind>@<class>: ranks per node of the class's groups (for_class picks them)
+    cross = c["tp_comm_overlap"] & (c["k_tp@first"] < t.tp)
+    if cross.any():
+        i = int(np.flatnonzero(cross)[0])
+        raise ConfigError(f"tp_comm_overlap with tp={int(t.tp[i])} on nodes of {gpus_per_node} GPUs: the TP group "
+                          f"spans nodes (rule tp-comm-overlap-intra-node: {USERBUFFERS_RULE})")
     return c
+
+
+USERBUFFERS_RULE = ("TransformerEngine's userbuffers need the tensor-parallel GPUs on one node, over NVLink/NVSwitch: "
+                    "TransformerEngine examples/pytorch/comm_gemm_overlap/README.md, Requirements")
+
+
+def userbuffers_unavailable(t: ParallelTable, gpus_per_node: int) -> np.ndarray:
+    """Rows whose ``tp_comm_overlap`` cannot run: the TP group spans nodes (:data:`USERBUFFERS_RULE`; the ranks
+    per node of the TP group from :func:`llmcomm.step.placement`, the one home of the rank layout)."""
+    return np.asarray(t.tp_comm_overlap, dtype=bool) & (step.placement(t, gpus_per_node)["tp@first"][1] < t.tp)
 
 
 def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:

@@ -336,7 +336,7 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     is valid or none fits. ``exact_top`` (with ``prune``): the branch-and-bound on the compute-only lower
     bound (rule ``lower-bound``, :func:`branch_and_bound`) keeps the first ``exact_top`` rows of ``table`` equal
     to those of the search without it (``None``: no bound, every row the other rules keep is evaluated)."""
-    from ..overhead.iteration import iteration_times
+    from ..overhead.iteration import iteration_times, userbuffers_unavailable
     from ..overhead.memory import memory_table
 
     t0 = time.perf_counter()
@@ -389,6 +389,11 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
                         else time_flag_multiplicity(model, r, space)) for r in removed]
     cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
     kept = expand_time_flags(model, kept.reset_index(drop=True), space)
+    # not a pruning rule, a rule of the software: userbuffers cannot span nodes (iteration.USERBUFFERS_RULE)
+    cross = userbuffers_unavailable(ParallelTable.from_frame(kept), cluster_n.gpus_per_node) if len(kept) else \
+        np.zeros(0, bool)
+    removed.append(kept[cross].assign(rule="tp-comm-overlap-intra-node", rows=1))
+    kept = kept[~cross]
     if prune:
         for rule, fn in (("overlap-dominated", overlap_dominated), ("same-as-without", same_as_without)):
             drop = fn(kept)
