@@ -89,8 +89,17 @@ SAFETY = (("gpt3-13b", 64, 512, A100), ("llama3-8b", 32, 256, A100), ("mixtral-8
 def _evaluated(name: str, gpus: int, batch: int, cluster: lc.Cluster):  # noqa: ANN202
     """Every candidate of the full space (flags, FP8 where the GPU has it), timed."""
     model = lc.load_model(name)
-    cands = enumerate_candidates(model, gpus, batch, space=SearchSpace().for_cluster(cluster))
+    cands = _runnable(enumerate_candidates(model, gpus, batch, space=SearchSpace().for_cluster(cluster)), cluster)
     return iteration_times(model, cands, cluster.for_world(gpus))
+
+
+def _runnable(cands, cluster: lc.Cluster):  # noqa: ANN001, ANN202
+    """The candidates without the rows whose userbuffers would span nodes (what ``tune`` drops: rule
+    tp-comm-overlap-intra-node)."""
+    from llmcomm.overhead.iteration import userbuffers_unavailable
+    from llmcomm.parallel_table import ParallelTable
+
+    return cands[~userbuffers_unavailable(ParallelTable.from_frame(cands), cluster.gpus_per_node)].reset_index(drop=True)
 
 
 def _twins(t, dim: str):  # noqa: ANN001, ANN202
@@ -180,7 +189,8 @@ def test_lower_bound_is_below_the_time_of_every_candidate(name, gpus, batch, clu
     from llmcomm.tune.bound import lower_bounds
 
     model = lc.load_model(name)
-    cands = enumerate_candidates(model, gpus, batch, seq, space=SearchSpace(**opened).for_cluster(cluster))
+    cands = _runnable(enumerate_candidates(model, gpus, batch, seq, space=SearchSpace(**opened).for_cluster(cluster)),
+                      cluster)
     t = iteration_times(model, cands, cluster.for_world(gpus))
     lb = lower_bounds(model, t, cluster.for_world(gpus))
     assert len(t) > 1000 and np.all(lb > 0)
