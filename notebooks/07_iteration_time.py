@@ -26,7 +26,7 @@ cluster = "a100-80g-hdr200"
 sweep_clusters = ["a100-80g-hdr200", "h100-80g-ndr400", "h200-141g-ndr400"]
 compute_scales = [0.35, 0.5, 0.71, 1.0, 1.25]
 bandwidth_scales = [0.25, 0.5, 1.0, 2.0, 4.0]
-mape_bound = 0.11  # today's validation error plus margin: a change that makes it worse fails the notebook
+mape_bound = 0.10  # today's validation error plus margin: a change that makes it worse fails the notebook
 # the Megatron-on-H100 case whose mechanisms are switched on one by one: NVIDIA's published DGX-H100 row
 # (container, table model name; llmcomm.overhead.nemo_rows), its settings read from NVIDIA's recipe files
 ablation_recipe = {"container": "25.11", "model": "LLAMA3_70B"}
