@@ -63,6 +63,8 @@ def predictions(draw):
     if moe:
         ep = draw(st.sampled_from([e for e in (1, 2, 4) if dp % e == 0]))
         etp = draw(st.sampled_from([None, 1])) if tp > 1 else None
+        if etp is not None and pp > 1 and not common["order"].endswith("pp"):
+            common["order"] = "tp-cp-ep-dp-pp"  # Megatron: a folded expert grid needs the pp-last order (rule expert-order)
         p = ParallelConfig(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp, sp=tp > 1, seq_len=32, global_batch=m * dp,
                            **common)
         r = routing(p.world_size, m, draw(st.integers(0, 99))) if ep > 1 and draw(st.booleans()) else None
