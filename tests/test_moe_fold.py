@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from stub_bandwidth import StubBandwidth, call
-from test_overhead_bytes import GPN, ORDERS, _mid_stage, closed_form, predictor_stage
+from test_overhead_bytes import GPN, ORDERS, assert_closed_form_equals_predictor
 
 from llmcomm import rules, step
 from llmcomm.errors import ConfigError
@@ -60,15 +60,7 @@ def test_closed_form_equals_predictor_with_folding(model, parallel):
     """Call for call and byte for byte, on groups of the same size and ranks per node: the expert-TP calls on the
     expert-TP group, the tp_ep token counts over etp·ep, the expert gradients over world/(etp·ep·pp), the expert
     optimizer's gradient statistics over etp·ep·pp."""
-    stages = {"first": 0, "last": parallel.pp - 1}
-    if parallel.pp >= 3:
-        stages["mid"] = _mid_stage(model, parallel)
-    for cls, r in stages.items():
-        if cls == "last" and parallel.pp == 1:
-            continue
-        want = predictor_stage(model, parallel, r, cls)
-        got = closed_form(model, parallel, cls)
-        assert +got == +want, (cls, parallel, set(got.items()) ^ set(want.items()))
+    assert_closed_form_equals_predictor(model, parallel)
 
 
 def test_folding_configurations_counted():

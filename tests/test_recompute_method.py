@@ -6,15 +6,14 @@ from __future__ import annotations
 import dataclasses
 import random
 import warnings
-from collections import Counter
 
 import pandas as pd
 import pytest
-from test_overhead_bytes import GPN, _mid_stage, configs, predictor_stage
+from test_overhead_bytes import assert_closed_form_equals_predictor, configs
 
 from llmcomm import step
 from llmcomm.errors import ConfigError
-from llmcomm.overhead.iteration import arrays, candidate_table, comm_items, for_class, iteration_times
+from llmcomm.overhead.iteration import candidate_table, iteration_times
 from llmcomm.overhead.memory import memory_table
 from llmcomm.parallel_table import ParallelTable
 from llmcomm.predict import program
@@ -43,26 +42,6 @@ def test_rules_refuse(kw):
         ParallelConfig(**kw)
 
 
-def _closed_form(model, parallel, cls):
-    """tests/test_overhead_bytes.closed_form with the checkpointed layers counted as stages() counts them."""
-    t = candidate_table(model, ParallelTable.from_parallel(parallel, model))
-    c = arrays(model, t, GPN)
-    uneven = {k: c[k] for k in step.UNEVEN}
-    layers = step.stage_classes(model, c["pp"], c["vpp"], uneven)[cls]
-    cc = for_class(c, cls)
-    if "rblock" in c:
-        cc["rec_d"], cc["rec_m"] = step.recomputed_stage_classes(model, c["pp"], c["vpp"], c["rblock_n"], uneven)[cls]
-    m = parallel.num_microbatches
-    out: Counter = Counter()
-    for it in comm_items(model, cc, cls, layers):
-        n = int(it.count[0]) * (m if it.per == "microbatch" else 1)
-        if n:
-            key = (it.parallelism, it.op, it.phase, int(it.size[0]), int(it.rpn[0]))
-            out[key + ("n",)] += n
-            out[key + ("bytes",)] += n * int(it.nbytes[0])
-    return out
-
-
 def _method_configs(seed: int, count: int, cp: bool = False):
     rng = random.Random(seed)
     out = []
@@ -87,13 +66,7 @@ CASES = _method_configs(11, 40) + _method_configs(12, 12, cp=True)
 @pytest.mark.parametrize("model,parallel", CASES, ids=lambda x: getattr(x, "name", None) or "")
 def test_closed_form_equals_predictor(model, parallel):
     """Call for call and byte for byte: only the checkpointed layers' forward calls run again in the backward."""
-    stages = {"first": 0, "last": parallel.pp - 1}
-    if parallel.pp >= 3:
-        stages["mid"] = _mid_stage(model, parallel)
-    for cls, r in stages.items():
-        if cls == "last" and parallel.pp == 1:
-            continue
-        assert +_closed_form(model, parallel, cls) == +predictor_stage(model, parallel, r, cls), (cls, parallel)
+    assert_closed_form_equals_predictor(model, parallel)
 
 
 def test_cases_cover_the_mechanism():
