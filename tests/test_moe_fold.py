@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from stub_bandwidth import StubBandwidth, call
-from test_overhead_bytes import GPN, ORDERS, assert_closed_form_equals_predictor
+from test_overhead_bytes import GPN, ORDERS, accepted, assert_closed_form_equals_predictor
 
 from llmcomm import rules, step
 from llmcomm.errors import ConfigError
@@ -42,13 +42,9 @@ def etp_configs(seed: int, count: int):
                   distributed_optimizer=rng.random() < 0.5, act_dtype=rng.choice(["bf16", "fp16"]),
                   moe_aux_loss_coeff=rng.choice([0.0, 0.01]), order=rng.choice(ORDERS),
                   cp_comm_type=rng.choice(["p2p", "all_gather"]))
-        try:
-            p = ParallelConfig(**kw)
-            validate(model, p)
-            candidate_table(model, ParallelTable.from_parallel(p, model))
-        except ConfigError:
-            continue
-        out.append((model, p))
+        p = accepted(model, ParallelConfig, **kw)
+        if p is not None:
+            out.append((model, p))
     return out
 
 

@@ -56,6 +56,18 @@ def predictor_stage(model, parallel, stage, cls):
     return out
 
 
+def accepted(model, build, *args, **kw):
+    """The configuration ``build(*args, **kw)`` makes if the kit's rules accept it (the configuration's own rules, ``validate``
+    and the formulation's cost rules), else None: a drawn configuration the rules refuse is drawn again."""
+    try:
+        p = build(*args, **kw)
+        validate(model, p)
+        candidate_table(model, ParallelTable.from_parallel(p, model))
+    except ConfigError:
+        return None
+    return p
+
+
 def closed_form(model, parallel, cls):
     """The formulation's calls of stage class ``cls`` (``comm_items``), counted as :func:`predictor_stage` counts the
     predictor's; with ``recompute_method="block"`` the checkpointed layers counted as ``stages()`` counts them."""
@@ -125,13 +137,9 @@ def configs(seed: int, count: int, with_cp: bool = False):
         if with_cp:
             kw["cp"] = rng.choice([2, 4])
             kw["cp_comm_type"] = rng.choice(["p2p", "all_gather", "a2a"])
-        try:  # only the kit's own rule errors: a configuration the rules refuse is drawn again
-            p = ParallelConfig(**kw)
-            validate(model, p)
-            candidate_table(model, ParallelTable.from_parallel(p, model))
-        except ConfigError:
-            continue
-        out.append((model, p))
+        p = accepted(model, ParallelConfig, **kw)  # only the kit's own rule errors
+        if p is not None:
+            out.append((model, p))
     return out
 
 
@@ -203,11 +211,8 @@ def fsdp_configs(seed: int, count: int):
         if p.recompute == "selective" or rng.random() < 0.4:
             kw["recompute"] = "selective"
             kw["recompute_modules"] = tuple(rng.sample(MODULES, rng.randint(0, 3)))
-        try:
-            q = dataclasses.replace(p, **kw)
-            validate(model, q)
-            candidate_table(model, ParallelTable.from_parallel(q, model))
-        except ConfigError:
+        q = accepted(model, dataclasses.replace, p, **kw)
+        if q is None:
             continue
         out.append((model, q))
         if len(out) == count:

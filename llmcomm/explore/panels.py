@@ -102,9 +102,15 @@ def _matrix_images(v: View, subplotpars: dict[str, float] | None = None) -> Matr
     return m
 
 
+def _cell_unit(v: View) -> str:
+    """What one cell of the matrix panel stands for (the title of both the saved and the screen figure)."""
+    if v.level == "node":
+        return f"blocks of {v.unit} ranks = {v.unit // v.cluster.gpus_per_node} node(s)"
+    return f"blocks of {v.unit} ranks" if v.unit > 1 else "one cell per GPU"
+
+
 def _matrix_title(fig: Figure, v: View) -> None:
-    unit = (f"blocks of {v.unit} ranks = {v.unit // v.cluster.gpus_per_node} node(s)" if v.level == "node"
-            else f"blocks of {v.unit} ranks" if v.unit > 1 else "one cell per GPU")
+    unit = _cell_unit(v)
     fig.suptitle(f"{v.choice.label()}: bytes per iteration from sender (row) to receiver (column); {unit}; "
                  "dashed: node boundaries", fontsize=9, y=1.02)
 
@@ -227,8 +233,7 @@ def _screen_matrix(v: View) -> MatrixImages:
 
 
 def _screen_matrix_title(fig: Figure, v: View) -> None:
-    unit = (f"blocks of {v.unit} ranks = {v.unit // v.cluster.gpus_per_node} node(s)" if v.level == "node"
-            else f"blocks of {v.unit} ranks" if v.unit > 1 else "one cell per GPU")
+    unit = _cell_unit(v)
     fig.suptitle(f"{v.choice.label()}: bytes per iteration from sender (row) to receiver (column)\n{unit}; "
                  "dashed: node boundaries", fontsize=9, y=1 - 0.06 / fig.get_figheight(), va="top")
 
