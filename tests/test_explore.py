@@ -217,3 +217,36 @@ def test_painter_redraws_in_place_what_a_new_figure_shows(view) -> None:
         again.close()
     assert p.reused["matrix"] == 2 and p.matrix.fits(wide.matrices, unit=2, world_size=512, gpus_per_node=8)
     p.close()
+
+
+def test_cached_text_canvas_draws_the_pixels_of_a_plain_canvas(view) -> None:
+    """llmcomm.explore.canvas: a text drawn again at the same place is replayed from the cache, and every
+    panel's pixels equal those of matplotlib's own Agg canvas, first drawing and redrawing."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    from llmcomm.explore import canvas, panels
+
+    cache = canvas.TextCache()
+    for name in PANELS:
+        fig = panels.FIGURES[name](view)
+        fig.text(0.5, 0.5, "$x^2$ and r5\ng1", rotation=30)  # math text is drawn by matplotlib, never cached
+        FigureCanvasAgg(fig)
+        plain = panels.fast_png(fig)
+        cached = [panels.fast_png(fig, cache) for _ in range(2)]
+        assert isinstance(fig.canvas, canvas.CachedTextCanvas)
+
+        def pixels(png: bytes) -> np.ndarray:
+            return np.asarray(Image.open(io.BytesIO(png)))
+
+        assert all(np.array_equal(pixels(plain), pixels(c)) for c in cached), name
+        plt.close(fig)
+    assert cache.hits > 0 and cache.misses > 0 and 0 < cache.nbytes <= canvas.MAX_BYTES
+    small = canvas.TextCache(max_bytes=2000)
+    fig = panels.FIGURES["time"](view)
+    panels.fast_png(fig, small)
+    assert small.nbytes <= 2000 and small.misses > len(small.calls)  # bounded: the oldest dropped
+    plt.close(fig)

@@ -25,6 +25,7 @@ from ..plots import (
     volume_bars,
 )
 from ..units import format_bytes
+from .canvas import TextCache, attach
 from .view import LAYOUT_NODES, View
 
 PANELS = ("layout", "matrix", "bytes", "calls", "time")
@@ -181,9 +182,13 @@ def render(v: View, panel: str) -> bytes:
     return png(FIGURES[panel](v), tight=panel in TIGHT)
 
 
-def fast_png(fig: Figure) -> bytes:
+def fast_png(fig: Figure, text: TextCache | None = None) -> bytes:
     """The figure as it lies on its canvas (no bounding-box adjustment), drawn once and encoded by Pillow with
-    light compression: what ``savefig`` gives for a figure laid out inside its canvas, at about half the cost."""
+    light compression: what ``savefig`` gives for a figure laid out inside its canvas, at about half the cost.
+    With ``text``, drawn on a :class:`~llmcomm.explore.canvas.CachedTextCanvas` sharing that cache (the same
+    pixels; texts drawn before at the same place are not rasterized again)."""
+    if text is not None:
+        attach(fig, text)
     fig.canvas.draw()
     rgba = np.asarray(fig.canvas.buffer_rgba())  # type: ignore[attr-defined]  # the Agg canvas
     buf = io.BytesIO()
@@ -330,6 +335,7 @@ class Painter:
         self.pars: dict[tuple, dict[str, float]] = {}  # subplot parameters per panel shape
         self.kept: dict[tuple, Figure] = {}  # the bytes, call-sequence and time figures, redrawn on their axes
         self.reused = {"matrix": 0, "layout": 0, "pars": 0, "axes": 0}  # what was reused (tests, the benchmark)
+        self.text = TextCache()  # glyph images of the texts drawn, shared by the panels' canvases
 
     def render(self, v: View, panel: str) -> bytes:
         """One panel of ``v`` as PNG bytes."""
@@ -354,7 +360,7 @@ class Painter:
                     fig.axes[0].autoscale_view()
                 self._lay_out(fig, key)
             self.kept[key] = fig
-            return fast_png(fig)
+            return fast_png(fig, self.text)
         return render(v, panel)
 
     def _lay_out(self, fig: Figure, key: tuple) -> None:
@@ -376,7 +382,7 @@ class Painter:
             if self.layout is not None:
                 plt.close(self.layout[1])
             self.layout = (key, _screen_layout(v))
-        return fast_png(self.layout[1])
+        return fast_png(self.layout[1], self.text)
 
     def _matrix(self, v: View) -> bytes:
         gpn = v.cluster.gpus_per_node
@@ -394,7 +400,7 @@ class Painter:
                 plt.close(self.matrix.fig)
             self.matrix = _screen_matrix(v)
         assert self.matrix is not None
-        return fast_png(self.matrix.fig)
+        return fast_png(self.matrix.fig, self.text)
 
     def close(self) -> None:
         """Close the kept figures."""
