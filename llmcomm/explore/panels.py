@@ -67,7 +67,9 @@ def _layout_suptitle(fig: Figure, v: View) -> None:
 
 
 def _layout_key(v: View) -> tuple:
-    return (tuple(_layout_dims(v)), len(v.group_table), int(v.group_table["node"].max()) + 1,
+    """What a kept layout figure must share with ``v`` to be redrawn for it by :func:`_update_layout`: as many
+    panels (their titles, colours and labels are set again), cells, nodes and GPUs per node."""
+    return (len(_layout_dims(v)), len(v.group_table), int(v.group_table["node"].max()) + 1,
             v.cluster.gpus_per_node)
 
 
@@ -324,16 +326,22 @@ class Painter:
     figure is measured (``tight_layout``, a tight bounding box: each costs as much as a drawing): the screen
     figures are laid out in inches (:func:`_screen_matrix`, :func:`_screen_layout`, :func:`_screen_time`), the
     bytes and call-sequence figures with the subplot parameters a ``tight_layout`` found for the first figure of
-    their kind (:func:`llmcomm.plots.subplot_params`). The matrix figure (up to a dozen images, a colour bar) is
-    redrawn in place (:meth:`llmcomm.plots.MatrixImages.update`) while the matrices keep their titles, shape and
-    world; the layout figure is recoloured and relabelled in place while its parallelisms and nodes stay
-    (:func:`llmcomm.plots.layout_cells`). Every figure is encoded from its canvas (:func:`fast_png`)."""
+    their kind (:func:`llmcomm.plots.subplot_params`). A matrix figure (up to a dozen images, a colour bar) is
+    kept per number of panels and redrawn in place (:meth:`llmcomm.plots.MatrixImages.update`, or
+    :meth:`~llmcomm.plots.MatrixImages.reshape` for other titles, cells or world); a layout figure is kept per
+    number of panels and cells and recoloured and relabelled in place (:func:`llmcomm.plots.layout_cells`); at
+    most :data:`KEPT` of each. The time panel without a breakdown (only its reason) is drawn once per reason.
+    Every figure is drawn on a canvas that keeps the glyph images of its texts (:class:`~.canvas.TextCache`) and
+    encoded from it (:func:`fast_png`): the same pixels as a new figure's, which the tests check."""
 
     def __init__(self) -> None:
-        self.matrix: MatrixImages | None = None
-        self.layout: tuple[tuple, Figure] | None = None
+        self.matrix: MatrixImages | None = None  # the matrix figure drawn last
+        self.layout: tuple[tuple, Figure] | None = None  # the layout figure drawn last, with its _layout_key
+        self.matrices: dict[int, MatrixImages] = {}  # kept matrix figures per number of panels
+        self.layouts: dict[tuple, Figure] = {}  # kept layout figures per _layout_key
         self.pars: dict[tuple, dict[str, float]] = {}  # subplot parameters per panel shape
         self.kept: dict[tuple, Figure] = {}  # the bytes, call-sequence and time figures, redrawn on their axes
+        self.notime: dict[str, bytes] = {}  # the time panel's PNG per reason the time is not available
         self.reused = {"matrix": 0, "layout": 0, "pars": 0, "axes": 0}  # what was reused (tests, the benchmark)
         self.text = TextCache()  # glyph images of the texts drawn, shared by the panels' canvases
 
@@ -361,6 +369,11 @@ class Painter:
                 self._lay_out(fig, key)
             self.kept[key] = fig
             return fast_png(fig, self.text)
+        if panel == "time":  # no breakdown: the figure is the reason alone, drawn once per reason
+            if v.time_error not in self.notime:
+                _bounded(self.notime, KEPT)
+                self.notime[v.time_error] = render(v, panel)
+            return self.notime[v.time_error]
         return render(v, panel)
 
     def _lay_out(self, fig: Figure, key: tuple) -> None:
@@ -374,43 +387,56 @@ class Painter:
 
     def _layout(self, v: View) -> bytes:
         key = _layout_key(v)
-        if self.layout is not None and self.layout[0] == key:
-            _update_layout(self.layout[1], v)
-            _screen_layout_title(self.layout[1], v)
+        fig = self.layouts.pop(key, None)
+        if fig is not None:
+            _update_layout(fig, v)
+            _screen_layout_title(fig, v)
             self.reused["layout"] += 1
         else:
-            if self.layout is not None:
-                plt.close(self.layout[1])
-            self.layout = (key, _screen_layout(v))
-        return fast_png(self.layout[1], self.text)
+            for old in _bounded(self.layouts, KEPT):
+                plt.close(old)
+            fig = _screen_layout(v)
+        self.layouts[key] = fig  # the most recent last
+        self.layout = (key, fig)
+        return fast_png(fig, self.text)
 
     def _matrix(self, v: View) -> bytes:
         gpn = v.cluster.gpus_per_node
-        m = self.matrix
+        m = self.matrices.pop(len(v.matrices), None)
         if m is not None and m.fits(v.matrices, unit=v.unit, world_size=v.world_size, gpus_per_node=gpn):
             m.update(v.matrices)
             _screen_matrix_title(m.fig, v)
             self.reused["matrix"] += 1
-        elif m is not None and m.key[0] == tuple(v.matrices):  # the same panels: another size or world
+        elif m is not None:  # as many panels: other titles, size or world
             m.reshape(v.matrices, unit=v.unit, world_size=v.world_size, gpus_per_node=gpn)
             _screen_matrix_title(m.fig, v)
             self.reused["matrix"] += 1
         else:
-            if self.matrix is not None:
-                plt.close(self.matrix.fig)
-            self.matrix = _screen_matrix(v)
-        assert self.matrix is not None
-        return fast_png(self.matrix.fig, self.text)
+            for old in _bounded(self.matrices, KEPT):
+                plt.close(old.fig)
+            m = _screen_matrix(v)
+        self.matrices[len(v.matrices)] = m  # the most recent last
+        self.matrix = m
+        return fast_png(m.fig, self.text)
 
     def close(self) -> None:
         """Close the kept figures."""
-        if self.matrix is not None:
-            plt.close(self.matrix.fig)
-        if self.layout is not None:
-            plt.close(self.layout[1])
-        for fig in self.kept.values():
+        for m in self.matrices.values():
+            plt.close(m.fig)
+        for fig in [*self.layouts.values(), *self.kept.values()]:
             plt.close(fig)
-        self.matrix, self.layout, self.kept = None, None, {}
+        self.matrix, self.layout, self.matrices, self.layouts, self.kept = None, None, {}, {}, {}
+
+
+KEPT = 8  # figures (or PNGs) of each kind a Painter keeps: one per shape met recently
+
+
+def _bounded(kept: dict, size: int) -> list:
+    """Drop the oldest entries of ``kept`` (insertion order) so that one more fits in ``size``; returns them."""
+    out = []
+    while len(kept) >= size:
+        out.append(kept.pop(next(iter(kept))))
+    return out
 
 
 def _table(df: pd.DataFrame, css: str) -> str:
