@@ -200,23 +200,24 @@ def _boundary_positions(k: int, world_size: int, gpus_per_node: int, title: str 
 
 def _move_node_boundaries(ax: Axes, k: int, world_size: int, gpus_per_node: int, title: str | None
                           ) -> str | None:
-    """:func:`_node_boundaries` on axes that hold only the lines of an earlier call: those lines are moved
-    (the first ones, in the order they were drawn), missing ones drawn, surplus ones removed, so the axes hold
-    the lines a new call would have drawn, in the same order."""
+    """:func:`_node_boundaries` on axes that hold only the lines of earlier calls: those lines are moved (the
+    first ones, in the order they were drawn) and shown, missing ones drawn, surplus ones hidden (a new line
+    costs more than drawing it; a hidden one is not drawn), so the axes draw the lines a new call would draw, in
+    the same order."""
     positions, title = _boundary_positions(k, world_size, gpus_per_node, title)
     lines = list(ax.lines)
-    kept = min(len(lines) // 2, len(positions))
-    for line in lines[2 * kept:]:
-        line.remove()
     for i, pos in enumerate(positions):
-        if i < kept:
+        if 2 * i + 1 < len(lines):
             lines[2 * i].set_ydata([pos, pos])
             lines[2 * i + 1].set_xdata([pos, pos])
             for line in lines[2 * i:2 * i + 2]:  # as axhline / axvline leave their path
                 line.get_path()._interpolation_steps = mpl.axis.GRIDLINE_INTERPOLATION_STEPS
+                line.set_visible(True)
         else:
             ax.axhline(pos, **NODE_LINE)
             ax.axvline(pos, **NODE_LINE)
+    for line in lines[2 * len(positions):]:
+        line.set_visible(False)
     return title
 
 

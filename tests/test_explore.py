@@ -216,6 +216,17 @@ def test_painter_redraws_in_place_what_a_new_figure_shows(view) -> None:
         assert np.array_equal(pixels(p.render(wide, name)), pixels(again.render(wide, name))), name
         again.close()
     assert p.reused["matrix"] == 2 and p.matrix.fits(wide.matrices, unit=2, world_size=512, gpus_per_node=8)
+    # as many panels of other parallelisms (TP and DP), back to 4 nodes, then the first view again: the kept
+    # figures are retitled, their node lines moved, shown or hidden; the pixels are a new painter's
+    dp = compute(START.replace(tp=8, pp=1, dp=4))
+    assert list(dp.matrices) == ["TP logical", "TP ring", "DP logical", "DP ring"]
+    for v in (dp, wide, view):
+        for name in PANELS:
+            again = panels.Painter()
+            again.pars = dict(p.pars)
+            assert np.array_equal(pixels(p.render(v, name)), pixels(again.render(v, name))), (v.choice, name)
+            again.close()
+    assert p.reused["matrix"] == 5 and len(p.matrices) == 1 and len(p.layouts) == 1
     p.close()
 
 
