@@ -235,8 +235,17 @@ def _screen_matrix(v: View) -> MatrixImages:
         ax.xaxis.set_major_locator(MaxNLocator(MATRIX_TICKS, integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(MATRIX_TICKS, integer=True))
         ax.label_outer()
+        _fixed_title(ax, fontsize=8)
     _screen_matrix_title(m.fig, v)
     return m
+
+
+def _fixed_title(ax: Axes, **kw: float) -> None:
+    """Keep ``ax``'s title at ``y = 1``, where matplotlib's automatic placement (``Axes._update_title_position``)
+    puts it on axes whose ticks are at the bottom and whose y axis shows no offset text (the matrix, layout and
+    call-sequence panels), without that placement's measuring of every tick label at each drawing; titles set
+    later keep the place (``set_title`` without ``y``)."""
+    ax.set_title(ax.get_title(), y=1.0, **kw)
 
 
 def _screen_matrix_title(fig: Figure, v: View) -> None:
@@ -263,6 +272,7 @@ def _screen_layout(v: View) -> Figure:
     for ax, p in zip(axes[0], dims, strict=True):
         layout_grid(v.group_table, x="rank", y="node", hue=f"{p}_group", ax=ax, gpus_per_node=gpn,
                     title=_layout_title(v, p))
+        _fixed_title(ax)
         if ax is not axes[0][0]:  # the same cells as the first panel: its node names and ranks hold here too
             ax.tick_params(labelleft=False)
             for t in ax.texts:
@@ -363,6 +373,8 @@ class Painter:
             else:
                 assert draw is not None
                 fig = draw(v, tight=False, ax=None if kept is None else kept.axes[0])
+                if kept is None and panel == "calls":  # byte ticks on a log axis: no offset text
+                    _fixed_title(fig.axes[0])
                 if kept is not None and panel == "bytes":  # the only one whose limits come from its data
                     fig.axes[0].relim()
                     fig.axes[0].autoscale_view()
@@ -428,7 +440,7 @@ class Painter:
         self.matrix, self.layout, self.matrices, self.layouts, self.kept = None, None, {}, {}, {}
 
 
-KEPT = 8  # figures (or PNGs) of each kind a Painter keeps: one per shape met recently
+KEPT = 16  # figures (or PNGs) of each kind a Painter keeps: one per shape met recently (a layout figure: 0.5 MB)
 
 
 def _bounded(kept: dict, size: int) -> list:

@@ -8,7 +8,9 @@ rank layout          :meth:`llmcomm.layout.Layout.group_table` (Megatron's rank 
 matrices             :func:`llmcomm.predict.predict_traffic` → :meth:`llmcomm.Trace.matrix` per parallelism,
                      ``algorithm="direct"`` (logical: who talks to whom) and ``"ring"`` (what NCCL's ring
                      puts on the wire), summed into blocks by :func:`llmcomm.matrix_view.binned_matrices` (an image
-                     from the group structure; equal to the exact matrix summed into the same blocks)
+                     from the group structure; equal to the exact matrix summed into the same blocks), from the
+                     aggregated prediction where :func:`llmcomm.matrix_view.count_exact` proves its images bit
+                     for bit the expanded prediction's (:func:`_traffic`)
 bytes                :meth:`llmcomm.Trace.volumes` by parallelism (nccl-tests sizes, each send counted once)
 call sequence        :meth:`llmcomm.predict.program.StagePlan.microbatch_calls` of the chosen rank's stage (the
                      plan the prediction built, cached by :func:`~llmcomm.predict.program.stage_plan`), one
@@ -24,7 +26,12 @@ is not in the formulation, or the model state does not fit the GPU), and :attr:`
 Size: up to :data:`GPU_LEVEL_MAX` GPUs the matrices are drawn per GPU (in blocks of at most
 :data:`MATRIX_CELLS` ranks per side); larger jobs are drawn per node (``level="node"`` of
 :meth:`llmcomm.Trace.matrix`, in blocks of whole nodes), and the layout panel draws only the first
-:data:`LAYOUT_NODES` nodes' GPUs with the per-parallelism summary of the whole job beside it.
+:data:`LAYOUT_NODES` nodes' GPUs with the per-parallelism summary of the whole job beside it. The threshold
+is the issue's (per GPU up to 4,096 GPUs), not a cost: a drawn matrix has at most :data:`MATRIX_CELLS`² cells
+whatever the job, and the aggregated prediction it is computed from grows with the ranks times the distinct
+calls of a stage (about 50 k rows at 4,096 GPUs), so a per-GPU view of a 4,096-GPU job costs about what a
+256-GPU one does (``benchmarks/bench_explore.py``); above it the blocks are whole nodes, so that no cell
+mixes the GPUs of two nodes (a block of ceil(world / 256) ranks need not be a whole number of nodes).
 """
 
 from __future__ import annotations
