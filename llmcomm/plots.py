@@ -331,7 +331,8 @@ class MatrixImages:
         if self.colorbar is None:
             return
         shared = self.ims[0].norm
-        shared.vmin, shared.vmax = norm.vmin, norm.vmax
+        with shared.callbacks.blocked():  # both limits at once: a colour bar told of a new vmin above the old
+            shared.vmin, shared.vmax = norm.vmin, norm.vmax  # vmax swaps them (matplotlib's nonsingular)
         for im, dense in zip(self.ims, mats, strict=True):
             im.set_data(np.log10(dense))
         self.colorbar.update_normal(self.ims[-1])

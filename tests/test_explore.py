@@ -261,3 +261,24 @@ def test_cached_text_canvas_draws_the_pixels_of_a_plain_canvas(view) -> None:
     panels.fast_png(fig, small)
     assert small.nbytes <= 2000 and small.misses > len(small.calls)  # bounded: the oldest dropped
     plt.close(fig)
+
+
+def test_kept_matrix_figure_takes_a_colour_range_above_the_old_one() -> None:
+    """MatrixImages.update to matrices whose smallest cell is above the old largest: the shared norm takes both
+    new limits (a colour bar told of the new vmin alone would swap it with the old vmax), as a new figure has."""
+    import matplotlib.pyplot as plt
+
+    from llmcomm.explore import panels
+    from llmcomm.plots import MatrixImages
+
+    def images(scale: float) -> dict[str, np.ndarray]:
+        m = np.arange(1.0, 17.0).reshape(4, 4) * scale
+        return {"TP logical": m, "TP ring": m.T}
+
+    kept = MatrixImages(images(1.0), unit=1, world_size=4, gpus_per_node=4)
+    kept.update(images(1e6))
+    fresh = MatrixImages(images(1e6), unit=1, world_size=4, gpus_per_node=4)
+    assert (kept.ims[0].norm.vmin, kept.ims[0].norm.vmax) == (fresh.ims[0].norm.vmin, fresh.ims[0].norm.vmax)
+    assert panels.fast_png(kept.fig) == panels.fast_png(fresh.fig)
+    plt.close(kept.fig)
+    plt.close(fresh.fig)
