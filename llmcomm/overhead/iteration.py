@@ -100,7 +100,7 @@ from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import attention_time, cp_time, moe_fold
+from . import attention_time, cp_time, moe_fold, moe_time
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
@@ -720,6 +720,11 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
                 C[:, U.I["gemm"]] = np.where(fz | (C[:, U.I["gemm"]] == 0), C[:, U.I["gemm"]], t_un)
         sec = {}
         for name, (m_, n_, k_, bt) in shapes.items():
+            if name.startswith("expert_"):  # TE's grouped linear: one GEMM per local expert (moe_time)
+                t16 = moe_time.grouped_gemm_seconds(gemm_model, m_, n_, k_, bt, "bf16")
+                sec[name] = np.where(f8, moe_time.grouped_gemm_seconds(
+                    gemm_model, moe_time.padded_rows(m_, f8), n_, k_, bt, "fp8"), t16) if f8.any() else t16
+                continue
             t16 = gemm_model.time(m_, n_, k_, bt, "bf16")
             sec[name] = np.where(f8, gemm_model.time(m_, n_, k_, bt, "fp8"), t16) if f8.any() else t16
         dense = sec["qkv"] + sec["proj"] + sec["fc1"] + sec["fc2"]
@@ -733,6 +738,8 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     z = np.zeros(len(tp))
     if model.is_moe:
         Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP, BF16)
+        # the dispatcher's permutations, router element-wise work, expert bias, FP8 expert-input casts (moe_time)
+        Lm[:, U.I["mem"]] += (moe_time.dispatch_bytes(model, c, T) + moe_time.expert_input_cast_bytes(model, c, T)) / hbm
     Gag = nd * (sec.get("qkv", z) + sec.get("fc1", z)) + nm * (sec.get("qkv", z) + sec.get("shared_fc1", 0.0))
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
     vp = model.padded_vocab_size(tp)
@@ -789,6 +796,8 @@ def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: di
                            + 2.0 * T * model.hidden_size * model.num_experts / peak) + sh * shared)
         Rm[:, mm] = (moe * 4.0 * T * (k_ + S) * fe / tpf + act * 4.0 * T * k_ * fe / tpf + sh * 4.0 * T * S * fe / tpf
                      + rm["layernorm"] * 4.0 * T * model.hidden_size / fw) / hbm
+        # recompute "moe" replays the dispatcher's permutations and the expert-input casts too (moe_time)
+        Rm[:, mm] += moe * (moe_time.dispatch_bytes(model, c, T) + moe_time.expert_input_cast_bytes(model, c, T)) / hbm
     return Rd, Rm
 
 
