@@ -121,3 +121,41 @@ def test_moe_layer_features_carry_the_dispatch_bytes():
     dense = sum(gm.time(*shapes[k], "bf16")[0] for k in ("qkv", "proj"))
     router = 2.0 * 4096 * 2048 * 128 / cl.peak_bf16_flops
     assert q["Lm"][0, U.I["gemm"]] - q["Cm"][0, U.I["gemm"]] == pytest.approx(dense + g1[0] + g2[0] + router)
+
+
+def test_optimizer_bytes_shards_experts_over_expert_dp():
+    """GPT-OSS-like stage: 0.3 B dense parameters over dp 16, 3.6 B expert parameters over edp 2 (ep 8, pp 4 on 64
+    GPUs): 40 bytes each -> 40·(0.3e9/16 + 3.6e9/2); where edp = dp the old (dense + expert)/dp, bit for bit."""
+    d, e = np.array([0.3e9, 0.3e9]), np.array([3.6e9, 3.6e9])
+    got = moe_time.optimizer_bytes(d, e, np.array([16, 16]), np.array([2, 16]), 40)
+    assert got[0] == pytest.approx(40 * (0.3e9 / 16 + 3.6e9 / 2))
+    assert got[1] == 40 * (0.3e9 + 3.6e9) / 16
+
+
+def test_gpt_oss_optimizer_term_uses_expert_dp():
+    """iteration_time's optimizer term on GPT-OSS 120B (tp 1, pp 4, ep 8, dp 16: edp = 16/8 = 2) is the largest
+    stage's 40·(dense/16 + expert/2) bytes at HBM bandwidth (no utilization scale on the measured H100 path)."""
+    m = load_model("gpt-oss-120b")
+    row = {"tp": 1, "pp": 4, "dp": 16, "ep": 8, "micro_batch": 1, "global_batch": 1280, "seq_len": 4096,
+           "distributed_optimizer": True}
+    cl = load_cluster("h100-80g-ndr400").for_world(64)
+    t = it.candidate_table(m, pd.DataFrame([row]))
+    c = it.arrays(m, t, cl.gpus_per_node)
+    assert int(moe_time_edp(c)) == 2
+    bw, _ = it._resolve(cl, None, None)
+    st = it.stages(m, t, cl, bw)
+    from llmcomm import step
+
+    layers = step.stage_classes(m, c["pp"], c["vpp"], {k: c[k] for k in step.UNEVEN})
+    best = 0.0
+    for cls in ("first", "mid", "last"):
+        hf, hl = step.holds_edges(cls, c["pp"])
+        dense, expert, _ = it._stage_params(m, c, *layers[cls], hf, hl)
+        best = max(best, 40 * (float(dense[0]) / 16 + float(expert[0]) / 2))
+    assert st.optimizer_bytes[0] == pytest.approx(best)
+
+
+def moe_time_edp(c):
+    from llmcomm.overhead import moe_fold
+
+    return moe_fold.expert_dp(c)[0]

@@ -995,7 +995,11 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
-    dn3 = params3[0] + params3[1]
+    shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
+    shard = np.where(c["fsdp"], c["dp"] * c["cp"], shard)  # FSDP shards the optimizer state over dp·cp
+    # the optimizer's bytes per rank, the dense parameters sharded over dp·cp, the experts' over edp (moe_time)
+    dn3 = moe_time.optimizer_bytes(params3[0], params3[1], np.tile(shard, 3), np.tile(
+        np.where(c["distributed_optimizer"] & ~c["fsdp"], moe_fold.expert_dp(c), shard), 3), ADAM_BYTES_PER_PARAM)
     for i, cls in enumerate(CLASSES):
         sl = slice(i * n, (i + 1) * n)
         r: dict[str, Any] = {"q": {k: v[sl] for k, v in q3.items()}}
@@ -1005,8 +1009,6 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         per_class[cls] = r
         exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
         params = np.maximum(params, np.where(exists, dn3[sl], 0))
-    shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
-    shard = np.where(c["fsdp"], c["dp"] * c["cp"], shard)  # FSDP shards the optimizer state over dp·cp
     m = c["global_batch"] // (c["micro_batch"] * c["dp"])
     # DDP buckets of stage 0: its first chunk split into buckets by the predictor's layout (the one rule:
     # llmcomm.predict.dp.chunk_is_bucketed, bucket_elements; overlap.bucket_profile), each later chunk one
@@ -1016,7 +1018,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     for rows, ready, _ in profiles:
         nb0[rows] = len(ready)
     mlp = _overlap.moe_mlp_share(model, c["seq_len"], c["fused_attention"]) if model.is_moe else None
-    return Stages(per_class, m, pp, v, ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
+    return Stages(per_class, m, pp, v, params, hbm, c["tp_comm_overlap"],
                   c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
                   np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
                   _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,

@@ -132,3 +132,21 @@ def expert_input_cast_bytes(model: Any, c: dict[str, np.ndarray], T: np.ndarray)
     Nr = etp * L * model.moe_router_topk
     per = a + 1.0 + c["fp8_tensorwise"] * a
     return np.where(c["fp8"], per * Nr * model.hidden_size, 0.0)
+
+
+
+def optimizer_bytes(dense: np.ndarray, expert: np.ndarray, shard: np.ndarray, expert_shard: np.ndarray,
+                    per_param: float) -> np.ndarray:
+    """HBM bytes of one rank's optimizer step, ``per_param`` bytes per parameter it steps: the dense (and
+    replicated) parameters sharded over the data-parallel group, the routed experts' over the expert-data-parallel
+    group of ``edp`` ranks (:func:`llmcomm.overhead.moe_fold.expert_dp`) with the distributed optimizer — Megatron
+    builds the experts' optimizer over ``intra_expt_dp_group`` (``megatron/core/optimizer/__init__.py:1243``)::
+
+        bytes = per_param · (dense / shard + expert / expert_shard)
+
+    Where the experts share the dense buffer (``ep = 1``, ``etp = tp``) ``edp = dp·cp`` and this is
+    ``per_param · (dense + expert) / shard`` as before, computed in that order (every dense model and MoE rows
+    with ``expert_shard = shard`` are unchanged bit for bit)."""
+    same = expert_shard == shard
+    return np.where(same, per_param * (dense + expert) / shard,
+                    per_param * dense / shard + per_param * expert / np.maximum(expert_shard, 1))
