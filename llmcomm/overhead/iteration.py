@@ -666,6 +666,11 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     instead of ``FLOPs/peak`` (its cross-entropy bytes unchanged); an unfused attention core's two matmuls
     (``baddbmm`` Q·Kᵀ and ``bmm`` scores·V, ``b·a/tp`` batched GEMMs of ``s×s×d`` and ``s×d×s``) by the measured
     model too, its score traffic unchanged.
+
+    MoE layers (:mod:`llmcomm.overhead.moe_time`): the experts' GEMMs as TE's grouped linear runs them (one cuBLAS
+    GEMM per local expert, in rounds of TE's four compute streams; FP8 rows padded to 16); the alltoall dispatcher's
+    permute, chunk sorts and unpermute, the router's element-wise work, the experts' bias (``add_bias_linear``) and
+    the FP8 casts of the dispatched tokens as bytes in the memory feature (also replayed by recompute ``moe``).
     """
     b, s, tp = c["micro_batch"], c["seq_len"] // c["cp"], c["tp"]  # s: tokens of one CP rank (cp_time)
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
