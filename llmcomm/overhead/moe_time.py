@@ -24,8 +24,9 @@ under balanced routing (what the formulation times: :func:`llmcomm.overhead.moe_
 * :func:`expert_input_cast_bytes` — FP8: the dispatched tokens entering the experts' first linear are quantized
   on their own (they do not come out of a TE LayerNorm, unlike ``qkv``/``fc1`` of a dense layer).
 
-Per-expert padding: FP8 pads each expert's rows to the quantization alignment (``Fp8Padding``,
-``experts.py:311``: 16 rows for the tensorwise/delayed recipes) and token dropping with
+Per-expert padding: FP8 pads each expert's rows to the quantization alignment (``Fp8Padding``, built in
+``TEGroupedMLP.__init__`` whenever ``fp8`` is set, ``experts.py:306-314``; TransformerEngine's
+``transformer_engine/pytorch/module/fp8_padding.py``: 32 rows for MXFP8, 16 for the other recipes) and token dropping with
 ``moe_pad_expert_input_to_capacity`` pads to the capacity ``⌈k·T/E·cf⌉``; under balanced routing
 (:func:`padded_rows`) both equal the balanced share on the NeMo rows (1,024–4,096 rows, multiples of 16;
 capacity factor 1.0), so they change no time there; the shapes are padded anyway.
@@ -43,7 +44,7 @@ from typing import Any
 import numpy as np
 
 TE_COMPUTE_STREAMS = 4  # transformer_engine/common/util/multi_stream.cpp, get_num_compute_streams()
-FP8_ROW_ALIGN = 16  # get_align_size_for_quantization (megatron/core/fp8_utils.py): 16 for per-tensor FP8 recipes
+FP8_ROW_ALIGN = 16  # TE Fp8Padding (module/fp8_padding.py): 16 rows for the per-tensor recipes (32 for MXFP8)
 ROUTER_ACCESSES = 4  # fp32 passes over the router's [L, E] scores: softmax/sigmoid, top-k, probs scatter, mask
 
 
