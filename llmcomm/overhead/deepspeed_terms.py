@@ -20,12 +20,20 @@ Mechanisms (``P`` = parameters on the GPU of the stage holding the most, ``m`` =
   ``param.grad``: read 2 + read 2 + write 2 bytes per parameter. Megatron-LM with
   ``gradient_accumulation_fusion`` (the NeMo rows) accumulates inside the wgrad GEMM and pays none of it.
 * **DeepSpeed's buffered all-reduce.** The PipelineEngine's ``ReduceGrads`` instruction
-  (``deepspeed/runtime/pipe/engine.py`` ``_exec_reduce_grads``, run only ``if self.is_data_parallel`` in the
-  2021-22 releases) calls ``DeepSpeedEngine.buffered_allreduce_fallback`` (``deepspeed/runtime/engine.py``,
+  (``deepspeed/runtime/pipe/engine.py`` ``_exec_reduce_grads``: guarded by ``is_data_parallel`` in early
+  releases, by ``pipeline_enable_backward_allreduce`` in later ones, which run it at dp = 1 too; counted here
+  for dp > 1 only) calls ``DeepSpeedEngine.buffered_allreduce_fallback`` (``deepspeed/runtime/engine.py``,
   buckets of ``MEMORY_OPT_ALLREDUCE_SIZE = 500000000`` elements): ``allreduce_bucket`` flattens the bucket into
   a new buffer (read 2 + write 2), divides it by the DP size before the all-reduce (``postscale_gradients`` off
   by default: read 2 + write 2), and ``allreduce_and_copy`` copies the result back into each gradient
   (read 2 + write 2): 12 bytes per parameter. Megatron-LM's DDP all-reduces its contiguous grad buffer in place.
+
+Checked and not missing: DeepSpeed's ``TrainSchedule`` (even stages forward on even steps, odd stages on odd
+steps, each send issued at the start of the next step) simulated with blocking rendezvous sends gives exactly
+1F1B's ``(m + p − 1)·(F + B)`` with free transfers and about ``4τ`` more per step with transfers of ``τ`` on a
+middle stage, which the formulation's send + receive per direction already charges; the tied-embedding
+gradient all-reduce, the fp16 found-inf and gradient-norm reductions and the Adam pass (40 bytes per parameter)
+are in :mod:`llmcomm.overhead.iteration` already.
 
 Both are real and both are small (about 1 % of a vTrain iteration: :func:`mechanism_seconds`). Neither can
 produce the multi-node rows' TP-2/TP-4 excess: :func:`same_shard_rows` lists the 39.1B rows at the same DP size,
