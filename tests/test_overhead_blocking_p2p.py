@@ -52,3 +52,27 @@ def test_blocking_receives_lengthen_the_iteration_by_the_pipeline_term(case):
     assert r["pp_comm_s"].iloc[1] == pytest.approx(2 * r["pp_comm_s"].iloc[0], rel=1e-12)
     assert r["total_s"].iloc[1] > r["total_s"].iloc[0]
     assert (r["forward_s"].iloc[1], r["dp_comm_s"].iloc[1]) == (r["forward_s"].iloc[0], r["dp_comm_s"].iloc[0])
+
+
+@pytest.mark.parametrize("p,m", [(1, 4), (2, 8), (4, 24), (8, 16), (16, 48)])
+def test_deepspeed_train_schedule_is_1f1b_with_free_transfers(p, m):
+    # (m + p − 1)·(F + B): with F = 1, B = 3 (backward with its recomputation)
+    assert blocking_p2p.train_schedule_time(p, m, 1.0, 3.0) == pytest.approx((m + p - 1) * 4.0)
+
+
+def test_blocking_transfers_cost_about_four_per_step_on_deep_pipelines():
+    tau = 0.05
+    extra = {p: (blocking_p2p.train_schedule_time(p, 24, 1.0, 3.0, tau) - (24 + p - 1) * 4.0) / ((24 + p - 1) * tau)
+             for p in (2, 4, 8, 16)}
+    assert 1.7 < extra[2] < 2.0  # first and last stage only: one send and one receive each per micro-batch
+    for p in (4, 8, 16):
+        assert 3.0 < extra[p] < 4.0, (p, extra[p])  # a middle stage: two sends and two receives
+
+
+def test_train_schedule_time_refuses_bad_sizes():
+    from llmcomm.errors import UsageError
+
+    with pytest.raises(UsageError, match="at least 1"):
+        blocking_p2p.train_schedule_time(0, 4, 1.0, 3.0)
+    with pytest.raises(UsageError, match="exceed"):
+        blocking_p2p.train_schedule_time(512, 1000, 1.0, 3.0)

@@ -9,7 +9,8 @@ One iteration of a pipeline stage ``r`` runs ``m`` micro-batches; per micro-batc
     tp_r, ep_r = Σ over the TP/SP and EP calls the stage issues per micro-batch of ``bw.time(call)``
     pp_r       = (number of sends per micro-batch)·bw.time(send, p2p bytes)
                  (``pipe_partitioned``, DeepSpeed's PipelineEngine: p2p bytes / tp, plus TP all-gathers of the
-                 activation, timed in tp_r: 1 forward on a stage that receives, 2 backward on one that sends)
+                 activation, timed in tp_r: 1 forward on a stage that receives, 2 backward on one that sends;
+                 its blocking p2p also makes a stage wait for each receive: :mod:`llmcomm.overhead.blocking_p2p`)
 
 Each call is timed for its group as the configuration's ``order`` places it (:func:`llmcomm.step.placement`, read
 from :class:`llmcomm.layout.Layout`, nodes of ``gpus_per_node`` consecutive ranks): the group's size and its ranks
