@@ -9,7 +9,8 @@ One iteration of a pipeline stage ``r`` runs ``m`` micro-batches; per micro-batc
     tp_r, ep_r = Σ over the TP/SP and EP calls the stage issues per micro-batch of ``bw.time(call)``
     pp_r       = (number of sends per micro-batch)·bw.time(send, p2p bytes)
                  (``pipe_partitioned``, DeepSpeed's PipelineEngine: p2p bytes / tp, plus TP all-gathers of the
-                 activation, timed in tp_r: 1 forward on a stage that receives, 2 backward on one that sends)
+                 activation, timed in tp_r: 1 forward on a stage that receives, 2 backward on one that sends;
+                 its blocking p2p also makes a stage wait for each receive: :mod:`llmcomm.overhead.blocking_p2p`)
 
 Each call is timed for its group as the configuration's ``order`` places it (:func:`llmcomm.step.placement`, read
 from :class:`llmcomm.layout.Layout`, nodes of ``gpus_per_node`` consecutive ranks): the group's size and its ranks
@@ -101,6 +102,7 @@ from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
 from . import attention_time, cp_time, moe_fold, moe_time
+from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
@@ -945,8 +947,8 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
                                           "pp_sb", "pp_nb", "ep_a2a")})
     cp_calls: list[tuple[str, np.ndarray, np.ndarray]] = []  # (tag, seconds per call, calls): cp_time.exposed
-    calls = [it for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
-             if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
+    # a receive is the peer's send, timed once on the sender, except DeepSpeed's blocking pipeline receives
+    calls = _blocking_p2p.timed_calls(comm_items(model, c3, (hf3, hl3), layers3, params3), c3["pipe_partitioned"])
     small = n3 <= 192
     items: list[tuple[CommItem, Any]]
     if small:  # a few rows: which rows call, read as Python values (one conversion, not two numpy calls)
@@ -997,7 +999,8 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
             tot["pp_nf" if f_ else "pp_nb"] += it.count
         elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
             tot["ep_a2a"] += it.count * tt
-        tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
+        if it.op != "recv":  # a receive's bytes are its peer's send's
+            tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
     shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
