@@ -100,7 +100,7 @@ from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import attention_time, cp_time, moe_fold
+from . import attention_time, cp_time, fp8_casts, moe_fold
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
@@ -692,13 +692,15 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         r = peak / lin_peak  # the linear GEMMs' share of the gemm feature, moved to the FP8 peak
         for L, C, ff in ((Ld, Cd, model.ffn_hidden_size), (Lm, Cm, fe)):
             L[:, U.I["gemm"]] = C[:, U.I["gemm"]] + (L[:, U.I["gemm"]] - C[:, U.I["gemm"]]) * r
-            L[:, U.I["mem"]] += f8 * 3.0 * T * (a * d + ff) / tpf / hbm
+            # delayed scaling: fp8_casts.delayed_cast_bytes below, per GEMM operand as TE 1.x runs it
+            L[:, U.I["mem"]] += c["fp8_tensorwise"] * 3.0 * T * (a * d + ff) / tpf / hbm
             # tensorwise (current scaling): an amax pass (read 2 bytes) before every cast, and the LayerNorm
             # output of qkv/fc1 quantized apart from the norm (amax + cast, 2 + 3 bytes, full width without SP)
             L[:, U.I["mem"]] += c["fp8_tensorwise"] * (2.0 * T * (a * d + ff) / tpf + 2 * 5.0 * T * h / fw) / hbm
     rmods = {k: c.get("rm_" + k, np.zeros(len(tp), bool)) for k in ("mlp", "moe", "shared_experts", "layernorm",
                                                                       "moe_act")}
-    need = gemm_model is not None or c["tp_comm_overlap"].any() or any(
+    delayed = f8 & ~c["fp8_tensorwise"]  # fp8_recipe 'delayed' (TE DelayedScaling): fp8_casts
+    need = gemm_model is not None or c["tp_comm_overlap"].any() or delayed.any() or any(
         rmods[k].any() for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     xb = {}  # the fused attention core's backward beyond 2·forward, per layer (attention_time; measured GPUs)
@@ -730,6 +732,8 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
             Lm[:, U.I["gemm"]] = Cm[:, U.I["gemm"]] + moe
     else:
         sec = {name: 2.0 * m_ * n_ * k_ * bt / lin_peak for name, (m_, n_, k_, bt) in shapes.items()}
+    if delayed.any():  # the casts and transposes per GEMM operand (fp8_casts), backward beyond 2·forward in Bd/Bm
+        _delayed_casts(model, c, shapes, delayed, Ld, Lm, xb, hbm)
     z = np.zeros(len(tp))
     if model.is_moe:
         Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP, BF16)
@@ -751,6 +755,23 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
     out.update(xb)
     return out
+
+
+def _delayed_casts(model: ModelSpec, c: dict[str, np.ndarray], shapes: dict[str, tuple[np.ndarray, ...]],
+                   delayed: np.ndarray, Ld: np.ndarray, Lm: np.ndarray, xb: dict[str, np.ndarray], hbm: float) -> None:
+    """Adds the FP8 casts of the ``delayed`` rows (:func:`llmcomm.overhead.fp8_casts.delayed_cast_bytes`) to one
+    dense (``Ld``) and MoE (``Lm``) layer's memory feature, forward bytes in the layer pass and the backward's
+    beyond twice them as ``Bd``/``Bm`` (:func:`class_times`: ``backward = 2·forward + extra``), in place."""
+    mb = c["global_batch"] // np.maximum(c["micro_batch"] * c["dp"], 1)
+    on = delayed.astype(np.float64)
+    for key, L, moe in (("Bd", Ld, False), ("Bm", Lm, True)):
+        if moe and not model.is_moe:
+            continue
+        fb, bb = fp8_casts.delayed_cast_bytes(shapes, c["sp"], c["tp"], mb, moe=moe)
+        L[:, U.I["mem"]] += on * fb / hbm
+        xb.setdefault(key, np.zeros_like(L))[:, U.I["mem"]] += on * (bb - 2.0 * fb) / hbm
+    for key, L in (("Bd", Ld), ("Bm", Lm)):
+        xb.setdefault(key, np.zeros_like(L))
 
 
 def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: dict[str, np.ndarray],
