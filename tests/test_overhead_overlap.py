@@ -44,6 +44,48 @@ def test_tp_overlap_exposed_by_hand():
     assert ex[0] == pytest.approx(12 - 12 + 1.5 + 0.5 + 0.0)
 
 
+def test_sp_backward_exposed_by_hand():
+    """SP without userbuffers: per block the backward issues 3 equal calls (grad-output gather, input re-gather,
+    dgrad reduce-scatter); the re-gather hides under the dgrad GEMM and the reduce-scatter under the wgrad GEMM,
+    each as long as the forward GEMM ``g_ag``."""
+    from llmcomm.overhead.overlap import sp_backward_exposed
+
+    one = np.ones(1)
+    # tp 10 s of which the backward blocks' 6 s: c = 2 per kind; g_ag = 5 hides both: 10 - 2 - 2
+    assert sp_backward_exposed(10 * one, 6 * one, 5 * one, 0 * one)[0] == pytest.approx(6.0)
+    # a short GEMM (1 s) hides 1 s of each: 10 - 1 - 1
+    assert sp_backward_exposed(10 * one, 6 * one, 1 * one, 0 * one)[0] == pytest.approx(8.0)
+    # full recomputation: 5 calls per block in the backward (the recomputed forward's AG and RS too), c = 10/5
+    assert sp_backward_exposed(12 * one, 10 * one, 5 * one, one)[0] == pytest.approx(12 - 2 - 2)
+    # nothing SP-gathered: nothing hidden
+    assert sp_backward_exposed(3 * one, 0 * one, 5 * one, 0 * one)[0] == 3.0
+
+
+def test_sp_backward_overlap_in_the_step():
+    """The formulation applies it to SP rows without tp_comm_overlap only: with SP the TP seconds drop below
+    the all-exposed sum by twice min(c, g_ag); tp_comm_overlap rows keep their own rule."""
+    from llmcomm.overhead import iteration as it
+    from llmcomm.overhead import overlap as O
+    from llmcomm.parallel_table import ParallelTable
+
+    m = load_model("gpt3-175b")
+    h100 = load_cluster("h100-80g-ndr400").for_world(128)
+    par = ParallelConfig(tp=4, pp=8, vpp=6, dp=4, sp=True, micro_batch=1, global_batch=256, distributed_optimizer=True,
+                         fp8="hybrid")
+    b = iteration_time(m, par, h100)
+    bw, ut = it._resolve(h100, None, None)
+    st = it.stages(m, ParallelTable.from_parallel(par, m), h100, bw)
+    util = it.combine_utilization(st, ut)
+    r = st.cls["mid"]
+    th = util.coef[0] / util.scale
+    c = r["ub_b"] / 3.0
+    hidden = 2 * np.minimum(c, th * r["q"]["Gag"])
+    assert hidden[0] > 0 and r["ub_b"][0] > 0
+    assert O.sp_backward_exposed(r["tp"], r["ub_b"], th * r["q"]["Gag"], r["q"]["full"])[0] == pytest.approx(
+        r["tp"][0] - hidden[0])
+    assert b.tp_comm_s < st.m[0] * r["tp"][0]  # less than every TP call exposed on the critical stage
+
+
 def test_param_gather_exposed_by_hand():
     ag, nb = np.array([4.0, 4.0]), np.array([4, 4])
     # short forward: the gathers outrun it (4 - 2*3/4); long forward: only the first bucket waits (4/4)
@@ -58,10 +100,13 @@ def test_tp_comm_overlap_hides_the_blocks_sp_calls_under_slow_gemms():
     A = 32 * 64 * 2  # b*s*h*bf16
     # 4 layers x 2 blocks: forward 8 AG + 8 RS, backward 16 AG + 8 RS, each call(A)
     ub = 40 * call(A)
+    # without userbuffers the backward's input re-gathers and dgrad reduce-scatters (8 + 8) still hide under the
+    # dgrad/wgrad GEMMs (overlap.sp_backward_exposed); userbuffers hide the other 24 too
+    sp_async = 16 * call(A)
     off = iteration_time(MODEL, SP, cluster(1e6), StubBandwidth(), GEMM_ONLY)
     on = iteration_time(MODEL, dataclasses.replace(SP, tp_comm_overlap=True), cluster(1e6), StubBandwidth(),
                         GEMM_ONLY)
-    assert on.tp_comm_s == pytest.approx(off.tp_comm_s - ub, rel=1e-12)  # GEMMs of seconds hide every call
+    assert on.tp_comm_s == pytest.approx(off.tp_comm_s - (ub - sp_async), rel=1e-12)  # GEMMs of seconds hide all
     assert on.forward_s == off.forward_s and on.dp_comm_s == off.dp_comm_s
     fast = cluster(1e30)  # GEMMs take no time: nothing to hide under
     assert iteration_time(MODEL, dataclasses.replace(SP, tp_comm_overlap=True), fast, StubBandwidth(),

@@ -700,7 +700,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     rmods = {k: c.get("rm_" + k, np.zeros(len(tp), bool)) for k in ("mlp", "moe", "shared_experts", "layernorm",
                                                                       "moe_act")}
     delayed = f8 & ~c["fp8_tensorwise"]  # fp8_recipe 'delayed' (TE DelayedScaling): fp8_casts
-    need = gemm_model is not None or c["tp_comm_overlap"].any() or delayed.any() or any(
+    need = gemm_model is not None or c["tp_comm_overlap"].any() or delayed.any() or c["sp"].any() or any(
         rmods[k].any() for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     xb = {}  # the fused attention core's backward beyond 2·forward, per layer (attention_time; measured GPUs)
@@ -1142,12 +1142,14 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     for cls, r in st.cls.items():
         fwd, bwd, rec = class_times(r["q"], util)
         tp_s = r["tp"]
+        th = util.coef[U.I["gemm"]] / util.scale
+        if (r["ub_b"] > 0).any():  # SP without userbuffers: the column-parallel backward's async collectives
+            tp_s = _overlap.sp_backward_exposed(r["tp"], r["ub_b"], th * r["q"]["Gag"], r["q"]["full"])
         if tpo.any():
             q_ = r["q"]
-            th = util.coef[U.I["gemm"]] / util.scale
             ex = tp_overlap_exposed(r["tp"], r["ub_ag_f"], r["ub_rs_f"], r["ub_b"], th * q_["Gag"], th * q_["Grs"],
                                     r["tp_size"], q_["full"])
-            tp_s = np.where(tpo, ex, r["tp"])
+            tp_s = np.where(tpo, ex, tp_s)
         q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"] + r["cp_bus"]}
         q["cp"] = (cp_time.exposed(r["cp_calls"], st.cp, util.work(r["q"]["Cd"]))
