@@ -90,3 +90,19 @@ def test_casts_reach_the_step_where_memory_bound(monkeypatch):
     th = util.coef[U.I["mem"]] / util.scale  # the memory side's seconds per feature second
     assert with_casts.forward_s - without.forward_s == pytest.approx(32 * 2 * th * fb[0] / hbm, rel=1e-6)
     assert with_casts.backward_s - without.backward_s == pytest.approx(32 * 2 * th * bb[0] / hbm, rel=1e-6)
+
+
+def test_moe_layer_by_hand():
+    """An MoE layer (moe=True): qkv and proj as in a dense layer; the experts' linears cast + transpose their
+    input (4·X) and grad output (4·Y), except that the routed experts' first linear adds only the transposed copy
+    (1·X): quantizing the dispatched rows is moe_time.expert_input_cast_bytes'. tp = 1, m = 1, T = 4, h = 8,
+    a·d = 8, 2·g·d = 16; 2 experts of 6 rows each, f_e = 16 (non-gated): expert_fc1 (6, 16, 8, 2) X = 96, Y = 192,
+    W = 256; expert_fc2 (6, 8, 16, 2) X = 192, Y = 96, W = 256. Forward: weights 4·(192 + 64 + 256 + 256) = 3072,
+    proj 4·32 = 128, expert_fc1 96, expert_fc2 768: 4064. Backward: qkv 2·32 + 4·96 = 448, proj 4·32 = 128,
+    expert_fc1 4·192 = 768, expert_fc2 4·96 = 384: 1728."""
+    one = np.array([1])
+    sh = _shapes(4, 8, 8, 16, 32, 1)
+    sh["expert_fc1"] = (6 * one, 16 * one, 8 * one, 2 * one)
+    sh["expert_fc2"] = (6 * one, 8 * one, 16 * one, 2 * one)
+    fwd, bwd = fp8_casts.delayed_cast_bytes(sh, np.array([False]), np.array([1]), np.array([1]), moe=True)
+    assert (fwd[0], bwd[0]) == (4064, 1728)

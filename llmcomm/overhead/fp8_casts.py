@@ -20,7 +20,9 @@ per micro-batch (BF16 2 bytes, FP8 1 byte)::
         backward  2·X (SP) | 0        SP: the saved FP8 input transposed for wgrad (linear.py:531)
                   + 3·Y/w + 2·Y (SP)  SP: the grad output's shard cast (base.py:679), gathered in FP8 (:689),
                   | 4·Y               transposed (:691); else fused cast + transpose (base.py:717)
-    experts and shared experts (plain Linear, not gathered): forward 4·X, backward 4·Y
+    experts and shared experts (plain Linear, not gathered): forward 4·X, backward 4·Y; the routed experts'
+        first linear 1·X forward (its transposed copy): quantizing the dispatched rows (3·X) is
+        :func:`llmcomm.overhead.moe_time.expert_input_cast_bytes`'s
     weights   4·W per iteration       cast + transpose once, cached over the micro-batches (base.py:793
                                       get_fp8_workspace, :880 cast_transpose_; is_first_microbatch): 4·W/m per
                                       micro-batch of ``m``
@@ -65,7 +67,7 @@ def delayed_cast_bytes(shapes: dict[str, tuple[np.ndarray, ...]], sp: np.ndarray
         elif name in ROW_PARALLEL:
             fwd = fwd + np.where(s, 3.0, 4.0) * X
             bwd = bwd + np.where(s, 2.0 * X + 3.0 * Y / w + 2.0 * Y, 4.0 * Y)
-        else:
-            fwd = fwd + 4.0 * X
+        else:  # expert_fc1's cast is moe_time.expert_input_cast_bytes' (3·X): its transposed copy here
+            fwd = fwd + (1.0 if name == "expert_fc1" else 4.0) * X
             bwd = bwd + 4.0 * Y
     return fwd, bwd

@@ -258,9 +258,9 @@ def sp_backward_exposed(tp: np.ndarray, bwd: np.ndarray, g_ag: np.ndarray, full:
     the dgrad's reduce-scatter while the wgrad GEMM computes: TransformerEngine v1.8
     transformer_engine/pytorch/module/layernorm_linear.py:444 (``gather_along_first_dim(ln_out, ..., async_op=True)``
     "Overlap input AG with dgrad", waited at :560 before wgrad) and :564-565 (``reduce_scatter_along_first_dim(dgrad,
-    ..., async_op=True)``, waited at :660 after wgrad); Megatron-LM megatron/core/tensor_parallel/layers.py
-    ``LinearWithGradAccumulationAndAsyncCommunication.backward`` the same for its own linears (Korthikanti et al.
-    2022, sec. 4.2.2). The row-parallel grad output's all-gather (TE base.py ``grad_output_preprocess``, a blocking
+    ..., async_op=True)``, waited at :660 after wgrad); Megatron-LM d98e8a6 megatron/core/tensor_parallel/layers.py:580
+    ``LinearWithGradAccumulationAndAsyncCommunication``, whose backward does the same for its own linears (:675 the
+    input's all-gather, :708 the grad input's reduce-scatter, both ``async_op=True``). The row-parallel grad output's all-gather (TE base.py ``grad_output_preprocess``, a blocking
     gather) and every forward collective stay exposed. Not counted: the SMs NCCL's kernels take from the GEMMs
     while they overlap. Zero where nothing is SP-gathered (``bwd`` 0: no SP, or tp = 1)."""
     c = sp_backward_hideable(bwd, full) / 2.0
