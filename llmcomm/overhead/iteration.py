@@ -47,7 +47,10 @@ and orders. The layers of each stage, their parameters and the validity rules co
 Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megatron-LM's name)::
 
     tp_comm_overlap:      tp_r = tp_overlap_exposed(...)  (TE userbuffers: each block's SP all-gather /
-                          reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks)
+                          reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks);
+                          without it, under SP, tp_r = overlap.sp_backward_exposed (the column-parallel
+                          backward's input re-gather and dgrad reduce-scatter, issued async, under its dgrad and
+                          wgrad GEMMs, as TE and Megatron-LM's own linears do)
     overlap_param_gather: dp_exposed = [gradient reduction as above, without the parameter all-gather]
                           + param_gather_exposed(AG of stage 0, its forward, its DDP buckets: the
                           predictor's first-chunk layout, one bucket per later chunk)
@@ -63,7 +66,9 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
                           other micro-batch's attention and MLP (overlap.a2a_pair_exposed); the flex dispatcher
                           (moe_flex_dispatcher_backend) is refused, rule 'cost-dispatcher'
     fp8:                  the linear layers' GEMMs at the FP8 peak (or the measured GEMM model's FP8 rule),
-                          quantization casts as element-wise bytes (:func:`_compute`); TP/DP bytes unchanged
+                          quantization casts as element-wise bytes (:func:`_compute`; ``fp8_recipe='delayed'``
+                          per GEMM operand as TE 1.x runs it, :mod:`llmcomm.overhead.fp8_casts`); TP/DP bytes
+                          unchanged
 
 On a cluster whose GPU has a measured GEMM model (:func:`measured_gemm`: H100, H200 at their datasheet peak)
 the linear GEMMs and the output layer's logits GEMM are timed by it, and a fused attention core runs at
@@ -641,7 +646,10 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     efficiency rule (the utilization fit's ``θ_gemm``; :mod:`llmcomm.overhead.gemm` states the FP8 rule of the
     measured model); the attention core (``fp8_dot_product_attention`` off, Megatron's default), the router and
     the output layer (Megatron's ``output_layer`` is ``tensor_parallel.ColumnParallelLinear``, gpt_model.py, not a TE module)
-    stay BF16. Casts are element-wise bytes at HBM bandwidth: the inputs of ``proj`` and ``fc2`` are quantized
+    stay BF16. Casts are element-wise bytes at HBM bandwidth. ``fp8_recipe='delayed'`` (TE's DelayedScaling):
+    every GEMM operand's cast and transpose as TransformerEngine 1.x runs them, weights once per iteration
+    included, the backward's own (:func:`llmcomm.overhead.fp8_casts.delayed_cast_bytes`; beyond twice the forward
+    in ``Bd``/``Bm``). ``'tensorwise'`` keeps this rule: the inputs of ``proj`` and ``fc2`` are quantized
     (read 2 + write 1 bytes per element: ``3·T·(a·d + f)/tp``); with ``fp8_recipe='delayed'`` the
     ``qkv``/``fc1`` inputs come out of TE's fused LayerNorm already in FP8 (``LayerNormLinear``, the scale is
     last step's); with ``'tensorwise'`` (current scaling: the scale is this tensor's amax) each cast first reads
