@@ -932,6 +932,10 @@ def nemo_row(r):
                                          f"table's tp/pp/vp/cp, {said}" + (f" (line {hit[1]})" if hit else "") +
                                          "; the run's command line is not in the repository")
         body["status"] = "partial" if body["unknown"] else body["status"]
+        body["caveats"]["layout_revision"] = (f"{body['config_file']} at {rev[:8]} is the first revision with the "
+                                              "table's tp/pp/vp/cp; settings it states otherwise are unknown, the "
+                                              "others read at the tag" + ("" if body["unknown"] else
+                                                                         " (it states none otherwise)"))
     return body
 
 
