@@ -322,15 +322,26 @@ def _shape_placement(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, orde
     return {f"{kind}@{cls}": v for cls, d in _placement(shape, gpus_per_node).items() for kind, v in d.items()}
 
 
+@lru_cache(maxsize=4096)
+def _shape_placement_rows(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, order: str, gpus_per_node: int
+                          ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """:func:`_shape_placement` as one-row read-only arrays (what :func:`placement` gives for one configuration)."""
+    out = {}
+    for key, (size, k) in _shape_placement(tp, cp, dp, pp, ep, etp, order, gpus_per_node).items():
+        pair = np.array([[size], [k]], np.int64)
+        pair.setflags(write=False)
+        out[key] = (pair[0], pair[1])
+    return out
+
+
 def placement(t: Any, gpus_per_node: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """:func:`ranks_per_node` for every row of a :class:`~llmcomm.parallel_table.ParallelTable` and every stage class:
     ``{"<kind>@<class>": (sizes, ranks per node)}``, one layout per distinct shape (``tp, cp, dp, pp, ep, etp,
     order``)."""
     n = len(t)
-    if n == 1:  # one configuration: no grouping
-        d = _shape_placement(int(t.tp[0]), int(t.cp[0]), int(t.dp[0]), int(t.pp[0]), int(t.ep[0]),
-                             int(t.expert_tp[0]), str(t.order[0]), gpus_per_node)
-        return {key: (np.array([size], np.int64), np.array([k], np.int64)) for key, (size, k) in d.items()}
+    if n == 1:  # one configuration: no grouping; the shape's one-row arrays (read-only, shared)
+        return dict(_shape_placement_rows(int(t.tp[0]), int(t.cp[0]), int(t.dp[0]), int(t.pp[0]), int(t.ep[0]),
+                                          int(t.expert_tp[0]), str(t.order[0]), gpus_per_node))
     order_codes, order_names = pd.factorize(t.order)
     inv, uniq = factorize([t.tp, t.cp, t.dp, t.pp, t.ep, t.expert_tp, order_codes])
     per = [_shape_placement(*u[:6], str(order_names[u[6]]), gpus_per_node) for u in uniq]

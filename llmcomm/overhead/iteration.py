@@ -98,12 +98,14 @@ import pandas as pd
 from .. import rules, step
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
+from ..paths import data_stamp
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
 from . import attention_time, cp_time, moe_fold
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
+from .bandwidth import CALIBRATION_NAME as BANDWIDTH_CALIBRATION
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .capacity import check_fits
 from .memory import model_state
@@ -572,15 +574,20 @@ def measured_gemm(cluster: Cluster) -> Any:
     ``None`` where there is none (A100: the utilization fit's term is kept; B200: no table) or where the
     cluster's ``peak_bf16_flops`` is not the datasheet figure the model was fitted with (within 0.1 %: another
     part, e.g. H100 PCIe, or a hypothetical GPU; the fit belongs to its figures, :func:`load_gemm_model`)."""
-    from ..paths import data_dir
-    from .gemm import CALIBRATION, fp8_factor
+    from .gemm import _FP8_OVERRIDE, CALIBRATION, FP8_CALIBRATION, fp8_factor
 
-    p = data_dir() / CALIBRATION
-    try:
-        stamp = p.stat().st_mtime_ns
-    except OSError:
-        stamp = -1
-    return _measured_gemm(cluster, str(p), stamp, fp8_factor())
+    path, stamp = data_stamp(CALIBRATION)
+    # fp8_factor() reads its file only when its stamp or the trial value (fp8_fit) changed: asked per call
+    key = (cluster, path, stamp, data_stamp(FP8_CALIBRATION), tuple(_FP8_OVERRIDE[-1:]))
+    hit = _GEMM_MODELS.get(key)
+    if hit is None:
+        if len(_GEMM_MODELS) > 64:
+            _GEMM_MODELS.clear()
+        hit = _GEMM_MODELS[key] = (_measured_gemm(cluster, path, stamp, fp8_factor()),)
+    return hit[0]
+
+
+_GEMM_MODELS: dict[tuple[Any, ...], tuple[Any]] = {}  # measured_gemm's answer per cluster and file stamps
 
 
 @lru_cache(maxsize=64)
@@ -1342,9 +1349,18 @@ def _timer(bandwidth: Any) -> _Timer:
 def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None) -> tuple[Any, U.Utilization]:
     """The bandwidth model (``None``: the shipped calibration carried to ``cluster``) wrapped in a caching
     :class:`_Timer`, and the utilization model (``None``: the shipped one)."""
-    if bandwidth is None:
-        bandwidth = Bandwidth.default(cluster)  # cached there per cluster and calibration file
+    if bandwidth is None:  # Bandwidth.default caches per cluster and calibration file; asked here per call, its
+        # answer is kept per (cluster, file stamp) so that a call costs one os.stat, not Path objects
+        key = (cluster, *data_stamp(BANDWIDTH_CALIBRATION))
+        bandwidth = _DEFAULT_BANDWIDTH.get(key)
+        if bandwidth is None:
+            if len(_DEFAULT_BANDWIDTH) > 64:
+                _DEFAULT_BANDWIDTH.clear()
+            bandwidth = _DEFAULT_BANDWIDTH[key] = Bandwidth.default(cluster)
     return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
+
+
+_DEFAULT_BANDWIDTH: dict[tuple[Any, ...], Bandwidth] = {}
 
 
 _STAGES: OrderedDict[tuple[Any, ...], tuple[Any, Any, float, Stages]] = OrderedDict()
@@ -1375,15 +1391,17 @@ def _one_stages(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bw
 
 
 def _freeze(x: Any) -> None:
-    """Every numpy array in ``x`` (a :class:`Stages`, its dicts) read-only."""
-    if isinstance(x, np.ndarray):
-        x.flags.writeable = False
-    elif isinstance(x, dict):
-        for v in x.values():
-            _freeze(v)
-    elif isinstance(x, Stages):
-        for v in vars(x).values():
-            _freeze(v)
+    """Every numpy array in ``x`` (a :class:`Stages`, its dicts) read-only (a loop, not a recursion: a
+    configuration's :class:`Stages` holds some 150 arrays)."""
+    todo = [x]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, np.ndarray):
+            v.setflags(write=False)
+        elif isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, Stages):
+            todo.extend(vars(v).values())
 
 
 def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
