@@ -64,6 +64,10 @@ _KIND_DTYPE: dict[str, Any] = {"optional": np.int64, "int": np.int64, "bool": bo
                                "str": object}
 
 
+_FUSED = {b: b in FUSED_ATTENTION_BACKENDS for b in ATTENTION_BACKENDS}  # ParallelTable.fused_attention's codes
+_LAST_ONE: list[tuple[ParallelConfig, ModelSpec | None, ParallelTable]] = []  # ParallelTable.from_parallel's last
+
+
 def _objects(values: Any, n: int) -> np.ndarray:
     """An object array of ``n`` values (a value repeated when not a sequence of n), without numpy turning tuples
     into a second axis."""
@@ -91,17 +95,17 @@ def _hashable(values: np.ndarray) -> bool:
 def _codes(values: np.ndarray, table: Mapping[str, Any], field: str) -> np.ndarray:
     """``table[v]`` for each string ``v`` of ``values``, through the distinct values (fast for long columns of
     few strings); a value outside ``table`` is a :class:`ConfigError` naming the field."""
-    if len(values) and (values == values[0]).all():
+    if len(values) == 1 or (len(values) and (values == values[0]).all()):
         u = str(values[0])
         if u not in table:
             raise ConfigError(f"candidates: column {field!r} holds {u!r}, not one of {sorted(table)}")
         return np.full(len(values), table[u])
-    cat = pd.Categorical(values)
-    bad = [str(u) for u in cat.categories if str(u) not in table]
-    if bad or (cat.codes < 0).any():
+    codes, uniq = pd.factorize(values)  # hashed, no sort (a Categorical sorts its categories)
+    bad = sorted(str(u) for u in uniq if str(u) not in table)
+    if bad or (codes < 0).any():
         raise ConfigError(f"candidates: column {field!r} holds values outside {sorted(table)}: {bad or ['NaN']}")
-    lut = np.array([table[str(u)] for u in cat.categories])
-    return lut[cat.codes]
+    lut = np.array([table[str(u)] for u in uniq])
+    return lut[codes]
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,7 +179,7 @@ class ParallelTable:
                     vals = [None if isinstance(x, float) and x != x else x for x in vals]
                 cols[f] = _objects(vals, n)
             else:
-                cols[f] = (np.full(n, const, dtype=object) if v is None
+                cols[f] = (_objects(const, n) if v is None  # fill: np.full copies object by object, 10x slower
                            else pd.Series(v).fillna(DEFAULTS[f]).astype(str).to_numpy(dtype=object))
         return cls._finish(cols, model)
 
@@ -221,7 +225,17 @@ class ParallelTable:
 
     @classmethod
     def from_parallel(cls, parallel: ParallelConfig, model: ModelSpec | None = None) -> ParallelTable:
-        return cls.from_configs([parallel], model)
+        """The one-row table of ``parallel``. The most recent one is kept, its columns read-only, and given back
+        while the same configuration and model objects are asked for (``iteration_time`` asks twice per call:
+        for its stage description and for its memory check)."""
+        last = _LAST_ONE[0] if _LAST_ONE else None
+        if last is not None and last[0] is parallel and last[1] is model and cls is ParallelTable:
+            return last[2]
+        t = cls.from_configs([parallel], model)
+        for v in t.columns.values():
+            v.setflags(write=False)
+        _LAST_ONE[:] = [(parallel, model, t)]
+        return t
 
     @classmethod
     def _finish(cls, cols: dict[str, np.ndarray], model: ModelSpec | None) -> ParallelTable:
@@ -237,6 +251,10 @@ class ParallelTable:
         if model is not None and (cols["seq_len"] < 0).any():
             cols["seq_len"] = np.where(cols["seq_len"] < 0, model.seq_length, cols["seq_len"])
         return cls(cols)
+
+    def slice(self, start: int, stop: int) -> ParallelTable:
+        """Rows ``start .. stop - 1`` (views of this table's columns: no copy)."""
+        return ParallelTable({k: v[start:stop] for k, v in self.columns.items()})
 
     def take(self, rows: np.ndarray) -> ParallelTable:
         return ParallelTable({k: v[rows] for k, v in self.columns.items()})
@@ -301,8 +319,7 @@ class ParallelTable:
     @property
     def fused_attention(self) -> np.ndarray:
         """Rows whose attention runs as one fused kernel (:data:`llmcomm.vocab.FUSED_ATTENTION_BACKENDS`)."""
-        return _codes(self.attention_backend, {b: b in FUSED_ATTENTION_BACKENDS for b in ATTENTION_BACKENDS},
-                      "attention_backend").astype(bool)
+        return _codes(self.attention_backend, _FUSED, "attention_backend").astype(bool)
 
     @property
     def recompute_code(self) -> np.ndarray:

@@ -347,8 +347,8 @@ def placement(t: Any, gpus_per_node: int) -> dict[str, tuple[np.ndarray, np.ndar
     per = [_shape_placement(*u[:6], str(order_names[u[6]]), gpus_per_node) for u in uniq]
     out = {}
     for key in per[0] if per else ():
-        lut = np.array([d[key] for d in per], np.int64).reshape(-1, 2)
-        out[key] = (lut[inv, 0], lut[inv, 1])
+        lut = np.array([d[key] for d in per], np.int64).reshape(-1, 2).T.copy()  # (2, shapes): rows contiguous
+        out[key] = (lut[0].take(inv), lut[1].take(inv))
     return out
 
 
