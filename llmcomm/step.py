@@ -110,19 +110,29 @@ def stage_classes(model: ModelSpec, pp: np.ndarray, vpp: np.ndarray, uneven: dic
     slowest of the middle ones) and the last stage, per configuration; ``uneven``: the arrays of :data:`UNEVEN`
     (``-1`` for an unset layer count), absent for even splits."""
     n = len(pp)
-    out = {c: (np.zeros(n, np.int64), np.zeros(n, np.int64)) for c in CLASSES}
     u = uneven or {}
     cols = [pp, vpp] + [np.asarray(u.get(k, np.full(n, -1 if "num" in k else 0)), np.int64) for k in UNEVEN]
+    if n == 1:  # one configuration: its layout's counts, no grouping
+        one = _class_counts(model, *(int(col[0]) for col in cols))
+        return {c: (np.array([one[c][0]], np.int64), np.array([one[c][1]], np.int64)) for c in CLASSES}
+    out = {c: (np.zeros(n, np.int64), np.zeros(n, np.int64)) for c in CLASSES}
     inv, uniq = factorize(cols)
-    for j, (p_, v_, f, la, e, lo) in enumerate(uniq):
+    for j, key in enumerate(uniq):
         sel = inv == j
-        counts = _stage_counts(model, pipeline_split(model.num_layers, p_, v_, None if f < 0 else f,
-                                                     None if la < 0 else la, bool(e), bool(lo)))
-        mid = max(counts[1:-1], key=lambda x: (x[1], x[0])) if p_ > 2 else (0, 0)
-        for c, (held, moe) in {"first": counts[0], "last": counts[-1], "mid": mid}.items():
-            out[c][0][sel] = held - moe
+        for c, (dense, moe) in _class_counts(model, *key).items():
+            out[c][0][sel] = dense
             out[c][1][sel] = moe
     return out
+
+
+def _class_counts(model: ModelSpec, p_: int, v_: int, f: int, la: int, e: int, lo: int
+                  ) -> dict[str, tuple[int, int]]:
+    """``{class: (dense layers, MoE layers)}`` of one layout (:func:`stage_classes`; ``f``, ``la`` are ``-1``
+    when unset)."""
+    counts = _stage_counts(model, pipeline_split(model.num_layers, p_, v_, None if f < 0 else f,
+                                                 None if la < 0 else la, bool(e), bool(lo)))
+    mid = max(counts[1:-1], key=lambda x: (x[1], x[0])) if p_ > 2 else (0, 0)
+    return {c: (held - moe, moe) for c, (held, moe) in {"first": counts[0], "last": counts[-1], "mid": mid}.items()}
 
 
 def recompute_groups(count: int, method: str | None, num_layers: int | None) -> tuple[tuple[int, ...], ...]:

@@ -948,13 +948,14 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
-    tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
-                                     "ub_rs_f", "ub_b", "dp_ag", "cp", "cp_bus")}
-    tot.update({t: np.zeros(n3) for t in ("fsdp", "fsdp_bus")})  # FSDP per micro-batch (fsdp_time)
+    sums = ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f", "ub_rs_f", "ub_b", "dp_ag", "cp",
+            "cp_bus")
+    sums += ("fsdp", "fsdp_bus")  # FSDP per micro-batch (fsdp_time)
     # for llmcomm.overhead.overlap: one call's seconds of each gradient bucket kind, all of them, the sends
     # (seconds of one, count per micro-batch) and the all-to-alls
-    tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
-                                          "pp_sb", "pp_nb", "ep_a2a")})
+    sums += ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf", "pp_sb", "pp_nb", "ep_a2a")
+    # a few rows: the sums as rows of one array (one allocation, not one per sum)
+    tot = dict(zip(sums, np.zeros((len(sums), n3)), strict=True)) if n3 <= 192 else {t: np.zeros(n3) for t in sums}
     cp_calls: list[tuple[str, np.ndarray, np.ndarray]] = []  # (tag, seconds per call, calls): cp_time.exposed
     # a receive is the peer's send, timed once on the sender, except DeepSpeed's blocking pipeline receives
     calls = _blocking_p2p.timed_calls(comm_items(model, c3, (hf3, hl3), layers3, params3), c3["pipe_partitioned"])
