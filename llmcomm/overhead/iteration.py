@@ -93,6 +93,7 @@ Context parallelism (``cp``, ``cp_comm_type``; :mod:`llmcomm.overhead.cp_time`):
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -104,6 +105,7 @@ import pandas as pd
 from .. import rules, step
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
+from ..paths import data_stamp
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
 from . import attention_time, cp_time, fp8_casts, moe_fold, moe_time
@@ -111,6 +113,7 @@ from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
+from .bandwidth import CALIBRATION_NAME as BANDWIDTH_CALIBRATION
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .capacity import check_fits
 from .memory import model_state
@@ -213,7 +216,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["cp_comm_type"] = np.asarray(t.cp_comm_type, dtype=object)  # llmcomm.overhead.cp_time
     c["bucket_size"] = t.bucket_size
     c["fsdp"], c["fsdp_reshard"] = t.fsdp, t.fsdp_reshard_after_forward  # FSDP (llmcomm.overhead.fsdp_time)
-    if any(v is not None for v in t.recompute_modules.tolist()):  # --recompute-modules (absent: core_attn only)
+    if t.recompute_modules.tolist().count(None) != len(t):  # --recompute-modules (absent: core_attn only)
         for name, on in step.recompute_flags(t.recompute, t.recompute_modules).items():
             c["rm_" + name] = np.broadcast_to(np.asarray(on, dtype=bool), (len(t),))
     for k in step.UNEVEN:  # the pipeline split (llmcomm.stage_split.pipeline_split)
@@ -248,6 +251,7 @@ def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
     return out
 
 
+_DTYPE_SHAPE = operator.attrgetter("dtype", "shape")
 _CLASS_KEYS: dict[tuple[str, ...], list[tuple[str, tuple[str, str, str]]]] = {}
 # stack_classes' split of the keys into 2-D blocks, per key set, row count, dtypes and shapes
 _BLOCKS: dict[tuple[Any, ...], tuple[dict[Any, list[tuple[str, tuple[str, str, str]]]],
@@ -270,7 +274,7 @@ def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n = len(c["tp"])
     if n > 64:  # many rows: the copying costs the time, one concatenation per key copies once
         return {k: np.concatenate([c[a] for a in trio]) for k, trio in plan}
-    sig = (keys, n, tuple(v.dtype for v in c.values()), tuple(v.shape for v in c.values()))
+    sig = (keys, n, tuple(map(_DTYPE_SHAPE, c.values())))
     split = _BLOCKS.get(sig)
     if split is None:  # which keys go into one 2-D block per dtype (1-D, n rows, one dtype for the three classes)
         blocks: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
@@ -579,15 +583,20 @@ def measured_gemm(cluster: Cluster) -> Any:
     ``None`` where there is none (A100: the utilization fit's term is kept; B200: no table) or where the
     cluster's ``peak_bf16_flops`` is not the datasheet figure the model was fitted with (within 0.1 %: another
     part, e.g. H100 PCIe, or a hypothetical GPU; the fit belongs to its figures, :func:`load_gemm_model`)."""
-    from ..paths import data_dir
-    from .gemm import CALIBRATION, fp8_factor
+    from .gemm import _FP8_OVERRIDE, CALIBRATION, FP8_CALIBRATION, fp8_factor
 
-    p = data_dir() / CALIBRATION
-    try:
-        stamp = p.stat().st_mtime_ns
-    except OSError:
-        stamp = -1
-    return _measured_gemm(cluster, str(p), stamp, fp8_factor())
+    path, stamp = data_stamp(CALIBRATION)
+    # fp8_factor() reads its file only when its stamp or the trial value (fp8_fit) changed: asked per call
+    key = (cluster, path, stamp, data_stamp(FP8_CALIBRATION), tuple(_FP8_OVERRIDE[-1:]))
+    hit = _GEMM_MODELS.get(key)
+    if hit is None:
+        if len(_GEMM_MODELS) > 64:
+            _GEMM_MODELS.clear()
+        hit = _GEMM_MODELS[key] = (_measured_gemm(cluster, path, stamp, fp8_factor()),)
+    return hit[0]
+
+
+_GEMM_MODELS: dict[tuple[Any, ...], tuple[Any]] = {}  # measured_gemm's answer per cluster and file stamps
 
 
 @lru_cache(maxsize=64)
@@ -968,13 +977,14 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
-    tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
-                                     "ub_rs_f", "ub_b", "dp_ag", "cp", "cp_bus")}
-    tot.update({t: np.zeros(n3) for t in ("fsdp", "fsdp_bus")})  # FSDP per micro-batch (fsdp_time)
+    sums = ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f", "ub_rs_f", "ub_b", "dp_ag", "cp",
+            "cp_bus")
+    sums += ("fsdp", "fsdp_bus")  # FSDP per micro-batch (fsdp_time)
     # for llmcomm.overhead.overlap: one call's seconds of each gradient bucket kind, all of them, the sends
     # (seconds of one, count per micro-batch) and the all-to-alls
-    tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
-                                          "pp_sb", "pp_nb", "ep_a2a")})
+    sums += ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf", "pp_sb", "pp_nb", "ep_a2a")
+    # a few rows: the sums as rows of one array (one allocation, not one per sum)
+    tot = dict(zip(sums, np.zeros((len(sums), n3)), strict=True)) if n3 <= 192 else {t: np.zeros(n3) for t in sums}
     cp_calls: list[tuple[str, np.ndarray, np.ndarray]] = []  # (tag, seconds per call, calls): cp_time.exposed
     # a receive is the peer's send, timed once on the sender, except DeepSpeed's blocking pipeline receives
     calls = _blocking_p2p.timed_calls(comm_items(model, c3, (hf3, hl3), layers3, params3), c3["pipe_partitioned"])
@@ -1011,23 +1021,23 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
             tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
             tot["fsdp_bus"] += it.count * per_mb * x
             continue
-        tot[it.term] += it.count * tt
+        ctt = it.count * tt  # the item's seconds (per micro-batch or per iteration)
+        tot[it.term] += ctt
         if it.ub:
-            tot["ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f"] += \
-                it.count * tt
+            tot["ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f"] += ctt
         elif it.term == "dp" and it.op == "all_gather":
-            tot["dp_ag"] += it.count * tt
+            tot["dp_ag"] += ctt
         elif it.term == "cp":
             cp_calls.append((it.tag, tt, it.count))
         if it.grad:
             tot["g_" + it.grad] += tt
-            tot["g_all"] += it.count * tt
+            tot["g_all"] += ctt
         elif it.term == "pp" and it.op == "send":
             f_ = it.phase == "forward"
             tot["pp_sf" if f_ else "pp_sb"] += tt
             tot["pp_nf" if f_ else "pp_nb"] += it.count
         elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
-            tot["ep_a2a"] += it.count * tt
+            tot["ep_a2a"] += ctt
         if it.op != "recv":  # a receive's bytes are its peer's send's
             tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
@@ -1071,14 +1081,12 @@ def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
     once per op over every item's live rows. Elementwise, so equal to timing item by item."""
     n = len(items[0][0].count) if items else 0
     if isinstance(bandwidth, _Timer) and bandwidth.fast:
-        memo = bandwidth.calls(items)
-        out_t, out_x = [], []
-        for it, live in items:
-            op, sz, rp, nb = it.op, it.size.tolist(), it.rpn.tolist(), it.nbytes.tolist()
-            tx = [memo[(op, sz[i], rp[i], nb[i])] if on else (0.0, 0.0) for i, on in enumerate(live)]
-            out_t.append(np.array([a for a, _ in tx]))
-            out_x.append(np.array([b for _, b in tx]))
-        return out_t, out_x
+        keys = bandwidth.call_keys(items)
+        memo = bandwidth.calls_of(keys)
+        none = (0.0, 0.0)
+        # (items, rows, 2): seconds and bus bytes of every item's call, one array; the items' rows are views of it
+        tx = np.array([[memo[k] if k is not None else none for k in row] for row in keys]).reshape(len(keys), n, 2)
+        return list(tx[:, :, 0]), list(tx[:, :, 1])
     out = [np.zeros(n) for _ in items]
     xs = [np.zeros(n) for _ in items]
     by_op: dict[str, list[int]] = {}
@@ -1237,7 +1245,18 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
 def _evaluate(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
               util: U.Utilization, overlap_grad_reduce: bool = False, measured_gemms: bool = True
               ) -> dict[str, np.ndarray]:
-    return combine(stages(model, t, cluster, bandwidth, measured_gemms), util, overlap_grad_reduce)
+    """:func:`combine` of :func:`stages`, :data:`EVAL_CHUNK` rows at a time (every term is a function of its
+    own row alone): the arrays of a block stay in the CPU's cache and the allocator reuses their memory, where
+    arrays of a whole table (a few MB each, hundreds of them) go to and from the kernel page by page."""
+    n = len(t)
+    if n <= EVAL_CHUNK:
+        return combine(stages(model, t, cluster, bandwidth, measured_gemms), util, overlap_grad_reduce)
+    parts = [combine(stages(model, t.slice(a, min(a + EVAL_CHUNK, n)), cluster, bandwidth, measured_gemms), util,
+                     overlap_grad_reduce) for a in range(0, n, EVAL_CHUNK)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+EVAL_CHUNK = 16384  # rows _evaluate computes at a time (8192–65536 measured alike on 200,000 rows; 2048 slower)
 
 
 class _Timer:
@@ -1253,6 +1272,7 @@ class _Timer:
         self.fast = hasattr(bandwidth, "regime")
         self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
+        self.sorted: dict[tuple[int, int], tuple[Any, Any, np.ndarray, list[int]]] = {}  # _sorted
         self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
 
     def calls(self, items: list[tuple[CommItem, list[bool]]]
@@ -1261,15 +1281,27 @@ class _Timer:
         ``items``: the calls not met before are evaluated, grouped by regime, with ``bus_factor`` and
         ``eval_pieces`` as :meth:`time` does (a group of one rank: 0 s), and kept (up to :data:`CALL_MEMO_SIZE`
         calls, then forgotten all at once). A sweep of one model meets the same calls again and again."""
+        return self.calls_of(self.call_keys(items))
+
+    @staticmethod
+    def call_keys(items: list[tuple[CommItem, list[bool]]]) -> list[list[tuple[str, int, int, float] | None]]:
+        """Per item and row the key ``(op, group size, ranks per node, bytes)`` of its call, ``None`` where the row
+        issues none (:meth:`calls_of` reads them)."""
+        return [[(it.op, s_, r_, b_) if on else None
+                 for s_, r_, b_, on in zip(it.size.tolist(), it.rpn.tolist(), it.nbytes.tolist(), live, strict=True)]
+                for it, live in items]
+
+    def calls_of(self, keys: list[list[tuple[str, int, int, float] | None]]
+                 ) -> dict[tuple[str, int, int, float], tuple[float, float]]:
+        """:meth:`calls` from the calls' keys (:meth:`call_keys`)."""
         memo = self.memo
         if len(memo) > CALL_MEMO_SIZE:
             memo.clear()
         todo: dict[tuple[str, int, int], dict[Any, None]] = {}
-        for it, live in items:
-            op, sz, rp, nb = it.op, it.size.tolist(), it.rpn.tolist(), it.nbytes.tolist()
-            for i, on in enumerate(live):
-                if on and (op, sz[i], rp[i], nb[i]) not in memo:
-                    todo.setdefault((op, sz[i], rp[i]), {})[nb[i]] = None
+        for row in keys:
+            for key in row:
+                if key is not None and key not in memo:
+                    todo.setdefault(key[:3], {})[key[3]] = None
         for (op, nn, kk), nbs in todo.items():
             nbytes = list(nbs)
             x = bus_factor(op, np.full(len(nbytes), nn)) * np.asarray(nbytes, dtype=np.float64)
@@ -1300,26 +1332,48 @@ class _Timer:
             self.groups[(id(n), id(k))] = (n, k, uniq, inv)
         out = np.zeros(len(x))
         every = bool(live.all())
+        if len(uniq) > 1:  # several groups: the rows sorted by group once (cached), each group a slice
+            order, bounds = self._sorted(n, k, inv, len(uniq))
+            xs, ts, ls = x[order], np.zeros(len(x)), live[order]
+            for i, u in enumerate(uniq.tolist()):
+                nn, kk = u >> 20, u & ((1 << 20) - 1)
+                b0, b1 = bounds[i], bounds[i + 1]
+                if nn == 1 or not ls[b0:b1].any():  # no call's time, or a group no live row is in
+                    continue
+                reg = self.cache.get((op, nn, kk))
+                if reg is None:
+                    reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+                ts[b0:b1] = eval_pieces(xs[b0:b1], *reg)[0]  # elementwise: the live rows' values as alone
+            out[order] = ts
+            return out if every else np.where(live, out, 0.0)
         xl = x if every else x[live]
-        il = inv if every else inv[live]
         tl = out if every else np.zeros(len(xl))
-        present = np.bincount(il, minlength=len(uniq)) if len(uniq) > 1 else np.ones(1, np.int64)
-        for i, u in enumerate(uniq.tolist()):
-            nn, kk = u >> 20, u & ((1 << 20) - 1)
-            if nn == 1 or not present[i]:  # no call's time, or a group no live row is in
-                continue
-            sel = slice(None) if len(uniq) == 1 else il == i
+        u = int(uniq[0]) if len(uniq) else 1
+        nn, kk = u >> 20, u & ((1 << 20) - 1)
+        if nn != 1 and len(xl):  # a group of one rank: no call's time; no live row: nothing
             reg = self.cache.get((op, nn, kk))
             if reg is None:
                 reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
-            tl[sel] = eval_pieces(xl[sel], *reg)[0]
+            tl[:] = eval_pieces(xl, *reg)[0]
         if not every:
             out[live] = tl
         return out
 
+    def _sorted(self, n: np.ndarray, k: np.ndarray, inv: np.ndarray, groups: int) -> tuple[np.ndarray, list[int]]:
+        """The rows ordered by group code ``inv`` (stable) and each group's ``[start, end)`` in that order, once
+        per pair of (group size, ranks per node) arrays (:meth:`time_rows`)."""
+        hit = self.sorted.get((id(n), id(k)))
+        if hit is not None and hit[0] is n and hit[1] is k:
+            return hit[2], hit[3]
+        order = np.argsort(inv, kind="stable")
+        bounds = np.searchsorted(inv[order], np.arange(groups + 1)).tolist()
+        self.sorted[(id(n), id(k))] = (n, k, order, bounds)
+        return order, bounds
+
     def reset(self) -> None:
         """Forget the grouping of rows by (group size, ranks per node) cached for the current arrays."""
         self.groups.clear()
+        self.sorted.clear()
 
     def time(self, op: str, nbytes: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
         if not self.fast:
@@ -1392,9 +1446,18 @@ def _timer(bandwidth: Any) -> _Timer:
 def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None) -> tuple[Any, U.Utilization]:
     """The bandwidth model (``None``: the shipped calibration carried to ``cluster``) wrapped in a caching
     :class:`_Timer`, and the utilization model (``None``: the shipped one)."""
-    if bandwidth is None:
-        bandwidth = Bandwidth.default(cluster)  # cached there per cluster and calibration file
+    if bandwidth is None:  # Bandwidth.default caches per cluster and calibration file; asked here per call, its
+        # answer is kept per (cluster, file stamp) so that a call costs one os.stat, not Path objects
+        key = (cluster, *data_stamp(BANDWIDTH_CALIBRATION))
+        bandwidth = _DEFAULT_BANDWIDTH.get(key)
+        if bandwidth is None:
+            if len(_DEFAULT_BANDWIDTH) > 64:
+                _DEFAULT_BANDWIDTH.clear()
+            bandwidth = _DEFAULT_BANDWIDTH[key] = Bandwidth.default(cluster)
     return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
+
+
+_DEFAULT_BANDWIDTH: dict[tuple[Any, ...], Bandwidth] = {}
 
 
 _STAGES: OrderedDict[tuple[Any, ...], tuple[Any, Any, float, Stages]] = OrderedDict()
@@ -1425,15 +1488,17 @@ def _one_stages(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bw
 
 
 def _freeze(x: Any) -> None:
-    """Every numpy array in ``x`` (a :class:`Stages`, its dicts) read-only."""
-    if isinstance(x, np.ndarray):
-        x.flags.writeable = False
-    elif isinstance(x, dict):
-        for v in x.values():
-            _freeze(v)
-    elif isinstance(x, Stages):
-        for v in vars(x).values():
-            _freeze(v)
+    """Every numpy array in ``x`` (a :class:`Stages`, its dicts) read-only (a loop, not a recursion: a
+    configuration's :class:`Stages` holds some 150 arrays)."""
+    todo = [x]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, np.ndarray):
+            v.setflags(write=False)
+        elif isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, Stages):
+            todo.extend(vars(v).values())
 
 
 def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
