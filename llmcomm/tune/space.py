@@ -542,7 +542,14 @@ def _flag_masks(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> li
              "distributed_optimizer": cands["distributed_optimizer"].to_numpy(bool), "ep": cands["ep"].to_numpy(),
              "pp": cands["pp"].to_numpy(), "vpp": cands["vpp"].to_numpy(),
              "recompute": cands["recompute"].to_numpy(dtype=object)}
-    return [(combo, _flag_ok(model, n, **fixed, **{k: np.full(n, v) for k, v in combo.items()}))
+    # the rules on the distinct values of the columns they read (elementwise predicates: the same verdict per row)
+    code = np.zeros(n, np.int64)
+    for v in fixed.values():
+        code = pd.factorize(code * (n + 1) + pd.factorize(v)[0])[0].astype(np.int64)
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    k = len(first)
+    distinct = {c: v[first] for c, v in fixed.items()}
+    return [(combo, _flag_ok(model, k, **distinct, **{c: np.full(k, v) for c, v in combo.items()})[inv.reshape(-1)])
             for combo in time_flag_combinations(space)]
 
 
@@ -591,8 +598,17 @@ def enumerate_base(model: ModelSpec, gpus: int, global_batch: int, seq_len: int 
     """The valid rows of the space with the time-only flags (:data:`BOOL_TIME_FLAGS`) off: what the memory model
     needs (:func:`expand_time_flags` gives the rest); ``dominated``: without the rows
     :func:`dominated_combinations` leaves out, counted in :data:`TWIN_COLUMNS`."""
-    out = _frame(_valid_columns(model, gpus, global_batch, seq_len, space or SearchSpace(), dominated))
-    return out if dominated else out.drop(columns=list(TWIN_COLUMNS))
+    return base_and_table(model, gpus, global_batch, seq_len, space, dominated=dominated)[0]
+
+
+def base_and_table(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None = None,
+                   space: SearchSpace | None = None, *, dominated: bool = False
+                   ) -> tuple[pd.DataFrame, ParallelTable]:
+    """:func:`enumerate_base` and its rows as a :class:`ParallelTable` (built from the same arrays, not from the
+    DataFrame: what the memory model reads)."""
+    cols = _valid_columns(model, gpus, global_batch, seq_len, space or SearchSpace(), dominated)
+    out = _frame(cols)
+    return (out if dominated else out.drop(columns=list(TWIN_COLUMNS))), _table(model, cols, len(out))
 
 
 EXPLICIT = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp", "fsdp", "attention_backend", "sp", "recompute",
