@@ -120,7 +120,10 @@ out.value("launch_floor_ms_per_pass", floor_ms)
 # cluster and carried to H100 (FLOP terms scale with peak FLOP/s, byte terms with HBM bandwidth, launch costs
 # stay as measured). The curves rise out of the launch floor towards $1/\theta_\text{gemm}$ (dashed) and never pass
 # it, whatever the size; at the largest hidden size shown they are still rising — the limit is approached, not
-# reached, at the sizes of today's models. GPT-3 175B's hidden size is marked.
+# reached, at the sizes of today's models. GPT-3 175B's hidden size is marked. The second panel is the A100 fit
+# *carried over*: that is what the formulation uses for a GPU without a measured GEMM table (B200 today); on H100
+# and H200 it times the GEMMs from XLA's measurements instead (next section), whose ceiling is 82 % of the
+# datasheet peak, not the carried $1/\theta_\text{gemm}$.
 
 # %%
 import matplotlib.pyplot as plt
@@ -133,7 +136,7 @@ for ax, name in zip(axes[0], extrapolate_clusters, strict=True):
     curves[name] = X.layer_utilization(util, c, hidden=hidden_sizes, tps=tps, tokens=tokens)
     plots.utilization_curves(curves[name], x="hidden", y="utilization", hue="tp", ax=ax,
                              limit=util.gemm_efficiency(), calibrated=(1024, 2048),
-                             marks={"GPT-3 175B: h = 12,288": 12288}, title=f"{name} ({c.gpu})")
+                             marks={"GPT-3 175B: h = 12,288": 12288}, title=f"{name} ({c.gpu})" + ("" if name == extrapolate_clusters[0] else ", A100 fit carried"))
     ax.title.set_fontsize(9)
 out.figure(fig, "utilization_extrapolation")
 a100 = curves[extrapolate_clusters[0]]

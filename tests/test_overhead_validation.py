@@ -15,8 +15,8 @@ from llmcomm.specs import data_dir
 
 # today's numbers (shipped calibration, `python -m llmcomm.overhead.calibrate`) as bounds: a change of either
 # model that makes the held-back error worse fails here
-BOUNDS = {"mape": 0.09, "median_ape": 0.055, "worst_ape": 0.47}
-SPEARMAN_FLOOR = {"3.6B": 0.95, "18.4B": 0.6, "39.1B": 0.55, "175B": 0.9}
+BOUNDS = {"mape": 0.085, "median_ape": 0.05, "worst_ape": 0.47}  # 8.41%, 4.7%, 45.9% (blocking p2p)
+SPEARMAN_FLOOR = {"3.6B": 0.95, "18.4B": 0.6, "39.1B": 0.6, "175B": 0.9}
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ One iteration of a pipeline stage ``r`` runs ``m`` micro-batches; per micro-batc
     tp_r, ep_r = Σ over the TP/SP and EP calls the stage issues per micro-batch of ``bw.time(call)``
     pp_r       = (number of sends per micro-batch)·bw.time(send, p2p bytes)
                  (``pipe_partitioned``, DeepSpeed's PipelineEngine: p2p bytes / tp, plus TP all-gathers of the
-                 activation, timed in tp_r: 1 forward on a stage that receives, 2 backward on one that sends)
+                 activation, timed in tp_r: 1 forward on a stage that receives, 2 backward on one that sends;
+                 its blocking p2p also makes a stage wait for each receive: :mod:`llmcomm.overhead.blocking_p2p`)
 
 Each call is timed for its group as the configuration's ``order`` places it (:func:`llmcomm.step.placement`, read
 from :class:`llmcomm.layout.Layout`, nodes of ``gpus_per_node`` consecutive ranks): the group's size and its ranks
@@ -100,7 +101,8 @@ from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import attention_time, cp_time, moe_fold
+from . import attention_time, cp_time, moe_fold, moe_time
+from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
@@ -666,6 +668,11 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     instead of ``FLOPs/peak`` (its cross-entropy bytes unchanged); an unfused attention core's two matmuls
     (``baddbmm`` Q·Kᵀ and ``bmm`` scores·V, ``b·a/tp`` batched GEMMs of ``s×s×d`` and ``s×d×s``) by the measured
     model too, its score traffic unchanged.
+
+    MoE layers (:mod:`llmcomm.overhead.moe_time`): the experts' GEMMs as TE's grouped linear runs them (one cuBLAS
+    GEMM per local expert, in rounds of TE's four compute streams; FP8 rows padded to 16); the alltoall dispatcher's
+    permute, chunk sorts and unpermute, the router's element-wise work, the experts' bias (``add_bias_linear``) and
+    the FP8 casts of the dispatched tokens as bytes in the memory feature (also replayed by recompute ``moe``).
     """
     b, s, tp = c["micro_batch"], c["seq_len"] // c["cp"], c["tp"]  # s: tokens of one CP rank (cp_time)
     h, a, g, d = model.hidden_size, model.num_attention_heads, model.query_groups, model.head_dim
@@ -720,6 +727,11 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
                 C[:, U.I["gemm"]] = np.where(fz | (C[:, U.I["gemm"]] == 0), C[:, U.I["gemm"]], t_un)
         sec = {}
         for name, (m_, n_, k_, bt) in shapes.items():
+            if name.startswith("expert_"):  # TE's grouped linear: one GEMM per local expert (moe_time)
+                t16 = moe_time.grouped_gemm_seconds(gemm_model, m_, n_, k_, bt, "bf16")
+                sec[name] = np.where(f8, moe_time.grouped_gemm_seconds(
+                    gemm_model, moe_time.padded_rows(m_, f8), n_, k_, bt, "fp8"), t16) if f8.any() else t16
+                continue
             t16 = gemm_model.time(m_, n_, k_, bt, "bf16")
             sec[name] = np.where(f8, gemm_model.time(m_, n_, k_, bt, "fp8"), t16) if f8.any() else t16
         dense = sec["qkv"] + sec["proj"] + sec["fc1"] + sec["fc2"]
@@ -733,6 +745,8 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     z = np.zeros(len(tp))
     if model.is_moe:
         Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP, BF16)
+        # the dispatcher's permutations, router element-wise work, expert bias, FP8 expert-input casts (moe_time)
+        Lm[:, U.I["mem"]] += (moe_time.dispatch_bytes(model, c, T) + moe_time.expert_input_cast_bytes(model, c, T)) / hbm
     Gag = nd * (sec.get("qkv", z) + sec.get("fc1", z)) + nm * (sec.get("qkv", z) + sec.get("shared_fc1", 0.0))
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
     vp = model.padded_vocab_size(tp)
@@ -789,6 +803,8 @@ def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: di
                            + 2.0 * T * model.hidden_size * model.num_experts / peak) + sh * shared)
         Rm[:, mm] = (moe * 4.0 * T * (k_ + S) * fe / tpf + act * 4.0 * T * k_ * fe / tpf + sh * 4.0 * T * S * fe / tpf
                      + rm["layernorm"] * 4.0 * T * model.hidden_size / fw) / hbm
+        # recompute "moe" replays the dispatcher's permutations and the expert-input casts too (moe_time)
+        Rm[:, mm] += moe * (moe_time.dispatch_bytes(model, c, T) + moe_time.expert_input_cast_bytes(model, c, T)) / hbm
     return Rd, Rm
 
 
@@ -931,8 +947,8 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
                                           "pp_sb", "pp_nb", "ep_a2a")})
     cp_calls: list[tuple[str, np.ndarray, np.ndarray]] = []  # (tag, seconds per call, calls): cp_time.exposed
-    calls = [it for it in comm_items(model, c3, (hf3, hl3), layers3, params3)
-             if it.op != "recv"]  # a receive is the peer's send: timed once, on the sender
+    # a receive is the peer's send, timed once on the sender, except DeepSpeed's blocking pipeline receives
+    calls = _blocking_p2p.timed_calls(comm_items(model, c3, (hf3, hl3), layers3, params3), c3["pipe_partitioned"])
     small = n3 <= 192
     items: list[tuple[CommItem, Any]]
     if small:  # a few rows: which rows call, read as Python values (one conversion, not two numpy calls)
@@ -983,10 +999,15 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
             tot["pp_nf" if f_ else "pp_nb"] += it.count
         elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
             tot["ep_a2a"] += it.count * tt
-        tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
+        if it.op != "recv":  # a receive's bytes are its peer's send's
+            tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
-    dn3 = params3[0] + params3[1]
+    shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
+    shard = np.where(c["fsdp"], c["dp"] * c["cp"], shard)  # FSDP shards the optimizer state over dp·cp
+    # the optimizer's bytes per rank, the dense parameters sharded over dp·cp, the experts' over edp (moe_time)
+    dn3 = moe_time.optimizer_bytes(params3[0], params3[1], np.tile(shard, 3), np.tile(
+        np.where(c["distributed_optimizer"] & ~c["fsdp"], moe_fold.expert_dp(c), shard), 3), ADAM_BYTES_PER_PARAM)
     for i, cls in enumerate(CLASSES):
         sl = slice(i * n, (i + 1) * n)
         r: dict[str, Any] = {"q": {k: v[sl] for k, v in q3.items()}}
@@ -996,8 +1017,6 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         per_class[cls] = r
         exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
         params = np.maximum(params, np.where(exists, dn3[sl], 0))
-    shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
-    shard = np.where(c["fsdp"], c["dp"] * c["cp"], shard)  # FSDP shards the optimizer state over dp·cp
     m = c["global_batch"] // (c["micro_batch"] * c["dp"])
     # DDP buckets of stage 0: its first chunk split into buckets by the predictor's layout (the one rule:
     # llmcomm.predict.dp.chunk_is_bucketed, bucket_elements; overlap.bucket_profile), each later chunk one
@@ -1007,7 +1026,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     for rows, ready, _ in profiles:
         nb0[rows] = len(ready)
     mlp = _overlap.moe_mlp_share(model, c["seq_len"], c["fused_attention"]) if model.is_moe else None
-    return Stages(per_class, m, pp, v, ADAM_BYTES_PER_PARAM * params / shard, hbm, c["tp_comm_overlap"],
+    return Stages(per_class, m, pp, v, params, hbm, c["tp_comm_overlap"],
                   c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
                   np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
                   _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
