@@ -10,7 +10,10 @@ Built by construction, not by filtering a Cartesian product, so that a 16,384-GP
 ``global_batch / dp`` (up to ``max_micro_batch``), ``vpp`` over the divisors of every stage's layer count; every
 row is then checked against the rules of :mod:`llmcomm.rules` (scopes :data:`SCOPES`: what ``ParallelConfig``,
 ``specs.validate``, Megatron-LM and the iteration-time formulation require, each rule written once there with its
-source), so the space holds exactly the configurations the cost model can rank.
+source), so the space holds exactly the configurations the cost model can rank. The rows are a product of shape
+rows and categorical combinations, and each rule is evaluated on the distinct values of the columns it reads in
+those two factors (:func:`llmcomm.tune.factored.product_valid`), not on every row of the product: the same rows
+(``tests/test_tune.py`` checks them against ``rules.valid`` on every row and ``rules.check`` of each row).
 
 Dimensions the formulation does not model yet are not left out by a list kept here: a dimension given as
 ``None`` (``cp``, ``fsdp``) takes the values that no rule of the ``cost`` scope refuses (:func:`accepted_values`,
