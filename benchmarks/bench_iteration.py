@@ -9,8 +9,9 @@ terms only: both are measured, the same configuration repeated, and distinct con
 first time (the cache emptied before).
 
 Configurations "seen for the first time" are timed with every per-configuration cache emptied (the stage
-cache, the memory check's, the calls each bandwidth timer keeps) but the per-model and per-regime ones kept (what
-a sweep has after its first configurations); "nothing cached" empties those too. Besides GPT-3 175B's grid, one
+cache, the memory check's, the calls each bandwidth timer keeps, the last configuration's ``ParallelTable``) but the
+per-model, per-shape and per-regime ones kept (what a sweep has after its first configurations); "nothing cached"
+empties those too (the bandwidth timers, the memory model's stage layouts, one configuration's placement arrays). Besides GPT-3 175B's grid, one
 configuration of each mechanism of the catalogue (LLaMA-3 70B with every overlap and FP8, CP, FSDP, interleaved
 pipelines, Mixtral and Qwen3 with EP) is timed the same ways. CPU time (``time.process_time``) is printed beside
 wall time, since wall time stretches on a shared machine; the targets are judged on CPU time.
@@ -33,6 +34,8 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # one
 import pandas as pd  # noqa: E402
 
 from llmcomm import ParallelConfig, load_cluster, load_model  # noqa: E402
+from llmcomm import parallel_table as _parallel_table  # noqa: E402
+from llmcomm import step as _step  # noqa: E402
 from llmcomm.errors import ConfigError  # noqa: E402
 from llmcomm.overhead import capacity as _capacity  # noqa: E402
 from llmcomm.overhead import iteration as _iteration  # noqa: E402
@@ -88,6 +91,7 @@ def forget_configurations() -> None:
     each bandwidth timer keeps (the regimes stay)."""
     _iteration._STAGES.clear()
     _capacity._memory.cache_clear()
+    _parallel_table._LAST_ONE.clear()  # the last configuration's table (stages and the memory check share it)
     for _, timer in _iteration._TIMERS.values():
         getattr(timer, "memo", {}).clear()
 
@@ -97,6 +101,9 @@ def forget_everything() -> None:
     layouts of the memory model)."""
     forget_configurations()
     _iteration._TIMERS.clear()
+    _iteration._DEFAULT_BANDWIDTH.clear()
+    _iteration._GEMM_MODELS.clear()
+    _step._shape_placement_rows.cache_clear()  # one configuration's placement arrays per shape
     for name in ("_stage_parameters", "_stage_info", "_fsdp_units", "_shape"):
         f = getattr(_memory, name, None)
         if hasattr(f, "cache_clear"):

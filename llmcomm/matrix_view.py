@@ -36,13 +36,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import scipy.sparse as sp
 
 from .bounds import check_matrix_flows
 from .errors import ConfigError
 from .events import vocabulary_codes
-from .flows import flow_arrays, reduction_factor, split_arrays
+from .flows import flow_arrays, flow_event_arrays, reduction_factor, split_arrays
 from .group_refs import PAIR, RefEvents
 from .trace import Trace
 from .vocab import ALGORITHMS, OPS, AlgorithmName
@@ -123,6 +124,44 @@ def binned_matrices(trace: Trace, algorithms: Sequence[AlgorithmName] = ("direct
             for a in algorithms}
 
 
+def count_exact(trace: Trace, algorithms: Sequence[AlgorithmName] = ALGORITHMS, by: str = "parallelism") -> bool:
+    """Whether :func:`binned_matrices` of ``trace`` (rows with a ``count``, e.g. an aggregated prediction) under
+    ``algorithms`` and per value of ``by`` is, bit for bit, that of the same events with every row repeated
+    ``count`` times as rows of one call (the expanded prediction), whatever the blocks and the order of the rows.
+
+    True when, per image, what a row sends is ``count`` times what one of its calls sends (each uniform weight
+    ``f·bytes/n`` or ``bytes/n``, each flow of the exact rules; the splits are whole bytes), every amount one
+    call sends is a multiple of ``2⁻ᵏ`` (``k`` binary places: 0 for whole bytes, 5 for a 4-byte all-reduce's
+    ``2·4/256``) and ``2·Σ bytes·count · 2ᵏ < 2⁵³``. Then every partial sum either computation makes is a
+    multiple of ``2⁻ᵏ`` below ``2·Σ bytes·count`` (what all flows of the image carry at most), held exactly by
+    a float64, so every addition is exact, in any order and grouping. A trace whose groups are member lists
+    gives False (not checked)."""
+    ev = trace.ref_events
+    if ev is None:
+        return False
+    rows = _Rows(ev)
+    col = ev.column(by)
+    values = [str(v) for v in pc.unique(col).to_pylist() if v is not None]
+    codes = vocabulary_codes(col, values)
+    return all(rows.count_exact(np.nonzero(codes == i)[0], a) for i in range(len(values)) for a in algorithms)
+
+
+_EXACT = 2.0**53  # float64 holds every multiple of 2^-k below 2^(53-k) exactly
+
+
+def _binary_places(x: np.ndarray) -> int | None:
+    """The fewest binary places ``k`` with every ``x · 2ᵏ`` whole (multiplying by a power of two is exact);
+    None for a value that has more than 52 (or is not finite)."""
+    x = np.unique(x)
+    if not np.all(np.isfinite(x)):
+        return None
+    for k in range(53):
+        scaled = x * 2.0**k
+        if np.all(np.floor(scaled) == scaled):
+            return k
+    return None
+
+
 class _Rows:
     """The per-event arrays the images read, decoded once per trace (op codes, rank, ``S = bytes · count``,
     group size, kind and index of the group reference, per-peer splits of the all-to-alls)."""
@@ -133,7 +172,8 @@ class _Rows:
         self.op = vocabulary_codes(ev.column("op"), OPS)
         self.rank = ev.ints("rank")
         self.count = ev.ints("count")
-        self.size = ev.ints("bytes").astype(np.float64) * self.count
+        self.bytes = ev.ints("bytes").astype(np.float64)
+        self.size = self.bytes * self.count
         self.n = ev.refs.sizes()
         self.kind = np.asarray(ev.refs.kind, dtype=np.int64)
         self.index = np.asarray(ev.refs.index, dtype=np.int64)
@@ -147,20 +187,59 @@ class _Rows:
             self.split_offsets, self.split_values = offsets, values
         self.with_split = self.a2a & (self.split_lens == self.n)
 
-    def image(self, rows: np.ndarray, algorithm: str, unit: int, cells: int) -> np.ndarray:
-        """The image of events ``rows`` (ascending)."""
-        image = np.zeros(cells * cells, dtype=np.float64)
+    @property
+    def single(self) -> RefEvents:
+        """:attr:`slim` with every ``count`` 1: one call of each row."""
+        table = self.slim.table
+        i = table.column_names.index("count")
+        ones = pa.array(np.ones(table.num_rows, dtype=np.int64)).cast(table.schema.field(i).type)
+        return RefEvents(table.set_column(i, table.schema.field(i), ones), self.refs)
+
+    def uniform(self, rows: np.ndarray, algorithm: str, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(weight, uniform)`` of events ``rows``: whether each sends one amount to every other member of its
+        group (a direct reduction, ``f·S/n``; an all-to-all without usable splits, ``S/n``) and that amount,
+        with ``S`` = ``size`` of the row (``bytes · count``, or ``bytes`` for one call)."""
         op, kind, n = self.op[rows], self.kind[rows], self.n[rows]
         weight = np.zeros(len(rows))
         uniform = np.zeros(len(rows), dtype=bool)
         if algorithm == "direct":  # reductions: f·S/n to each other member
             red = (_FACTOR[op] > 0) & (kind != PAIR)
             uniform |= red
-            weight[red] = _FACTOR[op[red]] / n[red] * self.size[rows[red]]
-        a2a, split = self.a2a[rows], self.with_split[rows]
-        even = a2a & ~split  # both algorithms: S/n to each other member without usable splits
+            weight[red] = _FACTOR[op[red]] / n[red] * size[rows[red]]
+        even = self.a2a[rows] & ~self.with_split[rows]  # both algorithms: S/n to each other member
         uniform |= even
-        weight[even] = self.size[rows[even]] / n[even]
+        weight[even] = size[rows[even]] / n[even]
+        return weight, uniform
+
+    def count_exact(self, rows: np.ndarray, algorithm: str) -> bool:
+        """Whether the image of events ``rows`` equals, bit for bit, the image of the same events with each row
+        repeated ``count`` times as rows of ``count = 1`` (see :func:`count_exact`)."""
+        weight, uniform = self.uniform(rows, algorithm, self.size)
+        one, _ = self.uniform(rows, algorithm, self.bytes)
+        if not np.array_equal(weight[uniform], one[uniform] * self.count[rows[uniform]]):
+            return False
+        amounts = [one[uniform]]
+        split = rows[self.with_split[rows]]
+        if len(split):
+            start, lens = self.split_offsets[split], self.split_lens[split]
+            amounts.append(self.split_values[np.repeat(start, lens) + np.arange(int(lens.sum()))
+                                             - np.repeat(np.cumsum(lens) - lens, lens)])
+        rest = rows[~(uniform | self.with_split[rows])]
+        if len(rest):
+            _, _, nbytes, of = flow_event_arrays(self.slim.take(rest), algorithm)  # type: ignore[arg-type]
+            _, _, per_call, _ = flow_event_arrays(self.single.take(rest), algorithm)  # type: ignore[arg-type]
+            if not np.array_equal(nbytes, per_call * self.count[rest][of]):
+                return False
+            amounts.append(per_call)
+        k = _binary_places(np.concatenate(amounts))
+        return k is not None and 2.0 * float(np.sum(self.size[rows])) * 2.0**k < _EXACT
+
+    def image(self, rows: np.ndarray, algorithm: str, unit: int, cells: int) -> np.ndarray:
+        """The image of events ``rows`` (ascending)."""
+        image = np.zeros(cells * cells, dtype=np.float64)
+        kind, n = self.kind[rows], self.n[rows]
+        weight, uniform = self.uniform(rows, algorithm, self.size)
+        split = self.with_split[rows]
         for k in np.unique(kind[uniform]):
             sel = rows[uniform & (kind == k)]
             _add_groups(image, self.refs.tables[int(k)], self.index[sel], self.rank[sel] // unit,

@@ -15,6 +15,7 @@ Derived sizes have ``ParallelConfig``'s names and formulas (``num_microbatches``
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,20 @@ assert set(FIELDS) == set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS + FLOAT
                                                                    + FLOAT_FIELDS + STR_FIELDS + OBJECT_FIELDS))
 
 
+_ALL_FIELDS = operator.attrgetter(*FIELDS)  # a ParallelConfig's field values as one tuple (ParallelTable.from_configs)
+_FIELD_KINDS: dict[str, tuple[str, ...]] = {
+    kind: tuple(f for f in FIELDS if (
+        "optional" if f in OPTIONAL_INT_FIELDS or f == "seq_len" else "int" if f in INT_FIELDS else "bool"
+        if f in BOOL_FIELDS else "float" if f in FLOAT_FIELDS else "object" if f in OBJECT_FIELDS else "str") == kind)
+    for kind in ("optional", "int", "bool", "float", "object", "str")}
+_KIND_DTYPE: dict[str, Any] = {"optional": np.int64, "int": np.int64, "bool": bool, "float": np.float64,
+                               "str": object}
+
+
+_FUSED = {b: b in FUSED_ATTENTION_BACKENDS for b in ATTENTION_BACKENDS}  # ParallelTable.fused_attention's codes
+_LAST_ONE: list[tuple[ParallelConfig, ModelSpec | None, ParallelTable]] = []  # ParallelTable.from_parallel's last
+
+
 def _objects(values: Any, n: int) -> np.ndarray:
     """An object array of ``n`` values (a value repeated when not a sequence of n), without numpy turning tuples
     into a second axis."""
@@ -80,17 +95,17 @@ def _hashable(values: np.ndarray) -> bool:
 def _codes(values: np.ndarray, table: Mapping[str, Any], field: str) -> np.ndarray:
     """``table[v]`` for each string ``v`` of ``values``, through the distinct values (fast for long columns of
     few strings); a value outside ``table`` is a :class:`ConfigError` naming the field."""
-    if len(values) and (values == values[0]).all():
+    if len(values) == 1 or (len(values) and (values == values[0]).all()):
         u = str(values[0])
         if u not in table:
             raise ConfigError(f"candidates: column {field!r} holds {u!r}, not one of {sorted(table)}")
         return np.full(len(values), table[u])
-    cat = pd.Categorical(values)
-    bad = [str(u) for u in cat.categories if str(u) not in table]
-    if bad or (cat.codes < 0).any():
+    codes, uniq = pd.factorize(values)  # hashed, no sort (a Categorical sorts its categories)
+    bad = sorted(str(u) for u in uniq if str(u) not in table)
+    if bad or (codes < 0).any():
         raise ConfigError(f"candidates: column {field!r} holds values outside {sorted(table)}: {bad or ['NaN']}")
-    lut = np.array([table[str(u)] for u in cat.categories])
-    return lut[cat.codes]
+    lut = np.array([table[str(u)] for u in uniq])
+    return lut[codes]
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,7 +183,7 @@ class ParallelTable:
                 if v is not None and isinstance(df[f].dtype, pd.StringDtype) and not pd.isna(v).any():
                     cols[f] = v.astype(object)  # already strings, none missing: what the line below gives
                     continue
-                cols[f] = (np.full(n, const, dtype=object) if v is None
+                cols[f] = (_objects(const, n) if v is None  # fill: np.full copies object by object, 10x slower
                            else pd.Series(v).fillna(DEFAULTS[f]).astype(str).to_numpy(dtype=object))
         return cls._finish(cols, model)
 
@@ -196,26 +211,35 @@ class ParallelTable:
     @classmethod
     def from_configs(cls, configs: Sequence[ParallelConfig], model: ModelSpec | None = None) -> ParallelTable:
         """A table of already validated configurations (no pandas: the fast path of one configuration)."""
+        # the fields' values row by row (one attrgetter call per configuration), then one 2-D array per kind of
+        # field whose rows are the columns: a handful of numpy calls instead of one per field (one configuration
+        # is the single-configuration path of iteration_time and memory)
+        by_field = dict(zip(FIELDS, zip(*(_ALL_FIELDS(p) for p in configs), strict=True), strict=True))
         cols: dict[str, np.ndarray] = {}
-        for f in FIELDS:
-            vals = [getattr(p, f) for p in configs]
-            if f in OPTIONAL_INT_FIELDS or f in ("seq_len",):
-                cols[f] = np.array([-1 if x is None else x for x in vals], np.int64)
-            elif f in INT_FIELDS:
-                cols[f] = np.array(vals, np.int64)
-            elif f in BOOL_FIELDS:
-                cols[f] = np.array(vals, bool)
-            elif f in FLOAT_FIELDS:
-                cols[f] = np.array(vals, np.float64)
-            elif f in OBJECT_FIELDS:
-                cols[f] = _objects(vals, len(vals))
-            else:
-                cols[f] = np.array(vals, dtype=object)
-        return cls._finish(cols, model)
+        for kind, fields in _FIELD_KINDS.items():
+            if kind == "object":
+                cols.update({f: _objects(list(by_field[f]), len(configs)) for f in fields})
+                continue
+            vals = [by_field[f] for f in fields]
+            if kind == "optional":
+                vals = [[-1 if x is None else x for x in v] for v in vals]
+            block = np.array(vals, dtype=_KIND_DTYPE[kind]).reshape(len(fields), len(configs))
+            cols.update({f: block[i] for i, f in enumerate(fields)})
+        return cls._finish({f: cols[f] for f in FIELDS}, model)
 
     @classmethod
     def from_parallel(cls, parallel: ParallelConfig, model: ModelSpec | None = None) -> ParallelTable:
-        return cls.from_configs([parallel], model)
+        """The one-row table of ``parallel``. The most recent one is kept, its columns read-only, and given back
+        while the same configuration and model objects are asked for (``iteration_time`` asks twice per call:
+        for its stage description and for its memory check)."""
+        last = _LAST_ONE[0] if _LAST_ONE else None
+        if last is not None and last[0] is parallel and last[1] is model and cls is ParallelTable:
+            return last[2]
+        t = cls.from_configs([parallel], model)
+        for v in t.columns.values():
+            v.setflags(write=False)
+        _LAST_ONE[:] = [(parallel, model, t)]
+        return t
 
     @classmethod
     def _finish(cls, cols: dict[str, np.ndarray], model: ModelSpec | None) -> ParallelTable:
@@ -231,6 +255,10 @@ class ParallelTable:
         if model is not None and (cols["seq_len"] < 0).any():
             cols["seq_len"] = np.where(cols["seq_len"] < 0, model.seq_length, cols["seq_len"])
         return cls(cols)
+
+    def slice(self, start: int, stop: int) -> ParallelTable:
+        """Rows ``start .. stop - 1`` (views of this table's columns: no copy)."""
+        return ParallelTable({k: v[start:stop] for k, v in self.columns.items()})
 
     def take(self, rows: np.ndarray) -> ParallelTable:
         return ParallelTable({k: v[rows] for k, v in self.columns.items()})
@@ -295,8 +323,7 @@ class ParallelTable:
     @property
     def fused_attention(self) -> np.ndarray:
         """Rows whose attention runs as one fused kernel (:data:`llmcomm.vocab.FUSED_ATTENTION_BACKENDS`)."""
-        return _codes(self.attention_backend, {b: b in FUSED_ATTENTION_BACKENDS for b in ATTENTION_BACKENDS},
-                      "attention_backend").astype(bool)
+        return _codes(self.attention_backend, _FUSED, "attention_backend").astype(bool)
 
     @property
     def recompute_code(self) -> np.ndarray:

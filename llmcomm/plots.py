@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -179,14 +180,44 @@ def _matrix_axis_label(side: str, k: int) -> str:
 def _node_boundaries(ax: Axes, k: int, world_size: int, gpus_per_node: int, title: str | None) -> str | None:
     """The dashed node boundaries of a matrix panel in bins of ``k`` ranks (up to :data:`MAX_NODE_LINES` nodes);
     returns ``title``, with a note when there are too many nodes to draw."""
+    positions, title = _boundary_positions(k, world_size, gpus_per_node, title)
+    for pos in positions:
+        ax.axhline(pos, **NODE_LINE)
+        ax.axvline(pos, **NODE_LINE)
+    return title
+
+
+def _boundary_positions(k: int, world_size: int, gpus_per_node: int, title: str | None
+                        ) -> tuple[list[float], str | None]:
+    """Where :func:`_node_boundaries` draws its lines (in cells), and the panel's title."""
     nodes = int(np.ceil(world_size / gpus_per_node))
     if 1 < nodes <= MAX_NODE_LINES:
-        for b in range(1, nodes):
-            pos = b * gpus_per_node / k - 0.5
+        return [b * gpus_per_node / k - 0.5 for b in range(1, nodes)], title
+    if nodes > MAX_NODE_LINES:
+        title = f"{title or 'communication matrix'}\n({nodes} nodes: boundaries not drawn)"
+    return [], title
+
+
+def _move_node_boundaries(ax: Axes, k: int, world_size: int, gpus_per_node: int, title: str | None
+                          ) -> str | None:
+    """:func:`_node_boundaries` on axes that hold only the lines of earlier calls: those lines are moved (the
+    first ones, in the order they were drawn) and shown, missing ones drawn, surplus ones hidden (a new line
+    costs more than drawing it; a hidden one is not drawn), so the axes draw the lines a new call would draw, in
+    the same order."""
+    positions, title = _boundary_positions(k, world_size, gpus_per_node, title)
+    lines = list(ax.lines)
+    for i, pos in enumerate(positions):
+        if 2 * i + 1 < len(lines):
+            lines[2 * i].set_ydata([pos, pos])
+            lines[2 * i + 1].set_xdata([pos, pos])
+            for line in lines[2 * i:2 * i + 2]:  # as axhline / axvline leave their path
+                line.get_path()._interpolation_steps = mpl.axis.GRIDLINE_INTERPOLATION_STEPS
+                line.set_visible(True)
+        else:
             ax.axhline(pos, **NODE_LINE)
             ax.axvline(pos, **NODE_LINE)
-    elif nodes > MAX_NODE_LINES:
-        title = f"{title or 'communication matrix'}\n({nodes} nodes: boundaries not drawn)"
+    for line in lines[2 * len(positions):]:
+        line.set_visible(False)
     return title
 
 
@@ -274,19 +305,19 @@ class MatrixImages:
 
     def reshape(self, images: Mapping[str, np.ndarray], *, unit: int, world_size: int, gpus_per_node: int = 8
                 ) -> None:
-        """Show ``images`` of the same titles as this figure's but any cells, blocks and world, in place: each
-        image's data and extent, its axes' limits, node boundaries, title and axis labels (those not emptied,
-        e.g. by ``label_outer``), then :meth:`update`; the figure then :meth:`fits` ``images``."""
-        if tuple(images) != self.key[0]:
-            raise ValueError(f"MatrixImages.reshape: panels {list(images)} are not this figure's {list(self.key[0])}")
+        """Show ``images`` of as many panels as this figure's (any titles, cells, blocks and world), in place:
+        each image's data and extent, its axes' limits, node boundaries (the lines moved, not drawn anew: a new
+        line costs more than drawing it), title and axis labels (those not emptied, e.g. by ``label_outer``), then
+        :meth:`update`; the figure then :meth:`fits` ``images``."""
+        if len(images) != len(self.key[0]):
+            raise ValueError(f"MatrixImages.reshape: {len(images)} panels {list(images)}, this figure has "
+                             f"{len(self.key[0])} ({list(self.key[0])})")
         for im, title, m in zip(self.ims, images, images.values(), strict=True):
             ax, n = im.axes, m.shape[0]
-            for line in list(ax.lines):
-                line.remove()
             im.set_extent((-0.5, n - 0.5, n - 0.5, -0.5))
             ax.set_xlim(-0.5, n - 0.5)
             ax.set_ylim(n - 0.5, -0.5)
-            ax.set_title(str(_node_boundaries(ax, unit, world_size, gpus_per_node, str(title))), fontsize=8)
+            ax.set_title(str(_move_node_boundaries(ax, unit, world_size, gpus_per_node, str(title))), fontsize=8)
             if ax.get_xlabel():
                 ax.set_xlabel(_matrix_axis_label("receiver", unit))
             if ax.get_ylabel():
@@ -300,7 +331,8 @@ class MatrixImages:
         if self.colorbar is None:
             return
         shared = self.ims[0].norm
-        shared.vmin, shared.vmax = norm.vmin, norm.vmax
+        with shared.callbacks.blocked():  # both limits at once: a colour bar told of a new vmin above the old
+            shared.vmin, shared.vmax = norm.vmin, norm.vmax  # vmax swaps them (matplotlib's nonsingular)
         for im, dense in zip(self.ims, mats, strict=True):
             im.set_data(np.log10(dense))
         self.colorbar.update_normal(self.ims[-1])

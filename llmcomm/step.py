@@ -110,19 +110,29 @@ def stage_classes(model: ModelSpec, pp: np.ndarray, vpp: np.ndarray, uneven: dic
     slowest of the middle ones) and the last stage, per configuration; ``uneven``: the arrays of :data:`UNEVEN`
     (``-1`` for an unset layer count), absent for even splits."""
     n = len(pp)
-    out = {c: (np.zeros(n, np.int64), np.zeros(n, np.int64)) for c in CLASSES}
     u = uneven or {}
     cols = [pp, vpp] + [np.asarray(u.get(k, np.full(n, -1 if "num" in k else 0)), np.int64) for k in UNEVEN]
+    if n == 1:  # one configuration: its layout's counts, no grouping
+        one = _class_counts(model, *(int(col[0]) for col in cols))
+        return {c: (np.array([one[c][0]], np.int64), np.array([one[c][1]], np.int64)) for c in CLASSES}
+    out = {c: (np.zeros(n, np.int64), np.zeros(n, np.int64)) for c in CLASSES}
     inv, uniq = factorize(cols)
-    for j, (p_, v_, f, la, e, lo) in enumerate(uniq):
+    for j, key in enumerate(uniq):
         sel = inv == j
-        counts = _stage_counts(model, pipeline_split(model.num_layers, p_, v_, None if f < 0 else f,
-                                                     None if la < 0 else la, bool(e), bool(lo)))
-        mid = max(counts[1:-1], key=lambda x: (x[1], x[0])) if p_ > 2 else (0, 0)
-        for c, (held, moe) in {"first": counts[0], "last": counts[-1], "mid": mid}.items():
-            out[c][0][sel] = held - moe
+        for c, (dense, moe) in _class_counts(model, *key).items():
+            out[c][0][sel] = dense
             out[c][1][sel] = moe
     return out
+
+
+def _class_counts(model: ModelSpec, p_: int, v_: int, f: int, la: int, e: int, lo: int
+                  ) -> dict[str, tuple[int, int]]:
+    """``{class: (dense layers, MoE layers)}`` of one layout (:func:`stage_classes`; ``f``, ``la`` are ``-1``
+    when unset)."""
+    counts = _stage_counts(model, pipeline_split(model.num_layers, p_, v_, None if f < 0 else f,
+                                                 None if la < 0 else la, bool(e), bool(lo)))
+    mid = max(counts[1:-1], key=lambda x: (x[1], x[0])) if p_ > 2 else (0, 0)
+    return {c: (held - moe, moe) for c, (held, moe) in {"first": counts[0], "last": counts[-1], "mid": mid}.items()}
 
 
 def recompute_groups(count: int, method: str | None, num_layers: int | None) -> tuple[tuple[int, ...], ...]:
@@ -322,22 +332,33 @@ def _shape_placement(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, orde
     return {f"{kind}@{cls}": v for cls, d in _placement(shape, gpus_per_node).items() for kind, v in d.items()}
 
 
+@lru_cache(maxsize=4096)
+def _shape_placement_rows(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, order: str, gpus_per_node: int
+                          ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """:func:`_shape_placement` as one-row read-only arrays (what :func:`placement` gives for one configuration)."""
+    out = {}
+    for key, (size, k) in _shape_placement(tp, cp, dp, pp, ep, etp, order, gpus_per_node).items():
+        pair = np.array([[size], [k]], np.int64)
+        pair.setflags(write=False)
+        out[key] = (pair[0], pair[1])
+    return out
+
+
 def placement(t: Any, gpus_per_node: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """:func:`ranks_per_node` for every row of a :class:`~llmcomm.parallel_table.ParallelTable` and every stage class:
     ``{"<kind>@<class>": (sizes, ranks per node)}``, one layout per distinct shape (``tp, cp, dp, pp, ep, etp,
     order``)."""
     n = len(t)
-    if n == 1:  # one configuration: no grouping
-        d = _shape_placement(int(t.tp[0]), int(t.cp[0]), int(t.dp[0]), int(t.pp[0]), int(t.ep[0]),
-                             int(t.expert_tp[0]), str(t.order[0]), gpus_per_node)
-        return {key: (np.array([size], np.int64), np.array([k], np.int64)) for key, (size, k) in d.items()}
+    if n == 1:  # one configuration: no grouping; the shape's one-row arrays (read-only, shared)
+        return dict(_shape_placement_rows(int(t.tp[0]), int(t.cp[0]), int(t.dp[0]), int(t.pp[0]), int(t.ep[0]),
+                                          int(t.expert_tp[0]), str(t.order[0]), gpus_per_node))
     order_codes, order_names = pd.factorize(t.order)
     inv, uniq = factorize([t.tp, t.cp, t.dp, t.pp, t.ep, t.expert_tp, order_codes])
     per = [_shape_placement(*u[:6], str(order_names[u[6]]), gpus_per_node) for u in uniq]
     out = {}
     for key in per[0] if per else ():
-        lut = np.array([d[key] for d in per], np.int64).reshape(-1, 2)
-        out[key] = (lut[inv, 0], lut[inv, 1])
+        lut = np.array([d[key] for d in per], np.int64).reshape(-1, 2).T.copy()  # (2, shapes): rows contiguous
+        out[key] = (lut[0].take(inv), lut[1].take(inv))
     return out
 
 

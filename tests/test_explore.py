@@ -216,4 +216,69 @@ def test_painter_redraws_in_place_what_a_new_figure_shows(view) -> None:
         assert np.array_equal(pixels(p.render(wide, name)), pixels(again.render(wide, name))), name
         again.close()
     assert p.reused["matrix"] == 2 and p.matrix.fits(wide.matrices, unit=2, world_size=512, gpus_per_node=8)
+    # as many panels of other parallelisms (TP and DP), back to 4 nodes, then the first view again: the kept
+    # figures are retitled, their node lines moved, shown or hidden; the pixels are a new painter's
+    dp = compute(START.replace(tp=8, pp=1, dp=4))
+    assert list(dp.matrices) == ["TP logical", "TP ring", "DP logical", "DP ring"]
+    for v in (dp, wide, view):
+        for name in PANELS:
+            again = panels.Painter()
+            again.pars = dict(p.pars)
+            assert np.array_equal(pixels(p.render(v, name)), pixels(again.render(v, name))), (v.choice, name)
+            again.close()
+    assert p.reused["matrix"] == 5 and len(p.matrices) == 1 and len(p.layouts) == 1
     p.close()
+
+
+def test_cached_text_canvas_draws_the_pixels_of_a_plain_canvas(view) -> None:
+    """llmcomm.explore.canvas: a text drawn again at the same place is replayed from the cache, and every
+    panel's pixels equal those of matplotlib's own Agg canvas, first drawing and redrawing."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    from llmcomm.explore import canvas, panels
+
+    cache = canvas.TextCache()
+    for name in PANELS:
+        fig = panels.FIGURES[name](view)
+        fig.text(0.5, 0.5, "$x^2$ and r5\ng1", rotation=30)  # math text is drawn by matplotlib, never cached
+        FigureCanvasAgg(fig)
+        plain = panels.fast_png(fig)
+        cached = [panels.fast_png(fig, cache) for _ in range(2)]
+        assert isinstance(fig.canvas, canvas.CachedTextCanvas)
+
+        def pixels(png: bytes) -> np.ndarray:
+            return np.asarray(Image.open(io.BytesIO(png)))
+
+        assert all(np.array_equal(pixels(plain), pixels(c)) for c in cached), name
+        plt.close(fig)
+    assert cache.hits > 0 and cache.misses > 0 and 0 < cache.nbytes <= canvas.MAX_BYTES
+    small = canvas.TextCache(max_bytes=2000)
+    fig = panels.FIGURES["time"](view)
+    panels.fast_png(fig, small)
+    assert small.nbytes <= 2000 and small.misses > len(small.calls)  # bounded: the oldest dropped
+    plt.close(fig)
+
+
+def test_kept_matrix_figure_takes_a_colour_range_above_the_old_one() -> None:
+    """MatrixImages.update to matrices whose smallest cell is above the old largest: the shared norm takes both
+    new limits (a colour bar told of the new vmin alone would swap it with the old vmax), as a new figure has."""
+    import matplotlib.pyplot as plt
+
+    from llmcomm.explore import panels
+    from llmcomm.plots import MatrixImages
+
+    def images(scale: float) -> dict[str, np.ndarray]:
+        m = np.arange(1.0, 17.0).reshape(4, 4) * scale
+        return {"TP logical": m, "TP ring": m.T}
+
+    kept = MatrixImages(images(1.0), unit=1, world_size=4, gpus_per_node=4)
+    kept.update(images(1e6))
+    fresh = MatrixImages(images(1e6), unit=1, world_size=4, gpus_per_node=4)
+    assert (kept.ims[0].norm.vmin, kept.ims[0].norm.vmax) == (fresh.ims[0].norm.vmin, fresh.ims[0].norm.vmax)
+    assert panels.fast_png(kept.fig) == panels.fast_png(fresh.fig)
+    plt.close(kept.fig)
+    plt.close(fresh.fig)

@@ -10,7 +10,7 @@ import pytest
 import llmcomm as lc
 from llmcomm.errors import ConfigError
 from llmcomm.matrix import matrix_from_table
-from llmcomm.matrix_view import binned_matrices, binned_matrix, view_grid
+from llmcomm.matrix_view import _binary_places, binned_matrices, binned_matrix, count_exact, view_grid
 from llmcomm.predict import predict_traffic
 from llmcomm.specs import ParallelConfig
 from llmcomm.trace import Trace
@@ -75,3 +75,30 @@ def test_view_grid_and_bounds() -> None:
         binned_matrix(_trace("gpt3-6.7b", JOBS[0][1]), "direct", 1, world_size=10_000)
     with pytest.raises(ConfigError, match="algorithm="):
         binned_matrix(_trace("gpt3-6.7b", JOBS[0][1]), "tree", 1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("name", "kw"), JOBS)
+def test_count_exact_aggregated_images_are_the_expanded_ones_bit_for_bit(name: str, kw: dict) -> None:
+    """llmcomm.matrix_view.count_exact: where it holds, the images of the aggregated prediction (one row per
+    distinct call with its count) are byte for byte those of the expanded one, the explorer's shortcut."""
+    parallel = ParallelConfig(**kw)
+    cluster = lc.load_cluster("a100-80g-hdr200").for_world(parallel.world_size)
+    model = lc.load_model(name)
+    agg = predict_traffic(model, parallel, cluster=cluster, aggregate=True)
+    full = predict_traffic(model, parallel, cluster=cluster, aggregate=False)
+    assert len(agg) < len(full) and count_exact(agg)
+    for unit in (1, 3):
+        a, f = binned_matrices(agg, ("direct", "ring"), unit), binned_matrices(full, ("direct", "ring"), unit)
+        assert list(a) == list(f)
+        for k in a:
+            assert a[k].tobytes() == f[k].tobytes(), (name, k, unit)
+
+
+def test_count_exact_refuses_amounts_a_float_does_not_add_exactly() -> None:
+    """A data-parallel group of 3: 2/3 of a gradient is no binary fraction, so the sums depend on their order
+    and the aggregated images are not claimed equal; a trace of member lists is not checked."""
+    parallel = ParallelConfig(tp=1, pp=1, dp=3, global_batch=6)
+    agg = predict_traffic(lc.load_model("gpt3-125m"), parallel, aggregate=True)
+    assert not count_exact(agg)
+    assert not count_exact(Trace(agg.events, agg.meta))
+    assert _binary_places(np.array([3.0, 0.5, 7.96875])) == 5 and _binary_places(np.array([1 / 3])) is None

@@ -743,31 +743,35 @@ def nfl_script_overrides(text):
     return out
 
 
-def nfl_scripts(model):
-    """[(path, overrides)] of the model's H100 FP8 example scripts at the launcher tag."""
+def nfl_scripts(model, ref=None):
+    """[(path, overrides)] of the model's H100 FP8 example scripts at the launcher tag (or ``ref``)."""
+    ref = ref or NFL_TAG
     if model not in NFL_SCRIPTS:
         return []
-    names = subprocess.run(["git", "-C", NFL_DIR, "ls-tree", "-r", "--name-only", NFL_TAG, "examples/training"],
+    names = subprocess.run(["git", "-C", NFL_DIR, "ls-tree", "-r", "--name-only", ref, "examples/training"],
                            capture_output=True, text=True, check=True).stdout.split()
     pre = f"examples/training/{NFL_SCRIPTS[model]}"
     out = []
     for n in sorted(x for x in names if x.startswith(pre) and x.endswith(".sh")):
-        text = subprocess.run(["git", "-C", NFL_DIR, "show", f"{NFL_TAG}:{n}"], capture_output=True, text=True,
+        text = subprocess.run(["git", "-C", NFL_DIR, "show", f"{ref}:{n}"], capture_output=True, text=True,
                               check=True).stdout
         out.append((n, nfl_script_overrides(text)))
     return out
 
 
-def nemo_row(r):
+def nemo_row_at(r, ref=None, config=None, scripts_apply=True):
+    """One 24.07 row read from ``config`` (default: the model's, :data:`NFL_CONFIGS`) at launcher ``ref`` (default:
+    the tag), with the model's FP8 example scripts at ``ref`` applied (unless ``scripts_apply`` is False: a config
+    no example script runs)."""
     model = r["model"]
-    base = {"recipe_source": {"repo": NFL_REPO, "tag": NFL_TAG, "rule": "NeMo 24.07 (NeMo 1.0) trains with the "
-                              "NeMo-Framework-Launcher's training configs; read at the launcher's 24.07 tag, with "
-                              "the command-line overrides of the launcher's H100 FP8 example script of the model "
-                              "(examples/training/<family>/h100/*_fp8*.sh)"}}
+    ref = ref or NFL_TAG
+    base = {"recipe_source": {"repo": NFL_REPO, "tag": NFL_TAG, "rule": NFL_RULE}}
+    if ref != NFL_TAG:
+        base["recipe_source"]["read_at"] = ref
     if model not in NFL_CONFIGS or not NFL_DIR:
         return {**base, "status": "not_read", "unknown": {"all": "no launcher config mapped for this model"}}
-    path = f"launcher_scripts/conf/training/{NFL_CONFIGS[model]}.yaml"
-    text = subprocess.run(["git", "-C", NFL_DIR, "show", f"{NFL_TAG}:{path}"], capture_output=True, text=True,
+    path = f"launcher_scripts/conf/training/{config or NFL_CONFIGS[model]}.yaml"
+    text = subprocess.run(["git", "-C", NFL_DIR, "show", f"{ref}:{path}"], capture_output=True, text=True,
                           check=True).stdout
     kv = yaml_lines(text)
     s, unknown, checks = {}, {}, {}
@@ -781,7 +785,7 @@ def nemo_row(r):
     # the model's FP8 example command lines: the one at this row's node count overrides everything it states;
     # the precision keys every script of the model agrees on apply at any node count
     nodes = int(r["num_gpus"]) // 8
-    scripts = nfl_scripts(model) if r["precision"].startswith("FP8") else []
+    scripts = nfl_scripts(model, ref) if r["precision"].startswith("FP8") and scripts_apply else []
     here = [(n, o) for n, o in scripts if o.get("trainer.num_nodes", (None,))[0] == nodes]
     applied = {}
     for key in NFL_MODEL_LEVEL:
@@ -813,6 +817,10 @@ def nemo_row(r):
         t = r[col]
         tv = None if t in ("", "n/a") else int(float(t))
         checks[col] = {"table": tv, "recipe": v, "agree": tv == v or (tv in (None, 1) and v in (None, 1)), "cite": c}
+    if not scripts_apply:  # a config run as is: its node count is the run's too
+        v, line = kv.get("trainer.num_nodes", (None, None))
+        checks["nodes"] = {"table": nodes, "recipe": v, "agree": v == nodes,
+                           "cite": f"{path}:{line}" if line else "not in the config"}
     if r["precision"].startswith("FP8"):
         on = s.get("fp8_enabled", {}).get("value")
         e4, hy = s.get("fp8_e4m3", {}).get("value"), s.get("fp8_hybrid", {}).get("value")
@@ -849,6 +857,86 @@ def nemo_row(r):
                                     "config's and the scripts'")
     return {**base, "status": "partial" if unknown else "read", "config_file": path, "settings": s,
             "unknown": unknown, "caveats": caveats, "checks": checks}
+
+
+NFL_RULE = ("NeMo 24.07 (NeMo 1.0) trains with the NeMo-Framework-Launcher's training configs; read at the launcher's "
+            "24.07 tag, with the command-line overrides of the launcher's H100 FP8 example script of the model "
+            "(examples/training/<family>/h100/*_fp8*.sh)")
+# The perf team's configs of the 24.07 numbers: NVIDIA/NeMo-Framework-Launcher PR #384 ('cleanup', Sangkug Lym),
+# merged into main on 2024-08-13 as 20ab57b3, the day before the 24.07 table was first published (NVIDIA/NeMo
+# 164b0097f8, 2024-08-14, docs/source/performance/performance_summary.md; its later numbers 9c5c5e9709 (2024-09-09)
+# co-authored by Sangkug Lym). Its commits change GPT-3 175B's VP to 6 (77b69bba, the table's VP) and add the 64-node
+# GPT-3 175B config of the table's 512-GPU row (121c975d, 175b_mlperf.yaml; the table links that row to MLPerf).
+NFL_PERF_REV = "20ab57b3f258d1ab404379cd24b2142a7dbe9cee"
+NFL_PERF_EXTRA = {"GPT3-175B": ("gpt3/175b_mlperf",)}  # configs at NFL_PERF_REV no example script runs
+NFL_LAYOUT = ("tp", "pp", "vp", "cp")
+
+
+def _agree(body):
+    return all(c["agree"] for c in body.get("checks", {}).values())
+
+
+def _later_layout_rev(path, r):
+    """The first commit after the tag (on the launcher's main line) at which ``path`` states the table's parallel
+    layout (tp, pp, vp, cp), with its key -> (value, line) and the keys it states twice; None if none does."""
+    revs = subprocess.run(["git", "-C", NFL_DIR, "log", "--reverse", "--format=%H", f"{NFL_TAG}..HEAD", "--", path],
+                          capture_output=True, text=True, check=True).stdout.split()
+    want = {c: (None if r[c] in ("", "n/a") else int(float(r[c]))) for c in NFL_LAYOUT}
+    for rev in revs:
+        text = subprocess.run(["git", "-C", NFL_DIR, "show", f"{rev}:{path}"], capture_output=True, text=True,
+                              check=False).stdout
+        if not text:
+            continue
+        kv = yaml_lines(text)
+        got = {col: kv.get(f"model.{key}", (None, None))[0] for key, col in NFL_SIZES.items() if col in NFL_LAYOUT}
+        if all(got[c] == want[c] or (want[c] in (None, 1) and got[c] in (None, 1)) for c in NFL_LAYOUT):
+            keys = [ln.split(":", 1)[0].strip() for ln in text.splitlines() if re.match(r"^  [a-z_]+:", ln)]
+            dup = {k for k in keys if keys.count(k) > 1}
+            return rev, kv, dup
+    return None
+
+
+def nemo_row(r):
+    """A 24.07 row's recipe. (1) The model's config and FP8 example scripts at the 24.07 tag; (2) where the table's
+    sizes disagree there, the perf team's revision (:data:`NFL_PERF_REV`): the model's config with its scripts,
+    then the configs no script runs (:data:`NFL_PERF_EXTRA`, their node count checked too); the first whose sizes
+    all agree with the table is the row's recipe; (3) where none agrees, the tag's reading, and if a later revision
+    of the config is the first to state the table's parallel layout, every setting that revision states otherwise
+    (or twice: OmegaConf refuses duplicate keys) is unknown (settings the example scripts set excepted): the run's command line is not in the repository and
+    the only config of its layout disagrees with the tag's."""
+    body = nemo_row_at(r)
+    if body.get("status") == "not_read" or _agree(body):
+        return body
+    for config, apply in ((None, True), *((c, False) for c in NFL_PERF_EXTRA.get(r["model"], ()))):
+        alt = nemo_row_at(r, NFL_PERF_REV, config, apply)
+        if _agree(alt):
+            alt["recipe_source"]["why"] = (f"the table's sizes disagree with the tag's config (see tag_checks); every "
+                                           f"size agrees with this config at {NFL_PERF_REV[:8]} (the perf team's "
+                                           "revision of the 24.07 numbers, NFL_PERF_REV in read_nemo_recipes.py)")
+            alt["tag_checks"] = body["checks"]
+            return alt
+    tag_layout = all(body["checks"][c]["agree"] for c in NFL_LAYOUT)
+    later = None if tag_layout else _later_layout_rev(body["config_file"], r)
+    if later is not None:
+        rev, kv, dup = later
+        for key, name in NFL_KEYS.items():
+            if (name not in body["settings"] or name == "tp_comm_overlap_cfg"
+                    or not body["settings"][name]["cite"].startswith(body["config_file"])):
+                continue  # what an example script sets is the script's, whatever the config says
+            hit = kv.get(f"model.{key}")
+            was = body["settings"][name]
+            if key in dup or (hit is not None and hit[0] != was["value"]):
+                said = "states it twice (OmegaConf refuses duplicate keys)" if key in dup else f"sets {hit[0]!r}"
+                body["unknown"][name] = (f"{was['cite']} sets {was['value']!r} at the tag, whose layout is not the "
+                                         f"table's; {body['config_file']} at {rev[:8]}, the first revision with the "
+                                         f"table's tp/pp/vp/cp, {said}" + (f" (line {hit[1]})" if hit else "") +
+                                         "; the run's command line is not in the repository")
+        body["status"] = "partial" if body["unknown"] else body["status"]
+        body["caveats"]["layout_revision"] = (f"{body['config_file']} at {rev[:8]} is the first revision with the "
+                                              "table's tp/pp/vp/cp; settings it states otherwise are unknown, the "
+                                              "others read at the tag" + ("" if body["unknown"] else
+                                                                         " (it states none otherwise)"))
+    return body
 
 
 @functools.cache

@@ -25,6 +25,7 @@ from ..plots import (
     volume_bars,
 )
 from ..units import format_bytes
+from .canvas import TextCache, attach
 from .view import LAYOUT_NODES, View
 
 PANELS = ("layout", "matrix", "bytes", "calls", "time")
@@ -66,7 +67,9 @@ def _layout_suptitle(fig: Figure, v: View) -> None:
 
 
 def _layout_key(v: View) -> tuple:
-    return (tuple(_layout_dims(v)), len(v.group_table), int(v.group_table["node"].max()) + 1,
+    """What a kept layout figure must share with ``v`` to be redrawn for it by :func:`_update_layout`: as many
+    panels (their titles, colours and labels are set again), cells, nodes and GPUs per node."""
+    return (len(_layout_dims(v)), len(v.group_table), int(v.group_table["node"].max()) + 1,
             v.cluster.gpus_per_node)
 
 
@@ -181,9 +184,13 @@ def render(v: View, panel: str) -> bytes:
     return png(FIGURES[panel](v), tight=panel in TIGHT)
 
 
-def fast_png(fig: Figure) -> bytes:
+def fast_png(fig: Figure, text: TextCache | None = None) -> bytes:
     """The figure as it lies on its canvas (no bounding-box adjustment), drawn once and encoded by Pillow with
-    light compression: what ``savefig`` gives for a figure laid out inside its canvas, at about half the cost."""
+    light compression: what ``savefig`` gives for a figure laid out inside its canvas, at about half the cost.
+    With ``text``, drawn on a :class:`~llmcomm.explore.canvas.CachedTextCanvas` sharing that cache (the same
+    pixels; texts drawn before at the same place are not rasterized again)."""
+    if text is not None:
+        attach(fig, text)
     fig.canvas.draw()
     rgba = np.asarray(fig.canvas.buffer_rgba())  # type: ignore[attr-defined]  # the Agg canvas
     buf = io.BytesIO()
@@ -228,8 +235,17 @@ def _screen_matrix(v: View) -> MatrixImages:
         ax.xaxis.set_major_locator(MaxNLocator(MATRIX_TICKS, integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(MATRIX_TICKS, integer=True))
         ax.label_outer()
+        _fixed_title(ax, fontsize=8)
     _screen_matrix_title(m.fig, v)
     return m
+
+
+def _fixed_title(ax: Axes, **kw: float) -> None:
+    """Keep ``ax``'s title at ``y = 1``, where matplotlib's automatic placement (``Axes._update_title_position``)
+    puts it on axes whose ticks are at the bottom and whose y axis shows no offset text (the matrix, layout and
+    call-sequence panels), without that placement's measuring of every tick label at each drawing; titles set
+    later keep the place (``set_title`` without ``y``)."""
+    ax.set_title(ax.get_title(), y=1.0, **kw)
 
 
 def _screen_matrix_title(fig: Figure, v: View) -> None:
@@ -256,6 +272,7 @@ def _screen_layout(v: View) -> Figure:
     for ax, p in zip(axes[0], dims, strict=True):
         layout_grid(v.group_table, x="rank", y="node", hue=f"{p}_group", ax=ax, gpus_per_node=gpn,
                     title=_layout_title(v, p))
+        _fixed_title(ax)
         if ax is not axes[0][0]:  # the same cells as the first panel: its node names and ranks hold here too
             ax.tick_params(labelleft=False)
             for t in ax.texts:
@@ -319,17 +336,24 @@ class Painter:
     figure is measured (``tight_layout``, a tight bounding box: each costs as much as a drawing): the screen
     figures are laid out in inches (:func:`_screen_matrix`, :func:`_screen_layout`, :func:`_screen_time`), the
     bytes and call-sequence figures with the subplot parameters a ``tight_layout`` found for the first figure of
-    their kind (:func:`llmcomm.plots.subplot_params`). The matrix figure (up to a dozen images, a colour bar) is
-    redrawn in place (:meth:`llmcomm.plots.MatrixImages.update`) while the matrices keep their titles, shape and
-    world; the layout figure is recoloured and relabelled in place while its parallelisms and nodes stay
-    (:func:`llmcomm.plots.layout_cells`). Every figure is encoded from its canvas (:func:`fast_png`)."""
+    their kind (:func:`llmcomm.plots.subplot_params`). A matrix figure (up to a dozen images, a colour bar) is
+    kept per number of panels and redrawn in place (:meth:`llmcomm.plots.MatrixImages.update`, or
+    :meth:`~llmcomm.plots.MatrixImages.reshape` for other titles, cells or world); a layout figure is kept per
+    number of panels and cells and recoloured and relabelled in place (:func:`llmcomm.plots.layout_cells`); at
+    most :data:`KEPT` of each. The time panel without a breakdown (only its reason) is drawn once per reason.
+    Every figure is drawn on a canvas that keeps the glyph images of its texts (:class:`~.canvas.TextCache`) and
+    encoded from it (:func:`fast_png`): the same pixels as a new figure's, which the tests check."""
 
     def __init__(self) -> None:
-        self.matrix: MatrixImages | None = None
-        self.layout: tuple[tuple, Figure] | None = None
+        self.matrix: MatrixImages | None = None  # the matrix figure drawn last
+        self.layout: tuple[tuple, Figure] | None = None  # the layout figure drawn last, with its _layout_key
+        self.matrices: dict[int, MatrixImages] = {}  # kept matrix figures per number of panels
+        self.layouts: dict[tuple, Figure] = {}  # kept layout figures per _layout_key
         self.pars: dict[tuple, dict[str, float]] = {}  # subplot parameters per panel shape
         self.kept: dict[tuple, Figure] = {}  # the bytes, call-sequence and time figures, redrawn on their axes
+        self.notime: dict[str, bytes] = {}  # the time panel's PNG per reason the time is not available
         self.reused = {"matrix": 0, "layout": 0, "pars": 0, "axes": 0}  # what was reused (tests, the benchmark)
+        self.text = TextCache()  # glyph images of the texts drawn, shared by the panels' canvases
 
     def render(self, v: View, panel: str) -> bytes:
         """One panel of ``v`` as PNG bytes."""
@@ -349,12 +373,19 @@ class Painter:
             else:
                 assert draw is not None
                 fig = draw(v, tight=False, ax=None if kept is None else kept.axes[0])
+                if kept is None and panel == "calls":  # byte ticks on a log axis: no offset text
+                    _fixed_title(fig.axes[0])
                 if kept is not None and panel == "bytes":  # the only one whose limits come from its data
                     fig.axes[0].relim()
                     fig.axes[0].autoscale_view()
                 self._lay_out(fig, key)
             self.kept[key] = fig
-            return fast_png(fig)
+            return fast_png(fig, self.text)
+        if panel == "time":  # no breakdown: the figure is the reason alone, drawn once per reason
+            if v.time_error not in self.notime:
+                _bounded(self.notime, KEPT)
+                self.notime[v.time_error] = render(v, panel)
+            return self.notime[v.time_error]
         return render(v, panel)
 
     def _lay_out(self, fig: Figure, key: tuple) -> None:
@@ -368,43 +399,56 @@ class Painter:
 
     def _layout(self, v: View) -> bytes:
         key = _layout_key(v)
-        if self.layout is not None and self.layout[0] == key:
-            _update_layout(self.layout[1], v)
-            _screen_layout_title(self.layout[1], v)
+        fig = self.layouts.pop(key, None)
+        if fig is not None:
+            _update_layout(fig, v)
+            _screen_layout_title(fig, v)
             self.reused["layout"] += 1
         else:
-            if self.layout is not None:
-                plt.close(self.layout[1])
-            self.layout = (key, _screen_layout(v))
-        return fast_png(self.layout[1])
+            for old in _bounded(self.layouts, KEPT):
+                plt.close(old)
+            fig = _screen_layout(v)
+        self.layouts[key] = fig  # the most recent last
+        self.layout = (key, fig)
+        return fast_png(fig, self.text)
 
     def _matrix(self, v: View) -> bytes:
         gpn = v.cluster.gpus_per_node
-        m = self.matrix
+        m = self.matrices.pop(len(v.matrices), None)
         if m is not None and m.fits(v.matrices, unit=v.unit, world_size=v.world_size, gpus_per_node=gpn):
             m.update(v.matrices)
             _screen_matrix_title(m.fig, v)
             self.reused["matrix"] += 1
-        elif m is not None and m.key[0] == tuple(v.matrices):  # the same panels: another size or world
+        elif m is not None:  # as many panels: other titles, size or world
             m.reshape(v.matrices, unit=v.unit, world_size=v.world_size, gpus_per_node=gpn)
             _screen_matrix_title(m.fig, v)
             self.reused["matrix"] += 1
         else:
-            if self.matrix is not None:
-                plt.close(self.matrix.fig)
-            self.matrix = _screen_matrix(v)
-        assert self.matrix is not None
-        return fast_png(self.matrix.fig)
+            for old in _bounded(self.matrices, KEPT):
+                plt.close(old.fig)
+            m = _screen_matrix(v)
+        self.matrices[len(v.matrices)] = m  # the most recent last
+        self.matrix = m
+        return fast_png(m.fig, self.text)
 
     def close(self) -> None:
         """Close the kept figures."""
-        if self.matrix is not None:
-            plt.close(self.matrix.fig)
-        if self.layout is not None:
-            plt.close(self.layout[1])
-        for fig in self.kept.values():
+        for m in self.matrices.values():
+            plt.close(m.fig)
+        for fig in [*self.layouts.values(), *self.kept.values()]:
             plt.close(fig)
-        self.matrix, self.layout, self.kept = None, None, {}
+        self.matrix, self.layout, self.matrices, self.layouts, self.kept = None, None, {}, {}, {}
+
+
+KEPT = 16  # figures (or PNGs) of each kind a Painter keeps: one per shape met recently (a layout figure: 0.5 MB)
+
+
+def _bounded(kept: dict, size: int) -> list:
+    """Drop the oldest entries of ``kept`` (insertion order) so that one more fits in ``size``; returns them."""
+    out = []
+    while len(kept) >= size:
+        out.append(kept.pop(next(iter(kept))))
+    return out
 
 
 def _table(df: pd.DataFrame, css: str) -> str:

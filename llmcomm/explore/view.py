@@ -8,7 +8,9 @@ rank layout          :meth:`llmcomm.layout.Layout.group_table` (Megatron's rank 
 matrices             :func:`llmcomm.predict.predict_traffic` → :meth:`llmcomm.Trace.matrix` per parallelism,
                      ``algorithm="direct"`` (logical: who talks to whom) and ``"ring"`` (what NCCL's ring
                      puts on the wire), summed into blocks by :func:`llmcomm.matrix_view.binned_matrices` (an image
-                     from the group structure; equal to the exact matrix summed into the same blocks)
+                     from the group structure; equal to the exact matrix summed into the same blocks), from the
+                     aggregated prediction where :func:`llmcomm.matrix_view.count_exact` proves its images bit
+                     for bit the expanded prediction's (:func:`_traffic`)
 bytes                :meth:`llmcomm.Trace.volumes` by parallelism (nccl-tests sizes, each send counted once)
 call sequence        :meth:`llmcomm.predict.program.StagePlan.microbatch_calls` of the chosen rank's stage (the
                      plan the prediction built, cached by :func:`~llmcomm.predict.program.stage_plan`), one
@@ -24,7 +26,12 @@ is not in the formulation, or the model state does not fit the GPU), and :attr:`
 Size: up to :data:`GPU_LEVEL_MAX` GPUs the matrices are drawn per GPU (in blocks of at most
 :data:`MATRIX_CELLS` ranks per side); larger jobs are drawn per node (``level="node"`` of
 :meth:`llmcomm.Trace.matrix`, in blocks of whole nodes), and the layout panel draws only the first
-:data:`LAYOUT_NODES` nodes' GPUs with the per-parallelism summary of the whole job beside it.
+:data:`LAYOUT_NODES` nodes' GPUs with the per-parallelism summary of the whole job beside it. The threshold
+is the issue's (per GPU up to 4,096 GPUs), not a cost: a drawn matrix has at most :data:`MATRIX_CELLS`² cells
+whatever the job, and the aggregated prediction it is computed from grows with the ranks times the distinct
+calls of a stage (about 50 k rows at 4,096 GPUs), so a per-GPU view of a 4,096-GPU job costs about what a
+256-GPU one does (``benchmarks/bench_explore.py``); above it the blocks are whole nodes, so that no cell
+mixes the GPUs of two nodes (a block of ceil(world / 256) ranks need not be a whole number of nodes).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +48,9 @@ import pandas as pd
 
 from ..errors import ConfigError, LLMCommError
 from ..layout import Layout
-from ..matrix_view import Grid, binned_matrices, view_grid
+from ..matrix_view import Grid, binned_matrices, count_exact, view_grid
 from ..overhead.iteration import Breakdown, iteration_time
-from ..predict import predict_traffic
+from ..predict import AUTO_AGGREGATE_ROWS, predict_traffic
 from ..predict.calls import Context
 from ..predict.program import stage_plan
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
@@ -105,7 +112,7 @@ class View:
     parallel: ParallelConfig
     cluster: Cluster
     layout: Layout
-    trace: Trace
+    traffic: Trace  # what the matrices and bytes are computed from (aggregated where that is exact, see _job)
     grid: Grid  # the matrices' blocks: level ("gpu" or "node"), unit (ranks per cell), cells per side
     group_table: pd.DataFrame  # the layout panel's ranks (the first LAYOUT_NODES nodes)
     group_summary: pd.DataFrame  # per parallelism: groups, size, nodes one group spans
@@ -115,6 +122,13 @@ class View:
     breakdown: Breakdown | None
     time_error: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    job: _Job | None = field(default=None, repr=False)
+
+    @property
+    def trace(self) -> Trace:
+        """The prediction as :func:`llmcomm.predict.predict_traffic` returns it for this job (every call a row up
+        to its ``AUTO_AGGREGATE_ROWS``), computed on first use and kept with the job."""
+        return self.job.trace if self.job is not None else self.traffic
 
     @property
     def level(self) -> str:
@@ -206,7 +220,7 @@ class _Job:
     parallel: ParallelConfig
     cluster: Cluster
     layout: Layout
-    trace: Trace
+    traffic: Trace
     group_table: pd.DataFrame
     group_summary: pd.DataFrame
     matrices: dict[str, np.ndarray]
@@ -216,11 +230,38 @@ class _Job:
     time_error: str
     timings: dict[str, float]
 
+    traffic_is_default: bool  # traffic is the prediction as predict_traffic returns it by default
+
+    @cached_property
+    def trace(self) -> Trace:
+        """:attr:`View.trace`: the default prediction (:attr:`traffic` when that is it, else predicted now)."""
+        if self.traffic_is_default:
+            return self.traffic
+        return predict_traffic(self.model, self.parallel, cluster=self.cluster)
+
 
 def _stamp(name_or_path: str) -> float:
     """A file's modification time (so an edited YAML is read again), 0 for a catalogue name."""
     p = Path(name_or_path.strip())
     return p.stat().st_mtime if p.is_file() else 0.0
+
+
+def _traffic(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> tuple[Trace, bool]:
+    """The prediction the matrices and bytes are computed from: aggregated (one row per distinct call with its
+    ``count``, ``predict_traffic(aggregate=True)``) when :func:`llmcomm.matrix_view.count_exact` says its
+    matrices are bit for bit those of the expanded prediction (every call moves whole bytes: sums of whole
+    numbers are exact in any order) — the bytes per parallelism are sums of whole numbers too — else the
+    prediction as ``predict_traffic`` returns it by default (the explorer's matrices before aggregation). A
+    prediction of 256 GPUs has up to 400 k rows expanded and about 2 k aggregated. Above
+    ``llmcomm.predict.AUTO_AGGREGATE_ROWS`` expanded rows (the sum of the counts) the aggregated prediction is the
+    default one. Returns the trace and whether it is the default one."""
+    agg = predict_traffic(model, parallel, cluster=cluster, aggregate=True)
+    assert agg.ref_events is not None  # a prediction refers to its layout's groups
+    if int(agg.ref_events.ints("count").sum()) > AUTO_AGGREGATE_ROWS:  # expanded rows: predict_traffic's own rule
+        return agg, True
+    if count_exact(agg, ALGORITHMS):
+        return agg, False
+    return predict_traffic(model, parallel, cluster=cluster), True
 
 
 @lru_cache(maxsize=JOB_CACHE)
@@ -233,7 +274,7 @@ def _job(key: Choice, _model_stamp: float, _cluster_stamp: float) -> _Job:
                           f"{MAX_WORLD:,} GPUs")
     cluster = load_cluster(key.cluster.strip())
     sized = cluster.for_world(parallel.world_size) if cluster.num_nodes is None else cluster
-    trace = predict_traffic(model, parallel, cluster=sized)  # validates model × parallel × cluster (the CLI's rules)
+    trace, default = _traffic(model, parallel, sized)  # validates model × parallel × cluster (the CLI's rules)
     lay = Layout(parallel, sized.gpus_per_node)
     t1 = time.perf_counter()
     table = lay.group_table()
@@ -251,7 +292,7 @@ def _job(key: Choice, _model_stamp: float, _cluster_stamp: float) -> _Job:
     t4 = time.perf_counter()
     return _Job(model, parallel, sized, lay, trace, table, summary, matrices, grid, volumes,
                 breakdown, why, {"predict_s": t1 - t0, "layout_s": t2 - t1, "matrices_s": t3 - t2,
-                                 "time_s": t4 - t3})
+                                 "time_s": t4 - t3}, default)
 
 
 def compute(choice: Choice) -> View:
@@ -266,5 +307,5 @@ def compute(choice: Choice) -> View:
     t0 = time.perf_counter()
     calls = _calls(j.model, j.parallel, j.layout, choice.rank, choice.microbatch)
     timings = {**j.timings, "calls_s": time.perf_counter() - t0}
-    return View(choice, j.model, j.parallel, j.cluster, j.layout, j.trace, j.grid, j.group_table,
-                j.group_summary, j.matrices, j.volumes, calls, j.breakdown, j.time_error, timings)
+    return View(choice, j.model, j.parallel, j.cluster, j.layout, j.traffic, j.grid, j.group_table,
+                j.group_summary, j.matrices, j.volumes, calls, j.breakdown, j.time_error, timings, j)

@@ -47,7 +47,10 @@ and orders. The layers of each stage, their parameters and the validity rules co
 Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megatron-LM's name)::
 
     tp_comm_overlap:      tp_r = tp_overlap_exposed(...)  (TE userbuffers: each block's SP all-gather /
-                          reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks)
+                          reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks);
+                          without it, under SP, tp_r = overlap.sp_backward_exposed (the column-parallel
+                          backward's input re-gather and dgrad reduce-scatter, issued async, under its dgrad and
+                          wgrad GEMMs, as TE and Megatron-LM's own linears do)
     overlap_param_gather: dp_exposed = [gradient reduction as above, without the parameter all-gather]
                           + param_gather_exposed(AG of stage 0, its forward, its DDP buckets: the
                           predictor's first-chunk layout, one bucket per later chunk)
@@ -63,7 +66,9 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
                           other micro-batch's attention and MLP (overlap.a2a_pair_exposed); the flex dispatcher
                           (moe_flex_dispatcher_backend) is refused, rule 'cost-dispatcher'
     fp8:                  the linear layers' GEMMs at the FP8 peak (or the measured GEMM model's FP8 rule),
-                          quantization casts as element-wise bytes (:func:`_compute`); TP/DP bytes unchanged
+                          quantization casts as element-wise bytes (:func:`_compute`; ``fp8_recipe='delayed'``
+                          per GEMM operand as TE 1.x runs it, :mod:`llmcomm.overhead.fp8_casts`); TP/DP bytes
+                          unchanged
 
 On a cluster whose GPU has a measured GEMM model (:func:`measured_gemm`: H100, H200 at their datasheet peak)
 the linear GEMMs and the output layer's logits GEMM are timed by it, and a fused attention core runs at
@@ -88,6 +93,7 @@ Context parallelism (``cp``, ``cp_comm_type``; :mod:`llmcomm.overhead.cp_time`):
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -99,13 +105,15 @@ import pandas as pd
 from .. import rules, step
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
+from ..paths import data_stamp
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import attention_time, cp_time, moe_fold, moe_time
+from . import attention_time, cp_time, fp8_casts, moe_fold, moe_time
 from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
+from .bandwidth import CALIBRATION_NAME as BANDWIDTH_CALIBRATION
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .capacity import check_fits
 from .memory import model_state
@@ -208,7 +216,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["cp_comm_type"] = np.asarray(t.cp_comm_type, dtype=object)  # llmcomm.overhead.cp_time
     c["bucket_size"] = t.bucket_size
     c["fsdp"], c["fsdp_reshard"] = t.fsdp, t.fsdp_reshard_after_forward  # FSDP (llmcomm.overhead.fsdp_time)
-    if any(v is not None for v in t.recompute_modules.tolist()):  # --recompute-modules (absent: core_attn only)
+    if t.recompute_modules.tolist().count(None) != len(t):  # --recompute-modules (absent: core_attn only)
         for name, on in step.recompute_flags(t.recompute, t.recompute_modules).items():
             c["rm_" + name] = np.broadcast_to(np.asarray(on, dtype=bool), (len(t),))
     for k in step.UNEVEN:  # the pipeline split (llmcomm.stage_split.pipeline_split)
@@ -243,6 +251,7 @@ def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
     return out
 
 
+_DTYPE_SHAPE = operator.attrgetter("dtype", "shape")
 _CLASS_KEYS: dict[tuple[str, ...], list[tuple[str, tuple[str, str, str]]]] = {}
 # stack_classes' split of the keys into 2-D blocks, per key set, row count, dtypes and shapes
 _BLOCKS: dict[tuple[Any, ...], tuple[dict[Any, list[tuple[str, tuple[str, str, str]]]],
@@ -265,7 +274,7 @@ def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     n = len(c["tp"])
     if n > 64:  # many rows: the copying costs the time, one concatenation per key copies once
         return {k: np.concatenate([c[a] for a in trio]) for k, trio in plan}
-    sig = (keys, n, tuple(v.dtype for v in c.values()), tuple(v.shape for v in c.values()))
+    sig = (keys, n, tuple(map(_DTYPE_SHAPE, c.values())))
     split = _BLOCKS.get(sig)
     if split is None:  # which keys go into one 2-D block per dtype (1-D, n rows, one dtype for the three classes)
         blocks: dict[Any, list[tuple[str, tuple[str, str, str]]]] = {}
@@ -574,15 +583,20 @@ def measured_gemm(cluster: Cluster) -> Any:
     ``None`` where there is none (A100: the utilization fit's term is kept; B200: no table) or where the
     cluster's ``peak_bf16_flops`` is not the datasheet figure the model was fitted with (within 0.1 %: another
     part, e.g. H100 PCIe, or a hypothetical GPU; the fit belongs to its figures, :func:`load_gemm_model`)."""
-    from ..paths import data_dir
-    from .gemm import CALIBRATION, fp8_factor
+    from .gemm import _FP8_OVERRIDE, CALIBRATION, FP8_CALIBRATION, fp8_factor
 
-    p = data_dir() / CALIBRATION
-    try:
-        stamp = p.stat().st_mtime_ns
-    except OSError:
-        stamp = -1
-    return _measured_gemm(cluster, str(p), stamp, fp8_factor())
+    path, stamp = data_stamp(CALIBRATION)
+    # fp8_factor() reads its file only when its stamp or the trial value (fp8_fit) changed: asked per call
+    key = (cluster, path, stamp, data_stamp(FP8_CALIBRATION), tuple(_FP8_OVERRIDE[-1:]))
+    hit = _GEMM_MODELS.get(key)
+    if hit is None:
+        if len(_GEMM_MODELS) > 64:
+            _GEMM_MODELS.clear()
+        hit = _GEMM_MODELS[key] = (_measured_gemm(cluster, path, stamp, fp8_factor()),)
+    return hit[0]
+
+
+_GEMM_MODELS: dict[tuple[Any, ...], tuple[Any]] = {}  # measured_gemm's answer per cluster and file stamps
 
 
 @lru_cache(maxsize=64)
@@ -641,7 +655,10 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     efficiency rule (the utilization fit's ``θ_gemm``; :mod:`llmcomm.overhead.gemm` states the FP8 rule of the
     measured model); the attention core (``fp8_dot_product_attention`` off, Megatron's default), the router and
     the output layer (Megatron's ``output_layer`` is ``tensor_parallel.ColumnParallelLinear``, gpt_model.py, not a TE module)
-    stay BF16. Casts are element-wise bytes at HBM bandwidth: the inputs of ``proj`` and ``fc2`` are quantized
+    stay BF16. Casts are element-wise bytes at HBM bandwidth. ``fp8_recipe='delayed'`` (TE's DelayedScaling):
+    every GEMM operand's cast and transpose as TransformerEngine 1.x runs them, weights once per iteration
+    included, the backward's own (:func:`llmcomm.overhead.fp8_casts.delayed_cast_bytes`; beyond twice the forward
+    in ``Bd``/``Bm``). ``'tensorwise'`` keeps this rule: the inputs of ``proj`` and ``fc2`` are quantized
     (read 2 + write 1 bytes per element: ``3·T·(a·d + f)/tp``); with ``fp8_recipe='delayed'`` the
     ``qkv``/``fc1`` inputs come out of TE's fused LayerNorm already in FP8 (``LayerNormLinear``, the scale is
     last step's); with ``'tensorwise'`` (current scaling: the scale is this tensor's amax) each cast first reads
@@ -699,13 +716,15 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         r = peak / lin_peak  # the linear GEMMs' share of the gemm feature, moved to the FP8 peak
         for L, C, ff in ((Ld, Cd, model.ffn_hidden_size), (Lm, Cm, fe)):
             L[:, U.I["gemm"]] = C[:, U.I["gemm"]] + (L[:, U.I["gemm"]] - C[:, U.I["gemm"]]) * r
-            L[:, U.I["mem"]] += f8 * 3.0 * T * (a * d + ff) / tpf / hbm
+            # delayed scaling: fp8_casts.delayed_cast_bytes below, per GEMM operand as TE 1.x runs it
+            L[:, U.I["mem"]] += c["fp8_tensorwise"] * 3.0 * T * (a * d + ff) / tpf / hbm
             # tensorwise (current scaling): an amax pass (read 2 bytes) before every cast, and the LayerNorm
             # output of qkv/fc1 quantized apart from the norm (amax + cast, 2 + 3 bytes, full width without SP)
             L[:, U.I["mem"]] += c["fp8_tensorwise"] * (2.0 * T * (a * d + ff) / tpf + 2 * 5.0 * T * h / fw) / hbm
     rmods = {k: c.get("rm_" + k, np.zeros(len(tp), bool)) for k in ("mlp", "moe", "shared_experts", "layernorm",
                                                                       "moe_act")}
-    need = gemm_model is not None or c["tp_comm_overlap"].any() or any(
+    delayed = f8 & ~c["fp8_tensorwise"]  # fp8_recipe 'delayed' (TE DelayedScaling): fp8_casts
+    need = gemm_model is not None or c["tp_comm_overlap"].any() or delayed.any() or c["sp"].any() or any(
         rmods[k].any() for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     xb = {}  # the fused attention core's backward beyond 2·forward, per layer (attention_time; measured GPUs)
@@ -742,6 +761,8 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
             Lm[:, U.I["gemm"]] = Cm[:, U.I["gemm"]] + moe
     else:
         sec = {name: 2.0 * m_ * n_ * k_ * bt / lin_peak for name, (m_, n_, k_, bt) in shapes.items()}
+    if delayed.any():  # the casts and transposes per GEMM operand (fp8_casts), backward beyond 2·forward in Bd/Bm
+        _delayed_casts(model, c, shapes, delayed, Ld, Lm, xb, hbm)
     z = np.zeros(len(tp))
     if model.is_moe:
         Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP, BF16)
@@ -765,6 +786,23 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
     out.update(xb)
     return out
+
+
+def _delayed_casts(model: ModelSpec, c: dict[str, np.ndarray], shapes: dict[str, tuple[np.ndarray, ...]],
+                   delayed: np.ndarray, Ld: np.ndarray, Lm: np.ndarray, xb: dict[str, np.ndarray], hbm: float) -> None:
+    """Adds the FP8 casts of the ``delayed`` rows (:func:`llmcomm.overhead.fp8_casts.delayed_cast_bytes`) to one
+    dense (``Ld``) and MoE (``Lm``) layer's memory feature, forward bytes in the layer pass and the backward's
+    beyond twice them as ``Bd``/``Bm`` (:func:`class_times`: ``backward = 2·forward + extra``), in place."""
+    mb = c["global_batch"] // np.maximum(c["micro_batch"] * c["dp"], 1)
+    on = delayed.astype(np.float64)
+    for key, L, moe in (("Bd", Ld, False), ("Bm", Lm, True)):
+        if moe and not model.is_moe:
+            continue
+        fb, bb = fp8_casts.delayed_cast_bytes(shapes, c["sp"], c["tp"], mb, moe=moe)
+        L[:, U.I["mem"]] += on * fb / hbm
+        xb.setdefault(key, np.zeros_like(L))[:, U.I["mem"]] += on * (bb - 2.0 * fb) / hbm
+    for key, L in (("Bd", Ld), ("Bm", Lm)):
+        xb.setdefault(key, np.zeros_like(L))
 
 
 def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: dict[str, np.ndarray],
@@ -939,13 +977,14 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
-    tot = {t: np.zeros(n3) for t in ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f",
-                                     "ub_rs_f", "ub_b", "dp_ag", "cp", "cp_bus")}
-    tot.update({t: np.zeros(n3) for t in ("fsdp", "fsdp_bus")})  # FSDP per micro-batch (fsdp_time)
+    sums = ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f", "ub_rs_f", "ub_b", "dp_ag", "cp",
+            "cp_bus")
+    sums += ("fsdp", "fsdp_bus")  # FSDP per micro-batch (fsdp_time)
     # for llmcomm.overhead.overlap: one call's seconds of each gradient bucket kind, all of them, the sends
     # (seconds of one, count per micro-batch) and the all-to-alls
-    tot.update({t: np.zeros(n3) for t in ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf",
-                                          "pp_sb", "pp_nb", "ep_a2a")})
+    sums += ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf", "pp_sb", "pp_nb", "ep_a2a")
+    # a few rows: the sums as rows of one array (one allocation, not one per sum)
+    tot = dict(zip(sums, np.zeros((len(sums), n3)), strict=True)) if n3 <= 192 else {t: np.zeros(n3) for t in sums}
     cp_calls: list[tuple[str, np.ndarray, np.ndarray]] = []  # (tag, seconds per call, calls): cp_time.exposed
     # a receive is the peer's send, timed once on the sender, except DeepSpeed's blocking pipeline receives
     calls = _blocking_p2p.timed_calls(comm_items(model, c3, (hf3, hl3), layers3, params3), c3["pipe_partitioned"])
@@ -982,23 +1021,23 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
             tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
             tot["fsdp_bus"] += it.count * per_mb * x
             continue
-        tot[it.term] += it.count * tt
+        ctt = it.count * tt  # the item's seconds (per micro-batch or per iteration)
+        tot[it.term] += ctt
         if it.ub:
-            tot["ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f"] += \
-                it.count * tt
+            tot["ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f"] += ctt
         elif it.term == "dp" and it.op == "all_gather":
-            tot["dp_ag"] += it.count * tt
+            tot["dp_ag"] += ctt
         elif it.term == "cp":
             cp_calls.append((it.tag, tt, it.count))
         if it.grad:
             tot["g_" + it.grad] += tt
-            tot["g_all"] += it.count * tt
+            tot["g_all"] += ctt
         elif it.term == "pp" and it.op == "send":
             f_ = it.phase == "forward"
             tot["pp_sf" if f_ else "pp_sb"] += tt
             tot["pp_nf" if f_ else "pp_nb"] += it.count
         elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
-            tot["ep_a2a"] += it.count * tt
+            tot["ep_a2a"] += ctt
         if it.op != "recv":  # a receive's bytes are its peer's send's
             tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
     per_class: dict[str, dict[str, np.ndarray]] = {}
@@ -1042,14 +1081,12 @@ def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
     once per op over every item's live rows. Elementwise, so equal to timing item by item."""
     n = len(items[0][0].count) if items else 0
     if isinstance(bandwidth, _Timer) and bandwidth.fast:
-        memo = bandwidth.calls(items)
-        out_t, out_x = [], []
-        for it, live in items:
-            op, sz, rp, nb = it.op, it.size.tolist(), it.rpn.tolist(), it.nbytes.tolist()
-            tx = [memo[(op, sz[i], rp[i], nb[i])] if on else (0.0, 0.0) for i, on in enumerate(live)]
-            out_t.append(np.array([a for a, _ in tx]))
-            out_x.append(np.array([b for _, b in tx]))
-        return out_t, out_x
+        keys = bandwidth.call_keys(items)
+        memo = bandwidth.calls_of(keys)
+        none = (0.0, 0.0)
+        # (items, rows, 2): seconds and bus bytes of every item's call, one array; the items' rows are views of it
+        tx = np.array([[memo[k] if k is not None else none for k in row] for row in keys]).reshape(len(keys), n, 2)
+        return list(tx[:, :, 0]), list(tx[:, :, 1])
     out = [np.zeros(n) for _ in items]
     xs = [np.zeros(n) for _ in items]
     by_op: dict[str, list[int]] = {}
@@ -1140,12 +1177,14 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     for cls, r in st.cls.items():
         fwd, bwd, rec = class_times(r["q"], util)
         tp_s = r["tp"]
+        th = util.coef[U.I["gemm"]] / util.scale
+        if (r["ub_b"] > 0).any():  # SP without userbuffers: the column-parallel backward's async collectives
+            tp_s = _overlap.sp_backward_exposed(r["tp"], r["ub_b"], th * r["q"]["Gag"], r["q"]["full"])
         if tpo.any():
             q_ = r["q"]
-            th = util.coef[U.I["gemm"]] / util.scale
             ex = tp_overlap_exposed(r["tp"], r["ub_ag_f"], r["ub_rs_f"], r["ub_b"], th * q_["Gag"], th * q_["Grs"],
                                     r["tp_size"], q_["full"])
-            tp_s = np.where(tpo, ex, r["tp"])
+            tp_s = np.where(tpo, ex, tp_s)
         q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"] + r["cp_bus"]}
         q["cp"] = (cp_time.exposed(r["cp_calls"], st.cp, util.work(r["q"]["Cd"]))
@@ -1206,7 +1245,18 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
 def _evaluate(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
               util: U.Utilization, overlap_grad_reduce: bool = False, measured_gemms: bool = True
               ) -> dict[str, np.ndarray]:
-    return combine(stages(model, t, cluster, bandwidth, measured_gemms), util, overlap_grad_reduce)
+    """:func:`combine` of :func:`stages`, :data:`EVAL_CHUNK` rows at a time (every term is a function of its
+    own row alone): the arrays of a block stay in the CPU's cache and the allocator reuses their memory, where
+    arrays of a whole table (a few MB each, hundreds of them) go to and from the kernel page by page."""
+    n = len(t)
+    if n <= EVAL_CHUNK:
+        return combine(stages(model, t, cluster, bandwidth, measured_gemms), util, overlap_grad_reduce)
+    parts = [combine(stages(model, t.slice(a, min(a + EVAL_CHUNK, n)), cluster, bandwidth, measured_gemms), util,
+                     overlap_grad_reduce) for a in range(0, n, EVAL_CHUNK)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+EVAL_CHUNK = 16384  # rows _evaluate computes at a time (8192–65536 measured alike on 200,000 rows; 2048 slower)
 
 
 class _Timer:
@@ -1222,6 +1272,7 @@ class _Timer:
         self.fast = hasattr(bandwidth, "regime")
         self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
+        self.sorted: dict[tuple[int, int], tuple[Any, Any, np.ndarray, list[int]]] = {}  # _sorted
         self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
 
     def calls(self, items: list[tuple[CommItem, list[bool]]]
@@ -1230,15 +1281,27 @@ class _Timer:
         ``items``: the calls not met before are evaluated, grouped by regime, with ``bus_factor`` and
         ``eval_pieces`` as :meth:`time` does (a group of one rank: 0 s), and kept (up to :data:`CALL_MEMO_SIZE`
         calls, then forgotten all at once). A sweep of one model meets the same calls again and again."""
+        return self.calls_of(self.call_keys(items))
+
+    @staticmethod
+    def call_keys(items: list[tuple[CommItem, list[bool]]]) -> list[list[tuple[str, int, int, float] | None]]:
+        """Per item and row the key ``(op, group size, ranks per node, bytes)`` of its call, ``None`` where the row
+        issues none (:meth:`calls_of` reads them)."""
+        return [[(it.op, s_, r_, b_) if on else None
+                 for s_, r_, b_, on in zip(it.size.tolist(), it.rpn.tolist(), it.nbytes.tolist(), live, strict=True)]
+                for it, live in items]
+
+    def calls_of(self, keys: list[list[tuple[str, int, int, float] | None]]
+                 ) -> dict[tuple[str, int, int, float], tuple[float, float]]:
+        """:meth:`calls` from the calls' keys (:meth:`call_keys`)."""
         memo = self.memo
         if len(memo) > CALL_MEMO_SIZE:
             memo.clear()
         todo: dict[tuple[str, int, int], dict[Any, None]] = {}
-        for it, live in items:
-            op, sz, rp, nb = it.op, it.size.tolist(), it.rpn.tolist(), it.nbytes.tolist()
-            for i, on in enumerate(live):
-                if on and (op, sz[i], rp[i], nb[i]) not in memo:
-                    todo.setdefault((op, sz[i], rp[i]), {})[nb[i]] = None
+        for row in keys:
+            for key in row:
+                if key is not None and key not in memo:
+                    todo.setdefault(key[:3], {})[key[3]] = None
         for (op, nn, kk), nbs in todo.items():
             nbytes = list(nbs)
             x = bus_factor(op, np.full(len(nbytes), nn)) * np.asarray(nbytes, dtype=np.float64)
@@ -1269,26 +1332,48 @@ class _Timer:
             self.groups[(id(n), id(k))] = (n, k, uniq, inv)
         out = np.zeros(len(x))
         every = bool(live.all())
+        if len(uniq) > 1:  # several groups: the rows sorted by group once (cached), each group a slice
+            order, bounds = self._sorted(n, k, inv, len(uniq))
+            xs, ts, ls = x[order], np.zeros(len(x)), live[order]
+            for i, u in enumerate(uniq.tolist()):
+                nn, kk = u >> 20, u & ((1 << 20) - 1)
+                b0, b1 = bounds[i], bounds[i + 1]
+                if nn == 1 or not ls[b0:b1].any():  # no call's time, or a group no live row is in
+                    continue
+                reg = self.cache.get((op, nn, kk))
+                if reg is None:
+                    reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+                ts[b0:b1] = eval_pieces(xs[b0:b1], *reg)[0]  # elementwise: the live rows' values as alone
+            out[order] = ts
+            return out if every else np.where(live, out, 0.0)
         xl = x if every else x[live]
-        il = inv if every else inv[live]
         tl = out if every else np.zeros(len(xl))
-        present = np.bincount(il, minlength=len(uniq)) if len(uniq) > 1 else np.ones(1, np.int64)
-        for i, u in enumerate(uniq.tolist()):
-            nn, kk = u >> 20, u & ((1 << 20) - 1)
-            if nn == 1 or not present[i]:  # no call's time, or a group no live row is in
-                continue
-            sel = slice(None) if len(uniq) == 1 else il == i
+        u = int(uniq[0]) if len(uniq) else 1
+        nn, kk = u >> 20, u & ((1 << 20) - 1)
+        if nn != 1 and len(xl):  # a group of one rank: no call's time; no live row: nothing
             reg = self.cache.get((op, nn, kk))
             if reg is None:
                 reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
-            tl[sel] = eval_pieces(xl[sel], *reg)[0]
+            tl[:] = eval_pieces(xl, *reg)[0]
         if not every:
             out[live] = tl
         return out
 
+    def _sorted(self, n: np.ndarray, k: np.ndarray, inv: np.ndarray, groups: int) -> tuple[np.ndarray, list[int]]:
+        """The rows ordered by group code ``inv`` (stable) and each group's ``[start, end)`` in that order, once
+        per pair of (group size, ranks per node) arrays (:meth:`time_rows`)."""
+        hit = self.sorted.get((id(n), id(k)))
+        if hit is not None and hit[0] is n and hit[1] is k:
+            return hit[2], hit[3]
+        order = np.argsort(inv, kind="stable")
+        bounds = np.searchsorted(inv[order], np.arange(groups + 1)).tolist()
+        self.sorted[(id(n), id(k))] = (n, k, order, bounds)
+        return order, bounds
+
     def reset(self) -> None:
         """Forget the grouping of rows by (group size, ranks per node) cached for the current arrays."""
         self.groups.clear()
+        self.sorted.clear()
 
     def time(self, op: str, nbytes: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
         if not self.fast:
@@ -1361,9 +1446,18 @@ def _timer(bandwidth: Any) -> _Timer:
 def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None) -> tuple[Any, U.Utilization]:
     """The bandwidth model (``None``: the shipped calibration carried to ``cluster``) wrapped in a caching
     :class:`_Timer`, and the utilization model (``None``: the shipped one)."""
-    if bandwidth is None:
-        bandwidth = Bandwidth.default(cluster)  # cached there per cluster and calibration file
+    if bandwidth is None:  # Bandwidth.default caches per cluster and calibration file; asked here per call, its
+        # answer is kept per (cluster, file stamp) so that a call costs one os.stat, not Path objects
+        key = (cluster, *data_stamp(BANDWIDTH_CALIBRATION))
+        bandwidth = _DEFAULT_BANDWIDTH.get(key)
+        if bandwidth is None:
+            if len(_DEFAULT_BANDWIDTH) > 64:
+                _DEFAULT_BANDWIDTH.clear()
+            bandwidth = _DEFAULT_BANDWIDTH[key] = Bandwidth.default(cluster)
     return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
+
+
+_DEFAULT_BANDWIDTH: dict[tuple[Any, ...], Bandwidth] = {}
 
 
 _STAGES: OrderedDict[tuple[Any, ...], tuple[Any, Any, float, Stages]] = OrderedDict()
@@ -1394,15 +1488,17 @@ def _one_stages(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bw
 
 
 def _freeze(x: Any) -> None:
-    """Every numpy array in ``x`` (a :class:`Stages`, its dicts) read-only."""
-    if isinstance(x, np.ndarray):
-        x.flags.writeable = False
-    elif isinstance(x, dict):
-        for v in x.values():
-            _freeze(v)
-    elif isinstance(x, Stages):
-        for v in vars(x).values():
-            _freeze(v)
+    """Every numpy array in ``x`` (a :class:`Stages`, its dicts) read-only (a loop, not a recursion: a
+    configuration's :class:`Stages` holds some 150 arrays)."""
+    todo = [x]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, np.ndarray):
+            v.setflags(write=False)
+        elif isinstance(v, dict):
+            todo.extend(v.values())
+        elif isinstance(v, Stages):
+            todo.extend(vars(v).values())
 
 
 def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,

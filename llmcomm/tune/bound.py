@@ -26,7 +26,8 @@ Why ``bound ≤ total_s`` for every configuration:
    through :func:`~llmcomm.overhead.iteration.class_times` and the same utilization model), not a re-derivation.
 
 The bound also keeps, per class, the TP, EP and pipeline seconds that no flag of the row hides: ``tp`` unless
-``tp_comm_overlap``, ``ep`` unless ``moe_a2a_overlap``, ``pp`` unless ``overlap_p2p_comm`` with ``v > 1`` (the
+``tp_comm_overlap`` (less, under SP, the backward collectives that may hide without it:
+:func:`llmcomm.overhead.overlap.sp_backward_hideable`), ``ep`` unless ``moe_a2a_overlap``, ``pp`` unless ``overlap_p2p_comm`` with ``v > 1`` (the
 only places :func:`~llmcomm.overhead.iteration.combine` and :func:`llmcomm.overhead.overlap.pipeline_and_moe`
 change them; ``S_k`` then still holds them in full, so 1. holds with them in ``C_k``). Expert TP is read from
 the row (``etp``), never taken equal to ``tp``.
@@ -81,6 +82,7 @@ def class_seconds(model: ModelSpec, cands: pd.DataFrame, cluster: Cluster, bandw
     pipeline seconds before any overlap (:func:`llmcomm.overhead.iteration.stages`), for each row of ``cands``
     (valid configurations)."""
     from ..overhead import iteration as it
+    from ..overhead import overlap as _overlap
 
     t = ParallelTable.from_frame(cands.reset_index(drop=True), model)
     bw, util = it._resolve(cluster, bandwidth, utilization)
@@ -89,7 +91,10 @@ def class_seconds(model: ModelSpec, cands: pd.DataFrame, cluster: Cluster, bandw
     out = {}
     for cls, r in st.cls.items():
         fwd, bwd, rec = it.class_times(r["q"], util)
-        out[cls] = {"compute": fwd + bwd + rec, "tp": np.asarray(r["tp"]), "ep": np.asarray(r["ep"]),
+        # TP seconds nothing hides without tp_comm_overlap: SP's async backward collectives may hide up to
+        # sp_backward_hideable (llmcomm.overhead.overlap.sp_backward_exposed), whatever the GEMMs
+        tp_kept = np.asarray(r["tp"]) - _overlap.sp_backward_hideable(r["ub_b"], r["q"]["full"])
+        out[cls] = {"compute": fwd + bwd + rec, "tp": tp_kept, "ep": np.asarray(r["ep"]),
                     "pp": np.asarray(r["pp"])}
     return out
 
