@@ -220,7 +220,7 @@ class ParallelTable:
             if kind == "object":
                 cols.update({f: _objects(list(by_field[f]), len(configs)) for f in fields})
                 continue
-            vals = [by_field[f] for f in fields]
+            vals: list[Any] = [by_field[f] for f in fields]
             if kind == "optional":
                 vals = [[-1 if x is None else x for x in v] for v in vals]
             block = np.array(vals, dtype=_KIND_DTYPE[kind]).reshape(len(fields), len(configs))

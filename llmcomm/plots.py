@@ -211,7 +211,7 @@ def _move_node_boundaries(ax: Axes, k: int, world_size: int, gpus_per_node: int,
             lines[2 * i].set_ydata([pos, pos])
             lines[2 * i + 1].set_xdata([pos, pos])
             for line in lines[2 * i:2 * i + 2]:  # as axhline / axvline leave their path
-                line.get_path()._interpolation_steps = mpl.axis.GRIDLINE_INTERPOLATION_STEPS
+                line.get_path()._interpolation_steps = mpl.axis.GRIDLINE_INTERPOLATION_STEPS  # type: ignore[attr-defined]  # private, as axhline sets it
                 line.set_visible(True)
         else:
             ax.axhline(pos, **NODE_LINE)

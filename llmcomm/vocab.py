@@ -23,7 +23,7 @@ Routing table (MoE; ``ROUTING_SCHEMA``): ``tokens`` that ``src_rank`` routed to 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pyarrow as pa
 
@@ -282,7 +282,7 @@ LITERALS: dict[Any, type[StrEnum]] = {
 PHASES = _values(Phase)
 PARALLELISM_TAGS = _values(Parallelism)
 OPS = _values(Op)
-ALGORITHMS = _values(Algorithm)
+ALGORITHMS = cast("tuple[AlgorithmName, ...]", _values(Algorithm))  # the Literal below spells these
 ROUTES = _values(Route)
 RECOMPUTE_MODES = _values(Recompute)
 # recomputation as an ordered code (none < selective < full): the cost model's arrays and the tuner's pruning

@@ -100,7 +100,7 @@ class CachedTextRenderer(RendererAgg):
             return None
         real = self._renderer
         rec = _Recorder(real)
-        self._renderer = rec  # type: ignore[assignment]  # the recorder forwards every call
+        self._renderer = rec  # the recorder forwards every call
         try:
             super().draw_text(gc, x, y, s, prop, angle, ismath, mtext)
         finally:
@@ -122,7 +122,7 @@ class CachedTextCanvas(FigureCanvasAgg):
         key = w, h, self.figure.dpi
         if self._lastKey != key:
             self.renderer = CachedTextRenderer(w, h, self.figure.dpi, self.text_cache)
-            self._lastKey = key
+            self._lastKey = key  # type: ignore[assignment]  # FigureCanvasAgg declares it None
         return self.renderer
 
 

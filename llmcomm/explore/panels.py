@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import io
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -240,7 +241,7 @@ def _screen_matrix(v: View) -> MatrixImages:
     return m
 
 
-def _fixed_title(ax: Axes, **kw: float) -> None:
+def _fixed_title(ax: Axes, **kw: Any) -> None:
     """Keep ``ax``'s title at ``y = 1``, where matplotlib's automatic placement (``Axes._update_title_position``)
     puts it on axes whose ticks are at the bottom and whose y axis shows no offset text (the matrix, layout and
     call-sequence panels), without that placement's measuring of every tick label at each drawing; titles set

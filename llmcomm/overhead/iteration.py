@@ -977,7 +977,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
-    sums = ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f", "ub_rs_f", "ub_b", "dp_ag", "cp",
+    sums: tuple[str, ...] = ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f", "ub_rs_f", "ub_b", "dp_ag", "cp",
             "cp_bus")
     sums += ("fsdp", "fsdp_bus")  # FSDP per micro-batch (fsdp_time)
     # for llmcomm.overhead.overlap: one call's seconds of each gradient bucket kind, all of them, the sends
