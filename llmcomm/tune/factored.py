@@ -43,7 +43,7 @@ class _Recording(dict):
         self.read.add(key)
         return super().__getitem__(key)
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         if key in self:
             self.read.add(key)
         return super().get(key, default)
