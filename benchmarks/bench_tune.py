@@ -17,7 +17,8 @@ The first search on a cluster of a given size also builds the cost model's bandw
 (``setup``), and the first search of each case (``pruned/cold``) also pays the cost model's first evaluation of
 each group layout (its caches); the exhaustive and the pruned search are then timed warm, which is the search
 cost proper. The targets apply to the warm pruned search. One core. ``cpu_s`` is the process CPU time of the
-search (on a shared machine the wall time also holds other processes' time; both are printed).
+search (on a shared machine the wall time also holds other processes' time; both are printed, and the load
+average before and after).
 
     .venv/bin/python benchmarks/bench_tune.py [--strict] [--only 405b|catalogue|sc21]
 """
@@ -69,6 +70,7 @@ def _setup(cluster: str, gpus: int) -> None:
 def main() -> int:
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
     failed = False
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     print(f"{'model':>18} {'gpus':>6} {'batch':>6} {'search':>11} {'candidates':>10} {'evaluated':>9} {'pruned':>8} "
           f"{'wall_s':>7} {'cpu_s':>6} {'target_s':>8}  best")
     if only in (None, "405b"):
@@ -82,6 +84,7 @@ def main() -> int:
     if only in (None, "sc21"):
         _setup(A100, 1024)
         failed |= _case("gpt3-175b", 1024, A100, 1536, None, 1.0)
+    print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     return 1 if failed and "--strict" in sys.argv else 0
 
 

@@ -174,11 +174,15 @@ class ParallelTable:
             elif f in FLOAT_FIELDS:
                 cols[f] = np.full(n, float(const)) if v is None else pd.Series(v).fillna(DEFAULTS[f]).to_numpy(np.float64)
             elif f in OBJECT_FIELDS:
-                vals = const if v is None else list(v)
+                # an object column as it is (no Python loop where no element is a list: _objects' fast path)
+                vals = const if v is None else v if (v.dtype == object and f not in NAN_IS_NONE) else list(v)
                 if f in NAN_IS_NONE and v is not None:  # a frame's missing value (NaN) is the field's None
                     vals = [None if isinstance(x, float) and x != x else x for x in vals]
                 cols[f] = _objects(vals, n)
             else:
+                if v is not None and isinstance(df[f].dtype, pd.StringDtype) and not pd.isna(v).any():
+                    cols[f] = v.astype(object)  # already strings, none missing: what the line below gives
+                    continue
                 cols[f] = (_objects(const, n) if v is None  # fill: np.full copies object by object, 10x slower
                            else pd.Series(v).fillna(DEFAULTS[f]).astype(str).to_numpy(dtype=object))
         return cls._finish(cols, model)

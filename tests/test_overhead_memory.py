@@ -190,3 +190,31 @@ def test_model_state_counts_the_fp8_weight_copies() -> None:
         par = lc.ParallelConfig(tp=2, pp=1, dp=4, sp=True, global_batch=8, distributed_optimizer=True, fp8="hybrid",
                                 fp8_param_gather=fpg)
         assert model_state(model, par)[0] == pytest.approx(memory(model, par).weights, rel=1e-12)
+
+
+@pytest.mark.parametrize("name, gpus, batch, seq, dims", [
+    ("mixtral-8x7b", 16, 64, None, {"etp": (1, 2), "cp_comm_type": ("p2p", "all_gather", "a2a")}),
+    ("llama3-405b", 16384, 2048, 8192, {"recompute": ("selective", "full")}),
+    ("qwen3-30b-a3b", 64, 128, None, {"recompute": ("none", "full")})])
+def test_table_equals_each_row_alone_bit_for_bit(name, gpus, batch, seq, dims) -> None:  # noqa: ANN001
+    """memory_rows computes every layout of one pipeline depth at once; each row alone (its own layout, the path
+    of memory()) gives the same bytes to the bit, over full tuner spaces (MoE folding, CP with every
+    cp_comm_type, FSDP, FP8, uneven stages, recomputation) and rows with --recompute-method."""
+    from llmcomm.overhead.memory import memory_rows
+    from llmcomm.parallel_table import ParallelTable
+    from llmcomm.tune.space import SearchSpace, enumerate_base
+
+    model = lc.load_model(name)
+    df = enumerate_base(model, gpus, batch, seq, SearchSpace(**dims).for_cluster(lc.load_cluster("h100-80g-ndr400")))
+    extra = df.iloc[::max(1, len(df) // 40)].assign(recompute="full", recompute_method="block",
+                                                    recompute_num_layers=2)
+    extra.loc[extra.index[::2], "recompute_method"] = "uniform"
+    df = pd.concat([df, extra], ignore_index=True)
+    tab = ParallelTable.from_frame(df, model)
+    table = memory_rows(model, tab)
+    assert df["pp"].nunique() > 2 and df["fsdp"].any() and (df["cp"] > 1).any()
+    sample = np.unique(np.concatenate([np.random.default_rng(0).choice(len(df), 200, replace=False),
+                                       np.arange(len(df) - len(extra), len(df))]))
+    for i in sample:
+        one = memory_rows(model, tab.take(np.array([i])))
+        assert (one[0] == table[i]).all(), (i, one[0], table[i])

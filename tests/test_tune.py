@@ -80,6 +80,76 @@ def test_dimensions_the_cost_model_refuses_are_named_by_its_rule() -> None:
     assert "etp=1" not in why and "expert-grid" in why["etp=3"]
 
 
+# full spaces whose rules are checked on the factors of the product (llmcomm.tune.factored): dense and MoE, expert
+# folding, CP with every cp_comm_type, FSDP, FP8 (H100), uneven stages
+FACTORED = (("llama3-8b", 16, 64, 8192, {"cp_comm_type": ("p2p", "all_gather", "a2a")}, "h100-80g-ndr400"),
+            ("gpt3-13b", 16, 64, None, {}, "h100-80g-ndr400"),
+            ("deepseek-moe-16b", 8, 32, None, {}, "h100-80g-ndr400"),
+            ("mixtral-8x7b", 8, 16, 4096, {"etp": (1, 2), "cp_comm_type": ("p2p", "all_gather", "a2a")},
+             "h100-80g-ndr400"),
+            ("gpt3-175b", 64, 512, None, {"attention_backend": ("auto", "unfused", "local")}, "a100-80g-hdr200"))
+
+
+@pytest.mark.parametrize("name, gpus, batch, seq, dims, cluster", FACTORED)
+def test_rules_on_the_factors_equal_the_rules_on_every_row(name, gpus, batch, seq, dims, cluster) -> None:  # noqa: ANN001
+    """The space checks the rules on its factors (shape rows × categorical combinations); its rows are exactly
+    those of llmcomm.rules.valid over every row of the product, in the same order, with the same twin counts."""
+    import pandas as pd
+
+    from llmcomm import rules
+    from llmcomm.tune.space import SCOPES, TWIN_COLUMNS, _frame, _raw_columns, enumerate_base
+
+    model = lc.load_model(name)
+    space = SearchSpace(**dims).for_cluster(lc.load_cluster(cluster))
+    for dominated in (False, True):
+        cols, table = _raw_columns(model, gpus, batch, seq, space, dominated)
+        ok = rules.valid(model, table, SCOPES)
+        want = _frame(cols, ok)
+        if dominated:  # a left-out unfused twin counts only where the rules accept it
+            has = want["unfused_twins"].to_numpy() > 0
+            twin = table.take(np.flatnonzero(ok)[has])
+            twin.columns["attention_backend"] = np.full(int(has.sum()), "unfused", dtype=object)
+            u = want["unfused_twins"].to_numpy().copy()
+            u[np.flatnonzero(has)[~rules.valid(model, twin, SCOPES)]] = 0
+            want["unfused_twins"] = u
+        else:
+            want = want.drop(columns=list(TWIN_COLUMNS))
+        got = enumerate_base(model, gpus, batch, seq, space, dominated=dominated)
+        assert len(got) and len(got) < len(table)
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_rules_on_the_factors_equal_each_rows_own_check() -> None:
+    """Every row of two full (narrowed) spaces, dense with CP and uneven stages and MoE with expert folding, FSDP
+    and FP8: accepted by the space exactly where rules.check accepts the row's own ParallelConfig."""
+    from llmcomm import rules
+    from llmcomm.tune.space import SCOPES, _raw_columns, enumerate_base
+
+    for name, gpus, batch, seq, dims in (
+            ("llama3-8b", 8, 8, 8192, {"cp_comm_type": ("p2p", "a2a"), "uneven": (True,),
+                                       "recompute": ("none", "full"), "micro_batch": (1,)}),
+            ("mixtral-8x7b", 8, 8, 4096, {"etp": (1, 2), "micro_batch": (1,), "recompute": ("selective",),
+                                          "cp": (1, 2), "pp": (1, 2), "vpp": (1, 2), "attention_backend": ("auto",),
+                                          "cp_comm_type": ("p2p", "a2a")})):
+        model = lc.load_model(name)
+        space = SearchSpace(**dims).for_cluster(H100)
+        cols, table = _raw_columns(model, gpus, batch, seq, space)
+        accepted = np.zeros(len(table), bool)
+        for i in range(len(table)):
+            try:
+                rules.check(model, table.row(i), SCOPES)
+            except lc.ConfigError:
+                continue
+            accepted[i] = True
+        got = enumerate_base(model, gpus, batch, seq, space)
+        assert 0 < accepted.sum() < len(table) and len(got) == accepted.sum()
+        for c in ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
+                  "num_layers_in_last_pipeline_stage", "sp", "fsdp", "distributed_optimizer"):
+            assert (got[c].to_numpy() == cols[c][accepted]).all(), c
+        for c in ("recompute", "attention_backend", "fp8", "cp_comm_type"):
+            assert list(got[c]) == list(cols[c][accepted]), c
+
+
 H100 = lc.load_cluster("h100-80g-ndr400")
 # (model, GPUs, batch, cluster) of the rule-safety checks: A100 (BF16) and H100 (FP8 in the space too)
 SAFETY = (("gpt3-13b", 64, 512, A100), ("llama3-8b", 32, 256, A100), ("mixtral-8x7b", 64, 256, A100),

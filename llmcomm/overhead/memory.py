@@ -299,39 +299,55 @@ def memory_rows(model: ModelSpec, tab: ParallelTable) -> np.ndarray:
     dp_cp = dp * cp
     keys = [tp, pp, ep, vpp, tab.expert_tp, *(np.asarray(getattr(tab, k), np.int64) for k in step.UNEVEN)]
     inv, uniq = step.factorize(keys)
-    if len(uniq) == 1:  # one layout (one configuration, or a table of one shape): every row
-        order, bounds = np.arange(n), np.array([0, n])
-    else:
-        order = np.argsort(inv, kind="stable")
-        bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
-    for j, key in enumerate(uniq):
-        rows = order[bounds[j]:bounds[j + 1]]
-        shape = _shape(*(int(x) for x in key[:7]), bool(key[7]), bool(key[8]))
-        t, p, v = shape.tp, shape.pp, shape.vpp
-        info = _stage_info(model, shape)
+    # one pass per pipeline depth (the stages are the first axis), every layout of that depth at once: each
+    # stage array of a layout gathered per row, so every element is the same expression of the same numbers as for
+    # its layout alone
+    inv = np.asarray(inv)
+    shapes = [_shape(*(int(x) for x in key[:7]), bool(key[7]), bool(key[8])) for key in uniq]
+    depth = np.array([sh.pp for sh in shapes], np.int64)
+    vocab = {t: 1 + model.padded_vocab_size(int(t)) / model.hidden_size for t in {sh.tp for sh in shapes}}
+    has_fsdp = np.zeros(len(uniq), bool)
+    has_fsdp[inv[fsdp]] = True
+    for p in np.unique(depth).tolist():
+        js = np.flatnonzero(depth == p)
+        rows = np.flatnonzero(depth[inv] == p)
+        local = np.full(len(uniq), -1, np.int64)
+        local[js] = np.arange(len(js))
+        at = local[inv[rows]]  # each row's layout among those of depth p
+        infos = [_stage_info(model, shapes[j]) for j in js]
+
+        def per_row(name: str, infos: list[_StageInfo] = infos, at: np.ndarray = at) -> np.ndarray:
+            return np.stack([getattr(i, name) for i in infos])[at].T  # stages × rows
+
+        share = per_row("moe_share")
+        t = np.array([shapes[j].tp for j in js], np.int64)[at]
+        v = np.array([shapes[j].vpp for j in js], np.int64)[at]
         r = np.arange(p)[:, None]  # stages × rows below
-        mean_layer = ((1 - info.moe_share)[:, None] * per_layer[False][rows]
-                      + info.moe_share[:, None] * per_layer[True][rows])
+        mean_layer = (1 - share) * per_layer[False][rows] + share * per_layer[True][rows]
         chunks = chunks_in_flight(r, pp=p, vpp=v, microbatches=microbatches[rows], gpipe=gpipe[rows])
-        activations = chunks * info.layers_per_chunk[:, None] * mean_layer + cp_buffers[rows]
+        lpc = per_row("layers_per_chunk")
+        activations = chunks * lpc * mean_layer + cp_buffers[rows]
         meth_rows = blk[rows] | uni[rows]
         if meth_rows.any():  # per chunk: k checkpointed inputs (+ the block's other layers, all kept)
-            lpc, nl = info.layers_per_chunk[:, None], rnl[rows]
+            nl = rnl[rows]
             k = np.where(blk[rows], np.minimum(nl, lpc), np.ceil(lpc / nl))
             rest = 0.0
             if blk.any():
-                mean_none = ((1 - info.moe_share)[:, None] * per_none[False][rows]
-                             + info.moe_share[:, None] * per_none[True][rows])
+                mean_none = (1 - share) * per_none[False][rows] + share * per_none[True][rows]
                 rest = np.where(blk[rows], lpc - k, 0.0) * mean_none
             activations = np.where(meth_rows, chunks * (k * mean_layer + rest) + cp_buffers[rows], activations)
         activations[0] += -(-chunks[0] // v) * sbh[rows] / np.where(sp[rows], t, 1)
-        activations[p - 1] += 4 * sbh[rows] / t * (1 + model.padded_vocab_size(int(t)) / model.hidden_size)
-        w, g, o = model_state_bytes(info.dense[:, None], info.expert[:, None], dp_cp=dp_cp[rows],
+        activations[p - 1] += 4 * sbh[rows] / t * np.array([vocab[shapes[j].tp] for j in js])[at]
+        if fsdp[rows].any():  # the FSDP units of the layouts that have FSDP rows (the others' rows add 0)
+            units = np.stack([_fsdp_units(model, shapes[j]).T if has_fsdp[j] else np.zeros((2, p)) for j in js])
+            fsdp_unit = units[at].transpose(1, 2, 0)  # (2, stages, rows)
+        else:
+            fsdp_unit = np.zeros(2)
+        w, g, o = model_state_bytes(per_row("dense"), per_row("expert"), dp_cp=dp_cp[rows],
                                     expert_dp=expert_dp[rows], param_bytes=pbytes[rows], grad_bytes=gbytes[rows],
-                                    distributed_optimizer=dist_opt[rows], fsdp=fsdp[rows],
-                                    fsdp_unit=_fsdp_units(model, shape).T[:, :, None] if fsdp[rows].any()
-                                    else np.zeros(2), fsdp_reshard=tab.fsdp_reshard_after_forward[rows])
-        w = w + fp8_weight_bytes(info.linear[:, None], fp8=fp8[rows], fp8_param_gather=fp8_primary[rows],
+                                    distributed_optimizer=dist_opt[rows], fsdp=fsdp[rows], fsdp_unit=fsdp_unit,
+                                    fsdp_reshard=tab.fsdp_reshard_after_forward[rows])
+        w = w + fp8_weight_bytes(per_row("linear"), fp8=fp8[rows], fp8_param_gather=fp8_primary[rows],
                                  param_bytes=pbytes[rows], shard=np.where(fsdp[rows], dp_cp[rows], 1))
         total = w + g + o + activations
         peak = np.argmax(total, axis=0)  # the first stage of the largest total

@@ -34,7 +34,10 @@ capacity factor 1.0), so they change no time there; the shapes are padded anyway
 The backward is twice the forward (:func:`llmcomm.overhead.iteration.class_times`); the permutations' gradients
 are one permutation each, so this counts them twice — an upper bound the kit's rule applies to every
 element-wise kernel. Host-side costs (kernel launches, the dispatcher's device-to-host synchronisation of the
-token counts, ``_maybe_dtoh_and_synchronize``) are not modelled here: see the module's report.
+token counts, ``_maybe_dtoh_and_synchronize``) are not modelled: no measured per-kernel launch cost is in the
+shared data to count them with, and the utilization fit's per-pass launch floor divided by a kernel count
+gives an implausible ~78 µs per kernel. They are the leading suspect for GPT-OSS 120B's remaining gap (its
+H100 recipe runs without CUDA graphs).
 """
 
 from __future__ import annotations

@@ -77,6 +77,7 @@ from .space import (
     DIMENSIONS,
     TWIN_COLUMNS,
     SearchSpace,
+    base_and_table,
     divisors,
     enumerate_base,
     enumerate_candidates,
@@ -167,7 +168,9 @@ def _has_twin(cands: pd.DataFrame, drop: np.ndarray, changes: dict[str, Any]) ->
     for c in key:
         # each column coded once; a changed column's twin value is one constant, coded by the same uniques (or
         # one past them where no row holds it)
-        codes, uniq = pd.factorize(cands[c].to_numpy(), use_na_sentinel=False)
+        col = cands[c]  # a string column factorized as it is (no conversion of every value to a Python object)
+        codes, uniq = pd.factorize(col if isinstance(col.dtype, pd.StringDtype) and not col.hasnans
+                                   else col.to_numpy(), use_na_sentinel=False)
         radix = len(uniq) + 1
         if c in changes:
             v = changes[c]
@@ -357,14 +360,14 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     s = seq_len or model.seq_length
     # the time-only flags off (space.expand_time_flags); pruned: without the rows two rules remove whatever the
     # memory budget (space.dominated_combinations), each counted in the row that dominates it
-    base = enumerate_base(model, gpus, global_batch, s, space, dominated=prune)
+    base, base_table = base_and_table(model, gpus, global_batch, s, space, dominated=prune)
     flags = time_flag_multiplicity(model, base, space)
     twins = [base.pop(c).to_numpy() if c in base else np.zeros(len(base), np.int64) for c in TWIN_COLUMNS]
     enumerated = int((flags * (1 + twins[0] + twins[1])).sum())
     check_tune_candidates(enumerated)
     if enumerated == 0:
         raise _no_split_error(model, gpus, global_batch)
-    mem = memory_table(model, base)
+    mem = memory_table(model, base_table)  # the same rows as a table (no DataFrame conversion)
     base = pd.concat([base, mem], axis=1)
     budget = memory_fraction * cluster.gpu_memory_bytes
     fits = base["total_bytes"].to_numpy() <= budget
@@ -385,8 +388,10 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
             removed.append(kept[drop].assign(rule=rule))
             kept = kept[~drop]
     # a memory-model row removed stands for its time-flag combinations (column ``rows``), removed by the same rule
-    removed = [r.assign(rows=time_flag_multiplicity(model, r, space) * r.pop("twins").to_numpy() if "twins" in r
-                        else time_flag_multiplicity(model, r, space)) for r in removed]
+    # (each removed row is a row of base, by its index, or its twin in attention_backend / fp8_param_gather, which
+    # no rule of the time-only flags reads: the same multiplicity)
+    removed = [r.assign(rows=flags[r.index.to_numpy()] * r.pop("twins").to_numpy() if "twins" in r
+                        else flags[r.index.to_numpy()]) for r in removed]
     cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
     kept = expand_time_flags(model, kept.reset_index(drop=True), space)
     # not a pruning rule, a rule of the software: userbuffers cannot span nodes (iteration.USERBUFFERS_RULE)

@@ -10,7 +10,10 @@ Built by construction, not by filtering a Cartesian product, so that a 16,384-GP
 ``global_batch / dp`` (up to ``max_micro_batch``), ``vpp`` over the divisors of every stage's layer count; every
 row is then checked against the rules of :mod:`llmcomm.rules` (scopes :data:`SCOPES`: what ``ParallelConfig``,
 ``specs.validate``, Megatron-LM and the iteration-time formulation require, each rule written once there with its
-source), so the space holds exactly the configurations the cost model can rank.
+source), so the space holds exactly the configurations the cost model can rank. The rows are a product of shape
+rows and categorical combinations, and each rule is evaluated on the distinct values of the columns it reads in
+those two factors (:func:`llmcomm.tune.factored.product_valid`), not on every row of the product: the same rows
+(``tests/test_tune.py`` checks them against ``rules.valid`` on every row and ``rules.check`` of each row).
 
 Dimensions the formulation does not model yet are not left out by a list kept here: a dimension given as
 ``None`` (``cp``, ``fsdp``) takes the values that no rule of the ``cost`` scope refuses (:func:`accepted_values`,
@@ -313,14 +316,10 @@ def _product(columns: dict[str, Sequence[Any]]) -> dict[str, np.ndarray]:
     return {k: np.asarray(list(columns[k]), dtype=object)[g.ravel()] for k, g in zip(names, grids, strict=True)}
 
 
-def _raw_columns(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
-                 space: SearchSpace, dominated: bool = False) -> tuple[dict[str, np.ndarray], ParallelTable]:
-    """Every row of the space but the time-only flags (:data:`BOOL_TIME_FLAGS`, False here), before the rules.
-    ``dominated``: leave out the rows two pruning rules would remove whatever the memory budget
-    (:func:`dominated_combinations`), counted in the columns :data:`TWIN_COLUMNS` of the row that dominates them."""
-    s = seq_len or model.seq_length
+def _shape_rows(model: ModelSpec, gpus: int, global_batch: int, space: SearchSpace) -> np.ndarray:
+    """The shape rows of the space, ``(n, len(SHAPE_COLUMNS))`` integers: every (tp, cp, pp, dp) of :func:`splits`,
+    expert shape (:func:`expert_shapes`), pipeline split (:func:`stage_splits`), micro-batch and vpp."""
     L = model.num_layers
-    fsdps = tuple(accepted_values(model, "fsdp", [False, True])) if space.fsdp is None else space.fsdp
     shape_rows: list[tuple[int, ...]] = []
     for tp, cp, pp, dp in splits(model, gpus, global_batch, space.tp, space.pp, _cp_values(model, space, gpus)):
         shape_rows += [(tp, cp, pp, dp, ep, et) for ep, et in expert_shapes(model, tp, cp, dp, space)]
@@ -338,11 +337,19 @@ def _raw_columns(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | 
         for f, la, vpps in split_cache[pp]:
             for mb, v in itertools.product(mbs, vpps):
                 rows.append((tp, cp, pp, dp, ep, et, mb, v, f, la, per_replica // mb))
-    shape_cols = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
-                  "num_layers_in_last_pipeline_stage", "num_microbatches")
-    shapes = np.array(rows, np.int64).reshape(-1, len(shape_cols))
-    # the categorical dimensions: their product once, the fp8_param_gather combinations Megatron-LM refuses
-    # dropped by its rule (FLAG_RULES), then every shape row times every combination
+    return np.array(rows, np.int64).reshape(-1, len(SHAPE_COLUMNS))
+
+
+SHAPE_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
+                 "num_layers_in_last_pipeline_stage", "num_microbatches")
+# the categorical dimensions, whose product with the shape rows is the space (before the time-only flags)
+COMBO_COLUMNS = ("sp", "recompute", "distributed_optimizer", "fsdp", "attention_backend", "fp8", "fp8_param_gather")
+
+
+def _combinations(model: ModelSpec, space: SearchSpace) -> dict[str, np.ndarray]:
+    """The categorical combinations of the space (:data:`COMBO_COLUMNS`, typed as in the candidates' frame): their
+    product, without the fp8_param_gather combinations Megatron-LM refuses (its rule, :data:`FLAG_RULES`)."""
+    fsdps = tuple(accepted_values(model, "fsdp", [False, True])) if space.fsdp is None else space.fsdp
     fp8s = space.fp8 if space.fp8 is not None else (None,)
     combos = _product({"sp": space.sp, "recompute": space.recompute, "distributed_optimizer":
                        space.distributed_optimizer, "fsdp": fsdps, "attention_backend": space.attention_backend,
@@ -351,38 +358,122 @@ def _raw_columns(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | 
     keep = _flag_ok(model, nc, sp=np.ones(nc, bool), distributed_optimizer=combos["distributed_optimizer"].astype(bool),
                     fp8=combos["fp8"], fp8_param_gather=combos["fp8_param_gather"].astype(bool))
     combos = {k: v[keep] for k, v in combos.items()}
-    twins = dominated_combinations(space, combos) if dominated else None
-    if twins is not None:
-        combos = {k: v[twins["keep"]] for k, v in combos.items()}
-    nc = len(combos["sp"])
-    ns = len(shapes)
-    si, ci = np.repeat(np.arange(ns), nc), np.tile(np.arange(nc), ns)
-    cols: dict[str, Any] = {c: shapes[si, i] for i, c in enumerate(shape_cols)}
+    out: dict[str, np.ndarray] = {}
     for k in ("sp", "distributed_optimizer", "fsdp", "fp8_param_gather"):
-        cols[k] = combos[k].astype(bool)[ci]
-    cols["recompute"] = combos["recompute"].astype(str)[ci]
-    cols["attention_backend"] = combos["attention_backend"].astype(str)[ci]
-    cols["fp8"] = combos["fp8"][ci]
-    for k in TWIN_COLUMNS:
-        cols[k] = (twins[k][twins["keep"]] if twins is not None else np.zeros(nc, np.int64))[ci]
+        out[k] = combos[k].astype(bool)
+    out["recompute"] = combos["recompute"].astype(str)
+    out["attention_backend"] = combos["attention_backend"].astype(str)
+    out["fp8"] = combos["fp8"]
+    return {k: out[k] for k in COMBO_COLUMNS}
+
+
+def _shape_columns(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None, space: SearchSpace
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """``(columns, shape, copy)``: the shape rows (:func:`_shape_rows`), each with ``cp > 1`` once per
+    ``cp_comm_type`` of the space (:func:`_cp_comm_types`), with every column of a candidate but the categorical
+    ones (the time-only flags off); ``shape``: the shape row of each, ``copy``: which of its copies."""
+    s = seq_len or model.seq_length
+    shapes = _shape_rows(model, gpus, global_batch, space)
+    cols: dict[str, Any] = {c: shapes[:, i] for i, c in enumerate(SHAPE_COLUMNS)}
+    n = len(shapes)
+    shape, copy = np.arange(n), np.zeros(n, np.int64)
     if HAS_CP_COMM_TYPE:
         default = str(ParallelConfig.__dataclass_fields__["cp_comm_type"].default)
         types = _cp_comm_types(model, space) or (default,)
         cp_gt1 = cols["cp"] > 1
         reps = np.where(cp_gt1, len(types), 1)
-        cols = {k: np.repeat(v, reps) for k, v in cols.items()}
-        idx = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)  # 0.. within each row's copies
-        cct = np.asarray(types, dtype=object)[np.minimum(idx, len(types) - 1)]
-        cols["cp_comm_type"] = np.where(np.repeat(cp_gt1, reps), cct, default)
+        shape = np.repeat(shape, reps)
+        cols = {k: v[shape] for k, v in cols.items()}
+        copy = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)  # 0.. within each row's copies
+        cct = np.asarray(types, dtype=object)[np.minimum(copy, len(types) - 1)]
+        cols["cp_comm_type"] = np.where(cp_gt1[shape], cct, default)
+    n = len(shape)
     for k in BOOL_TIME_FLAGS:
-        cols[k] = np.zeros(len(cols["tp"]), bool)
-    cols["global_batch"] = np.full(len(cols["tp"]), global_batch, np.int64)
-    cols["seq_len"] = np.full(len(cols["tp"]), s, np.int64)
+        cols[k] = np.zeros(n, bool)
+    cols["global_batch"] = np.full(n, global_batch, np.int64)
+    cols["seq_len"] = np.full(n, s, np.int64)
     cols["schedule"] = np.where(cols["vpp"] > 1, "interleaved", "1f1b").astype(object)
+    return cols, shape, copy
+
+
+def _twins(space: SearchSpace, combos: dict[str, np.ndarray], dominated: bool
+           ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(combos, twins)``: the combinations to build (without those :func:`dominated_combinations` leaves out
+    where ``dominated``) and, per kept one, the :data:`TWIN_COLUMNS` counts (zero without ``dominated``)."""
+    nc = len(combos["sp"])
+    if not dominated:
+        return combos, {k: np.zeros(nc, np.int64) for k in TWIN_COLUMNS}
+    twins = dominated_combinations(space, combos)
+    keep = twins["keep"]
+    return {k: v[keep] for k, v in combos.items()}, {k: twins[k][keep] for k in TWIN_COLUMNS}
+
+
+def _assemble(shape_cols: dict[str, np.ndarray], combos: dict[str, np.ndarray], twins: dict[str, np.ndarray],
+              e: np.ndarray, c: np.ndarray) -> dict[str, np.ndarray]:
+    """The candidates' columns of the product rows ``(e[k], c[k])`` (a shape-column row, a combination)."""
+    cols = {k: v[e] for k, v in shape_cols.items()}
+    cols.update({k: v[c] for k, v in combos.items()})
+    cols.update({k: v[c] for k, v in twins.items()})
+    return cols
+
+
+def _product_order(shape: np.ndarray, copy: np.ndarray, e: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The order of the product rows ``(e, c)`` in the space: by shape row, then combination, then
+    ``cp_comm_type`` copy."""
+    return np.lexsort((copy[e], c, shape[e]))
+
+
+def _table(model: ModelSpec, cols: dict[str, np.ndarray], n: int) -> ParallelTable:
+    return ParallelTable.from_columns(n, model, **{c: cols[c] for c in _FRAME_COLUMNS
+                                                  if c in cols and c not in ("num_microbatches", *TWIN_COLUMNS)})
+
+
+def _raw_columns(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
+                 space: SearchSpace, dominated: bool = False) -> tuple[dict[str, np.ndarray], ParallelTable]:
+    """Every row of the space but the time-only flags (:data:`BOOL_TIME_FLAGS`, False here), before the rules:
+    the whole product of the shape rows and the combinations (:func:`refusals` names the rule that removes a
+    value; the tuner itself checks the rules on the factors, :func:`_valid_columns`). ``dominated``: leave out the
+    rows two pruning rules would remove whatever the memory budget (:func:`dominated_combinations`), counted in
+    the columns :data:`TWIN_COLUMNS` of the row that dominates them."""
+    shape_cols, shape, copy = _shape_columns(model, gpus, global_batch, seq_len, space)
+    combos, twins = _twins(space, _combinations(model, space), dominated)
+    e, c = (x.ravel() for x in np.meshgrid(np.arange(len(shape)), np.arange(len(combos["sp"])), indexing="ij"))
+    order = _product_order(shape, copy, e, c)
+    cols = _assemble(shape_cols, combos, twins, e[order], c[order])
     # the table straight from the arrays (the DataFrame is built by _frame, on the rows that are kept)
-    table = ParallelTable.from_columns(len(cols["tp"]), model, **{c: cols[c] for c in _FRAME_COLUMNS
-                                                                  if c not in ("num_microbatches", *TWIN_COLUMNS)})
-    return cols, table
+    return cols, _table(model, cols, len(order))
+
+
+def _valid_columns(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None, space: SearchSpace,
+                   dominated: bool = False) -> dict[str, np.ndarray]:
+    """The rows of :func:`_raw_columns` that break no rule of :data:`SCOPES`, in the same order, the rules
+    checked on the factors of the product (:func:`llmcomm.tune.factored.product_valid`) rather than on each of
+    its rows. With ``dominated``, a left-out unfused twin counts only where the rules accept it (cp > 1 needs TE
+    attention): checked on the same factors, the kept combinations with the ``unfused`` backend."""
+    from .factored import product_valid
+
+    shape_cols, shape, copy = _shape_columns(model, gpus, global_batch, seq_len, space)
+    combos, twins = _twins(space, _combinations(model, space), dominated)
+    nc = len(combos["sp"])
+    right = {k: v for k, v in combos.items()}
+    has = twins["unfused_twins"] > 0
+    if has.any():  # the twins' combinations after the kept ones
+        right = {k: np.concatenate([v, v[has]]) for k, v in combos.items()}
+        right["attention_backend"] = np.concatenate([combos["attention_backend"],
+                                                     np.full(int(has.sum()), "unfused")])
+    left = _table(model, shape_cols, len(shape))
+    ok = product_valid(model, left, _table(model, right, len(right["sp"])), COMBO_COLUMNS, SCOPES)
+    e, c = np.nonzero(ok[:, :nc])
+    order = _product_order(shape, copy, e, c)
+    e, c = e[order], c[order]
+    cols = _assemble(shape_cols, combos, twins, e, c)
+    if has.any():
+        twin_of = np.full(nc, -1)
+        twin_of[has] = nc + np.arange(int(has.sum()))
+        u = cols["unfused_twins"].copy()
+        u[(twin_of[c] >= 0) & ~ok[e, np.maximum(twin_of[c], 0)]] = 0
+        cols["unfused_twins"] = u
+    return cols
 
 
 _FRAME_COLUMNS = (*DIMENSIONS, "num_microbatches", "unfused_twins", "fp8_param_gather_twins", "global_batch",
@@ -454,7 +545,14 @@ def _flag_masks(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> li
              "distributed_optimizer": cands["distributed_optimizer"].to_numpy(bool), "ep": cands["ep"].to_numpy(),
              "pp": cands["pp"].to_numpy(), "vpp": cands["vpp"].to_numpy(),
              "recompute": cands["recompute"].to_numpy(dtype=object)}
-    return [(combo, _flag_ok(model, n, **fixed, **{k: np.full(n, v) for k, v in combo.items()}))
+    # the rules on the distinct values of the columns they read (elementwise predicates: the same verdict per row)
+    code = np.zeros(n, np.int64)
+    for v in fixed.values():
+        code = pd.factorize(code * (n + 1) + pd.factorize(v)[0])[0].astype(np.int64)
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    k = len(first)
+    distinct = {c: v[first] for c, v in fixed.items()}
+    return [(combo, _flag_ok(model, k, **distinct, **{c: np.full(k, v) for c, v in combo.items()})[inv.reshape(-1)])
             for combo in time_flag_combinations(space)]
 
 
@@ -503,20 +601,17 @@ def enumerate_base(model: ModelSpec, gpus: int, global_batch: int, seq_len: int 
     """The valid rows of the space with the time-only flags (:data:`BOOL_TIME_FLAGS`) off: what the memory model
     needs (:func:`expand_time_flags` gives the rest); ``dominated``: without the rows
     :func:`dominated_combinations` leaves out, counted in :data:`TWIN_COLUMNS`."""
-    cols, table = _raw_columns(model, gpus, global_batch, seq_len, space or SearchSpace(), dominated)
-    ok = rules.valid(model, table, SCOPES)
-    out = _frame(cols, ok)
-    if not dominated:
-        return out.drop(columns=list(TWIN_COLUMNS))
-    has = out["unfused_twins"].to_numpy() > 0
-    if has.any():  # a left-out unfused twin counts only where the rules accept it (cp > 1 needs TE attention)
-        twin = table.take(np.flatnonzero(ok)[has])  # the kept rows, their backend unfused
-        twin.columns["attention_backend"] = np.full(int(has.sum()), "unfused", dtype=object)
-        valid = rules.valid(model, twin, SCOPES)
-        u = out["unfused_twins"].to_numpy().copy()
-        u[np.flatnonzero(has)[~valid]] = 0
-        out["unfused_twins"] = u
-    return out
+    return base_and_table(model, gpus, global_batch, seq_len, space, dominated=dominated)[0]
+
+
+def base_and_table(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None = None,
+                   space: SearchSpace | None = None, *, dominated: bool = False
+                   ) -> tuple[pd.DataFrame, ParallelTable]:
+    """:func:`enumerate_base` and its rows as a :class:`ParallelTable` (built from the same arrays, not from the
+    DataFrame: what the memory model reads)."""
+    cols = _valid_columns(model, gpus, global_batch, seq_len, space or SearchSpace(), dominated)
+    out = _frame(cols)
+    return (out if dominated else out.drop(columns=list(TWIN_COLUMNS))), _table(model, cols, len(out))
 
 
 EXPLICIT = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp", "fsdp", "attention_backend", "sp", "recompute",
