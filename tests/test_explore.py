@@ -282,3 +282,26 @@ def test_kept_matrix_figure_takes_a_colour_range_above_the_old_one() -> None:
     assert panels.fast_png(kept.fig) == panels.fast_png(fresh.fig)
     plt.close(kept.fig)
     plt.close(fresh.fig)
+
+
+def test_collector_waits_during_a_change_and_is_restored() -> None:
+    """The cyclic collector is off inside one change, on again after it (also when the change raises), and a
+    collector the caller turned off stays off."""
+    import gc
+
+    from llmcomm.explore.widget import _collector_paused
+
+    assert gc.isenabled()
+    with _collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), _collector_paused():
+        raise RuntimeError("a change that fails")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
