@@ -225,7 +225,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
         c[name] = t.dtype_bytes(name)
     for kind, (_, per_node) in step.placement(t, gpus_per_node).items():
         c["k_" + kind] = per_node  # k_<kind>@<class>: ranks per node of the class's groups (for_class picks them)
-    cross = c["tp_comm_overlap"] & (c["k_tp@first"] < t.tp)
+    cross = _tp_spans_nodes(c["tp_comm_overlap"], c["k_tp@first"], t.tp)
     if cross.any():
         i = int(np.flatnonzero(cross)[0])
         raise ConfigError(f"tp_comm_overlap with tp={int(t.tp[i])} on nodes of {gpus_per_node} GPUs: the TP group "
@@ -240,7 +240,13 @@ USERBUFFERS_RULE = ("TransformerEngine's userbuffers need the tensor-parallel GP
 def userbuffers_unavailable(t: ParallelTable, gpus_per_node: int) -> np.ndarray:
     """Rows whose ``tp_comm_overlap`` cannot run: the TP group spans nodes (:data:`USERBUFFERS_RULE`; the ranks
     per node of the TP group from :func:`llmcomm.step.placement`, the one home of the rank layout)."""
-    return np.asarray(t.tp_comm_overlap, dtype=bool) & (step.placement(t, gpus_per_node)["tp@first"][1] < t.tp)
+    return _tp_spans_nodes(t.tp_comm_overlap, step.placement(t, gpus_per_node)["tp@first"][1], t.tp)
+
+
+def _tp_spans_nodes(tp_comm_overlap: np.ndarray, tp_per_node: np.ndarray, tp: np.ndarray) -> np.ndarray:
+    """Rule ``tp-comm-overlap-intra-node``: ``tp_comm_overlap`` where fewer than ``tp`` of the TP group's ranks
+    share a node."""
+    return np.asarray(tp_comm_overlap, dtype=bool) & (tp_per_node < tp)
 
 
 def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
@@ -764,10 +770,13 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     if delayed.any():  # the casts and transposes per GEMM operand (fp8_casts), backward beyond 2·forward in Bd/Bm
         _delayed_casts(model, c, shapes, delayed, Ld, Lm, xb, hbm)
     z = np.zeros(len(tp))
+    moe_work = (z, z)  # the MoE layer's router seconds and extra bytes, for the layer pass and recompute "moe"
     if model.is_moe:
-        Lm[:, U.I["gemm"]] += 2.0 * b * s * h * model.num_experts / peak  # router (replicated over TP, BF16)
+        router = 2.0 * T * h * model.num_experts / peak  # the router GEMM (replicated over TP, BF16)
         # the dispatcher's permutations, router element-wise work, expert bias, FP8 expert-input casts (moe_time)
-        Lm[:, U.I["mem"]] += (moe_time.dispatch_bytes(model, c, T) + moe_time.expert_input_cast_bytes(model, c, T)) / hbm
+        moe_work = (router, moe_time.dispatch_bytes(model, c, T) + moe_time.expert_input_cast_bytes(model, c, T))
+        Lm[:, U.I["gemm"]] += router
+        Lm[:, U.I["mem"]] += moe_work[1] / hbm
     Gag = nd * (sec.get("qkv", z) + sec.get("fc1", z)) + nm * (sec.get("qkv", z) + sec.get("shared_fc1", 0.0))
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
     vp = model.padded_vocab_size(tp)
@@ -783,7 +792,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         out["full"] = np.where(c["rblock"], 0.0, out["full"])
         out["rec_d"], out["rec_m"] = c["rec_d"].astype(np.float64), c["rec_m"].astype(np.float64)
     if "rm_mlp" in c:  # --recompute-modules given (arrays() sets the flags then)
-        out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, peak, hbm)
+        out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, hbm, moe_work)
     out.update(xb)
     return out
 
@@ -806,8 +815,8 @@ def _delayed_casts(model: ModelSpec, c: dict[str, np.ndarray], shapes: dict[str,
 
 
 def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: dict[str, np.ndarray],
-                              sec: dict[str, np.ndarray], T: np.ndarray, fw: np.ndarray, peak: float, hbm: float
-                              ) -> tuple[np.ndarray, np.ndarray]:
+                              sec: dict[str, np.ndarray], T: np.ndarray, fw: np.ndarray, hbm: float,
+                              moe_work: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Features (:data:`llmcomm.overhead.utilization.FEATURES`) of the forward work ``--recompute-modules``
     recomputes in the backward, per dense (``Rd``) and MoE (``Rm``) layer and micro-batch, beside the attention core
     (``core_attn``: ``Cd``/``Cm``). From the step description's layer (:func:`llmcomm.step.layer_gemms`, the GEMM
@@ -821,7 +830,8 @@ def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: di
         layernorm (MoE)  2·2·T·h/w the pre-MLP norm (a dense layer's norms are fused into TE's LayerNormLinear:
                          nothing to recompute, gpt_layer_specs.py:318-336, transformer_layer.py:475-527)
 
-    with ``w = tp`` under SP, else 1. Their communication (the recomputed blocks' TP and EP calls) is in
+    with ``w = tp`` under SP, else 1; ``moe_work``: the MoE layer's router seconds and its bytes beyond the GEMMs
+    and activation (:mod:`llmcomm.overhead.moe_time`), as :func:`_compute` adds them to its pass. Their communication (the recomputed blocks' TP and EP calls) is in
     :func:`comm_items`."""
     n = len(T)
     z = np.zeros(n)
@@ -837,12 +847,12 @@ def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: di
         act = rm["moe_act"] * (1.0 - moe)
         sh = rm["shared_experts"] * (1.0 - moe)
         shared = sec.get("shared_fc1", z) + sec.get("shared_fc2", z)
-        Rm[:, g] = (moe * (sec.get("expert_fc1", z) + sec.get("expert_fc2", z) + shared
-                           + 2.0 * T * model.hidden_size * model.num_experts / peak) + sh * shared)
+        Rm[:, g] = (moe * (sec.get("expert_fc1", z) + sec.get("expert_fc2", z) + shared + moe_work[0])
+                    + sh * shared)
         Rm[:, mm] = (moe * 4.0 * T * (k_ + S) * fe / tpf + act * 4.0 * T * k_ * fe / tpf + sh * 4.0 * T * S * fe / tpf
                      + rm["layernorm"] * 4.0 * T * model.hidden_size / fw) / hbm
         # recompute "moe" replays the dispatcher's permutations and the expert-input casts too (moe_time)
-        Rm[:, mm] += moe * (moe_time.dispatch_bytes(model, c, T) + moe_time.expert_input_cast_bytes(model, c, T)) / hbm
+        Rm[:, mm] += moe * moe_work[1] / hbm
     return Rd, Rm
 
 
