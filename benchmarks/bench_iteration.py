@@ -37,6 +37,7 @@ from llmcomm import ParallelConfig, load_cluster, load_model  # noqa: E402
 from llmcomm import parallel_table as _parallel_table  # noqa: E402
 from llmcomm import step as _step  # noqa: E402
 from llmcomm.errors import ConfigError  # noqa: E402
+from llmcomm.overhead import bandwidth as _bandwidth  # noqa: E402
 from llmcomm.overhead import capacity as _capacity  # noqa: E402
 from llmcomm.overhead import iteration as _iteration  # noqa: E402
 from llmcomm.overhead import iteration_time, iteration_times  # noqa: E402
@@ -101,7 +102,7 @@ def forget_everything() -> None:
     layouts of the memory model)."""
     forget_configurations()
     _iteration._TIMERS.clear()
-    _iteration._DEFAULT_BANDWIDTH.clear()
+    _bandwidth._default_cached.cache_clear()  # the default model per cluster as asked (kept per size)
     _iteration._GEMM_MODELS.clear()
     _step._shape_placement_rows.cache_clear()  # one configuration's placement arrays per shape
     for name in ("_stage_parameters", "_stage_info", "_fsdp_units", "_shape"):

@@ -85,6 +85,7 @@ import yaml
 
 from ..atomic import atomic_path
 from ..errors import ConfigError, DataError, LLMCommError
+from ..paths import data_stamp
 from ..specs import Cluster, data_dir
 from ..vocab import OPS
 
@@ -219,9 +220,7 @@ class Bandwidth:
         rules of the module docstring (*Shipped calibration*). ``fit`` is the report of the fits it carries
         (their own systems' α, β, before scaling). Cached per cluster and calibration file (the same object
         comes back while the file is unchanged)."""
-        p = data_dir() / CALIBRATION_NAME
-        stamp = p.stat().st_mtime_ns if p.is_file() else -1
-        return _default_cached(cls, dataclasses.replace(cluster, num_nodes=None), str(p), stamp)  # type: ignore[arg-type]  # a class is hashable
+        return _default_cached(cls, cluster, *data_stamp(CALIBRATION_NAME))  # type: ignore[arg-type]  # a class is hashable
 
     @classmethod
     def _default_uncached(cls, cluster: Cluster) -> Bandwidth:
@@ -389,6 +388,13 @@ class Bandwidth:
 
 @functools.lru_cache(maxsize=64)
 def _default_cached(cls: type[Bandwidth], cluster: Cluster, path: str, stamp: int) -> Bandwidth:
+    """:meth:`Bandwidth.default` per cluster as asked (asked per ``iteration_time`` call: one look-up, no
+    ``dataclasses.replace``), the model itself shared by clusters that differ only in ``num_nodes``."""
+    return _default_per_size(cls, dataclasses.replace(cluster, num_nodes=None), path, stamp)  # type: ignore[arg-type]  # a class is hashable
+
+
+@functools.lru_cache(maxsize=64)
+def _default_per_size(cls: type[Bandwidth], cluster: Cluster, path: str, stamp: int) -> Bandwidth:
     return cls._default_uncached(cluster)
 
 

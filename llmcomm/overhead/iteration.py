@@ -113,7 +113,6 @@ from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
-from .bandwidth import CALIBRATION_NAME as BANDWIDTH_CALIBRATION
 from .bandwidth import Bandwidth, bus_factor, eval_pieces
 from .capacity import check_fits
 from .memory import model_state
@@ -1456,18 +1455,11 @@ def _timer(bandwidth: Any) -> _Timer:
 def _resolve(cluster: Cluster, bandwidth: Any, utilization: U.Utilization | None) -> tuple[Any, U.Utilization]:
     """The bandwidth model (``None``: the shipped calibration carried to ``cluster``) wrapped in a caching
     :class:`_Timer`, and the utilization model (``None``: the shipped one)."""
-    if bandwidth is None:  # Bandwidth.default caches per cluster and calibration file; asked here per call, its
-        # answer is kept per (cluster, file stamp) so that a call costs one os.stat, not Path objects
-        key = (cluster, *data_stamp(BANDWIDTH_CALIBRATION))
-        bandwidth = _DEFAULT_BANDWIDTH.get(key)
-        if bandwidth is None:
-            if len(_DEFAULT_BANDWIDTH) > 64:
-                _DEFAULT_BANDWIDTH.clear()
-            bandwidth = _DEFAULT_BANDWIDTH[key] = Bandwidth.default(cluster)
+    if bandwidth is None:  # Bandwidth.default caches per cluster and calibration file stamp (one os.stat)
+        bandwidth = Bandwidth.default(cluster)
     return _timer(bandwidth), (utilization if utilization is not None else U.Utilization.default())
 
 
-_DEFAULT_BANDWIDTH: dict[tuple[Any, ...], Bandwidth] = {}
 
 
 _STAGES: OrderedDict[tuple[Any, ...], tuple[Any, Any, float, Stages]] = OrderedDict()
