@@ -103,7 +103,6 @@ def forget_everything() -> None:
     forget_configurations()
     _iteration._TIMERS.clear()
     _bandwidth._default_cached.cache_clear()  # the default model per cluster as asked (kept per size)
-    _iteration._GEMM_MODELS.clear()
     _step._shape_placement_rows.cache_clear()  # one configuration's placement arrays per shape
     for name in ("_stage_parameters", "_stage_info", "_fsdp_units", "_shape"):
         f = getattr(_memory, name, None)

@@ -78,6 +78,7 @@ import pandas as pd
 
 from ..atomic import write_bytes
 from ..errors import ConfigError, DataError
+from ..paths import data_stamp
 from ..specs import Cluster, data_dir
 
 TABLE = "xla/matmul_interpolator_data.h"
@@ -464,10 +465,10 @@ def fp8_factor(notes: dict[str, str] | None = None) -> float:
     1.0 (the bare rule). ``notes`` (a GEMM model's) gets where it came from."""
     if _FP8_OVERRIDE:
         return _FP8_OVERRIDE[-1]
-    p = data_dir() / FP8_CALIBRATION
-    if not p.is_file():
+    p, stamp = data_stamp(FP8_CALIBRATION)  # one os.stat: asked on every iteration_time call (measured_gemm)
+    if stamp < 0:
         return 1.0
-    doc = _calibration(str(p), p.stat().st_mtime_ns)
+    doc = _calibration(p, stamp)
     try:
         f = float(doc["factor"])
     except (KeyError, TypeError, ValueError):

@@ -588,20 +588,9 @@ def measured_gemm(cluster: Cluster) -> Any:
     ``None`` where there is none (A100: the utilization fit's term is kept; B200: no table) or where the
     cluster's ``peak_bf16_flops`` is not the datasheet figure the model was fitted with (within 0.1 %: another
     part, e.g. H100 PCIe, or a hypothetical GPU; the fit belongs to its figures, :func:`load_gemm_model`)."""
-    from .gemm import _FP8_OVERRIDE, CALIBRATION, FP8_CALIBRATION, fp8_factor
+    from .gemm import CALIBRATION, fp8_factor
 
-    path, stamp = data_stamp(CALIBRATION)
-    # fp8_factor() reads its file only when its stamp or the trial value (fp8_fit) changed: asked per call
-    key = (cluster, path, stamp, data_stamp(FP8_CALIBRATION), tuple(_FP8_OVERRIDE[-1:]))
-    hit = _GEMM_MODELS.get(key)
-    if hit is None:
-        if len(_GEMM_MODELS) > 64:
-            _GEMM_MODELS.clear()
-        hit = _GEMM_MODELS[key] = (_measured_gemm(cluster, path, stamp, fp8_factor()),)
-    return hit[0]
-
-
-_GEMM_MODELS: dict[tuple[Any, ...], tuple[Any]] = {}  # measured_gemm's answer per cluster and file stamps
+    return _measured_gemm(cluster, *data_stamp(CALIBRATION), fp8_factor())
 
 
 @lru_cache(maxsize=64)
