@@ -279,7 +279,7 @@ def memory_rows(model: ModelSpec, tab: ParallelTable) -> np.ndarray:
     layer_kw = dict(seq=seq, micro_batch=mb, tp=tp, sp=sp, recompute=recompute, act_bytes=act,
                     fused_attention=tab.fused_attention, recompute_modules=tab.recompute_modules,
                     fp8=fp8)
-    cp_comm = np.asarray(getattr(tab, "cp_comm_type", np.full(n, "p2p", dtype=object)), dtype=object)
+    cp_comm = np.asarray(tab.cp_comm_type, dtype=object)
     cp_buffers = cp_buffer_bytes(model, cp=cp, cp_comm_type=cp_comm, seq_local=seq, micro_batch=mb, tp=tp,
                                  act_bytes=act)
     kinds = set(model.moe_layer_pattern())  # a kind no layer has enters mean_layer with weight 0: not computed
