@@ -131,8 +131,15 @@ def _class_counts(model: ModelSpec, p_: int, v_: int, f: int, la: int, e: int, l
     when unset)."""
     counts = _stage_counts(model, pipeline_split(model.num_layers, p_, v_, None if f < 0 else f,
                                                  None if la < 0 else la, bool(e), bool(lo)))
-    mid = max(counts[1:-1], key=lambda x: (x[1], x[0])) if p_ > 2 else (0, 0)
+    m = _mid_stage(counts, p_)
+    mid = counts[m] if m is not None else (0, 0)
     return {c: (held - moe, moe) for c, (held, moe) in {"first": counts[0], "last": counts[-1], "mid": mid}.items()}
+
+
+def _mid_stage(counts: tuple[tuple[int, int], ...], p_: int) -> int | None:
+    """The stage the ``mid`` class stands for, among ``counts`` (``(layers, MoE layers)`` per stage): the middle
+    stage with the most MoE layers, then the most layers, the first of ties; ``None`` for ``p ≤ 2``."""
+    return max(range(1, p_ - 1), key=lambda i: (counts[i][1], counts[i][0])) if p_ > 2 else None
 
 
 def recompute_groups(count: int, method: str | None, num_layers: int | None) -> tuple[tuple[int, ...], ...]:
@@ -194,8 +201,7 @@ def recomputed_stage_classes(model: ModelSpec, pp: np.ndarray, vpp: np.ndarray, 
         rec = [(sum(1 for s0, c in row for g in recompute_groups(c, "block", nl) for _ in g),
                 sum(pat[s0 + i] for s0, c in row for g in recompute_groups(c, "block", nl) for i in g))
                for row in split]
-        mid = max(range(1, p_ - 1), key=lambda i: (counts[i][1], counts[i][0])) if p_ > 2 else None
-        for cname, i in {"first": 0, "last": p_ - 1, "mid": mid}.items():
+        for cname, i in {"first": 0, "last": p_ - 1, "mid": _mid_stage(counts, p_)}.items():
             if i is None:
                 continue
             out[cname][0][sel] = rec[i][0] - rec[i][1]
