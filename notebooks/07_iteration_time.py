@@ -93,7 +93,12 @@ out.value("config_comm_overhead", b.comm_overhead)
 # the H100's measured GEMM efficiency (notebook 06), the fused attention kernel, TransformerEngine's TP
 # communication overlap, the bucketed gradient reduction under the backward, the parameter all-gather in the next
 # forward, then FP8 (and context parallelism, FSDP and asynchronous pipeline sends once the formulation has them;
-# a mechanism it refuses is listed as refused and stays off). Nothing is fitted on the measured time.
+# a mechanism it refuses is listed as refused and stays off). Nothing is fitted on the measured time. Inside
+# these steps, as Megatron-LM and TransformerEngine run them: under SP without TP overlap the column-parallel
+# backward's all-gather and reduce-scatter hide under its dgrad and wgrad GEMMs
+# (`llmcomm.overhead.overlap.sp_backward_exposed`); FP8 delayed scaling casts and transposes each GEMM operand
+# (`llmcomm.overhead.fp8_casts`); an MoE layer adds its per-expert GEMMs on TE's streams, the dispatcher's
+# permutations, the router and the FP8 expert-input casts (`llmcomm.overhead.moe_time`).
 
 # %%
 case = ablation.recipe_case(ablation_recipe["container"], ablation_recipe["model"])
@@ -160,17 +165,19 @@ out.value("ablation_cp_total_s", {m: (None if pd.isna(v) else float(v))
 # `vtrain-a100` cluster as vTrain's configurations state it. Which data fitted which number: the utilization
 # coefficients on vTrain's *single-node* runs (notebook 06), the bandwidth model on Echo's and vTrain's nccl-tests
 # sweeps (notebook 05); nothing on these rows. What the runs do not state is fixed beforehand in
-# `llmcomm.overhead.measured` (GPT-2 vocabulary padded, fp16, gradients reduced in fp16, plain Adam). One
-# mechanism was added *after* seeing these rows' residuals, with no number fitted on them: Megatron-DeepSpeed's
+# `llmcomm.overhead.measured` (GPT-2 vocabulary padded, fp16, gradients reduced in fp16, plain Adam). Two
+# mechanisms were added *after* seeing these rows' residuals, with no number fitted on them: Megatron-DeepSpeed's
 # pipeline engine splits pipeline sends over the TP group and all-gathers them on arrival
-# (`ParallelConfig.pipe_partitioned`, DeepSpeed's `pipe/engine.py`); the numbers below include it.
+# (`ParallelConfig.pipe_partitioned`, DeepSpeed's `pipe/engine.py`), and it blocks on every receive as well as on
+# every send (`llmcomm.overhead.blocking_p2p`, DeepSpeed's `pipe/p2p.py`; the single-node fit redone with it);
+# the numbers below include both.
 
 # %%
 pred, summ = validation.validate("vtrain-multi")
 groups = pd.DataFrame(summ["groups"]).T
 display(groups.round(3))
 vt = summ["vtrain_reported"]
-print(f"MAPE {summ['mape']:.1%} (target <= 10%, aim 5%: {'met' if summ['mape'] <= 0.10 else 'NOT met'}), "
+print(f"MAPE {summ['mape']:.1%} (target <= 8%: {'met' if summ['mape'] <= 0.08 else 'NOT met'}), "
       f"median {summ['median_ape']:.1%}, worst {summ['worst_ape']:.1%}; Spearman per group "
       + ", ".join(f"{g}: {r['spearman']:.2f}" for g, r in summ["groups"].items())
       + f" (target >= 0.8 in every group: {'met' if summ['min_group_spearman'] >= 0.8 else 'NOT met'})")
