@@ -74,6 +74,11 @@ same = np.allclose(util.coef, shipped.coef, rtol=1e-6, atol=1e-12)
 out.check("refit_equals_shipped_calibration", same, value=list(util.coef), expect=f"= {list(shipped.coef)}")
 for f, c in zip(util.table()["feature"], util.coef, strict=True):
     out.value(f"theta_{f}", c)
+on_bound = list(util.table().query("status == 'at bound'")["feature"])
+out.say("On its bound (a finding, not an estimate): " + (", ".join(f"θ_{f}" for f in on_bound) if on_bound else "none")
+        + (" — the single-node runs give the TP collectives no time beyond what the bandwidth model already charges"
+           if "tp" in on_bound else "") + ".")
+out.value("coefficients_at_bound", on_bound)
 
 # %% [markdown]
 # ## How well it fits, and on rows it was not fitted on
