@@ -104,7 +104,9 @@ def layout_grid(data: pd.DataFrame, *, x: str = "rank", y: str = "node", hue: st
     ax = axes_or_new(ax, (6, 0.45 * nodes + 1))
     for col, row, color, label in zip(*layout_cells(data, x=x, y=y, hue=hue, gpus_per_node=gpus_per_node),
                                       strict=True):
-        ax.add_patch(Rectangle((col, row), 0.95, 0.9, **{"color": color, "alpha": 0.85, **kwargs}))
+        # add_artist: add_patch would also grow the data limits by each cell (most of a cell's cost), and the
+        # limits are set below
+        ax.add_artist(Rectangle((col, row), 0.95, 0.9, **{"color": color, "alpha": 0.85, **kwargs}))
         ax.text(col + 0.47, row + 0.45, label, ha="center", va="center", fontsize=7)
     ax.set_xlim(0, gpus_per_node)
     ax.set_ylim(0, nodes)

@@ -263,6 +263,46 @@ def test_cached_text_canvas_draws_the_pixels_of_a_plain_canvas(view) -> None:
     plt.close(fig)
 
 
+def test_cached_glyphs_and_sizes_at_new_places_draw_the_pixels_of_a_plain_canvas() -> None:
+    """llmcomm.explore.canvas: glyph bitmaps, string layouts and string sizes kept by one figure and reused by
+    another at other places (other fractions of a pixel, whole pixels away, rotated, other sizes, without
+    antialiasing) give the pixels matplotlib draws itself."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    from llmcomm.explore import canvas, panels
+
+    def figure(shift: float) -> plt.Figure:
+        fig = plt.figure(figsize=(4, 3), dpi=80)
+        rng = np.random.default_rng(7)
+        for i in range(60):
+            x, y = rng.uniform(0.05, 0.8, 2)
+            fig.text(x + shift, y, ["g1", "r12\ng3", "node 0", "1,024", "TP logical"][i % 5],
+                     fontsize=[7, 8, 9][i % 3], rotation=[0, 90, 30][i % 3], antialiased=i % 7 != 0)
+        fig.text(0.1 + shift, 0.9, "sender rank (bins of 4)", ha="center", va="top")
+        return fig
+
+    def pixels(png: bytes) -> np.ndarray:
+        return np.asarray(Image.open(io.BytesIO(png)))
+
+    cache = canvas.TextCache()
+    for shift in (0.0, 1 / 320, 0.013, 2.0 / 4 / 80 * 3):  # the same texts a whole pixel or a fraction away
+        fig = figure(shift)
+        FigureCanvasAgg(fig)
+        plain = pixels(panels.fast_png(fig))
+        new = plt.figure(figsize=(4, 3), dpi=80)  # a new canvas: only the cache is shared
+        for t in fig.texts:
+            new.text(*t.get_position(), t.get_text(), fontsize=t.get_fontsize(), rotation=t.get_rotation(),
+                     antialiased=t.get_antialiased(), ha=t.get_ha(), va=t.get_va())
+        assert np.array_equal(pixels(panels.fast_png(new, cache)), plain), shift
+        plt.close(fig)
+        plt.close(new)
+    assert cache.glyph_hits > 0 and cache.sizes and cache.layouts
+
+
 def test_kept_matrix_figure_takes_a_colour_range_above_the_old_one() -> None:
     """MatrixImages.update to matrices whose smallest cell is above the old largest: the shared norm takes both
     new limits (a colour bar told of the new vmin alone would swap it with the old vmax), as a new figure has."""
