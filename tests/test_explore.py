@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -301,6 +302,41 @@ def test_cached_glyphs_and_sizes_at_new_places_draw_the_pixels_of_a_plain_canvas
         plt.close(fig)
         plt.close(new)
     assert cache.glyph_hits > 0 and cache.sizes and cache.layouts
+
+
+def test_node_boundaries_as_one_collection_draw_the_pixels_of_the_lines() -> None:
+    """llmcomm.plots.MatrixImages(node_lines="collection") (the explorer's screen matrix): the same pixels as
+    the node boundaries drawn as lines, new and reshaped to other worlds (more, fewer and no boundaries)."""
+    from llmcomm.plots import MatrixImages
+
+    rng = np.random.default_rng(3)
+
+    def images(cells: int) -> dict[str, np.ndarray]:
+        return {f"{p} {a}": rng.random((cells, cells)) * (rng.random((cells, cells)) > 0.5)
+                for p in ("TP", "PP") for a in ("logical", "ring")}
+
+    def pixels(m: MatrixImages) -> np.ndarray:
+        m.fig.canvas.draw()
+        return np.asarray(m.fig.canvas.buffer_rgba()).copy()
+
+    cases = [(64, 1, 64, 8), (128, 1, 128, 8), (32, 1, 32, 8), (256, 2, 512, 8), (128, 32, 4096, 8), (8, 1, 8, 8)]
+    kept: dict[str, MatrixImages] = {}
+    for cells, unit, world, gpn in cases:
+        ims = images(cells)
+        new = {mode: MatrixImages(ims, unit=unit, world_size=world, gpus_per_node=gpn, size=2.4, node_lines=mode)
+               for mode in ("lines", "collection")}
+        assert not new["collection"].fig.axes[0].lines
+        assert np.array_equal(pixels(new["lines"]), pixels(new["collection"])), (cells, world)
+        if not kept:
+            kept = new
+            continue
+        for m in kept.values():  # the lines moved, shown and hidden; the collection's segments replaced
+            m.reshape(ims, unit=unit, world_size=world, gpus_per_node=gpn)
+        assert np.array_equal(pixels(kept["lines"]), pixels(kept["collection"])), ("reshaped", cells, world)
+        for m in new.values():
+            plt.close(m.fig)
+    for m in kept.values():
+        plt.close(m.fig)
 
 
 def test_kept_matrix_figure_takes_a_colour_range_above_the_old_one() -> None:

@@ -226,7 +226,7 @@ def _screen_matrix(v: View) -> MatrixImages:
     pars = {**_fractions(width, height, mm["left"], mm["right"], mm["bottom"], mm["top"]),
             "wspace": mm["wgap"] / MATRIX_SIDE, "hspace": mm["hgap"] / MATRIX_SIDE}
     m = MatrixImages(v.matrices, unit=v.unit, world_size=v.world_size, gpus_per_node=v.cluster.gpus_per_node,
-                     ncols=4, size=2.9, subplotpars=pars)
+                     ncols=4, size=2.9, subplotpars=pars, node_lines="collection")
     m.fig.set_size_inches(width, height)
     m.fig.set_dpi(DPI)
     cbar = m.colorbar.ax if m.colorbar is not None else None
@@ -385,7 +385,9 @@ class Painter:
         if panel == "time":  # no breakdown: the figure is the reason alone, drawn once per reason
             if v.time_error not in self.notime:
                 _bounded(self.notime, KEPT)
-                self.notime[v.time_error] = render(v, panel)
+                # saved as render() saves it, on a canvas sharing the text cache (the reason is wrapped:
+                # many lengths of its words measured, in both passes of the tight bounding box)
+                self.notime[v.time_error] = png(attach(time_figure(v), self.text), tight=True)
             return self.notime[v.time_error]
         return render(v, panel)
 
