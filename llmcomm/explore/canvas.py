@@ -202,12 +202,17 @@ class CachedTextRenderer(RendererAgg):
         flags = get_hinting_flag()
         aa = bool(gc.get_antialiased())
         height = self.height
+        matrices: dict[tuple[float, float], tuple[np.ndarray, bytes]] = {}  # per slant and extend (one, mostly)
         for font, size, index, slant, extend, dx, dy in glyphs:  # dy upwards, as in matplotlib
-            matrix = (0x10000 * np.array([[cos, -sin], [sin, cos]]) @ [[extend, extend * slant], [0, 1]]
-                      ).round().astype(int)
+            got_matrix = matrices.get((slant, extend))
+            if got_matrix is None:
+                m = (0x10000 * np.array([[cos, -sin], [sin, cos]]) @ [[extend, extend * slant], [0, 1]]
+                     ).round().astype(int)
+                got_matrix = matrices[(slant, extend)] = (m, m.tobytes())
+            matrix, matrix_key = got_matrix
             px = round(0x40 * (x + dx * cos - dy * sin))
             py = round(0x40 * (height - y + dx * sin + dy * cos))  # FreeType's y is upwards
-            key = (font, size, self.dpi, index, matrix.tobytes(), px % 64, py % 64, flags, aa)
+            key = (font, size, self.dpi, index, matrix_key, px % 64, py % 64, flags, aa)
             got = self.text_cache.glyph(key)
             if got is None:
                 font.set_size(size, self.dpi)
