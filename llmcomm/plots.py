@@ -406,15 +406,23 @@ def _matrix_grid(titles: list, mats: list[tuple[np.ndarray, int]], n: int, gpus_
     mats = [(d, k) for d, (_, k) in zip(dense_list, mats, strict=True)]
     cols = min(ncols, len(titles))
     nrows = int(np.ceil(len(titles) / cols))
-    fig, axes = plt.subplots(nrows, cols, figsize=(size * 1.12 * cols + 0.8, size * nrows), squeeze=False)
+    figsize = (size * 1.12 * cols + 0.8, size * nrows)
+    if subplotpars is None:  # laid out by tight_layout, which measures every cell of the grid
+        fig, grid = plt.subplots(nrows, cols, figsize=figsize, squeeze=False)
+        axes = grid.ravel().tolist()
+    else:  # laid out by its parameters: no axes for the empty cells of the last row (they are hidden, and the
+        # colour bar is placed by the union of its axes, which the full first row spans as before)
+        fig = plt.figure(figsize=figsize)
+        gs = fig.add_gridspec(nrows, cols)
+        axes = [fig.add_subplot(gs[i // cols, i % cols]) for i in range(len(titles))]
     ims = []
-    for ax, title, (dense, k) in zip(axes.ravel(), titles, mats, strict=False):
+    for ax, title, (dense, k) in zip(axes, titles, mats, strict=False):
         ims.append(_matrix_panel(ax, dense, k, n, gpus_per_node, norm, cmap, True, str(title), node_lines,
                                  **kwargs))
         ax.title.set_fontsize(8)
         ax.xaxis.label.set_fontsize(7)
         ax.yaxis.label.set_fontsize(7)
-    for ax in axes.ravel()[len(titles):]:
+    for ax in axes[len(titles):]:
         ax.set_visible(False)
     if subplotpars is None:
         fig.tight_layout()
@@ -422,7 +430,7 @@ def _matrix_grid(titles: list, mats: list[tuple[np.ndarray, int]], n: int, gpus_
         fig.subplots_adjust(**subplotpars)
     cb = None
     if ims:
-        cb = fig.colorbar(ims[-1], ax=axes.ravel().tolist(), fraction=0.02, pad=0.02)
+        cb = fig.colorbar(ims[-1], ax=axes, fraction=0.02, pad=0.02)
         cb.set_label(_grid_label(hue, floor, hidden), fontsize=8 if hidden else None)
     return fig, ims, cb
 
