@@ -106,6 +106,7 @@ from .. import rules, step
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..paths import data_stamp
+from ..predict import fp8_wire
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
 from . import attention_time, cp_time, fp8_casts, moe_fold, moe_time
@@ -208,6 +209,9 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["fp8"] = np.not_equal(t.fp8, None).astype(bool)  # type: ignore[call-overload]  # object array vs None
     c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
     c["fp8_param_gather"] = np.asarray(t.fp8_param_gather, dtype=bool)
+    c["fp8_recipe"] = np.asarray(t.fp8_recipe, dtype=object)  # the SP collectives' bytes (sp_wire_bytes)
+    fb = np.asarray(t.tp_comm_overlap_fp8_buf, dtype=object)
+    c["fp8_buf_proj"], c["fp8_buf_fc2"] = (np.array([n in x for x in fb], bool) for n in fp8_wire.FP8_BUF_LAYERS)
     c["tp_comm_overlap"] = np.asarray(t.tp_comm_overlap, dtype=bool)
     c["overlap_param_gather"] = np.asarray(t.overlap_param_gather, dtype=bool)
     c["overlap_grad_reduce"] = np.asarray(t.overlap_grad_reduce, dtype=bool)
@@ -321,6 +325,13 @@ class CommItem:
     tag: str = ""  # CP calls: how their time is exposed (llmcomm.overhead.cp_time.exposed)
 
 
+def sp_wire_bytes(c: dict[str, np.ndarray], elements: np.ndarray, act: np.ndarray) -> dict[str, np.ndarray]:
+    """The blocks' SP collective bytes per row under FP8 (:func:`llmcomm.predict.fp8_wire.block_bytes`, the rule's
+    one home; ``elements·act`` without FP8)."""
+    return fp8_wire.block_bytes(elements, act, c.get("fp8"), c.get("fp8_recipe"), c.get("tp_comm_overlap"),
+                                c.get("fp8_buf_proj"), c.get("fp8_buf_fc2"))
+
+
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
                layers: tuple[np.ndarray, np.ndarray],
                params: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> list[CommItem]:
@@ -378,10 +389,25 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     rb = 2 * rec_d + rec_m * per_moe
     tpc("all_reduce", "forward", A, blocks * nsp)
     tpc("all_reduce", "backward", A, blocks * nsp + rb * nsp)
-    tpc("all_gather", "forward", A, blocks * ysp, ub=True)
-    tpc("reduce_scatter", "forward", A, blocks * ysp, ub=True)
-    tpc("all_gather", "backward", A, 2 * blocks * ysp + rb * ysp, ub=True)
-    tpc("reduce_scatter", "backward", A, blocks * ysp + rb * ysp, ub=True)
+    # the blocks' SP collectives in the bytes TransformerEngine sends under each row's FP8 recipe (A without FP8;
+    # llmcomm.predict.fp8_wire, the predictor's tp.block_forward / block_backward): parts of equal bytes on
+    # every row are one call item, so a BF16 table's items are those of before
+    w = sp_wire_bytes(c, T * h, act)
+    attn, mlp = nd + nm, nd + nm * (per_moe - 1)  # blocks by their row-parallel layer: proj_fprop, fc2_fprop
+    rb_attn, rb_mlp = rec_d + rec_m, rec_d + rec_m * (per_moe - 1)
+
+    def tpw(op: str, phase: str, parts: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        while parts:
+            nb, cnt = parts.pop(0)
+            while parts and np.array_equal(parts[0][0], nb):
+                cnt = cnt + parts.pop(0)[1]
+            tpc(op, phase, nb, cnt * ysp, ub=True)
+
+    tpw("all_gather", "forward", [(w["fwd_ag"], blocks)])
+    tpw("reduce_scatter", "forward", [(w["fwd_rs_proj"], attn), (w["fwd_rs_fc2"], mlp)])
+    tpw("all_gather", "backward", [(w["bwd_ag_grad"], blocks), (w["bwd_ag_input"], blocks), (w["fwd_ag"], rb)])
+    tpw("reduce_scatter", "backward", [(w["bwd_rs"], blocks), (w["fwd_rs_proj"], rb_attn), (w["fwd_rs_fc2"], rb_mlp)])
+    amax = w.get("amax")  # current scaling: an amax all-reduce before every gathered FP8 cast
     # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
     # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
     rm = {k: c.get("rm_" + k, np.zeros(n, bool)).astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
@@ -389,8 +415,13 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         reblocks = nd * rm["mlp"] + nm * int(bool(model.num_shared_experts)) * np.maximum(rm["moe"],
                                                                                             rm["shared_experts"])
         tpc("all_reduce", "backward", A, reblocks * nsp)
-        tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
-        tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
+        tpw("all_gather", "backward", [(w["fwd_ag"], reblocks)])
+        tpw("reduce_scatter", "backward", [(w["fwd_rs_fc2"], reblocks)])
+        if amax is not None:
+            tpc("all_reduce", "backward", amax, reblocks * ysp * (amax > 0))
+    if amax is not None:  # the current-scaling rows only (amax 0 elsewhere)
+        tpc("all_reduce", "forward", amax, blocks * ysp * (amax > 0))
+        tpc("all_reduce", "backward", amax, (blocks + rb) * ysp * (amax > 0))
     items += _cp_items(model, c, T, nd + nm, rec_d + rec_m)
     etp = c["etp"]
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher on the expert grid (llmcomm.predict.ep, moe_fold)

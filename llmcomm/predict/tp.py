@@ -29,6 +29,7 @@ carries them), the all-reduces ``tp``. Sources: NVIDIA/Megatron-LM ``megatron/co
 from __future__ import annotations
 
 from ..vocab import OpName, ParallelismName, PhaseName
+from . import fp8_wire
 from .calls import Call, Context
 
 
@@ -38,25 +39,45 @@ def _c(ctx: Context, phase: PhaseName, op: OpName, nbytes: int, layer: int, mb: 
     return Call(phase, par, op, "tp", nbytes, dtype or ctx.act_dtype, layer, mb)
 
 
-def block_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """One attention or MLP block, forward: SP ``[AG, RS]``, else ``[AR]``."""
+def _sp(ctx: Context, phase: PhaseName, op: OpName, kind: str, layer: int, mb: int, fprop: str = "") -> list[Call]:
+    """One SP collective of a transformer block, in the bytes and dtype TransformerEngine sends it under the
+    configuration's FP8 recipe (:mod:`.fp8_wire`; the activation dtype without FP8), preceded by current
+    scaling's amax all-reduce where the recipe has one. ``fprop``: the block's row-parallel userbuffers layer
+    (``proj_fprop``, ``fc2_fprop``), whose ``fp8_buf`` decides the forward reduce-scatter's dtype."""
+    p = ctx.parallel
+    fb = fprop in p.tp_comm_overlap_fp8_buf
+    nbytes, dtype = fp8_wire.nbytes(kind, ctx.tokens * ctx.model.hidden_size, ctx.act, p.fp8, p.fp8_recipe,
+                                    p.tp_comm_overlap, fb)
+    out = [_c(ctx, phase, op, nbytes, layer, mb, dtype)]
+    if fp8_wire.amax_allreduce(kind, p.fp8, p.fp8_recipe):
+        out.insert(0, Call(phase, "tp", "all_reduce", "tp", fp8_wire.AMAX_BYTES, "fp32", layer, mb))
+    return out
+
+
+def block_forward(ctx: Context, layer: int, mb: int, fprop: str = "fc2_fprop") -> list[Call]:
+    """One attention or MLP block, forward: SP ``[AG, RS]``, else ``[AR]``. With SP the AG and RS bytes follow
+    the FP8 recipe (:func:`_sp`, :mod:`.fp8_wire`: the AG in FP8, the RS in the activation dtype unless
+    userbuffers' ``fp8_buf``; tensorwise: an amax all-reduce before the AG); ``fprop`` names the block's
+    row-parallel layer for that (``proj_fprop`` for attention)."""
     if ctx.tp == 1:
         return []
-    a = ctx.act_bytes
     if ctx.sp:
-        return [_c(ctx, "forward", "all_gather", a, layer, mb), _c(ctx, "forward", "reduce_scatter", a, layer, mb)]
-    return [_c(ctx, "forward", "all_reduce", a, layer, mb)]
+        return (_sp(ctx, "forward", "all_gather", "fwd_ag", layer, mb)
+                + _sp(ctx, "forward", "reduce_scatter", "fwd_rs", layer, mb, fprop))
+    return [_c(ctx, "forward", "all_reduce", ctx.act_bytes, layer, mb)]
 
 
 def block_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """One attention or MLP block, backward: SP ``[AG, AG, RS]``, else ``[AR]``."""
+    """One attention or MLP block, backward: SP ``[AG, AG, RS]``, else ``[AR]``; with SP in the FP8 recipe's bytes
+    (:func:`_sp`: grad-output AG and input re-gather in FP8, dgrad RS in the activation dtype; tensorwise: an amax
+    all-reduce before the grad-output AG)."""
     if ctx.tp == 1:
         return []
-    a = ctx.act_bytes
     if ctx.sp:
-        return [_c(ctx, "backward", "all_gather", a, layer, mb), _c(ctx, "backward", "all_gather", a, layer, mb),
-                _c(ctx, "backward", "reduce_scatter", a, layer, mb)]
-    return [_c(ctx, "backward", "all_reduce", a, layer, mb)]
+        return (_sp(ctx, "backward", "all_gather", "bwd_ag_grad", layer, mb)
+                + _sp(ctx, "backward", "all_gather", "bwd_ag_input", layer, mb)
+                + _sp(ctx, "backward", "reduce_scatter", "bwd_rs", layer, mb))
+    return [_c(ctx, "backward", "all_reduce", ctx.act_bytes, layer, mb)]
 
 
 def _mla_gathers(ctx: Context) -> list[int]:
@@ -82,7 +103,7 @@ def attention_forward(ctx: Context, layer: int, mb: int) -> tuple[list[Call], li
     if ctx.tp == 1:
         return [], []
     if not ctx.model.multi_latent_attention:
-        t = block_forward(ctx, layer, mb)
+        t = block_forward(ctx, layer, mb, "proj_fprop")
         return t[:-1], t[-1:]
     pre = [_c(ctx, "forward", "all_gather", n, layer, mb) for n in _mla_gathers(ctx)]
     return pre, [_c(ctx, "forward", "reduce_scatter", ctx.act_bytes, layer, mb)]
@@ -100,7 +121,7 @@ def attention_backward(ctx: Context, layer: int, mb: int) -> tuple[list[Call], l
         return [], []
     if not ctx.model.multi_latent_attention:
         t = block_backward(ctx, layer, mb)
-        k = 1 if ctx.sp else 0
+        k = len(t) - 2 if ctx.sp else 0  # the grad-output AG (and its amax all-reduce) before core attention
         return t[:k], t[k:]
     rope, q, kv = _mla_gathers(ctx)
     post = []
