@@ -733,9 +733,10 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):
             object.__setattr__(self, "moe_router_load_balancing_type", tuple(self.moe_router_load_balancing_type))
-        if isinstance(self.tp_comm_overlap_fp8_buf, (list, str)):
-            fb = self.tp_comm_overlap_fp8_buf
-            object.__setattr__(self, "tp_comm_overlap_fp8_buf", (fb,) if isinstance(fb, str) else tuple(fb))
+        fb = self.tp_comm_overlap_fp8_buf  # a table row without it (None, NaN) has none
+        if not isinstance(fb, tuple):
+            fb = (fb,) if isinstance(fb, str) else tuple(fb) if isinstance(fb, list) else ()
+            object.__setattr__(self, "tp_comm_overlap_fp8_buf", fb)
         if isinstance(self.recompute_modules, (list, str)):
             mods = [self.recompute_modules] if isinstance(self.recompute_modules, str) else self.recompute_modules
             object.__setattr__(self, "recompute_modules", tuple(mods))
