@@ -67,8 +67,10 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
                           (moe_flex_dispatcher_backend) is refused, rule 'cost-dispatcher'
     fp8:                  the linear layers' GEMMs at the FP8 peak (or the measured GEMM model's FP8 rule),
                           quantization casts as element-wise bytes (:func:`_compute`; ``fp8_recipe='delayed'``
-                          per GEMM operand as TE 1.x runs it, :mod:`llmcomm.overhead.fp8_casts`); TP/DP bytes
-                          unchanged
+                          per GEMM operand as TE 1.x runs it, :mod:`llmcomm.overhead.fp8_casts`); the blocks'
+                          SP collectives in TE's wire bytes (:mod:`llmcomm.predict.fp8_wire`: all-gathers in
+                          FP8, reduce-scatters BF16 unless userbuffers' fp8_buf, tensorwise's amax all-reduces);
+                          DP bytes unchanged
 
 On a cluster whose GPU has a measured GEMM model (:func:`measured_gemm`: H100, H200 at their datasheet peak)
 the linear GEMMs and the output layer's logits GEMM are timed by it, and a fused attention core runs at
@@ -341,6 +343,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
 
         per dense layer and micro-batch (A = b·s·h·act):  no SP: fwd 2 AR(A), bwd 2 AR(A)
                                                           SP:    fwd 2 AG(A) + 2 RS(A), bwd 4 AG(A) + 2 RS(A)
+        FP8 (llmcomm.predict.fp8_wire): those SP AGs T·h bytes (TE gathers FP8), the RSs A unless userbuffers'
+                       fp8_buf; tensorwise: + a 4-byte amax AR before each forward and grad-output AG
         per MoE layer: attention half of the above; ep > 1: 2 all-to-alls fwd and 2 bwd of
                        T_local·topk·h·act; etp > 1: AG + RS of etp·T_local·topk·h·act fwd and bwd on the
                        expert-TP group (llmcomm.overhead.moe_fold); shared experts a dense block's calls
@@ -1155,10 +1159,9 @@ def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: 
     the GEMM cannot hide anything. Methods and ``num_splits`` are TransformerEngine's defaults
     (transformer_engine/pytorch/module/base.py:357, the ``methods`` table of ``initialize_ub``, and :387,
     ``"num_splits": tp_size if method == "ring_exchange" else 4``; TransformerEngine d0067d0). Not counted: the 16 SMs the pipeline
-    method's communication kernels take from the GEMM (``num_sm``), and FP8 all-gather buffers (``fp8_buf``,
-    base.py:391: with FP8 *and* userbuffers the all-gathered GEMM inputs travel in FP8): the bytes stay those of
-    :func:`comm_items`, BF16 activations, which is what Megatron sends over NCCL without userbuffers (TE
-    quantizes after the gather)."""
+    method's communication kernels take from the GEMM (``num_sm``). The seconds are those of :func:`comm_items`'
+    bytes, which under FP8 are TransformerEngine's wire bytes with or without userbuffers (TE quantizes before
+    it gathers; :mod:`llmcomm.predict.fp8_wire`)."""
     t = tp_size.astype(np.float64)
     hide = (t - 1.0) / t
     return (tp - (ag_f + rs_f + bwd) + np.maximum(0.0, ag_f - g_ag * hide) + np.maximum(0.0, rs_f - 0.75 * g_rs)

@@ -21,6 +21,11 @@ Per transformer layer per micro-batch, with ``A = act_bytes = b·s·h·act/cp`` 
 * multi-head latent attention (DeepSeek-V3) replaces the attention block's gathers by those of its
   compressed activations (:func:`attention_forward`, :func:`attention_backward`).
 
+Under FP8 (``fp8`` set) the transformer blocks' SP all-gathers and reduce-scatters carry the bytes
+TransformerEngine sends (:mod:`.fp8_wire`: the gathers FP8, ``A/act`` bytes plus any scales; the reduce-scatters
+``A`` unless userbuffers' ``fp8_buf``; current scaling adds a 4-byte amax all-reduce before each gathered cast);
+the embedding's and output layer's calls (Megatron's own, outside TE) stay in the activation dtype.
+
 Every call is skipped when ``tp == 1``. The SP all-gathers and reduce-scatters are tagged ``sp`` (the TP group
 carries them), the all-reduces ``tp``. Sources: NVIDIA/Megatron-LM ``megatron/core/tensor_parallel/
 {layers.py, mappings.py, cross_entropy.py}``.
