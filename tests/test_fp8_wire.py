@@ -79,6 +79,23 @@ def test_userbuffers_fp8_buf_reduce_scatter():
     assert fa[1] == ("reduce_scatter", BF16, "bf16")
 
 
+def test_mla_up_projection_gathers_fp8():
+    """DeepSeek-V3 (q_lora 1536, kv_lora 512, d_rope 64), tp = 2, b = 1, s = 4096, delayed: the up projections'
+    gathers (TE column-parallel linears) move T·width bytes, the rotary-key gather (Megatron's) stays BF16; backward
+    the projection's grad output T·h in FP8, the up projections' re-gathers FP8 and their dgrad RS BF16."""
+    m = load_model("deepseek-v3")
+    ctx = Context(m, ParallelConfig(tp=2, sp=True, micro_batch=1, seq_len=4096, fp8="hybrid"))
+    T = 4096
+    pre, post = tp.attention_forward(ctx, 0, 0)
+    assert [(c.bytes, c.dtype) for c in pre] == [(2 * T * 64, "bf16"), (T * 1536, "fp8"), (T * 512, "fp8")]
+    assert [(c.bytes, c.dtype) for c in post] == [(2 * T * 7168, "bf16")]
+    pre, post = tp.attention_backward(ctx, 0, 0)
+    assert [(c.bytes, c.dtype) for c in pre] == [(T * 7168, "fp8")]
+    assert [(c.op, c.bytes) for c in post] == [("all_gather", T * 512), ("reduce_scatter", 2 * T * 512),
+                                               ("all_gather", T * 1536), ("reduce_scatter", 2 * T * 1536),
+                                               ("reduce_scatter", 2 * T * 64)]
+
+
 def test_bad_inputs_refused():
     with pytest.raises(ConfigError, match="tp_comm_overlap_fp8_buf"):
         ParallelConfig(tp=4, sp=True, tp_comm_overlap_fp8_buf=("qkv_fprop",))

@@ -44,15 +44,17 @@ def _c(ctx: Context, phase: PhaseName, op: OpName, nbytes: int, layer: int, mb: 
     return Call(phase, par, op, "tp", nbytes, dtype or ctx.act_dtype, layer, mb)
 
 
-def _sp(ctx: Context, phase: PhaseName, op: OpName, kind: str, layer: int, mb: int, fprop: str = "") -> list[Call]:
+def _sp(ctx: Context, phase: PhaseName, op: OpName, kind: str, layer: int, mb: int, fprop: str = "",
+        elements: int | None = None) -> list[Call]:
     """One SP collective of a transformer block, in the bytes and dtype TransformerEngine sends it under the
     configuration's FP8 recipe (:mod:`.fp8_wire`; the activation dtype without FP8), preceded by current
     scaling's amax all-reduce where the recipe has one. ``fprop``: the block's row-parallel userbuffers layer
-    (``proj_fprop``, ``fc2_fprop``), whose ``fp8_buf`` decides the forward reduce-scatter's dtype."""
+    (``proj_fprop``, ``fc2_fprop``), whose ``fp8_buf`` decides the forward reduce-scatter's dtype; ``elements``
+    of the gathered buffer (default ``T·h``; MLA's compressed widths)."""
     p = ctx.parallel
     fb = fprop in p.tp_comm_overlap_fp8_buf
-    nbytes, dtype = fp8_wire.nbytes(kind, ctx.tokens * ctx.model.hidden_size, ctx.act, p.fp8, p.fp8_recipe,
-                                    p.tp_comm_overlap, fb)
+    n = ctx.tokens * ctx.model.hidden_size if elements is None else elements
+    nbytes, dtype = fp8_wire.nbytes(kind, n, ctx.act, p.fp8, p.fp8_recipe, p.tp_comm_overlap, fb)
     out = [_c(ctx, phase, op, nbytes, layer, mb, dtype)]
     if fp8_wire.amax_allreduce(kind, p.fp8, p.fp8_recipe):
         out.insert(0, Call(phase, "tp", "all_reduce", "tp", fp8_wire.AMAX_BYTES, "fp32", layer, mb))
@@ -104,14 +106,21 @@ def attention_forward(ctx: Context, layer: int, mb: int) -> tuple[list[Call], li
     (:func:`_mla_gathers`): ``([AG T·d_rope, AG T·q_lora, AG T·kv_lora], [RS A])`` — the down projections run
     on the sequence-parallel input without communication (TELinear ``duplicated``), so the gathers carry the
     compressed rank (DeepSeek-V3: 64 + 1536 + 512 = 2112 channels instead of h = 7168) rather than ``A``. MLA
-    with TP and without SP is refused by the predictor (see :func:`llmcomm.predict._check_supported`)."""
+    with TP and without SP is refused by the predictor (see :func:`llmcomm.predict._check_supported`). Under FP8
+    the up projections' gathers (TE column-parallel linears, Megatron-LM gpt_layer_specs.py's MLA spec) and the
+    projection's reduce-scatter follow :mod:`.fp8_wire`; the rotary-key gather is Megatron's own (activation
+    dtype)."""
     if ctx.tp == 1:
         return [], []
     if not ctx.model.multi_latent_attention:
         t = block_forward(ctx, layer, mb, "proj_fprop")
         return t[:-1], t[-1:]
-    pre = [_c(ctx, "forward", "all_gather", n, layer, mb) for n in _mla_gathers(ctx)]
-    return pre, [_c(ctx, "forward", "reduce_scatter", ctx.act_bytes, layer, mb)]
+    rope, q, kv = _mla_gathers(ctx)  # FP8: the up projections are TE column-parallel linears (_sp), the
+    # rotary-key gather Megatron's own (activation dtype)
+    pre = [_c(ctx, "forward", "all_gather", rope, layer, mb)]
+    for nb in (q, kv):
+        pre += _sp(ctx, "forward", "all_gather", "fwd_ag", layer, mb, elements=nb // ctx.act)
+    return pre, _sp(ctx, "forward", "reduce_scatter", "fwd_rs", layer, mb, "proj_fprop")
 
 
 def attention_backward(ctx: Context, layer: int, mb: int) -> tuple[list[Call], list[Call]]:
@@ -130,10 +139,11 @@ def attention_backward(ctx: Context, layer: int, mb: int) -> tuple[list[Call], l
         return t[:k], t[k:]
     rope, q, kv = _mla_gathers(ctx)
     post = []
-    for n in (kv, q):
-        post += [_c(ctx, "backward", "all_gather", n, layer, mb), _c(ctx, "backward", "reduce_scatter", n, layer, mb)]
+    for nb in (kv, q):
+        post += (_sp(ctx, "backward", "all_gather", "bwd_ag_input", layer, mb, elements=nb // ctx.act)
+                 + _sp(ctx, "backward", "reduce_scatter", "bwd_rs", layer, mb, elements=nb // ctx.act))
     post.append(_c(ctx, "backward", "reduce_scatter", rope, layer, mb))
-    return [_c(ctx, "backward", "all_gather", ctx.act_bytes, layer, mb)], post
+    return _sp(ctx, "backward", "all_gather", "bwd_ag_grad", layer, mb), post
 
 
 def embedding_forward(ctx: Context, mb: int) -> list[Call]:
