@@ -212,9 +212,11 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
     c["fp8_param_gather"] = np.asarray(t.fp8_param_gather, dtype=bool)
     c["fp8_recipe"] = np.asarray(t.fp8_recipe, dtype=object)  # the SP collectives' bytes (sp_wire_bytes)
-    fb = np.asarray(t.tp_comm_overlap_fp8_buf, dtype=object)
-    c["fp8_buf_proj"], c["fp8_buf_fc2"] = (np.array([isinstance(x, (tuple, list)) and n in x for x in fb], bool)
-                                           for n in fp8_wire.FP8_BUF_LAYERS)
+    c["fp8_buf_proj"], c["fp8_buf_fc2"] = (np.zeros(len(t), bool) for _ in fp8_wire.FP8_BUF_LAYERS)
+    ub8 = np.flatnonzero(c["fp8"] & np.asarray(t.tp_comm_overlap, dtype=bool))  # where userbuffers' fp8_buf counts
+    for key, n in zip(("fp8_buf_proj", "fp8_buf_fc2"), fp8_wire.FP8_BUF_LAYERS, strict=True):
+        c[key][ub8] = [isinstance(x, (tuple, list)) and n in x for x in np.asarray(t.tp_comm_overlap_fp8_buf,
+                                                                                  dtype=object)[ub8]]
     c["tp_comm_overlap"] = np.asarray(t.tp_comm_overlap, dtype=bool)
     c["overlap_param_gather"] = np.asarray(t.overlap_param_gather, dtype=bool)
     c["overlap_grad_reduce"] = np.asarray(t.overlap_grad_reduce, dtype=bool)
