@@ -75,3 +75,26 @@ def test_tp2_excess_exceeds_every_inter_node_byte(prepared):
     assert (same["unexplained_s"] < 0).all() and (same["implied_gb_s"] > 3.0).all()
     # the placement sends fewer DP bytes out of a tp-2 node than out of a tp-4/tp-8 one
     assert tp2.loc[tp2["dp"] == 32, "node_dp_gb"].max() < same["node_dp_gb"].min()
+
+
+def test_microbatch_inversions_hand_worked_and_on_vtrain(prepared):
+    import pandas as pd
+
+    rows = pd.DataFrame({"hidden": 1024, "layers": 12, "tp": 4, "dp": 1, "pp": 1, "micro_batch": [1, 2, 4],
+                         "global_batch": [2, 4, 8], "time_s": [1.0, 0.9, 1.8]})
+    t = T.microbatch_inversions(rows)
+    assert t["micro_batch"].tolist() == [1, 2] and t["ratio"].round(6).tolist() == [0.9, 2.0]
+    single, _ = prepared
+    inv = T.microbatch_inversions(single.rows).assign(inv=lambda x: x["ratio"] < 1).groupby("tp")["inv"].sum()
+    assert inv[1] == 0 and inv[4] > 0 and inv[8] > 0  # faster with twice the work: only where tp > 1
+
+
+def test_residual_stays_non_monotonic_with_the_softmax_fallback(prepared):
+    from llmcomm.overhead import calibrate as C
+    from llmcomm.overhead import softmax_fallback as S
+
+    single, _ = prepared
+    f = S.with_fallback(single)
+    u, _ = C.fit(f)
+    r = T.residual_by_tp(f, u)
+    assert u.coef[-1] == 0.0 and r[4] > 0.03 and r[8] < -0.02
