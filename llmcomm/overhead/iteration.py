@@ -698,7 +698,9 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     (``+2·5·T·h/w``, ``w = tp`` with SP else 1); weights are cast once per iteration and cached
     across micro-batches (``is_first_microbatch``), not counted; the backward's grad-output casts follow the
     ``backward = 2·forward`` rule of :func:`class_times`. The amax-history reduction (delayed scaling: one
-    small all-reduce per step) is not counted.
+    small MAX all-reduce of the autocast region's concatenated amaxes over the amax group at each fp8_autocast
+    exit and one per backward, i.e. per model chunk and micro-batch; TransformerEngine v1.8 fp8.py:316-345,
+    419-426) is not counted; current scaling's per-cast TP amax all-reduces are (:mod:`llmcomm.predict.fp8_wire`).
 
     Measured GEMMs (``gemm_model``, a :class:`~llmcomm.overhead.gemm.GemmModel`: H100, H200): the linear layers'
     GEMMs of :func:`layer_gemm_shapes` (the step description's, :func:`llmcomm.step.layer_gemms`) are timed by it
