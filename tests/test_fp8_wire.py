@@ -101,6 +101,9 @@ def test_bad_inputs_refused():
         ParallelConfig(tp=4, sp=True, tp_comm_overlap_fp8_buf=("qkv_fprop",))
     with pytest.raises(ConfigError, match="custom"):
         _calls(fp8="hybrid", fp8_recipe="custom")
+    from llmcomm.predict import predict_traffic
+    with pytest.raises(ConfigError, match="fp8-wire-recipe"):
+        predict_traffic(load_model("tiny-gpt"), ParallelConfig(tp=2, sp=True, fp8="hybrid", fp8_recipe="custom"))
 
 
 def test_without_sp_nothing_changes():
