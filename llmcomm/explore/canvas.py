@@ -58,6 +58,7 @@ class TextCache:
         self.misses = 0
         self.sizes: dict[tuple, tuple[float, float, float]] = {}  # string sizes (module doc)
         self.layouts: dict[tuple, tuple] = {}  # string layouts: (font, glyph, x, y) per glyph (module doc)
+        self.heights: dict[tuple, tuple] = {}  # fonts' ascent, descent, line gap per size and dpi
         self.glyphs: OrderedDict[tuple, tuple[np.ndarray, int, int]] = OrderedDict()  # bitmap, left, top
         self.glyph_hits = 0
 
@@ -179,6 +180,30 @@ class CachedTextRenderer(RendererAgg):
             self.text_cache.put_layout(key, items)
         self._draw_text_glyphs_and_boxes(gc, x, y, angle, ((f, size, g, 0, 1, gx, gy) for f, g, gx, gy in items),
                                          ())
+
+    def _get_font_height_metrics(self, prop: Any) -> tuple[float | None, float | None, float | None]:
+        """A font's ascent, descent and line gap in pixels, which ``Text._get_layout`` reads from the font's
+        OS/2 table, else its hhea table, for every text it lays out (matplotlib 3.11 ``text.py``, lines 440-461;
+        a renderer may answer through this method), kept per font object, size and dpi: the same tables and the
+        same arithmetic (scale ``1 / unitsPerEm * size * dpi / 72``; the renderer's dpi is its figure's, a
+        canvas makes a new renderer when the figure's dpi changes). ``None`` three times for a font without
+        either table: ``Text`` then measures ``"lp"`` as it does."""
+        font = get_font(fontManager._find_fonts_by_props(prop))
+        size = prop.get_size_in_points()
+        key = (font, size, self.dpi)
+        got = self.text_cache.heights.get(key)
+        if got is None:
+            got = (None, None, None)
+            for name, gap, ascent, descent in (("OS/2", "sTypoLineGap", "sTypoAscender", "sTypoDescender"),
+                                               ("hhea", "lineGap", "ascent", "descent")):
+                table = font.get_sfnt_table(name)
+                if table is None:
+                    continue
+                scale = 1 / font.get_sfnt_table("head")["unitsPerEm"] * size * self.dpi / 72
+                got = (table[ascent] * scale, -table[descent] * scale, table[gap] * scale)
+                break
+            self.text_cache.heights[key] = got
+        return got
 
     def get_text_width_height_descent(self, s: str, prop: Any, ismath: Any) -> tuple[float, float, float]:
         """RendererAgg's, kept per string, font object, size, dpi and hinting flag for plain text (module doc)."""
