@@ -74,6 +74,7 @@ from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
 from .bound import lower_bounds
 from .space import (
+    BOOL_TIME_FLAGS,
     DIMENSIONS,
     TWIN_COLUMNS,
     SearchSpace,
@@ -81,9 +82,9 @@ from .space import (
     divisors,
     enumerate_base,
     enumerate_candidates,
-    expand_time_flags,
+    expand_by_grid,
     splits,
-    time_flag_multiplicity,
+    time_flag_grid,
 )
 
 
@@ -197,15 +198,7 @@ def same_as_without(cands: pd.DataFrame) -> np.ndarray:
     there; the formulation's TP term is empty) and is the row without it; so is ``overlap_p2p_comm`` without the
     interleaved schedule (Megatron turns it off there, :mod:`llmcomm.overhead.overlap`). Each only where that
     twin is kept."""
-    dopt = (cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() * cands["cp"].to_numpy() == 1)
-            & ~cands.get("fp8_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool)
-            & ~cands.get("overlap_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool))
-    # moe-fold: with expert TP other than tp (MoE parallel folding) a stage can have expert buffers at dp·cp = 1 —
-    # sharded over edp = world/(etp·ep·pp) and stepped by an expert optimizer whose gradient statistics differ with
-    # and without the distributed optimizer — so the tie needs no expert buffers (ep = 1 and etp = tp)
-    etp = cands.get("etp", pd.Series(-1, index=cands.index)).to_numpy()
-    dopt &= ((etp < 0) | (etp == cands["tp"].to_numpy())) & (cands["ep"].to_numpy() == 1)
-    out = _has_twin(cands, dopt, {"distributed_optimizer": False})
+    out = _dopt_same_as_without(cands)
     if "tp_comm_overlap" in cands:
         tpo = cands["tp_comm_overlap"].to_numpy(bool) & (cands["tp"].to_numpy() == 1)
         out |= _has_twin(cands, tpo, {"tp_comm_overlap": False})
@@ -213,6 +206,23 @@ def same_as_without(cands: pd.DataFrame) -> np.ndarray:
         p2p = cands["overlap_p2p_comm"].to_numpy(bool) & (cands["vpp"].to_numpy() == 1)
         out |= _has_twin(cands, p2p, {"overlap_p2p_comm": False})
     return out
+
+
+def _dopt_same_as_without(cands: pd.DataFrame) -> np.ndarray:
+    """The distributed optimizer's part of :func:`same_as_without` (its twin: the row without it)."""
+    return _has_twin(cands, _dopt_tie(cands), {"distributed_optimizer": False})
+
+
+def _dopt_tie(cands: pd.DataFrame) -> np.ndarray:
+    """The rows whose distributed optimizer shards nothing (:func:`same_as_without`), before looking for twins."""
+    dopt = (cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() * cands["cp"].to_numpy() == 1)
+            & ~cands.get("fp8_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool)
+            & ~cands.get("overlap_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool))
+    # moe-fold: with expert TP other than tp (MoE parallel folding) a stage can have expert buffers at dp·cp = 1 —
+    # sharded over edp = world/(etp·ep·pp) and stepped by an expert optimizer whose gradient statistics differ with
+    # and without the distributed optimizer — so the tie needs no expert buffers (ep = 1 and etp = tp)
+    etp = cands.get("etp", pd.Series(-1, index=cands.index)).to_numpy()
+    return dopt & ((etp < 0) | (etp == cands["tp"].to_numpy())) & (cands["ep"].to_numpy() == 1)
 
 
 def fp8_param_gather_dominated(cands: pd.DataFrame) -> np.ndarray:
@@ -250,6 +260,55 @@ def overlap_dominated(cands: pd.DataFrame) -> np.ndarray:
     dopt = cands["distributed_optimizer"].to_numpy(bool)
     ogr, opg = cands["overlap_grad_reduce"].to_numpy(bool), cands["overlap_param_gather"].to_numpy(bool)
     return _has_twin(cands, dopt & ogr & ~opg, {"overlap_param_gather": True})
+
+
+def _grid_twin(present: np.ndarray, combos: list[dict[str, bool]], pick: Any, change: dict[str, bool]) -> np.ndarray:
+    """``out[i, j]``: cell ``(i, j)`` present, combination ``j`` picked (``pick(combo)``) and its twin — the same
+    row ``i`` with ``change`` applied to the combination — present too (:func:`_has_twin` on the grid of
+    :func:`flag_rules`: a row's twin in a time-only flag is the same memory-model row)."""
+    at = {tuple(c[k] for k in BOOL_TIME_FLAGS): j for j, c in enumerate(combos)}
+    out = np.zeros_like(present)
+    for j, c in enumerate(combos):
+        twin = at.get(tuple({**c, **change}[k] for k in BOOL_TIME_FLAGS)) if pick(c) else None
+        if twin is not None and twin != j:
+            out[:, j] = present[:, j] & present[:, twin]
+    return out
+
+
+def flag_rules(kept: pd.DataFrame, combos: list[dict[str, bool]], ok: np.ndarray, spans: np.ndarray,
+               prune: bool) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """The memory-model rows ``kept`` expanded by the time-only flags (:func:`~.space.expand_by_grid`), and the
+    rows of the expansion each rule removes there, in order: ``tp-comm-overlap-intra-node`` (``tp_comm_overlap``
+    where the row's TP group ``spans`` nodes), then, with ``prune``, ``overlap-dominated`` and ``same-as-without``
+    (each on the rows the previous ones keep). The same rows as :func:`overlap_dominated` and
+    :func:`same_as_without` on the expanded frame: their twins differ from a row in one time-only flag, so they
+    are the same row of ``kept`` with another combination, found on the grid ``ok`` (rows × combinations, as
+    :func:`~.space.time_flag_grid`) without coding every column of every expanded row. ``tests/test_tune.py``
+    compares both."""
+    def flag(name: str) -> np.ndarray:
+        return np.array([c[name] for c in combos], bool)
+
+    present = ok & ~(flag("tp_comm_overlap")[None, :] & spans[:, None])
+    masks = {"tp-comm-overlap-intra-node": ok & ~present}
+    if prune:
+        dopt = kept["distributed_optimizer"].to_numpy(bool)
+        od = _grid_twin(present, combos, lambda c: c["overlap_grad_reduce"] and not c["overlap_param_gather"],
+                        {"overlap_param_gather": True}) & dopt[:, None]
+        present &= ~od
+        saw = _grid_twin(present, combos, lambda c: c["tp_comm_overlap"], {"tp_comm_overlap": False}) \
+            & (kept["tp"].to_numpy() == 1)[:, None]
+        if "overlap_p2p_comm" in BOOL_TIME_FLAGS:
+            saw |= _grid_twin(present, combos, lambda c: c["overlap_p2p_comm"], {"overlap_p2p_comm": False}) \
+                & (kept["vpp"].to_numpy() == 1)[:, None]
+        masks.update({"overlap-dominated": od, "same-as-without": saw})
+    expanded = expand_by_grid(kept, combos, ok)
+    out = {rule: m[ok] for rule, m in masks.items()}
+    # the distributed optimizer's tie: its twin is another row of ``kept`` (rare: dp·cp = 1), looked up among the
+    # expanded rows the other rules keep (its predicate reads overlap_param_gather, off in ``kept``)
+    if prune and (_dopt_tie(kept)[:, None] & ~flag("overlap_param_gather")[None, :] & present).any():
+        left = np.flatnonzero(present[ok])
+        out["same-as-without"][left] |= _dopt_same_as_without(expanded.iloc[left])
+    return expanded, out
 
 
 BOUND = "lower_bound_s"  # the column of the candidates' lower bound (llmcomm.tune.bound) while they are searched
@@ -339,7 +398,7 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     is valid or none fits. ``exact_top`` (with ``prune``): the branch-and-bound on the compute-only lower
     bound (rule ``lower-bound``, :func:`branch_and_bound`) keeps the first ``exact_top`` rows of ``table`` equal
     to those of the search without it (``None``: no bound, every row the other rules keep is evaluated)."""
-    from ..overhead.iteration import iteration_times, userbuffers_unavailable
+    from ..overhead.iteration import iteration_times
     from ..overhead.memory import memory_table
 
     t0 = time.perf_counter()
@@ -361,7 +420,8 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     # the time-only flags off (space.expand_time_flags); pruned: without the rows two rules remove whatever the
     # memory budget (space.dominated_combinations), each counted in the row that dominates it
     base, base_table = base_and_table(model, gpus, global_batch, s, space, dominated=prune)
-    flags = time_flag_multiplicity(model, base, space)
+    combos, flag_ok = time_flag_grid(model, base, space)
+    flags = flag_ok.sum(axis=1, dtype=np.int64)  # time_flag_multiplicity
     twins = [base.pop(c).to_numpy() if c in base else np.zeros(len(base), np.int64) for c in TWIN_COLUMNS]
     enumerated = int((flags * (1 + twins[0] + twins[1])).sum())
     check_tune_candidates(enumerated)
@@ -393,17 +453,12 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     removed = [r.assign(rows=flags[r.index.to_numpy()] * r.pop("twins").to_numpy() if "twins" in r
                         else flags[r.index.to_numpy()]) for r in removed]
     cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
-    kept = expand_time_flags(model, kept.reset_index(drop=True), space)
-    # not a pruning rule, a rule of the software: userbuffers cannot span nodes (iteration.USERBUFFERS_RULE)
-    cross = userbuffers_unavailable(ParallelTable.from_frame(kept), cluster_n.gpus_per_node) if len(kept) else \
-        np.zeros(0, bool)
-    removed.append(kept[cross].assign(rule="tp-comm-overlap-intra-node", rows=1))
-    kept = kept[~cross]
-    if prune:
-        for rule, fn in (("overlap-dominated", overlap_dominated), ("same-as-without", same_as_without)):
-            drop = fn(kept)
-            removed.append(kept[drop].assign(rule=rule, rows=1))
-            kept = kept[~drop]
+    # not a pruning rule, a rule of the software: userbuffers cannot span nodes (iteration.USERBUFFERS_RULE), read
+    # per distinct rank layout; then the pruning rules of the time-only flags, on the grid of rows × combinations
+    kept, drops = flag_rules(kept, combos, flag_ok[kept.index.to_numpy()], _tp_spans_nodes(kept, cluster_n), prune)
+    for rule, drop in drops.items():
+        removed.append(kept[drop].assign(rule=rule, rows=1))
+    kept = kept[~np.logical_or.reduce(list(drops.values()))] if drops else kept
     bounded = prune and exact_top is not None and len(kept) > 0
     if bounded:  # the lower bound of each row (llmcomm.tune.bound)
         t_bound = time.perf_counter()
@@ -431,6 +486,23 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
         stats["bound_s"] = bound_s
     return TuneResult(table, pruned, stats, model, cluster_n, gpus, global_batch,
                       {"seq_len": s, "memory_fraction": memory_fraction})
+
+
+def _tp_spans_nodes(cands: pd.DataFrame, cluster: Cluster) -> np.ndarray:
+    """Per row: whether ``tp_comm_overlap`` would put its TP group across nodes
+    (:func:`llmcomm.overhead.iteration.userbuffers_unavailable`, on one row per distinct rank layout: it reads
+    the placement, :func:`llmcomm.step.placement`, of tp, cp, dp, pp, ep and expert TP)."""
+    from ..overhead.iteration import userbuffers_unavailable
+
+    if not len(cands):
+        return np.zeros(0, bool)
+    code = np.zeros(len(cands), np.int64)
+    for c in ("tp", "cp", "dp", "pp", "ep", "etp"):
+        if c in cands:
+            code = pd.factorize(code * (len(cands) + 1) + pd.factorize(cands[c].to_numpy())[0])[0].astype(np.int64)
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    reps = cands.iloc[first].reset_index(drop=True).assign(tp_comm_overlap=True)
+    return userbuffers_unavailable(ParallelTable.from_frame(reps), cluster.gpus_per_node)[inv.reshape(-1)]
 
 
 def _memory_once_per_cp_comm_type(model: ModelSpec, cands: pd.DataFrame, memory_table: Any) -> pd.DataFrame:
