@@ -97,13 +97,19 @@ class TuneResult:
     time."""
 
     table: pd.DataFrame
-    pruned: pd.DataFrame
+    pruned_rows: pd.DataFrame | Any  # the frame, or a function building it (on the first read of ``pruned``)
     stats: dict[str, Any]
     model: ModelSpec
     cluster: Cluster
     gpus: int
     global_batch: int
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pruned(self) -> pd.DataFrame:
+        if callable(self.pruned_rows):  # built once, when first read (the search's counts are in ``stats``)
+            object.__setattr__(self, "pruned_rows", self.pruned_rows())
+        return self.pruned_rows
 
     @property
     def best(self) -> pd.Series:
@@ -326,6 +332,12 @@ def branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.D
     ``top`` rows of ``table`` sorted by ``total_s`` are therefore those of evaluating every row (ties ordered as
     :func:`tune` orders them, by the other columns); ``tests/test_tune.py`` checks it against the search
     without the bound."""
+    table, evaluated = _branch_and_bound(cands, evaluate, top)
+    return table, cands[~evaluated]
+
+
+def _branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.DataFrame, np.ndarray]:
+    """:func:`branch_and_bound` with the rows evaluated as a mask."""
     bound = cands[BOUND].to_numpy()
     order = np.argsort(bound, kind="stable")
     done: list[pd.DataFrame] = []
@@ -345,7 +357,7 @@ def branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.D
         at, chunk = at + chunk, 2 * chunk
     if not done:
         done.append(evaluate(cands.iloc[:0].drop(columns=[BOUND])))
-    return pd.concat(done, ignore_index=True), cands[~evaluated]
+    return pd.concat(done, ignore_index=True), evaluated
 
 
 # ----------------------------------------------------------------------------------- explanations
@@ -434,30 +446,39 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     if not fits.any():
         raise _does_not_fit_error(model, gpus, cluster, global_batch, s, space, memory_fraction,
                                   float(base["total_bytes"].min()))
-    removed = [base[~fits].assign(rule="memory")]
+    # the removed rows as (rule, rows, configurations they stand for, how to build them): the frame of them all
+    # (TuneResult.pruned) is built on first read, the counts now
+    removed: list[tuple[str, int, int, Any]] = []
+
+    def remove(rule: str, frame: pd.DataFrame, drop: np.ndarray, rows: np.ndarray | int, **assign: Any) -> None:
+        n = int(np.count_nonzero(drop))
+        stands = int(np.sum(rows)) if isinstance(rows, np.ndarray) else n * rows
+        removed.append((rule, n, stands, lambda: frame[drop].drop(columns=[BOUND], errors="ignore").assign(
+            rule=rule, **assign, rows=rows)))
+
+    # a memory-model row removed stands for its time-flag combinations (column ``rows``), removed by the same rule
+    # (each removed row is a row of base, by its index, or its twin in attention_backend / fp8_param_gather, which
+    # no rule of the time-only flags reads: the same multiplicity)
+    remove("memory", base, ~fits, flags[~fits])
     for rule, k, change in (("unfused-dominated", 0, {"attention_backend": "unfused"}),
                             ("fp8-param-gather-dominated", 1, {"fp8_param_gather": False})):
         if twins[k].any():  # the left-out twins, one row per dominating row standing for all of them
-            removed.append(base[twins[k] > 0].assign(rule=rule, twins=twins[k][twins[k] > 0], **change))
+            has = twins[k] > 0
+            remove(rule, base, has, flags[has] * twins[k][has], **change)
     kept = base[fits]
     if prune:  # rules on the memory-model rows: each holds for every combination of the time-only flags
         for rule, fn in (("recompute-dominated", recompute_dominated), ("unfused-dominated", unfused_dominated),
                          ("fp8-param-gather-dominated", fp8_param_gather_dominated),
                          ("same-as-without", same_as_without)):
             drop = fn(kept)
-            removed.append(kept[drop].assign(rule=rule))
+            remove(rule, kept, drop, flags[kept.index.to_numpy()[drop]])
             kept = kept[~drop]
-    # a memory-model row removed stands for its time-flag combinations (column ``rows``), removed by the same rule
-    # (each removed row is a row of base, by its index, or its twin in attention_backend / fp8_param_gather, which
-    # no rule of the time-only flags reads: the same multiplicity)
-    removed = [r.assign(rows=flags[r.index.to_numpy()] * r.pop("twins").to_numpy() if "twins" in r
-                        else flags[r.index.to_numpy()]) for r in removed]
     cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
     # not a pruning rule, a rule of the software: userbuffers cannot span nodes (iteration.USERBUFFERS_RULE), read
     # per distinct rank layout; then the pruning rules of the time-only flags, on the grid of rows × combinations
     kept, drops = flag_rules(kept, combos, flag_ok[kept.index.to_numpy()], _tp_spans_nodes(kept, cluster_n), prune)
     for rule, drop in drops.items():
-        removed.append(kept[drop].assign(rule=rule, rows=1))
+        remove(rule, kept, drop, 1)
     kept = kept[~np.logical_or.reduce(list(drops.values()))] if drops else kept
     bounded = prune and exact_top is not None and len(kept) > 0
     if bounded:  # the lower bound of each row (llmcomm.tune.bound)
@@ -466,10 +487,10 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
         bound_s = time.perf_counter() - t_bound
     t_eval = time.perf_counter()
     if bounded:
-        table, beyond = branch_and_bound(kept.reset_index(drop=True), lambda c: iteration_times(
+        kept = kept.reset_index(drop=True)
+        table, evaluated = _branch_and_bound(kept, lambda c: iteration_times(
             model, c, cluster_n, bandwidth, utilization), int(exact_top or 0))
-        removed.append(beyond.assign(rule="lower-bound", rows=1))
-        removed = [r.drop(columns=[BOUND], errors="ignore") for r in removed]
+        remove("lower-bound", kept, ~evaluated, 1)
     else:
         table = iteration_times(model, kept.reset_index(drop=True), cluster_n, bandwidth, utilization)
     eval_s = time.perf_counter() - t_eval
@@ -477,13 +498,20 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     table["tokens_per_s"] = table["global_batch"] * table["seq_len"] / table["total_s"]
     table["tflops_per_gpu"] = flops / table["total_s"] / gpus / 1e12
     table = table.sort_values(["total_s", "tp", "pp", "micro_batch"], kind="stable").reset_index(drop=True)
-    pruned = pd.concat(removed, ignore_index=True)
-    by_rule = pruned.groupby("rule", sort=False)["rows"].sum().sort_values(ascending=False, kind="stable")
-    stats = {"enumerated": enumerated, "evaluated": len(table), "pruned": int(pruned["rows"].sum()),
-             "pruned_by_rule": {k: int(v) for k, v in by_rule.items()}, "prune": prune,
+    by_rule: dict[str, int] = {}
+    for rule, n, stands, _ in removed:  # in the order rules first remove a row (a groupby of the frame)
+        if n:
+            by_rule[rule] = by_rule.get(rule, 0) + stands
+    stats = {"enumerated": enumerated, "evaluated": len(table), "pruned": sum(by_rule.values()),
+             "pruned_by_rule": dict(sorted(by_rule.items(), key=lambda kv: -kv[1])), "prune": prune,
              "wall_s": time.perf_counter() - t0, "evaluate_s": eval_s}
     if bounded:
         stats["bound_s"] = bound_s
+    pieces = [build for *_, build in removed]
+
+    def pruned() -> pd.DataFrame:
+        return pd.concat([build() for build in pieces], ignore_index=True)
+
     return TuneResult(table, pruned, stats, model, cluster_n, gpus, global_batch,
                       {"seq_len": s, "memory_fraction": memory_fraction})
 
