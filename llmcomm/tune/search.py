@@ -72,7 +72,7 @@ from ..bounds import check_tune_candidates, check_tune_gpus
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
-from .bound import lower_bounds
+from .bound import compute_key, lower_bounds
 from .space import (
     BOOL_TIME_FLAGS,
     DIMENSIONS,
@@ -83,6 +83,7 @@ from .space import (
     enumerate_base,
     enumerate_candidates,
     expand_by_grid,
+    row_codes,
     splits,
     time_flag_grid,
 )
@@ -141,11 +142,11 @@ def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
     """Rows whose recomputation is above the least one that fits among rows equal in everything else."""
     from ..vocab import RECOMPUTE_CODE  # none < selective < full
 
-    level = cands["recompute"].map(RECOMPUTE_CODE).to_numpy()
-    key = [c for c in DIMENSIONS if c != "recompute"]
-    least = pd.Series(level, index=cands.index).groupby([cands[c] for c in key], sort=False,
-                                                        dropna=False).transform("min")
-    return level > least.to_numpy()
+    level = cands["recompute"].map(RECOMPUTE_CODE).to_numpy(np.float64)
+    group = row_codes(cands, [c for c in DIMENSIONS if c != "recompute"])  # rows equal in everything else
+    least = np.full(int(group.max()) + 1 if len(group) else 0, np.inf)
+    np.minimum.at(least, group, level)
+    return level > least[group]
 
 
 def unfused_dominated(cands: pd.DataFrame) -> np.ndarray:
@@ -476,14 +477,19 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
     # not a pruning rule, a rule of the software: userbuffers cannot span nodes (iteration.USERBUFFERS_RULE), read
     # per distinct rank layout; then the pruning rules of the time-only flags, on the grid of rows × combinations
-    kept, drops = flag_rules(kept, combos, flag_ok[kept.index.to_numpy()], _tp_spans_nodes(kept, cluster_n), prune)
+    bounded = prune and exact_top is not None
+    key = compute_key(kept) if bounded else None  # the bound's key reads none of the time-only flags
+    ok = flag_ok[kept.index.to_numpy()]
+    kept, drops = flag_rules(kept, combos, ok, _tp_spans_nodes(kept, cluster_n), prune)
     for rule, drop in drops.items():
         remove(rule, kept, drop, 1)
-    kept = kept[~np.logical_or.reduce(list(drops.values()))] if drops else kept
-    bounded = prune and exact_top is not None and len(kept) > 0
+    stay = ~np.logical_or.reduce(list(drops.values())) if drops else np.ones(len(kept), bool)
+    kept = kept[stay]
+    bounded = bounded and len(kept) > 0
     if bounded:  # the lower bound of each row (llmcomm.tune.bound)
         t_bound = time.perf_counter()
-        kept = kept.assign(**{BOUND: lower_bounds(model, kept, cluster_n, bandwidth, utilization)})
+        key = key[np.nonzero(ok)[0][stay]]  # each expanded row's memory-model row (space.expand_by_grid's order)
+        kept = kept.assign(**{BOUND: lower_bounds(model, kept, cluster_n, bandwidth, utilization, key=key)})
         bound_s = time.perf_counter() - t_bound
     t_eval = time.perf_counter()
     if bounded:

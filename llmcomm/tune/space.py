@@ -533,6 +533,18 @@ def dominated_combinations(space: SearchSpace, combos: dict[str, np.ndarray]) ->
             "fp8_param_gather_twins": np.where(factor == 2, 1, 0)}
 
 
+def row_codes(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
+    """One integer per row of ``frame``, equal exactly for rows equal in every one of ``columns`` (``None`` and NaN
+    each a value of their own): each column factorized, the codes combined and recoded as they grow."""
+    code = np.zeros(len(frame), np.int64)
+    for c in columns:
+        codes, uniq = pd.factorize(frame[c].to_numpy(), use_na_sentinel=False)
+        code = code * max(len(uniq), 1) + codes
+        if len(uniq) > 1:
+            code = pd.factorize(code)[0].astype(np.int64)  # keep the code small
+    return code
+
+
 def time_flag_combinations(space: SearchSpace) -> list[dict[str, bool]]:
     """Every combination of :data:`BOOL_TIME_FLAGS` values the space allows (before the rules)."""
     return [dict(zip(BOOL_TIME_FLAGS, c, strict=True))
