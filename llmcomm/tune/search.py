@@ -142,7 +142,8 @@ def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
     """Rows whose recomputation is above the least one that fits among rows equal in everything else."""
     from ..vocab import RECOMPUTE_CODE  # none < selective < full
 
-    level = cands["recompute"].map(RECOMPUTE_CODE).to_numpy(np.float64)
+    codes, uniq = pd.factorize(cands["recompute"].to_numpy(), use_na_sentinel=False)
+    level = np.array([RECOMPUTE_CODE[u] for u in uniq], np.float64)[codes]
     group = row_codes(cands, [c for c in DIMENSIONS if c != "recompute"])  # rows equal in everything else
     least = np.full(int(group.max()) + 1 if len(group) else 0, np.inf)
     np.minimum.at(least, group, level)
@@ -468,12 +469,17 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
             remove(rule, base, has, flags[has] * twins[k][has], **change)
     kept = base[fits]
     if prune:  # rules on the memory-model rows: each holds for every combination of the time-only flags
+        # each rule reads the dimensions only (its twins: equal in all of them): applied to those columns, the
+        # rows it removes taken from base (whose index is its rows' positions) when the pruned frame is built
+        narrow = kept[[c for c in DIMENSIONS if c in kept.columns]]
         for rule, fn in (("recompute-dominated", recompute_dominated), ("unfused-dominated", unfused_dominated),
                          ("fp8-param-gather-dominated", fp8_param_gather_dominated),
                          ("same-as-without", same_as_without)):
-            drop = fn(kept)
-            remove(rule, kept, drop, flags[kept.index.to_numpy()[drop]])
-            kept = kept[~drop]
+            drop = fn(narrow)
+            at = narrow.index.to_numpy()[drop]
+            remove(rule, base, np.isin(np.arange(len(base)), at), flags[at])
+            narrow = narrow[~drop]
+        kept = base.iloc[narrow.index.to_numpy()]
     cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
     # not a pruning rule, a rule of the software: userbuffers cannot span nodes (iteration.USERBUFFERS_RULE), read
     # per distinct rank layout; then the pruning rules of the time-only flags, on the grid of rows × combinations
