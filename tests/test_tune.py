@@ -476,3 +476,39 @@ def test_pipeline_and_moe_overlap_flags_when_opened() -> None:
     assert not (t["moe_a2a_overlap"] & (t["recompute"] == "full")).any()  # Megatron's rule
     tie = _twins(t[t["vpp"] == 1], "overlap_p2p_comm").dropna()
     assert len(tie) and (tie[True] == tie[False]).all()
+
+
+@pytest.mark.parametrize("name, gpus, batch, cluster, opened", [
+    ("llama3-8b", 8, 64, H100, {}),  # dp·cp = 1 rows: the distributed optimizer's tie
+    ("gpt3-1.3b", 16, 64, A100, {}),  # tp = 1 rows: tp_comm_overlap's tie
+    ("mixtral-8x7b", 16, 32, H100, OPEN_FLAGS),  # overlap_p2p_comm's tie, the all-to-all overlap opened
+    ("gpt3-13b", 32, 256, H100, {})])
+def test_flag_rules_on_the_grid_equal_the_rules_on_the_expanded_rows(name, gpus, batch, cluster, opened) -> None:  # noqa: ANN001
+    """search.flag_rules (the time-only flags' rules on rows × combinations) removes the rows that
+    userbuffers_unavailable, overlap_dominated and same_as_without remove on the expanded frame, in order, and
+    the bound's key from the memory-model rows equals compute_key of the expanded rows."""
+    from llmcomm.overhead.iteration import userbuffers_unavailable
+    from llmcomm.parallel_table import ParallelTable
+    from llmcomm.tune.bound import compute_key
+    from llmcomm.tune.search import _tp_spans_nodes, flag_rules, overlap_dominated, same_as_without
+    from llmcomm.tune.space import enumerate_base, expand_time_flags, time_flag_grid
+
+    model = lc.load_model(name)
+    space = SearchSpace(**opened).for_cluster(cluster)
+    base = enumerate_base(model, gpus, batch, None, space)
+    world = cluster.for_world(gpus)
+    combos, ok = time_flag_grid(model, base, space)
+    expanded, drops = flag_rules(base, combos, ok, _tp_spans_nodes(base, world), True)
+    want = expand_time_flags(model, base, space)
+    assert expanded.equals(want)
+    cross = userbuffers_unavailable(ParallelTable.from_frame(want), world.gpus_per_node)
+    assert np.array_equal(drops["tp-comm-overlap-intra-node"], cross)
+    rest = np.flatnonzero(~cross)
+    od = overlap_dominated(want.iloc[rest])
+    assert np.array_equal(drops["overlap-dominated"], np.isin(np.arange(len(want)), rest[od]))
+    rest = rest[~od]
+    saw = same_as_without(want.iloc[rest])
+    assert np.array_equal(drops["same-as-without"], np.isin(np.arange(len(want)), rest[saw]))
+    assert sum(d.sum() for d in drops.values()) and drops["same-as-without"].any()
+    assert np.array_equal(np.unique(compute_key(base)[np.nonzero(ok)[0]], return_inverse=True)[1],
+                          np.unique(compute_key(want), return_inverse=True)[1])

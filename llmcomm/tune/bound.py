@@ -50,7 +50,7 @@ import pandas as pd
 
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec
-from .space import DIMENSIONS
+from .space import DIMENSIONS, row_codes
 
 # dimensions the per-micro-batch compute of a stage does not read (llmcomm.overhead.iteration._compute reads
 # micro-batch, sequence, tp, cp, ep, etp, SP, recomputation, fused attention, FP8 and the stage's layers),
@@ -65,14 +65,7 @@ ROUNDING = 1.0 - 1e-9
 def compute_key(cands: pd.DataFrame) -> np.ndarray:
     """One integer per row, equal for rows equal in every dimension the stage compute reads (:data:`DIMENSIONS`
     without :data:`NOT_COMPUTE`; ``seq_len`` too where given)."""
-    cols = [c for c in (*DIMENSIONS, "seq_len") if c in cands.columns and c not in NOT_COMPUTE]
-    code = np.zeros(len(cands), np.int64)
-    for c in cols:
-        codes, uniq = pd.factorize(cands[c].to_numpy(), use_na_sentinel=False)
-        code = code * max(len(uniq), 1) + codes
-        if len(uniq) > 1:
-            code = pd.factorize(code)[0].astype(np.int64)  # keep the code small
-    return code
+    return row_codes(cands, [c for c in (*DIMENSIONS, "seq_len") if c in cands.columns and c not in NOT_COMPUTE])
 
 
 def class_seconds(model: ModelSpec, cands: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
@@ -104,15 +97,16 @@ def _flag(cands: pd.DataFrame, name: str) -> np.ndarray:
 
 
 def lower_bounds(model: ModelSpec, cands: pd.DataFrame, cluster: Cluster, bandwidth: Any = None,
-                 utilization: Any = None, *, dedupe: bool = True) -> np.ndarray:
+                 utilization: Any = None, *, dedupe: bool = True, key: np.ndarray | None = None) -> np.ndarray:
     """The bound of the module docstring for each row of ``cands`` (needs ``pp``, ``vpp``, ``num_microbatches``
     or ``global_batch``/``micro_batch``/``dp``, and the dimensions the compute reads); ``dedupe``: the stage
-    seconds once per :func:`compute_key` (``False``: per row, what the test compares against)."""
+    seconds once per :func:`compute_key` (``False``: per row, what the test compares against); ``key``: that key
+    where the caller has it (the tuner: from the rows before the time-only flags, which it does not read)."""
     n = len(cands)
     if n == 0:
         return np.zeros(0)
     if dedupe:
-        key = compute_key(cands)
+        key = compute_key(cands) if key is None else key
         _, first, inv = np.unique(key, return_index=True, return_inverse=True)
         per = class_seconds(model, cands.iloc[first], cluster, bandwidth, utilization)
         sec = {c: {k: v[inv.reshape(-1)] for k, v in d.items()} for c, d in per.items()}

@@ -72,8 +72,9 @@ from ..bounds import check_tune_candidates, check_tune_gpus
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec, ParallelConfig, load_cluster, load_model
-from .bound import lower_bounds
+from .bound import compute_key, lower_bounds
 from .space import (
+    BOOL_TIME_FLAGS,
     DIMENSIONS,
     TWIN_COLUMNS,
     SearchSpace,
@@ -81,9 +82,10 @@ from .space import (
     divisors,
     enumerate_base,
     enumerate_candidates,
-    expand_time_flags,
+    expand_by_grid,
+    row_codes,
     splits,
-    time_flag_multiplicity,
+    time_flag_grid,
 )
 
 
@@ -96,13 +98,19 @@ class TuneResult:
     time."""
 
     table: pd.DataFrame
-    pruned: pd.DataFrame
+    pruned_rows: pd.DataFrame | Any  # the frame, or a function building it (on the first read of ``pruned``)
     stats: dict[str, Any]
     model: ModelSpec
     cluster: Cluster
     gpus: int
     global_batch: int
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pruned(self) -> pd.DataFrame:
+        if callable(self.pruned_rows):  # built once, when first read (the search's counts are in ``stats``)
+            object.__setattr__(self, "pruned_rows", self.pruned_rows())
+        return self.pruned_rows
 
     @property
     def best(self) -> pd.Series:
@@ -134,11 +142,12 @@ def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
     """Rows whose recomputation is above the least one that fits among rows equal in everything else."""
     from ..vocab import RECOMPUTE_CODE  # none < selective < full
 
-    level = cands["recompute"].map(RECOMPUTE_CODE).to_numpy()
-    key = [c for c in DIMENSIONS if c != "recompute"]
-    least = pd.Series(level, index=cands.index).groupby([cands[c] for c in key], sort=False,
-                                                        dropna=False).transform("min")
-    return level > least.to_numpy()
+    codes, uniq = pd.factorize(cands["recompute"].to_numpy(), use_na_sentinel=False)
+    level = np.array([RECOMPUTE_CODE[u] for u in uniq], np.float64)[codes]
+    group = row_codes(cands, [c for c in DIMENSIONS if c != "recompute"])  # rows equal in everything else
+    least = np.full(int(group.max()) + 1 if len(group) else 0, np.inf)
+    np.minimum.at(least, group, level)
+    return level > least[group]
 
 
 def unfused_dominated(cands: pd.DataFrame) -> np.ndarray:
@@ -197,15 +206,7 @@ def same_as_without(cands: pd.DataFrame) -> np.ndarray:
     there; the formulation's TP term is empty) and is the row without it; so is ``overlap_p2p_comm`` without the
     interleaved schedule (Megatron turns it off there, :mod:`llmcomm.overhead.overlap`). Each only where that
     twin is kept."""
-    dopt = (cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() * cands["cp"].to_numpy() == 1)
-            & ~cands.get("fp8_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool)
-            & ~cands.get("overlap_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool))
-    # moe-fold: with expert TP other than tp (MoE parallel folding) a stage can have expert buffers at dp·cp = 1 —
-    # sharded over edp = world/(etp·ep·pp) and stepped by an expert optimizer whose gradient statistics differ with
-    # and without the distributed optimizer — so the tie needs no expert buffers (ep = 1 and etp = tp)
-    etp = cands.get("etp", pd.Series(-1, index=cands.index)).to_numpy()
-    dopt &= ((etp < 0) | (etp == cands["tp"].to_numpy())) & (cands["ep"].to_numpy() == 1)
-    out = _has_twin(cands, dopt, {"distributed_optimizer": False})
+    out = _dopt_same_as_without(cands)
     if "tp_comm_overlap" in cands:
         tpo = cands["tp_comm_overlap"].to_numpy(bool) & (cands["tp"].to_numpy() == 1)
         out |= _has_twin(cands, tpo, {"tp_comm_overlap": False})
@@ -213,6 +214,23 @@ def same_as_without(cands: pd.DataFrame) -> np.ndarray:
         p2p = cands["overlap_p2p_comm"].to_numpy(bool) & (cands["vpp"].to_numpy() == 1)
         out |= _has_twin(cands, p2p, {"overlap_p2p_comm": False})
     return out
+
+
+def _dopt_same_as_without(cands: pd.DataFrame) -> np.ndarray:
+    """The distributed optimizer's part of :func:`same_as_without` (its twin: the row without it)."""
+    return _has_twin(cands, _dopt_tie(cands), {"distributed_optimizer": False})
+
+
+def _dopt_tie(cands: pd.DataFrame) -> np.ndarray:
+    """The rows whose distributed optimizer shards nothing (:func:`same_as_without`), before looking for twins."""
+    dopt = (cands["distributed_optimizer"].to_numpy(bool) & (cands["dp"].to_numpy() * cands["cp"].to_numpy() == 1)
+            & ~cands.get("fp8_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool)
+            & ~cands.get("overlap_param_gather", pd.Series(False, index=cands.index)).to_numpy(bool))
+    # moe-fold: with expert TP other than tp (MoE parallel folding) a stage can have expert buffers at dp·cp = 1 —
+    # sharded over edp = world/(etp·ep·pp) and stepped by an expert optimizer whose gradient statistics differ with
+    # and without the distributed optimizer — so the tie needs no expert buffers (ep = 1 and etp = tp)
+    etp = cands.get("etp", pd.Series(-1, index=cands.index)).to_numpy()
+    return dopt & ((etp < 0) | (etp == cands["tp"].to_numpy())) & (cands["ep"].to_numpy() == 1)
 
 
 def fp8_param_gather_dominated(cands: pd.DataFrame) -> np.ndarray:
@@ -252,6 +270,55 @@ def overlap_dominated(cands: pd.DataFrame) -> np.ndarray:
     return _has_twin(cands, dopt & ogr & ~opg, {"overlap_param_gather": True})
 
 
+def _grid_twin(present: np.ndarray, combos: list[dict[str, bool]], pick: Any, change: dict[str, bool]) -> np.ndarray:
+    """``out[i, j]``: cell ``(i, j)`` present, combination ``j`` picked (``pick(combo)``) and its twin — the same
+    row ``i`` with ``change`` applied to the combination — present too (:func:`_has_twin` on the grid of
+    :func:`flag_rules`: a row's twin in a time-only flag is the same memory-model row)."""
+    at = {tuple(c[k] for k in BOOL_TIME_FLAGS): j for j, c in enumerate(combos)}
+    out = np.zeros_like(present)
+    for j, c in enumerate(combos):
+        twin = at.get(tuple({**c, **change}[k] for k in BOOL_TIME_FLAGS)) if pick(c) else None
+        if twin is not None and twin != j:
+            out[:, j] = present[:, j] & present[:, twin]
+    return out
+
+
+def flag_rules(kept: pd.DataFrame, combos: list[dict[str, bool]], ok: np.ndarray, spans: np.ndarray,
+               prune: bool) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
+    """The memory-model rows ``kept`` expanded by the time-only flags (:func:`~.space.expand_by_grid`), and the
+    rows of the expansion each rule removes there, in order: ``tp-comm-overlap-intra-node`` (``tp_comm_overlap``
+    where the row's TP group ``spans`` nodes), then, with ``prune``, ``overlap-dominated`` and ``same-as-without``
+    (each on the rows the previous ones keep). The same rows as :func:`overlap_dominated` and
+    :func:`same_as_without` on the expanded frame: their twins differ from a row in one time-only flag, so they
+    are the same row of ``kept`` with another combination, found on the grid ``ok`` (rows × combinations, as
+    :func:`~.space.time_flag_grid`) without coding every column of every expanded row. ``tests/test_tune.py``
+    compares both."""
+    def flag(name: str) -> np.ndarray:
+        return np.array([c[name] for c in combos], bool)
+
+    present = ok & ~(flag("tp_comm_overlap")[None, :] & spans[:, None])
+    masks = {"tp-comm-overlap-intra-node": ok & ~present}
+    if prune:
+        dopt = kept["distributed_optimizer"].to_numpy(bool)
+        od = _grid_twin(present, combos, lambda c: c["overlap_grad_reduce"] and not c["overlap_param_gather"],
+                        {"overlap_param_gather": True}) & dopt[:, None]
+        present &= ~od
+        saw = _grid_twin(present, combos, lambda c: c["tp_comm_overlap"], {"tp_comm_overlap": False}) \
+            & (kept["tp"].to_numpy() == 1)[:, None]
+        if "overlap_p2p_comm" in BOOL_TIME_FLAGS:
+            saw |= _grid_twin(present, combos, lambda c: c["overlap_p2p_comm"], {"overlap_p2p_comm": False}) \
+                & (kept["vpp"].to_numpy() == 1)[:, None]
+        masks.update({"overlap-dominated": od, "same-as-without": saw})
+    expanded = expand_by_grid(kept, combos, ok)
+    out = {rule: m[ok] for rule, m in masks.items()}
+    # the distributed optimizer's tie: its twin is another row of ``kept`` (rare: dp·cp = 1), looked up among the
+    # expanded rows the other rules keep (its predicate reads overlap_param_gather, off in ``kept``)
+    if prune and (_dopt_tie(kept)[:, None] & ~flag("overlap_param_gather")[None, :] & present).any():
+        left = np.flatnonzero(present[ok])
+        out["same-as-without"][left] |= _dopt_same_as_without(expanded.iloc[left])
+    return expanded, out
+
+
 BOUND = "lower_bound_s"  # the column of the candidates' lower bound (llmcomm.tune.bound) while they are searched
 FIRST_CHUNK = 512  # rows evaluated before the first threshold; each later chunk twice the previous
 
@@ -267,6 +334,12 @@ def branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.D
     ``top`` rows of ``table`` sorted by ``total_s`` are therefore those of evaluating every row (ties ordered as
     :func:`tune` orders them, by the other columns); ``tests/test_tune.py`` checks it against the search
     without the bound."""
+    table, evaluated = _branch_and_bound(cands, evaluate, top)
+    return table, cands[~evaluated]
+
+
+def _branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.DataFrame, np.ndarray]:
+    """:func:`branch_and_bound` with the rows evaluated as a mask."""
     bound = cands[BOUND].to_numpy()
     order = np.argsort(bound, kind="stable")
     done: list[pd.DataFrame] = []
@@ -286,7 +359,7 @@ def branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.D
         at, chunk = at + chunk, 2 * chunk
     if not done:
         done.append(evaluate(cands.iloc[:0].drop(columns=[BOUND])))
-    return pd.concat(done, ignore_index=True), cands[~evaluated]
+    return pd.concat(done, ignore_index=True), evaluated
 
 
 # ----------------------------------------------------------------------------------- explanations
@@ -339,7 +412,7 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     is valid or none fits. ``exact_top`` (with ``prune``): the branch-and-bound on the compute-only lower
     bound (rule ``lower-bound``, :func:`branch_and_bound`) keeps the first ``exact_top`` rows of ``table`` equal
     to those of the search without it (``None``: no bound, every row the other rules keep is evaluated)."""
-    from ..overhead.iteration import iteration_times, userbuffers_unavailable
+    from ..overhead.iteration import iteration_times
     from ..overhead.memory import memory_table
 
     t0 = time.perf_counter()
@@ -361,7 +434,8 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     # the time-only flags off (space.expand_time_flags); pruned: without the rows two rules remove whatever the
     # memory budget (space.dominated_combinations), each counted in the row that dominates it
     base, base_table = base_and_table(model, gpus, global_batch, s, space, dominated=prune)
-    flags = time_flag_multiplicity(model, base, space)
+    combos, flag_ok = time_flag_grid(model, base, space)
+    flags = flag_ok.sum(axis=1, dtype=np.int64)  # time_flag_multiplicity
     twins = [base.pop(c).to_numpy() if c in base else np.zeros(len(base), np.int64) for c in TWIN_COLUMNS]
     enumerated = int((flags * (1 + twins[0] + twins[1])).sum())
     check_tune_candidates(enumerated)
@@ -374,47 +448,61 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     if not fits.any():
         raise _does_not_fit_error(model, gpus, cluster, global_batch, s, space, memory_fraction,
                                   float(base["total_bytes"].min()))
-    removed = [base[~fits].assign(rule="memory")]
-    for rule, k, change in (("unfused-dominated", 0, {"attention_backend": "unfused"}),
-                            ("fp8-param-gather-dominated", 1, {"fp8_param_gather": False})):
-        if twins[k].any():  # the left-out twins, one row per dominating row standing for all of them
-            removed.append(base[twins[k] > 0].assign(rule=rule, twins=twins[k][twins[k] > 0], **change))
-    kept = base[fits]
-    if prune:  # rules on the memory-model rows: each holds for every combination of the time-only flags
-        for rule, fn in (("recompute-dominated", recompute_dominated), ("unfused-dominated", unfused_dominated),
-                         ("fp8-param-gather-dominated", fp8_param_gather_dominated),
-                         ("same-as-without", same_as_without)):
-            drop = fn(kept)
-            removed.append(kept[drop].assign(rule=rule))
-            kept = kept[~drop]
+    # the removed rows as (rule, rows, configurations they stand for, how to build them): the frame of them all
+    # (TuneResult.pruned) is built on first read, the counts now
+    removed: list[tuple[str, int, int, Any]] = []
+
+    def remove(rule: str, frame: pd.DataFrame, drop: np.ndarray, rows: np.ndarray | int, **assign: Any) -> None:
+        n = int(np.count_nonzero(drop))
+        stands = int(np.sum(rows)) if isinstance(rows, np.ndarray) else n * rows
+        removed.append((rule, n, stands, lambda: frame[drop].drop(columns=[BOUND], errors="ignore").assign(
+            rule=rule, **assign, rows=rows)))
+
     # a memory-model row removed stands for its time-flag combinations (column ``rows``), removed by the same rule
     # (each removed row is a row of base, by its index, or its twin in attention_backend / fp8_param_gather, which
     # no rule of the time-only flags reads: the same multiplicity)
-    removed = [r.assign(rows=flags[r.index.to_numpy()] * r.pop("twins").to_numpy() if "twins" in r
-                        else flags[r.index.to_numpy()]) for r in removed]
+    remove("memory", base, ~fits, flags[~fits])
+    for rule, k, change in (("unfused-dominated", 0, {"attention_backend": "unfused"}),
+                            ("fp8-param-gather-dominated", 1, {"fp8_param_gather": False})):
+        if twins[k].any():  # the left-out twins, one row per dominating row standing for all of them
+            has = twins[k] > 0
+            remove(rule, base, has, flags[has] * twins[k][has], **change)
+    kept = base[fits]
+    if prune:  # rules on the memory-model rows: each holds for every combination of the time-only flags
+        # each rule reads the dimensions only (its twins: equal in all of them): applied to those columns, the
+        # rows it removes taken from base (whose index is its rows' positions) when the pruned frame is built
+        narrow = kept[[c for c in DIMENSIONS if c in kept.columns]]
+        for rule, fn in (("recompute-dominated", recompute_dominated), ("unfused-dominated", unfused_dominated),
+                         ("fp8-param-gather-dominated", fp8_param_gather_dominated),
+                         ("same-as-without", same_as_without)):
+            drop = fn(narrow)
+            at = narrow.index.to_numpy()[drop]
+            remove(rule, base, np.isin(np.arange(len(base)), at), flags[at])
+            narrow = narrow[~drop]
+        kept = base.iloc[narrow.index.to_numpy()]
     cluster_n = cluster if cluster.num_gpus is not None else cluster.for_world(gpus)
-    kept = expand_time_flags(model, kept.reset_index(drop=True), space)
-    # not a pruning rule, a rule of the software: userbuffers cannot span nodes (iteration.USERBUFFERS_RULE)
-    cross = userbuffers_unavailable(ParallelTable.from_frame(kept), cluster_n.gpus_per_node) if len(kept) else \
-        np.zeros(0, bool)
-    removed.append(kept[cross].assign(rule="tp-comm-overlap-intra-node", rows=1))
-    kept = kept[~cross]
-    if prune:
-        for rule, fn in (("overlap-dominated", overlap_dominated), ("same-as-without", same_as_without)):
-            drop = fn(kept)
-            removed.append(kept[drop].assign(rule=rule, rows=1))
-            kept = kept[~drop]
-    bounded = prune and exact_top is not None and len(kept) > 0
+    # not a pruning rule, a rule of the software: userbuffers cannot span nodes (iteration.USERBUFFERS_RULE), read
+    # per distinct rank layout; then the pruning rules of the time-only flags, on the grid of rows × combinations
+    bounded = prune and exact_top is not None
+    key = compute_key(kept) if bounded else None  # the bound's key reads none of the time-only flags
+    ok = flag_ok[kept.index.to_numpy()]
+    kept, drops = flag_rules(kept, combos, ok, _tp_spans_nodes(kept, cluster_n), prune)
+    for rule, drop in drops.items():
+        remove(rule, kept, drop, 1)
+    stay = ~np.logical_or.reduce(list(drops.values())) if drops else np.ones(len(kept), bool)
+    kept = kept[stay]
+    bounded = bounded and len(kept) > 0
     if bounded:  # the lower bound of each row (llmcomm.tune.bound)
         t_bound = time.perf_counter()
-        kept = kept.assign(**{BOUND: lower_bounds(model, kept, cluster_n, bandwidth, utilization)})
+        key = key[np.nonzero(ok)[0][stay]]  # each expanded row's memory-model row (space.expand_by_grid's order)
+        kept = kept.assign(**{BOUND: lower_bounds(model, kept, cluster_n, bandwidth, utilization, key=key)})
         bound_s = time.perf_counter() - t_bound
     t_eval = time.perf_counter()
     if bounded:
-        table, beyond = branch_and_bound(kept.reset_index(drop=True), lambda c: iteration_times(
+        kept = kept.reset_index(drop=True)
+        table, evaluated = _branch_and_bound(kept, lambda c: iteration_times(
             model, c, cluster_n, bandwidth, utilization), int(exact_top or 0))
-        removed.append(beyond.assign(rule="lower-bound", rows=1))
-        removed = [r.drop(columns=[BOUND], errors="ignore") for r in removed]
+        remove("lower-bound", kept, ~evaluated, 1)
     else:
         table = iteration_times(model, kept.reset_index(drop=True), cluster_n, bandwidth, utilization)
     eval_s = time.perf_counter() - t_eval
@@ -422,15 +510,39 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     table["tokens_per_s"] = table["global_batch"] * table["seq_len"] / table["total_s"]
     table["tflops_per_gpu"] = flops / table["total_s"] / gpus / 1e12
     table = table.sort_values(["total_s", "tp", "pp", "micro_batch"], kind="stable").reset_index(drop=True)
-    pruned = pd.concat(removed, ignore_index=True)
-    by_rule = pruned.groupby("rule", sort=False)["rows"].sum().sort_values(ascending=False, kind="stable")
-    stats = {"enumerated": enumerated, "evaluated": len(table), "pruned": int(pruned["rows"].sum()),
-             "pruned_by_rule": {k: int(v) for k, v in by_rule.items()}, "prune": prune,
+    by_rule: dict[str, int] = {}
+    for rule, n, stands, _ in removed:  # in the order rules first remove a row (a groupby of the frame)
+        if n:
+            by_rule[rule] = by_rule.get(rule, 0) + stands
+    stats = {"enumerated": enumerated, "evaluated": len(table), "pruned": sum(by_rule.values()),
+             "pruned_by_rule": dict(sorted(by_rule.items(), key=lambda kv: -kv[1])), "prune": prune,
              "wall_s": time.perf_counter() - t0, "evaluate_s": eval_s}
     if bounded:
         stats["bound_s"] = bound_s
+    pieces = [build for *_, build in removed]
+
+    def pruned() -> pd.DataFrame:
+        return pd.concat([build() for build in pieces], ignore_index=True)
+
     return TuneResult(table, pruned, stats, model, cluster_n, gpus, global_batch,
                       {"seq_len": s, "memory_fraction": memory_fraction})
+
+
+def _tp_spans_nodes(cands: pd.DataFrame, cluster: Cluster) -> np.ndarray:
+    """Per row: whether ``tp_comm_overlap`` would put its TP group across nodes
+    (:func:`llmcomm.overhead.iteration.userbuffers_unavailable`, on one row per distinct rank layout: it reads
+    the placement, :func:`llmcomm.step.placement`, of tp, cp, dp, pp, ep and expert TP)."""
+    from ..overhead.iteration import userbuffers_unavailable
+
+    if not len(cands):
+        return np.zeros(0, bool)
+    code = np.zeros(len(cands), np.int64)
+    for c in ("tp", "cp", "dp", "pp", "ep", "etp"):
+        if c in cands:
+            code = pd.factorize(code * (len(cands) + 1) + pd.factorize(cands[c].to_numpy())[0])[0].astype(np.int64)
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    reps = cands.iloc[first].reset_index(drop=True).assign(tp_comm_overlap=True)
+    return userbuffers_unavailable(ParallelTable.from_frame(reps), cluster.gpus_per_node)[inv.reshape(-1)]
 
 
 def _memory_once_per_cp_comm_type(model: ModelSpec, cands: pd.DataFrame, memory_table: Any) -> pd.DataFrame:

@@ -533,6 +533,18 @@ def dominated_combinations(space: SearchSpace, combos: dict[str, np.ndarray]) ->
             "fp8_param_gather_twins": np.where(factor == 2, 1, 0)}
 
 
+def row_codes(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
+    """One integer per row of ``frame``, equal exactly for rows equal in every one of ``columns`` (``None`` and NaN
+    each a value of their own): each column factorized, the codes combined and recoded as they grow."""
+    code = np.zeros(len(frame), np.int64)
+    for c in columns:
+        codes, uniq = pd.factorize(frame[c].to_numpy(), use_na_sentinel=False)
+        code = code * max(len(uniq), 1) + codes
+        if len(uniq) > 1:
+            code = pd.factorize(code)[0].astype(np.int64)  # keep the code small
+    return code
+
+
 def time_flag_combinations(space: SearchSpace) -> list[dict[str, bool]]:
     """Every combination of :data:`BOOL_TIME_FLAGS` values the space allows (before the rules)."""
     return [dict(zip(BOOL_TIME_FLAGS, c, strict=True))
@@ -556,12 +568,29 @@ def _flag_masks(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> li
             for combo in time_flag_combinations(space)]
 
 
+def time_flag_grid(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace
+                   ) -> tuple[list[dict[str, bool]], np.ndarray]:
+    """``(combos, ok)``: the combinations of :data:`BOOL_TIME_FLAGS` the space allows
+    (:func:`time_flag_combinations`) and ``ok[i, j]``, whether row ``i`` of ``cands`` (time-only flags off) may
+    take combination ``j`` (:data:`FLAG_RULES`)."""
+    masks = _flag_masks(model, cands, space)
+    ok = np.stack([m for _, m in masks], axis=1) if masks else np.zeros((len(cands), 0), bool)
+    return [c for c, _ in masks], ok
+
+
 def time_flag_multiplicity(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> np.ndarray:
     """How many rows of the full space each row of ``cands`` (time-only flags off) stands for: its valid
     combinations of :data:`BOOL_TIME_FLAGS` (:func:`expand_time_flags`)."""
-    out = np.zeros(len(cands), np.int64)
-    for _, ok in _flag_masks(model, cands, space):
-        out += ok
+    return time_flag_grid(model, cands, space)[1].sum(axis=1, dtype=np.int64)
+
+
+def expand_by_grid(cands: pd.DataFrame, combos: list[dict[str, bool]], ok: np.ndarray) -> pd.DataFrame:
+    """The rows ``(i, j)`` of ``cands`` times ``combos`` where ``ok[i, j]`` (:func:`time_flag_grid`), row by row
+    and within a row in combination order (the order of ``ok``'s true cells, row-major)."""
+    rows, which = np.nonzero(ok)
+    out = cands.iloc[rows].reset_index(drop=True)
+    for k in BOOL_TIME_FLAGS:
+        out[k] = np.array([c[k] for c in combos], bool)[which]
     return out
 
 
@@ -573,18 +602,7 @@ def expand_time_flags(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace)
     ``s·b·h`` per GPU), so the tuner filters memory before expanding."""
     if cands.empty:
         return cands.reset_index(drop=True)
-    masks = _flag_masks(model, cands, space)
-    reps = np.zeros(len(cands), np.int64)
-    for _, ok in masks:
-        reps += ok
-    rows = np.concatenate([np.flatnonzero(ok) for _, ok in masks])
-    which = np.concatenate([np.full(int(ok.sum()), j) for j, (_, ok) in enumerate(masks)])
-    order = np.lexsort((which, rows))
-    rows, which = rows[order], which[order]
-    out = cands.iloc[rows].reset_index(drop=True)
-    for k in BOOL_TIME_FLAGS:
-        out[k] = np.array([c[k] for c, _ in masks], bool)[which]
-    return out
+    return expand_by_grid(cands, *time_flag_grid(model, cands, space))
 
 
 def enumerate_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None = None,
