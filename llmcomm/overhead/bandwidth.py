@@ -398,12 +398,22 @@ def _default_per_size(cls: type[Bandwidth], cluster: Cluster, path: str, stamp: 
     return cls._default_uncached(cluster)
 
 
+PIECES_BY_COMPARISON = 4  # eval_pieces finds the piece of x by comparisons up to this many pieces (a search beyond)
+
+
 def eval_pieces(x: np.ndarray, x_lo: np.ndarray, alpha: np.ndarray, beta: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
     """``(t, piece)``: ``t = max(α_p + β_p·x, floor_p)`` with ``p`` the piece whose range holds ``x`` and
     ``floor_p`` the largest time any earlier piece reaches at its upper end, so that a larger message never
-    takes less time where two independently fitted pieces meet."""
-    p = np.clip(np.searchsorted(x_lo, x, side="right") - 1, 0, len(x_lo) - 1)
+    takes less time where two independently fitted pieces meet. ``p = max(#{j: x_lo_j ≤ x} − 1, 0)`` (``x_lo``
+    ascending): for a few pieces counted by comparisons (``Σ_{j≥1} [x_lo_j ≤ x]``, the same integer), else by a
+    binary search."""
+    if len(x_lo) <= PIECES_BY_COMPARISON:
+        p = np.zeros(np.shape(x), np.intp)
+        for lo in x_lo[1:].tolist():
+            p += np.asarray(x) >= lo
+    else:
+        p = np.maximum(np.searchsorted(x_lo, x, side="right") - 1, 0)
     ends = alpha[:-1] + beta[:-1] * x_lo[1:]
     floor = np.concatenate([[-np.inf], np.maximum.accumulate(ends)]) if len(ends) else np.array([-np.inf])
     return np.maximum(alpha[p] + beta[p] * x, floor[p]), p
