@@ -996,12 +996,16 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         items = [(it, live) for it, live in items if live.any()]
     times, xs = _batched_times(bandwidth, items) if small else (None, None)
     fast = isinstance(bandwidth, _Timer) and bandwidth.fast
+    factors: dict[tuple[str, int], np.ndarray] = {}  # bus_factor per op and group-size array (items share them)
     for j, (it, live) in enumerate(items):
         if times is not None:
             tt = times[j]
         else:
             # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
-            x = bus_factor(it.op, it.size) * it.nbytes
+            f_op = factors.get((it.op, id(it.size)))
+            if f_op is None:
+                f_op = factors[(it.op, id(it.size))] = bus_factor(it.op, it.size)
+            x = f_op * it.nbytes
             if fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
                 tt = bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
             elif live.all():
