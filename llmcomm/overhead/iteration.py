@@ -97,6 +97,7 @@ import operator
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -988,8 +989,12 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     calls = _blocking_p2p.timed_calls(comm_items(model, c3, (hf3, hl3), layers3, params3), c3["pipe_partitioned"])
     small = n3 <= 192
     items: list[tuple[CommItem, Any]]
-    if small:  # a few rows: which rows call, read as Python values (one conversion, not two numpy calls)
-        live_rows = [[c_ > 0 for c_ in it.count.tolist()] for it in calls]
+    if small:  # a few rows: which rows call, read as Python values (one comparison and conversion of all counts)
+        counts = np.array([it.count for it in calls]) if calls else np.zeros((0, n3))
+        if counts.shape == (len(calls), n3) and counts.dtype != object:
+            live_rows = (counts > 0).tolist()
+        else:  # counts of other shapes: item by item
+            live_rows = [[c_ > 0 for c_ in np.broadcast_to(it.count, (n3,)).tolist()] for it in calls]
         items = [(it, live) for it, live in zip(calls, live_rows, strict=True) if any(live)]
     else:
         items = [(it, it.count > 0) for it in calls]
@@ -1086,8 +1091,10 @@ def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
         keys = bandwidth.call_keys(items)
         memo = bandwidth.calls_of(keys)
         none = (0.0, 0.0)
-        # (items, rows, 2): seconds and bus bytes of every item's call, one array; the items' rows are views of it
-        tx = np.array([[memo[k] if k is not None else none for k in row] for row in keys]).reshape(len(keys), n, 2)
+        # (items, rows, 2): seconds and bus bytes of every item's call, one array built from one flat list of
+        # floats (no nested sequences for numpy to inspect); the items' rows are views of it
+        flat = list(chain.from_iterable(memo[k] if k is not None else none for row in keys for k in row))
+        tx = np.array(flat, dtype=np.float64).reshape(len(keys), n, 2)
         return list(tx[:, :, 0]), list(tx[:, :, 1])
     out = [np.zeros(n) for _ in items]
     xs = [np.zeros(n) for _ in items]
