@@ -1493,12 +1493,17 @@ def _freeze(x: Any) -> None:
     """Every numpy array in ``x`` (a :class:`Stages`, its dicts) read-only (a loop, not a recursion: a
     configuration's :class:`Stages` holds some 150 arrays)."""
     todo = [x]
+    ndarray = np.ndarray
     while todo:
         v = todo.pop()
-        if isinstance(v, np.ndarray):
+        if isinstance(v, dict):  # most arrays sit in dicts: frozen here, the rest looked into
+            for u in v.values():
+                if type(u) is ndarray:
+                    u.setflags(write=False)
+                else:
+                    todo.append(u)
+        elif isinstance(v, np.ndarray):
             v.setflags(write=False)
-        elif isinstance(v, dict):
-            todo.extend(v.values())
         elif isinstance(v, Stages):
             todo.extend(vars(v).values())
 
