@@ -46,6 +46,7 @@ PARALLEL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_
 PARALLEL_FIELDS += ("cp_comm_type",)  # issue 20: context parallelism
 PARALLEL_FIELDS += ("etp",)  # moe-fold: expert tensor parallelism (MoE parallel folding)
 PARALLEL_FIELDS += ("recompute_method", "recompute_num_layers")  # with "recompute": which layers full recomputes
+PARALLEL_FIELDS += ("tp_comm_overlap_fp8_buf",)  # acc-fp8wire: userbuffers' FP8 reduce-scatter buffers (fp8_wire)
 
 
 # ------------------------------------------------------------------------------------------ value types
@@ -280,6 +281,15 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
                             "all_gather (KV all-gather, exposed), a2a (Ulysses all-to-alls of Q, K, V, O); a2a+p2p "
                             "is refused (needs hierarchical CP sizes)" + (f" (default: {meta})" if meta else
                                                                           " (default: p2p)"))
+    # FP8 on the wire (acc-fp8wire; llmcomm.predict.fp8_wire)
+    if "tp_comm_overlap_fp8_buf" in extras:
+        from .predict.fp8_wire import FP8_BUF_LAYERS
+
+        p.add_argument("--tp-comm-overlap-fp8-buf", dest="tp_comm_overlap_fp8_buf", nargs="*", default=None,
+                       choices=FP8_BUF_LAYERS, metavar="LAYER",
+                       help="with --fp8 and --tp-comm-overlap: the userbuffers layers whose config sets fp8_buf "
+                            f"({', '.join(FP8_BUF_LAYERS)}), whose forward reduce-scatter then moves FP8 "
+                            "(default: none; the SP all-gathers move FP8 under --fp8 regardless)")
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:

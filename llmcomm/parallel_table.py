@@ -48,6 +48,7 @@ BOOL_FIELDS += ("overlap_p2p_comm", "moe_a2a_overlap", "align_grad_reduce")  # i
 OBJECT_FIELDS += ("moe_flex_dispatcher_backend",)  # None or a string
 OBJECT_FIELDS += ("recompute_method",)  # None, "uniform" or "block" (--recompute-method)
 OPTIONAL_INT_FIELDS += ("recompute_num_layers",)  # --recompute-num-layers (None -> -1)
+OBJECT_FIELDS += ("tp_comm_overlap_fp8_buf",)  # a tuple of userbuffers layer names (llmcomm.predict.fp8_wire)
 NAN_IS_NONE = ("recompute_method",)  # object fields whose NaN in a DataFrame (a row without the value) is None
 assert set(FIELDS) == set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS + FLOAT_FIELDS + STR_FIELDS
                           + OBJECT_FIELDS), sorted(set(FIELDS) ^ set(INT_FIELDS + OPTIONAL_INT_FIELDS + BOOL_FIELDS

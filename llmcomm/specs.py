@@ -708,6 +708,9 @@ class ParallelConfig:
     fp8: str | None = None  # --fp8-format: None (BF16 GEMMs), "hybrid" or "e4m3" (TransformerEngine FP8 GEMMs)
     fp8_recipe: str = "delayed"  # --fp8-recipe (transformer_config.py:594): delayed, tensorwise, mxfp8, blockwise, custom
     fp8_param_gather: bool = False  # --fp8-param-gather: FP8 weights, the DistOpt all-gather moves them in FP8
+    # FP8 on the wire (acc-fp8wire; llmcomm.predict.fp8_wire): the userbuffers layers whose tp_comm_overlap_cfg sets
+    # fp8_buf (Megatron-Bridge/NeMo ub config): "proj_fprop" / "fc2_fprop" reduce-scatter their FP8 GEMM output
+    tp_comm_overlap_fp8_buf: tuple[str, ...] = ()
     # FSDP and selective recomputation (issue 20, deliverable 6; llmcomm.overhead.fsdp_time, rules.py)
     fsdp_reshard_after_forward: bool = True  # torch FSDP2's reshard_after_forward (--torch-fsdp2-no-reshard-after-forward)
     recompute_modules: tuple[str, ...] | None = None  # --recompute-modules with recompute="selective" (None: core_attn)
@@ -730,6 +733,10 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if isinstance(self.moe_router_load_balancing_type, list):
             object.__setattr__(self, "moe_router_load_balancing_type", tuple(self.moe_router_load_balancing_type))
+        fb = self.tp_comm_overlap_fp8_buf  # a table row without it (None, NaN) has none
+        if not isinstance(fb, tuple):
+            fb = (fb,) if isinstance(fb, str) else tuple(fb) if isinstance(fb, list) else ()
+            object.__setattr__(self, "tp_comm_overlap_fp8_buf", fb)
         if isinstance(self.recompute_modules, (list, str)):
             mods = [self.recompute_modules] if isinstance(self.recompute_modules, str) else self.recompute_modules
             object.__setattr__(self, "recompute_modules", tuple(mods))
@@ -789,6 +796,9 @@ class ParallelConfig:
             raise ConfigError(f"seq_len={self.seq_len!r} must be a positive integer")
         for f in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
             dtype_bytes(getattr(self, f))
+        from .predict.fp8_wire import check_fp8_buf  # acc-fp8wire: the rule's home
+
+        check_fp8_buf(self.tp_comm_overlap_fp8_buf)
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute={self.recompute!r} is not one of {RECOMPUTE_MODES}")
         if self.attention_backend not in ATTENTION_BACKENDS:

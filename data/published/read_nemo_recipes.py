@@ -822,6 +822,7 @@ def nemo_row_at(r, ref=None, config=None, scripts_apply=True):
         checks["nodes"] = {"table": nodes, "recipe": v, "agree": v == nodes,
                            "cite": f"{path}:{line}" if line else "not in the config"}
     if r["precision"].startswith("FP8"):
+        ub_fp8_buf(s, ref)
         on = s.get("fp8_enabled", {}).get("value")
         e4, hy = s.get("fp8_e4m3", {}).get("value"), s.get("fp8_hybrid", {}).get("value")
         fmt = "e4m3" if e4 else "hybrid" if hy else None
@@ -857,6 +858,26 @@ def nemo_row_at(r, ref=None, config=None, scripts_apply=True):
                                     "config's and the scripts'")
     return {**base, "status": "partial" if unknown else "read", "config_file": path, "settings": s,
             "unknown": unknown, "caveats": caveats, "checks": checks}
+
+
+UB_RS_LAYERS = ("proj_fprop", "fc2_fprop")  # TE initialize_ub honours fp8_buf for these only (llmcomm.predict.fp8_wire)
+
+
+def ub_fp8_buf(s, ref):
+    """``tp_comm_overlap_fp8_buf``: the row-parallel fprop layers whose userbuffers config (the row's
+    ``tp_comm_overlap_cfg``, launcher_scripts/conf/training/tp_overlap/<cfg>.yaml at ``ref``) sets ``fp8_buf``
+    (their reduce-scatter then moves the FP8 GEMM output); none where no config is named (TE's defaults)."""
+    name = s.get("tp_comm_overlap_cfg", {}).get("value")
+    if not name:
+        return
+    path = f"launcher_scripts/conf/training/tp_overlap/{name}.yaml"
+    kv = yaml_lines(subprocess.run(["git", "-C", NFL_DIR, "show", f"{ref}:{path}"], capture_output=True, text=True,
+                                   check=True).stdout)
+    on = [(n, kv[f"{n}.fp8_buf"][1]) for n in UB_RS_LAYERS if kv.get(f"{n}.fp8_buf", (None,))[0]]
+    s["tp_comm_overlap_fp8_buf"] = {
+        "value": [n for n, _ in on],
+        "cite": (f"{path}:" + ",".join(str(x) for _, x in on) + " (fp8_buf)" if on else
+                 f"{path} (no fp8_buf under {' or '.join(UB_RS_LAYERS)})")}
 
 
 NFL_RULE = ("NeMo 24.07 (NeMo 1.0) trains with the NeMo-Framework-Launcher's training configs; read at the launcher's "

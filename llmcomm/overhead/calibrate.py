@@ -88,11 +88,13 @@ def design(prep: Prepared, util: U.Utilization) -> tuple[np.ndarray, np.ndarray]
     return X, off
 
 
-def fit(prep: Prepared, max_iter: int = 30) -> tuple[U.Utilization, Any]:
+def fit(prep: Prepared, max_iter: int = 30, lower: dict[str, float] | None = None) -> tuple[U.Utilization, Any]:
     """WLS fit of θ, alternating with the assignment of critical stages and ``max`` sides until the
     assignment repeats. A coefficient must be physical (:data:`LOWER`: no matmul runs faster than the GPU's
     peak, so ``θ_gemm >= 1``; every fixed cost is ``>= 0``): a coefficient that comes out below its bound is
-    fixed at the bound and the rest refitted. Returns the :class:`Utilization` and the statsmodels results."""
+    fixed at the bound and the rest refitted. ``lower`` replaces :data:`LOWER` (a diagnostic: where an
+    unbounded coefficient would land, :mod:`llmcomm.overhead.tp_diagnosis`; features it omits keep 0). Returns
+    the :class:`Utilization` and the statsmodels results."""
     import warnings
 
     import statsmodels.api as sm
@@ -120,7 +122,7 @@ def fit(prep: Prepared, max_iter: int = 30) -> tuple[U.Utilization, Any]:
             if any(np.array_equal(state, s) for s in seen):
                 break
             seen.append(state)
-        low = np.array([LOWER.get(f, 0.0) for f in U.FEATURES])
+        low = np.array([(LOWER if lower is None else lower).get(f, 0.0) for f in U.FEATURES])
         below = keep & (theta < low)
         if not below.any():
             break

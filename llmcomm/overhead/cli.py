@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          "distributed_optimizer", "schedule", "overlap_grad_reduce", "pipe_partitioned",
                          "overlap_param_gather", "tp_comm_overlap", "attention_backend", "fp8", "fp8_recipe",
                          "overlap_p2p_comm", "moe_a2a_overlap", "moe_flex_dispatcher_backend",
-                         "align_grad_reduce", "fsdp", "cp_comm_type", "etp"))
+                         "align_grad_reduce", "fsdp", "cp_comm_type", "etp")
+                 + ("tp_comm_overlap_fp8_buf",))  # acc-fp8wire
     add_cluster(p, required=True)
     p.add_argument("--nccl-tests", nargs="+", default=None, metavar="LOG",
                    help="time collectives from your own nccl-tests output where it covers them (default: the "

@@ -67,8 +67,10 @@ Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megat
                           (moe_flex_dispatcher_backend) is refused, rule 'cost-dispatcher'
     fp8:                  the linear layers' GEMMs at the FP8 peak (or the measured GEMM model's FP8 rule),
                           quantization casts as element-wise bytes (:func:`_compute`; ``fp8_recipe='delayed'``
-                          per GEMM operand as TE 1.x runs it, :mod:`llmcomm.overhead.fp8_casts`); TP/DP bytes
-                          unchanged
+                          per GEMM operand as TE 1.x runs it, :mod:`llmcomm.overhead.fp8_casts`); the blocks'
+                          SP collectives in TE's wire bytes (:mod:`llmcomm.predict.fp8_wire`: all-gathers in
+                          FP8, reduce-scatters BF16 unless userbuffers' fp8_buf, tensorwise's amax all-reduces);
+                          DP bytes unchanged
 
 On a cluster whose GPU has a measured GEMM model (:func:`measured_gemm`: H100, H200 at their datasheet peak)
 the linear GEMMs and the output layer's logits GEMM are timed by it, and a fused attention core runs at
@@ -107,6 +109,7 @@ from .. import rules, step
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..paths import data_stamp
+from ..predict import fp8_wire
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
 from . import attention_time, cp_time, fp8_casts, moe_fold, moe_time
@@ -209,6 +212,12 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["fp8"] = np.not_equal(t.fp8, None).astype(bool)  # type: ignore[call-overload]  # object array vs None
     c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
     c["fp8_param_gather"] = np.asarray(t.fp8_param_gather, dtype=bool)
+    c["fp8_recipe"] = np.asarray(t.fp8_recipe, dtype=object)  # the SP collectives' bytes (sp_wire_bytes)
+    c["fp8_buf_proj"], c["fp8_buf_fc2"] = (np.zeros(len(t), bool) for _ in fp8_wire.FP8_BUF_LAYERS)
+    ub8 = np.flatnonzero(c["fp8"] & np.asarray(t.tp_comm_overlap, dtype=bool))  # where userbuffers' fp8_buf counts
+    for key, n in zip(("fp8_buf_proj", "fp8_buf_fc2"), fp8_wire.FP8_BUF_LAYERS, strict=True):
+        c[key][ub8] = [isinstance(x, (tuple, list)) and n in x for x in np.asarray(t.tp_comm_overlap_fp8_buf,
+                                                                                  dtype=object)[ub8]]
     c["tp_comm_overlap"] = np.asarray(t.tp_comm_overlap, dtype=bool)
     c["overlap_param_gather"] = np.asarray(t.overlap_param_gather, dtype=bool)
     c["overlap_grad_reduce"] = np.asarray(t.overlap_grad_reduce, dtype=bool)
@@ -322,6 +331,13 @@ class CommItem:
     tag: str = ""  # CP calls: how their time is exposed (llmcomm.overhead.cp_time.exposed)
 
 
+def sp_wire_bytes(c: dict[str, np.ndarray], elements: np.ndarray, act: np.ndarray) -> dict[str, np.ndarray]:
+    """The blocks' SP collective bytes per row under FP8 (:func:`llmcomm.predict.fp8_wire.block_bytes`, the rule's
+    one home; ``elements·act`` without FP8)."""
+    return fp8_wire.block_bytes(elements, act, c.get("fp8"), c.get("fp8_recipe"), c.get("tp_comm_overlap"),
+                                c.get("fp8_buf_proj"), c.get("fp8_buf_fc2"))
+
+
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
                layers: tuple[np.ndarray, np.ndarray],
                params: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> list[CommItem]:
@@ -330,6 +346,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
 
         per dense layer and micro-batch (A = b·s·h·act):  no SP: fwd 2 AR(A), bwd 2 AR(A)
                                                           SP:    fwd 2 AG(A) + 2 RS(A), bwd 4 AG(A) + 2 RS(A)
+        FP8 (llmcomm.predict.fp8_wire): those SP AGs T·h bytes (TE gathers FP8), the RSs A unless userbuffers'
+                       fp8_buf; tensorwise: + a 4-byte amax AR before each forward and grad-output AG
         per MoE layer: attention half of the above; ep > 1: 2 all-to-alls fwd and 2 bwd of
                        T_local·topk·h·act; etp > 1: AG + RS of etp·T_local·topk·h·act fwd and bwd on the
                        expert-TP group (llmcomm.overhead.moe_fold); shared experts a dense block's calls
@@ -379,10 +397,25 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     rb = 2 * rec_d + rec_m * per_moe
     tpc("all_reduce", "forward", A, blocks * nsp)
     tpc("all_reduce", "backward", A, blocks * nsp + rb * nsp)
-    tpc("all_gather", "forward", A, blocks * ysp, ub=True)
-    tpc("reduce_scatter", "forward", A, blocks * ysp, ub=True)
-    tpc("all_gather", "backward", A, 2 * blocks * ysp + rb * ysp, ub=True)
-    tpc("reduce_scatter", "backward", A, blocks * ysp + rb * ysp, ub=True)
+    # the blocks' SP collectives in the bytes TransformerEngine sends under each row's FP8 recipe (A without FP8;
+    # llmcomm.predict.fp8_wire, the predictor's tp.block_forward / block_backward): parts of equal bytes on
+    # every row are one call item, so a BF16 table's items are those of before
+    w = sp_wire_bytes(c, T * h, act)
+    attn, mlp = nd + nm, nd + nm * (per_moe - 1)  # blocks by their row-parallel layer: proj_fprop, fc2_fprop
+    rb_attn, rb_mlp = rec_d + rec_m, rec_d + rec_m * (per_moe - 1)
+
+    def tpw(op: str, phase: str, parts: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        while parts:
+            nb, cnt = parts.pop(0)
+            while parts and np.array_equal(parts[0][0], nb):
+                cnt = cnt + parts.pop(0)[1]
+            tpc(op, phase, nb, cnt * ysp, ub=True)
+
+    tpw("all_gather", "forward", [(w["fwd_ag"], blocks)])
+    tpw("reduce_scatter", "forward", [(w["fwd_rs_proj"], attn), (w["fwd_rs_fc2"], mlp)])
+    tpw("all_gather", "backward", [(w["bwd_ag_grad"], blocks), (w["bwd_ag_input"], blocks), (w["fwd_ag"], rb)])
+    tpw("reduce_scatter", "backward", [(w["bwd_rs"], blocks), (w["fwd_rs_proj"], rb_attn), (w["fwd_rs_fc2"], rb_mlp)])
+    amax = w.get("amax")  # current scaling: an amax all-reduce before every gathered FP8 cast
     # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
     # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
     rm = {k: c.get("rm_" + k, np.zeros(n, bool)).astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
@@ -390,8 +423,13 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         reblocks = nd * rm["mlp"] + nm * int(bool(model.num_shared_experts)) * np.maximum(rm["moe"],
                                                                                             rm["shared_experts"])
         tpc("all_reduce", "backward", A, reblocks * nsp)
-        tpc("all_gather", "backward", A, reblocks * ysp, ub=True)
-        tpc("reduce_scatter", "backward", A, reblocks * ysp, ub=True)
+        tpw("all_gather", "backward", [(w["fwd_ag"], reblocks)])
+        tpw("reduce_scatter", "backward", [(w["fwd_rs_fc2"], reblocks)])
+        if amax is not None:
+            tpc("all_reduce", "backward", amax, reblocks * ysp * (amax > 0))
+    if amax is not None:  # the current-scaling rows only (amax 0 elsewhere)
+        tpc("all_reduce", "forward", amax, blocks * ysp * (amax > 0))
+        tpc("all_reduce", "backward", amax, (blocks + rb) * ysp * (amax > 0))
     items += _cp_items(model, c, T, nd + nm, rec_d + rec_m)
     etp = c["etp"]
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher on the expert grid (llmcomm.predict.ep, moe_fold)
@@ -661,7 +699,9 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     (``+2·5·T·h/w``, ``w = tp`` with SP else 1); weights are cast once per iteration and cached
     across micro-batches (``is_first_microbatch``), not counted; the backward's grad-output casts follow the
     ``backward = 2·forward`` rule of :func:`class_times`. The amax-history reduction (delayed scaling: one
-    small all-reduce per step) is not counted.
+    small MAX all-reduce of the autocast region's concatenated amaxes over the amax group at each fp8_autocast
+    exit and one per backward, i.e. per model chunk and micro-batch; TransformerEngine v1.8 fp8.py:316-345,
+    419-426) is not counted; current scaling's per-cast TP amax all-reduces are (:mod:`llmcomm.predict.fp8_wire`).
 
     Measured GEMMs (``gemm_model``, a :class:`~llmcomm.overhead.gemm.GemmModel`: H100, H200): the linear layers'
     GEMMs of :func:`layer_gemm_shapes` (the step description's, :func:`llmcomm.step.layer_gemms`) are timed by it
@@ -1134,10 +1174,9 @@ def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: 
     the GEMM cannot hide anything. Methods and ``num_splits`` are TransformerEngine's defaults
     (transformer_engine/pytorch/module/base.py:357, the ``methods`` table of ``initialize_ub``, and :387,
     ``"num_splits": tp_size if method == "ring_exchange" else 4``; TransformerEngine d0067d0). Not counted: the 16 SMs the pipeline
-    method's communication kernels take from the GEMM (``num_sm``), and FP8 all-gather buffers (``fp8_buf``,
-    base.py:391: with FP8 *and* userbuffers the all-gathered GEMM inputs travel in FP8): the bytes stay those of
-    :func:`comm_items`, BF16 activations, which is what Megatron sends over NCCL without userbuffers (TE
-    quantizes after the gather)."""
+    method's communication kernels take from the GEMM (``num_sm``). The seconds are those of :func:`comm_items`'
+    bytes, which under FP8 are TransformerEngine's wire bytes with or without userbuffers (TE quantizes before
+    it gathers; :mod:`llmcomm.predict.fp8_wire`)."""
     t = tp_size.astype(np.float64)
     hide = (t - 1.0) / t
     return (tp - (ag_f + rs_f + bwd) + np.maximum(0.0, ag_f - g_ag * hide) + np.maximum(0.0, rs_f - 0.75 * g_rs)

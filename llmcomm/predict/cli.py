@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__.splitlines()[0])
     add_model(p)
     add_parallel(p, extras=("vpp", "sp", "micro_batch", "global_batch", "seq_len", "recompute",
-                            "distributed_optimizer", "fsdp", "pipe_partitioned", "schedule", "cp_comm_type"))
+                            "distributed_optimizer", "fsdp", "pipe_partitioned", "schedule", "cp_comm_type")
+                 + ("fp8", "fp8_recipe", "tp_comm_overlap", "tp_comm_overlap_fp8_buf"))  # acc-fp8wire: FP8 wire bytes
     add_cluster(p, required=False, default_text=f"{DEFAULT_GPUS_PER_NODE} GPUs per node; the cluster sets GPUs "
                                                 "per node")
     p.add_argument("--framework", default="megatron", choices=FRAMEWORKS,

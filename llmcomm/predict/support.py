@@ -16,6 +16,18 @@ def check_supported(model: ModelSpec, parallel: ParallelConfig, framework: str =
         return
     for check in (_moe_needs_sp, _mla_needs_sp, _no_hybrid, _no_mtp, _cp_attention_kind, _no_partial_distopt):
         check(model, parallel)
+    _fp8_wire_known(model, parallel)  # acc-fp8wire
+
+
+def _fp8_wire_known(model: ModelSpec, parallel: ParallelConfig) -> None:
+    """The SP collectives' bytes under FP8 are known for TransformerEngine's built-in recipes only
+    (:mod:`llmcomm.predict.fp8_wire`); a ``custom`` recipe's quantizers are the user's."""
+    from .fp8_wire import RULE
+
+    if parallel.fp8 is not None and parallel.sp and parallel.tp > 1 and parallel.fp8_recipe not in RULE:
+        raise ConfigError(f"fp8_recipe={parallel.fp8_recipe!r} with sp and tp={parallel.tp} is not predicted "
+                          f"(rule fp8-wire-recipe): the bytes TransformerEngine sends are known for {tuple(RULE)}; a "
+                          "'custom' recipe's quantizers are the user's (llmcomm.predict.fp8_wire)")
 
 
 def _moe_needs_sp(model: ModelSpec, parallel: ParallelConfig) -> None:

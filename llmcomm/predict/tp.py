@@ -21,6 +21,11 @@ Per transformer layer per micro-batch, with ``A = act_bytes = b·s·h·act/cp`` 
 * multi-head latent attention (DeepSeek-V3) replaces the attention block's gathers by those of its
   compressed activations (:func:`attention_forward`, :func:`attention_backward`).
 
+Under FP8 (``fp8`` set) the transformer blocks' SP all-gathers and reduce-scatters carry the bytes
+TransformerEngine sends (:mod:`.fp8_wire`: the gathers FP8, ``A/act`` bytes plus any scales; the reduce-scatters
+``A`` unless userbuffers' ``fp8_buf``; current scaling adds a 4-byte amax all-reduce before each gathered cast);
+the embedding's and output layer's calls (Megatron's own, outside TE) stay in the activation dtype.
+
 Every call is skipped when ``tp == 1``. The SP all-gathers and reduce-scatters are tagged ``sp`` (the TP group
 carries them), the all-reduces ``tp``. Sources: NVIDIA/Megatron-LM ``megatron/core/tensor_parallel/
 {layers.py, mappings.py, cross_entropy.py}``.
@@ -29,6 +34,7 @@ carries them), the all-reduces ``tp``. Sources: NVIDIA/Megatron-LM ``megatron/co
 from __future__ import annotations
 
 from ..vocab import OpName, ParallelismName, PhaseName
+from . import fp8_wire
 from .calls import Call, Context
 
 
@@ -38,25 +44,47 @@ def _c(ctx: Context, phase: PhaseName, op: OpName, nbytes: int, layer: int, mb: 
     return Call(phase, par, op, "tp", nbytes, dtype or ctx.act_dtype, layer, mb)
 
 
-def block_forward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """One attention or MLP block, forward: SP ``[AG, RS]``, else ``[AR]``."""
+def _sp(ctx: Context, phase: PhaseName, op: OpName, kind: str, layer: int, mb: int, fprop: str = "",
+        elements: int | None = None) -> list[Call]:
+    """One SP collective of a transformer block, in the bytes and dtype TransformerEngine sends it under the
+    configuration's FP8 recipe (:mod:`.fp8_wire`; the activation dtype without FP8), preceded by current
+    scaling's amax all-reduce where the recipe has one. ``fprop``: the block's row-parallel userbuffers layer
+    (``proj_fprop``, ``fc2_fprop``), whose ``fp8_buf`` decides the forward reduce-scatter's dtype; ``elements``
+    of the gathered buffer (default ``T·h``; MLA's compressed widths)."""
+    p = ctx.parallel
+    fb = fprop in p.tp_comm_overlap_fp8_buf
+    n = ctx.tokens * ctx.model.hidden_size if elements is None else elements
+    nbytes, dtype = fp8_wire.nbytes(kind, n, ctx.act, p.fp8, p.fp8_recipe, p.tp_comm_overlap, fb)
+    out = [_c(ctx, phase, op, nbytes, layer, mb, dtype)]
+    if fp8_wire.amax_allreduce(kind, p.fp8, p.fp8_recipe):
+        out.insert(0, Call(phase, "tp", "all_reduce", "tp", fp8_wire.AMAX_BYTES, "fp32", layer, mb))
+    return out
+
+
+def block_forward(ctx: Context, layer: int, mb: int, fprop: str = "fc2_fprop") -> list[Call]:
+    """One attention or MLP block, forward: SP ``[AG, RS]``, else ``[AR]``. With SP the AG and RS bytes follow
+    the FP8 recipe (:func:`_sp`, :mod:`.fp8_wire`: the AG in FP8, the RS in the activation dtype unless
+    userbuffers' ``fp8_buf``; tensorwise: an amax all-reduce before the AG); ``fprop`` names the block's
+    row-parallel layer for that (``proj_fprop`` for attention)."""
     if ctx.tp == 1:
         return []
-    a = ctx.act_bytes
     if ctx.sp:
-        return [_c(ctx, "forward", "all_gather", a, layer, mb), _c(ctx, "forward", "reduce_scatter", a, layer, mb)]
-    return [_c(ctx, "forward", "all_reduce", a, layer, mb)]
+        return (_sp(ctx, "forward", "all_gather", "fwd_ag", layer, mb)
+                + _sp(ctx, "forward", "reduce_scatter", "fwd_rs", layer, mb, fprop))
+    return [_c(ctx, "forward", "all_reduce", ctx.act_bytes, layer, mb)]
 
 
 def block_backward(ctx: Context, layer: int, mb: int) -> list[Call]:
-    """One attention or MLP block, backward: SP ``[AG, AG, RS]``, else ``[AR]``."""
+    """One attention or MLP block, backward: SP ``[AG, AG, RS]``, else ``[AR]``; with SP in the FP8 recipe's bytes
+    (:func:`_sp`: grad-output AG and input re-gather in FP8, dgrad RS in the activation dtype; tensorwise: an amax
+    all-reduce before the grad-output AG)."""
     if ctx.tp == 1:
         return []
-    a = ctx.act_bytes
     if ctx.sp:
-        return [_c(ctx, "backward", "all_gather", a, layer, mb), _c(ctx, "backward", "all_gather", a, layer, mb),
-                _c(ctx, "backward", "reduce_scatter", a, layer, mb)]
-    return [_c(ctx, "backward", "all_reduce", a, layer, mb)]
+        return (_sp(ctx, "backward", "all_gather", "bwd_ag_grad", layer, mb)
+                + _sp(ctx, "backward", "all_gather", "bwd_ag_input", layer, mb)
+                + _sp(ctx, "backward", "reduce_scatter", "bwd_rs", layer, mb))
+    return [_c(ctx, "backward", "all_reduce", ctx.act_bytes, layer, mb)]
 
 
 def _mla_gathers(ctx: Context) -> list[int]:
@@ -78,14 +106,21 @@ def attention_forward(ctx: Context, layer: int, mb: int) -> tuple[list[Call], li
     (:func:`_mla_gathers`): ``([AG T·d_rope, AG T·q_lora, AG T·kv_lora], [RS A])`` — the down projections run
     on the sequence-parallel input without communication (TELinear ``duplicated``), so the gathers carry the
     compressed rank (DeepSeek-V3: 64 + 1536 + 512 = 2112 channels instead of h = 7168) rather than ``A``. MLA
-    with TP and without SP is refused by the predictor (see :func:`llmcomm.predict._check_supported`)."""
+    with TP and without SP is refused by the predictor (see :func:`llmcomm.predict._check_supported`). Under FP8
+    the up projections' gathers (TE column-parallel linears, Megatron-LM gpt_layer_specs.py's MLA spec) and the
+    projection's reduce-scatter follow :mod:`.fp8_wire`; the rotary-key gather is Megatron's own (activation
+    dtype)."""
     if ctx.tp == 1:
         return [], []
     if not ctx.model.multi_latent_attention:
-        t = block_forward(ctx, layer, mb)
+        t = block_forward(ctx, layer, mb, "proj_fprop")
         return t[:-1], t[-1:]
-    pre = [_c(ctx, "forward", "all_gather", n, layer, mb) for n in _mla_gathers(ctx)]
-    return pre, [_c(ctx, "forward", "reduce_scatter", ctx.act_bytes, layer, mb)]
+    rope, q, kv = _mla_gathers(ctx)  # FP8: the up projections are TE column-parallel linears (_sp), the
+    # rotary-key gather Megatron's own (activation dtype)
+    pre = [_c(ctx, "forward", "all_gather", rope, layer, mb)]
+    for nb in (q, kv):
+        pre += _sp(ctx, "forward", "all_gather", "fwd_ag", layer, mb, elements=nb // ctx.act)
+    return pre, _sp(ctx, "forward", "reduce_scatter", "fwd_rs", layer, mb, "proj_fprop")
 
 
 def attention_backward(ctx: Context, layer: int, mb: int) -> tuple[list[Call], list[Call]]:
@@ -100,14 +135,15 @@ def attention_backward(ctx: Context, layer: int, mb: int) -> tuple[list[Call], l
         return [], []
     if not ctx.model.multi_latent_attention:
         t = block_backward(ctx, layer, mb)
-        k = 1 if ctx.sp else 0
+        k = len(t) - 2 if ctx.sp else 0  # the grad-output AG (and its amax all-reduce) before core attention
         return t[:k], t[k:]
     rope, q, kv = _mla_gathers(ctx)
     post = []
-    for n in (kv, q):
-        post += [_c(ctx, "backward", "all_gather", n, layer, mb), _c(ctx, "backward", "reduce_scatter", n, layer, mb)]
+    for nb in (kv, q):
+        post += (_sp(ctx, "backward", "all_gather", "bwd_ag_input", layer, mb, elements=nb // ctx.act)
+                 + _sp(ctx, "backward", "reduce_scatter", "bwd_rs", layer, mb, elements=nb // ctx.act))
     post.append(_c(ctx, "backward", "reduce_scatter", rope, layer, mb))
-    return [_c(ctx, "backward", "all_gather", ctx.act_bytes, layer, mb)], post
+    return _sp(ctx, "backward", "all_gather", "bwd_ag_grad", layer, mb), post
 
 
 def embedding_forward(ctx: Context, mb: int) -> list[Call]:
