@@ -106,7 +106,7 @@ import numpy as np
 import pandas as pd
 
 from .. import rules, step
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..parallel_table import ParallelTable
 from ..paths import data_stamp
 from ..predict import fp8_wire
@@ -117,7 +117,7 @@ from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
-from .bandwidth import Bandwidth, bus_factor, eval_pieces
+from .bandwidth import Bandwidth, bus_factor, eval_pieces, piece_floor, piece_of, piece_time
 from .capacity import check_fits
 from .memory import model_state
 
@@ -1321,6 +1321,7 @@ class _Timer:
         self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
         self.sorted: dict[tuple[int, int], tuple[Any, Any, np.ndarray, list[int]]] = {}  # _sorted
+        self.tables: dict[tuple[str, int, int], tuple[Any, Any, Any]] = {}  # _regime_rows
         self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
 
     def calls(self, items: list[tuple[CommItem, list[bool]]]
@@ -1380,7 +1381,14 @@ class _Timer:
             self.groups[(id(n), id(k))] = (n, k, uniq, inv)
         out = np.zeros(len(x))
         every = bool(live.all())
-        if len(uniq) > 1:  # several groups: the rows sorted by group once (cached), each group a slice
+        if len(uniq) > 1:  # several groups: every row with its own group's regime (tables cached per op and arrays)
+            table = self._regime_rows(op, n, k, inv, uniq)
+            if table is not None:
+                starts, base, alpha, beta, floor = table
+                idx = base + piece_of(x, starts)  # row r's piece p is entry p of its group's row of the tables
+                out = piece_time(x, alpha.take(idx), beta.take(idx), floor.take(idx))
+                return out if every else np.where(live, out, 0.0)
+            # the rows sorted by group once (cached), each group a slice
             order, bounds = self._sorted(n, k, inv, len(uniq))
             xs, ts, ls = x[order], np.zeros(len(x)), live[order]
             for i, u in enumerate(uniq.tolist()):
@@ -1407,6 +1415,48 @@ class _Timer:
             out[live] = tl
         return out
 
+    def _regime_rows(self, op: str, n: np.ndarray, k: np.ndarray, inv: np.ndarray, uniq: np.ndarray
+                     ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """Each row's regime of ``op`` as tables (:meth:`time_rows`, several groups): the groups' regimes
+        ``(x_lo, α, β)`` and floors (:func:`~llmcomm.overhead.bandwidth.piece_floor`) as ``(groups, pieces)`` rows,
+        flattened (``α``, ``β``, floor), padded with pieces no bus byte count reaches (lower end ``+∞``); per row
+        the lower ends of its group's pieces after the first and the offset ``group·pieces`` of its group's row.
+        A group of one rank has ``α = β = 0``: no time, as :meth:`time` gives. Once per op and pair of (group size,
+        ranks per node) arrays; ``None`` where a group's regime cannot be looked up (:meth:`time_rows` then asks
+        only the groups it needs, as before)."""
+        key = (op, id(n), id(k))
+        hit = self.tables.get(key)
+        if hit is not None and hit[0] is n and hit[1] is k:
+            return hit[2]
+        regimes = []
+        try:
+            for u in uniq.tolist():
+                nn, kk = u >> 20, u & ((1 << 20) - 1)
+                if nn == 1:
+                    regimes.append(None)
+                    continue
+                reg = self.cache.get((op, nn, kk))
+                if reg is None:
+                    reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+                regimes.append(reg)
+        except (ConfigError, DataError, KeyError, ValueError):
+            self.tables[key] = (n, k, None)
+            return None
+        pieces = max([len(r[0]) for r in regimes if r is not None], default=1)
+        lo = np.full((len(regimes), pieces), np.inf)
+        alpha, beta = np.zeros((len(regimes), pieces)), np.zeros((len(regimes), pieces))
+        floor = np.full((len(regimes), pieces), -np.inf)
+        for g, reg in enumerate(regimes):
+            if reg is None:  # one rank: max(0 + 0·x, −∞) = 0 s
+                continue
+            x_lo, a, b = reg
+            lo[g, :len(x_lo)], alpha[g, :len(x_lo)], beta[g, :len(x_lo)] = x_lo, a, b
+            floor[g, :len(x_lo)] = piece_floor(x_lo, a, b)
+        table = ([lo[:, j].take(inv) for j in range(1, pieces)], inv * pieces, alpha.ravel(), beta.ravel(),
+                 floor.ravel())
+        self.tables[key] = (n, k, table)
+        return table
+
     def _sorted(self, n: np.ndarray, k: np.ndarray, inv: np.ndarray, groups: int) -> tuple[np.ndarray, list[int]]:
         """The rows ordered by group code ``inv`` (stable) and each group's ``[start, end)`` in that order, once
         per pair of (group size, ranks per node) arrays (:meth:`time_rows`)."""
@@ -1422,6 +1472,7 @@ class _Timer:
         """Forget the grouping of rows by (group size, ranks per node) cached for the current arrays."""
         self.groups.clear()
         self.sorted.clear()
+        self.tables.clear()
 
     def time(self, op: str, nbytes: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
         if not self.fast:
