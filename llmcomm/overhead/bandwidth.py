@@ -419,9 +419,13 @@ def eval_pieces(x: np.ndarray, x_lo: np.ndarray, alpha: np.ndarray, beta: np.nda
 def piece_of(x: np.ndarray, upper_starts: Any) -> np.ndarray:
     """The piece of each ``x``: ``Σ_j [x ≥ s_j]`` over the lower ends ``s_j`` of the pieces after the first
     (ascending; numbers, or arrays of ``x``'s shape: each row its own regime), i.e. ``max(#{j: x_lo_j ≤ x} − 1, 0)``."""
-    p = np.zeros(np.shape(x), np.intp)
-    for lo in upper_starts:
-        p += np.asarray(x) >= lo
+    x = np.asarray(x)
+    starts = list(upper_starts)
+    if not starts:
+        return np.zeros(x.shape, np.intp)
+    p = (x >= starts[0]).astype(np.intp)
+    for lo in starts[1:]:
+        p += x >= lo
     return p
 
 

@@ -1377,7 +1377,7 @@ class _Timer:
             if len(key) and (key == key[0]).all():
                 uniq, inv = key[:1], np.zeros(len(key), np.int64)
             else:
-                inv, uniq = pd.factorize(key, sort=False)
+                inv, uniq = _group_codes(n64, k64, key)
             self.groups[(id(n), id(k))] = (n, k, uniq, inv)
         out = np.zeros(len(x))
         every = bool(live.all())
@@ -1385,7 +1385,8 @@ class _Timer:
             table = self._regime_rows(op, n, k, inv, uniq)
             if table is not None:
                 starts, base, alpha, beta, floor = table
-                idx = base + piece_of(x, starts)  # row r's piece p is entry p of its group's row of the tables
+                idx = piece_of(x, starts)
+                idx += base  # row r's piece p is entry p of its group's row of the tables
                 out = piece_time(x, alpha.take(idx), beta.take(idx), floor.take(idx))
                 return out if every else np.where(live, out, 0.0)
             # the rows sorted by group once (cached), each group a slice
@@ -1528,6 +1529,26 @@ class _Timer:
         return out
 
 
+def _group_codes(n: np.ndarray, k: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(code of each row, distinct keys)`` of the rows' (group size ``n``, ranks per node ``k``) pairs, ``key =
+    n·2²⁰ + k`` (:meth:`_Timer.time_rows`): through a dense look-up table of the pairs' range where it is small
+    (a count per pair, no hashing), else by hashing (``pandas.factorize``). Codes number the distinct pairs (in
+    ascending order for the table, of first appearance for the hash); what a row's code stands for is the same."""
+    n_lo, k_lo = int(n.min()), int(k.min())
+    width = int(k.max()) - k_lo + 1
+    span = (int(n.max()) - n_lo + 1) * width
+    if span > DENSE_GROUP_CODES:
+        inv, uniq = pd.factorize(key, sort=False)
+        return inv, uniq
+    dense = (n - n_lo) * width + (k - k_lo)
+    present = np.flatnonzero(np.bincount(dense, minlength=span))
+    lut = np.zeros(span, np.int64)
+    lut[present] = np.arange(len(present))
+    uniq = (present // width + n_lo) * (1 << 20) + (present % width + k_lo)
+    return lut.take(dense), uniq
+
+
+DENSE_GROUP_CODES = 1 << 20  # _group_codes: a look-up table up to this many (group size, ranks per node) pairs
 CALL_MEMO_SIZE = 200_000  # distinct calls a _Timer keeps (_Timer.calls)
 SMALL_ROWS = 256  # _Timer.time groups this many rows or fewer by a dict (pandas' hashing pays off above)
 _TIMERS: dict[int, tuple[Any, _Timer]] = {}
