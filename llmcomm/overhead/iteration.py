@@ -1367,7 +1367,8 @@ class _Timer:
     def time_rows(self, op: str, x: np.ndarray, n: np.ndarray, k: np.ndarray, live: np.ndarray) -> np.ndarray:
         """Seconds of one call on the rows ``live`` (0 elsewhere) from its bus bytes ``x = bus_factor(op, n)·nbytes``
         (all rows): ``time(op, nbytes[live], n[live], k[live])`` placed in zeros, with the rows grouped by
-        (``n``, ``k``) once per pair of arrays (items share them) instead of once per call. Fast timers only."""
+        (``n``, ``k``) once per pair of arrays (items share them) instead of once per call; with several groups each
+        row reads its group's regime from tables (:meth:`_regime_rows`), no sorting. Fast timers only."""
         hit = self.groups.get((id(n), id(k)))
         if hit is not None and hit[0] is n and hit[1] is k:
             uniq, inv = hit[2], hit[3]
