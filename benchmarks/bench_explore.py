@@ -11,14 +11,23 @@ configuration. What does not depend on the configuration (model and cluster file
 as it does in the explorer. Wall time includes waiting for a shared CPU, so the CPU time of this process and the
 load average are printed too.
 
+First views (``--first``, run before the sweep): each of :data:`FIRST_VIEWS` (the worst of the sweep when met
+first: a figure shape no view before it drew) in a fresh process: an explorer is constructed on a small job
+unlike any of them (:data:`WARM`: one layout panel, two matrix panels, no call in its micro-batch; its
+construction time is printed), then the one change to the measured job is timed alone: every figure of that
+view is new to the explorer, and only the process's imports and the package's file caches are warm.
+
     .venv/bin/python benchmarks/bench_explore.py [--repeat N] [--gpus N ...] [--models NAME ...]
+                                                 [--first [NAME:GPUS ...]] [--no-sweep]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -34,6 +43,8 @@ from llmcomm.tune.search import rule_of_thumb  # noqa: E402
 CLUSTER = "h100-80g-ndr400"
 TARGET_S = 1.0
 GPU_COUNTS = tuple(2**k for k in range(3, 13))  # 8 ... 4,096
+WARM = Choice(model="gpt3-125m", cluster=CLUSTER, tp=1, pp=1, dp=8, global_batch=16)  # the explorer's start
+FIRST_VIEWS = ("gpt3-175b:64", "qwen3-235b-a22b:128", "megatron-gpt-1t:512")  # first tp8·pp4, EP, tp8·pp32 jobs
 
 
 def choice_for(name: str, gpus: int) -> tuple[Choice, str]:
@@ -69,12 +80,59 @@ def measure(ex: Explorer, choice: Choice, back: Choice, repeat: int) -> tuple[fl
     return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows), ok, level
 
 
+def first_view(case: str) -> dict[str, float | str]:
+    """In this process: construct an explorer on :data:`WARM`, then time the change to ``case``
+    (``NAME:GPUS``, the rule-of-thumb configuration of :func:`choice_for`)."""
+    name, gpus = case.rsplit(":", 1)
+    choice, _ = choice_for(name, int(gpus))
+    t0, c0 = time.perf_counter(), time.process_time()
+    ex = Explorer(WARM)
+    t1, c1 = time.perf_counter(), time.process_time()
+    ex.choose(**{k: v for k, v in choice.to_dict().items() if k not in ("rank", "microbatch")})
+    t2, c2 = time.perf_counter(), time.process_time()
+    return {"case": case, "config": choice.label(), "construct_wall": t1 - t0, "construct_cpu": c1 - c0,
+            "wall": t2 - t1, "cpu": c2 - c1, "error": ex.error}
+
+
+def first_views(cases: list[str], repeat: int) -> None:
+    """Each case ``repeat`` times, each in a fresh process (:func:`first_view`), alternating the cases."""
+    print(f"first view of a shape in a fresh explorer (constructed on {WARM.label()}); load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"{'case':<22} {'configuration':<36} {'construct wall/cpu s':>20} {'first view wall s':>17} {'cpu s':>6}")
+    rows: dict[str, list[dict]] = {c: [] for c in cases}
+    for _ in range(repeat):
+        for case in cases:
+            out = subprocess.run([sys.executable, __file__, "--one", case], capture_output=True, text=True,
+                                 check=True)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            rows[case].append(r)
+            flag = f"  INVALID: {r['error'][:60]}" if r["error"] else ""
+            print(f"{case:<22} {r['config']:<36} {r['construct_wall']:9.3f} / {r['construct_cpu']:6.3f}   "
+                  f"{r['wall']:17.3f} {r['cpu']:6.3f}{flag}", flush=True)
+    worst = max((statistics.median(x["cpu"] for x in rs), c) for c, rs in rows.items())
+    print(f"first views: worst median cpu {worst[0]:.3f} s ({worst[1]}; target < {TARGET_S:.0f} s: "
+          f"{'met' if worst[0] < TARGET_S else 'MISSED'}); median wall "
+          f"{statistics.median(x['wall'] for rs in rows.values() for x in rs):.3f} s; load average "
+          f"{os.getloadavg()[0]:.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--gpus", type=int, nargs="*", default=list(GPU_COUNTS))
     ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--first", nargs="*", default=None, metavar="NAME:GPUS",
+                    help=f"first views in fresh processes (default cases: {' '.join(FIRST_VIEWS)})")
+    ap.add_argument("--no-sweep", action="store_true", help="only the first views")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # one first view in this process (JSON)
     args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(first_view(args.one)))
+        return 0
+    if args.first is not None:
+        first_views(args.first or list(FIRST_VIEWS), args.repeat)
+        if args.no_sweep:
+            return 0
     cases: list[tuple[str, int, Choice, str]] = []
     for name in args.models or [m for m in list_models()]:
         for g in args.gpus:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -261,6 +262,81 @@ def test_cached_text_canvas_draws_the_pixels_of_a_plain_canvas(view) -> None:
     panels.fast_png(fig, small)
     assert small.nbytes <= 2000 and small.misses > len(small.calls)  # bounded: the oldest dropped
     plt.close(fig)
+
+
+def test_cached_glyphs_and_sizes_at_new_places_draw_the_pixels_of_a_plain_canvas() -> None:
+    """llmcomm.explore.canvas: glyph bitmaps, string layouts and string sizes kept by one figure and reused by
+    another at other places (other fractions of a pixel, whole pixels away, rotated, other sizes, without
+    antialiasing) give the pixels matplotlib draws itself."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    from llmcomm.explore import canvas, panels
+
+    def figure(shift: float) -> plt.Figure:
+        fig = plt.figure(figsize=(4, 3), dpi=80)
+        rng = np.random.default_rng(7)
+        for i in range(60):
+            x, y = rng.uniform(0.05, 0.8, 2)
+            fig.text(x + shift, y, ["g1", "r12\ng3", "node 0", "1,024", "TP logical"][i % 5],
+                     fontsize=[7, 8, 9][i % 3], rotation=[0, 90, 30][i % 3], antialiased=i % 7 != 0)
+        fig.text(0.1 + shift, 0.9, "sender rank (bins of 4)", ha="center", va="top")
+        return fig
+
+    def pixels(png: bytes) -> np.ndarray:
+        return np.asarray(Image.open(io.BytesIO(png)))
+
+    cache = canvas.TextCache()
+    for shift in (0.0, 1 / 320, 0.013, 2.0 / 4 / 80 * 3):  # the same texts a whole pixel or a fraction away
+        fig = figure(shift)
+        FigureCanvasAgg(fig)
+        plain = pixels(panels.fast_png(fig))
+        new = plt.figure(figsize=(4, 3), dpi=80)  # a new canvas: only the cache is shared
+        for t in fig.texts:
+            new.text(*t.get_position(), t.get_text(), fontsize=t.get_fontsize(), rotation=t.get_rotation(),
+                     antialiased=t.get_antialiased(), ha=t.get_ha(), va=t.get_va())
+        assert np.array_equal(pixels(panels.fast_png(new, cache)), plain), shift
+        plt.close(fig)
+        plt.close(new)
+    assert cache.glyph_hits > 0 and cache.sizes and cache.layouts
+
+
+def test_node_boundaries_as_one_collection_draw_the_pixels_of_the_lines() -> None:
+    """llmcomm.plots.MatrixImages(node_lines="collection") (the explorer's screen matrix): the same pixels as
+    the node boundaries drawn as lines, new and reshaped to other worlds (more, fewer and no boundaries)."""
+    from llmcomm.plots import MatrixImages
+
+    rng = np.random.default_rng(3)
+
+    def images(cells: int) -> dict[str, np.ndarray]:
+        return {f"{p} {a}": rng.random((cells, cells)) * (rng.random((cells, cells)) > 0.5)
+                for p in ("TP", "PP") for a in ("logical", "ring")}
+
+    def pixels(m: MatrixImages) -> np.ndarray:
+        m.fig.canvas.draw()
+        return np.asarray(m.fig.canvas.buffer_rgba()).copy()
+
+    cases = [(64, 1, 64, 8), (128, 1, 128, 8), (32, 1, 32, 8), (256, 2, 512, 8), (128, 32, 4096, 8), (8, 1, 8, 8)]
+    kept: dict[str, MatrixImages] = {}
+    for cells, unit, world, gpn in cases:
+        ims = images(cells)
+        new = {mode: MatrixImages(ims, unit=unit, world_size=world, gpus_per_node=gpn, size=2.4, node_lines=mode)
+               for mode in ("lines", "collection")}
+        assert not new["collection"].fig.axes[0].lines
+        assert np.array_equal(pixels(new["lines"]), pixels(new["collection"])), (cells, world)
+        if not kept:
+            kept = new
+            continue
+        for m in kept.values():  # the lines moved, shown and hidden; the collection's segments replaced
+            m.reshape(ims, unit=unit, world_size=world, gpus_per_node=gpn)
+        assert np.array_equal(pixels(kept["lines"]), pixels(kept["collection"])), ("reshaped", cells, world)
+        for m in new.values():
+            plt.close(m.fig)
+    for m in kept.values():
+        plt.close(m.fig)
 
 
 def test_kept_matrix_figure_takes_a_colour_range_above_the_old_one() -> None:

@@ -13,19 +13,37 @@ current ``gc`` on a later drawing: the same calls with the same arguments, so th
 against a plain Agg canvas). A ``draw_text`` that touches the renderer in any other way (mathtext boxes, TeX) is
 never recorded, and math text is drawn as matplotlib draws it.
 
-Bounded: at most :data:`MAX_BYTES` of bitmaps are kept (least recently used first out).
+Three finer caches serve the texts met for the first time (a new figure's cell labels, ticks and titles at new
+places): the layout of a string (``font._layout``: its glyphs and their offsets from the text's origin) is kept
+per string, font object, size, dpi, hinting flag, font features and language; the size of a string (``get_text_width_height_descent``: FreeType's ``set_text`` of the whole string,
+about half a millisecond, asked for every text of every new figure because matplotlib caches it per renderer,
+``text._get_text_metrics_function``) is kept per string, font object, size, dpi and hinting flag, which are
+all it depends on; and each glyph's bitmap is kept per font object, size, dpi, glyph, transform, hinting flag,
+render mode and the fractional part (in FreeType's 1/64 pixels) of the place matplotlib renders it at
+(``RendererAgg._draw_text_glyphs_and_boxes``: ``font._set_transform`` with the pen position rounded to 1/64
+pixel, then ``font._render_glyph``), with its offset from the whole-pixel part: FreeType moves an outline by
+the transform's translation after hinting (``FT_Load_Glyph``) and rasterizes in 1/64-pixel integers, so a
+glyph placed whole pixels further is the same bitmap placed whole pixels further. The replayed glyphs go to
+the same ``draw_text_image`` calls as matplotlib's (tested against a plain Agg canvas, texts at many places).
+
+Bounded: at most :data:`MAX_BYTES` of bitmaps are kept (least recently used first out), and at most
+:data:`MAX_SIZES` string sizes.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg, get_hinting_flag
 from matplotlib.figure import Figure
+from matplotlib.font_manager import fontManager, get_font
+from matplotlib.ft2font import RenderMode
 
-MAX_BYTES = 32 * 2**20  # glyph bitmaps kept per cache
+MAX_BYTES = 32 * 2**20  # glyph bitmaps kept per cache (texts' and single glyphs' together)
+MAX_SIZES = 65_536  # string sizes kept per cache
 
 
 class TextCache:
@@ -38,6 +56,11 @@ class TextCache:
         self.nbytes = 0
         self.hits = 0
         self.misses = 0
+        self.sizes: dict[tuple, tuple[float, float, float]] = {}  # string sizes (module doc)
+        self.layouts: dict[tuple, tuple] = {}  # string layouts: (font, glyph, x, y) per glyph (module doc)
+        self.heights: dict[tuple, tuple] = {}  # fonts' ascent, descent, line gap per size and dpi
+        self.glyphs: OrderedDict[tuple, tuple[np.ndarray, int, int]] = OrderedDict()  # bitmap, left, top
+        self.glyph_hits = 0
 
     def get(self, key: tuple) -> tuple[tuple[np.ndarray, int, int, float], ...] | None:
         calls = self.calls.get(key)
@@ -56,6 +79,35 @@ class TextCache:
         while self.nbytes > self.max_bytes:
             _, old = self.calls.popitem(last=False)
             self.nbytes -= sum(c[0].nbytes for c in old) + 200
+
+    def size(self, key: tuple) -> tuple[float, float, float] | None:
+        return self.sizes.get(key)
+
+    def put_size(self, key: tuple, value: tuple[float, float, float]) -> None:
+        if len(self.sizes) >= MAX_SIZES:
+            self.sizes.clear()
+        self.sizes[key] = value
+
+    def layout(self, key: tuple) -> tuple | None:
+        return self.layouts.get(key)
+
+    def put_layout(self, key: tuple, items: tuple) -> None:
+        if len(self.layouts) >= MAX_SIZES:
+            self.layouts.clear()
+        self.layouts[key] = items
+
+    def glyph(self, key: tuple) -> tuple[np.ndarray, int, int] | None:
+        g = self.glyphs.get(key)
+        if g is not None:
+            self.glyph_hits += 1
+        return g
+
+    def put_glyph(self, key: tuple, value: tuple[np.ndarray, int, int]) -> None:
+        self.glyphs[key] = value
+        self.nbytes += value[0].nbytes + 100
+        while self.nbytes > self.max_bytes and self.glyphs:
+            _, old = self.glyphs.popitem(last=False)
+            self.nbytes -= old[0].nbytes + 100
 
 
 class _Recorder:
@@ -102,12 +154,106 @@ class CachedTextRenderer(RendererAgg):
         rec = _Recorder(real)
         self._renderer = rec  # the recorder forwards every call
         try:
-            super().draw_text(gc, x, y, s, prop, angle, ismath, mtext)
+            self._draw_plain(gc, x, y, s, prop, angle, features, language)
         finally:
             self._renderer = real
         if not rec.other:
             self.text_cache.put(key, tuple(rec.calls))
         return None
+
+
+    def _draw_plain(self, gc: Any, x: float, y: float, s: str, prop: Any, angle: float, features: Any,
+                    language: Any) -> None:
+        """``RendererAgg.draw_text`` of plain text (matplotlib 3.11 ``backends/backend_agg.py``, lines 235-249:
+        FreeType's layout of the string, ``font._layout``, then its glyphs drawn) with the layout kept per
+        string, font object, size, dpi, hinting flag, font features and language, which are all it depends on
+        (the glyphs and their offsets from the text's origin; the origin is added when they are drawn)."""
+        flags = get_hinting_flag()
+        size = prop.get_size_in_points()
+        key = (s, get_font(fontManager._find_fonts_by_props(prop)), size, self.dpi, flags,
+               None if features is None else tuple(features), language)
+        items = self.text_cache.layout(key)
+        if items is None:
+            font = self._prepare_font(prop)
+            items = tuple((i.ft_object, i.glyph_index, i.x, i.y)
+                          for i in font._layout(s, flags=flags, features=features, language=language))
+            self.text_cache.put_layout(key, items)
+        self._draw_text_glyphs_and_boxes(gc, x, y, angle, ((f, size, g, 0, 1, gx, gy) for f, g, gx, gy in items),
+                                         ())
+
+    def _get_font_height_metrics(self, prop: Any) -> tuple[float | None, float | None, float | None]:
+        """A font's ascent, descent and line gap in pixels, which ``Text._get_layout`` reads from the font's
+        OS/2 table, else its hhea table, for every text it lays out (matplotlib 3.11 ``text.py``, lines 440-461;
+        a renderer may answer through this method), kept per font object, size and dpi: the same tables and the
+        same arithmetic (scale ``1 / unitsPerEm * size * dpi / 72``; the renderer's dpi is its figure's, a
+        canvas makes a new renderer when the figure's dpi changes). ``None`` three times for a font without
+        either table: ``Text`` then measures ``"lp"`` as it does."""
+        font = get_font(fontManager._find_fonts_by_props(prop))
+        size = prop.get_size_in_points()
+        key = (font, size, self.dpi)
+        got = self.text_cache.heights.get(key)
+        if got is None:
+            got = (None, None, None)
+            for name, gap, ascent, descent in (("OS/2", "sTypoLineGap", "sTypoAscender", "sTypoDescender"),
+                                               ("hhea", "lineGap", "ascent", "descent")):
+                table = font.get_sfnt_table(name)
+                if table is None:
+                    continue
+                scale = 1 / font.get_sfnt_table("head")["unitsPerEm"] * size * self.dpi / 72
+                got = (table[ascent] * scale, -table[descent] * scale, table[gap] * scale)
+                break
+            self.text_cache.heights[key] = got
+        return got
+
+    def get_text_width_height_descent(self, s: str, prop: Any, ismath: Any) -> tuple[float, float, float]:
+        """RendererAgg's, kept per string, font object, size, dpi and hinting flag for plain text (module doc)."""
+        if ismath:
+            return super().get_text_width_height_descent(s, prop, ismath)
+        key = (s, get_font(fontManager._find_fonts_by_props(prop)), prop.get_size_in_points(), self.dpi,
+               get_hinting_flag())
+        got = self.text_cache.size(key)
+        if got is None:
+            got = super().get_text_width_height_descent(s, prop, ismath)
+            self.text_cache.put_size(key, got)
+        return got
+
+    def _draw_text_glyphs_and_boxes(self, gc: Any, x: float, y: float, angle: float, glyphs: Any, boxes: Any
+                                    ) -> None:
+        """``RendererAgg._draw_text_glyphs_and_boxes`` (matplotlib 3.11 ``backends/backend_agg.py``, lines
+        175-223) with each glyph's bitmap taken from :class:`TextCache` where one was rendered at the same
+        fraction of a pixel (module doc): the pen position is rounded to 1/64 pixel as matplotlib does, the
+        bitmap blended by the same ``draw_text_image`` call; boxes (math text rules) are drawn by matplotlib."""
+        cos, sin = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+        flags = get_hinting_flag()
+        aa = bool(gc.get_antialiased())
+        height = self.height
+        matrices: dict[tuple[float, float], tuple[np.ndarray, bytes]] = {}  # per slant and extend (one, mostly)
+        for font, size, index, slant, extend, dx, dy in glyphs:  # dy upwards, as in matplotlib
+            got_matrix = matrices.get((slant, extend))
+            if got_matrix is None:
+                m = (0x10000 * np.array([[cos, -sin], [sin, cos]]) @ [[extend, extend * slant], [0, 1]]
+                     ).round().astype(int)
+                got_matrix = matrices[(slant, extend)] = (m, m.tobytes())
+            matrix, matrix_key = got_matrix
+            px = round(0x40 * (x + dx * cos - dy * sin))
+            py = round(0x40 * (height - y + dx * sin + dy * cos))  # FreeType's y is upwards
+            key = (font, size, self.dpi, index, matrix_key, px % 64, py % 64, flags, aa)
+            got = self.text_cache.glyph(key)
+            if got is None:
+                font.set_size(size, self.dpi)
+                font._set_transform(matrix, [px, py])
+                bitmap = font._render_glyph(index, flags, RenderMode.NORMAL if aa else RenderMode.MONO)
+                buffer = np.array(bitmap.buffer, copy=True)
+                if not aa:
+                    buffer *= 0xFF
+                got = (buffer, bitmap.left - px // 64, bitmap.top - py // 64)
+                self.text_cache.put_glyph(key, got)
+            buffer, left, top = got
+            self._renderer.draw_text_image(buffer, left + px // 64, int(height) - (top + py // 64)
+                                           + buffer.shape[0], 0, gc)
+        boxes = list(boxes)
+        if boxes:  # math text's rules
+            super()._draw_text_glyphs_and_boxes(gc, x, y, angle, (), boxes)
 
 
 class CachedTextCanvas(FigureCanvasAgg):

@@ -226,19 +226,34 @@ def _screen_matrix(v: View) -> MatrixImages:
     pars = {**_fractions(width, height, mm["left"], mm["right"], mm["bottom"], mm["top"]),
             "wspace": mm["wgap"] / MATRIX_SIDE, "hspace": mm["hgap"] / MATRIX_SIDE}
     m = MatrixImages(v.matrices, unit=v.unit, world_size=v.world_size, gpus_per_node=v.cluster.gpus_per_node,
-                     ncols=4, size=2.9, subplotpars=pars)
+                     ncols=4, size=2.9, subplotpars=pars, node_lines="collection")
     m.fig.set_size_inches(width, height)
     m.fig.set_dpi(DPI)
     cbar = m.colorbar.ax if m.colorbar is not None else None
     for ax in m.fig.axes:
         if ax is cbar or not ax.get_visible():
             continue
-        ax.xaxis.set_major_locator(MaxNLocator(MATRIX_TICKS, integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(MATRIX_TICKS, integer=True))
+        ax.xaxis.set_major_locator(_InViewLocator(MATRIX_TICKS, integer=True))
+        ax.yaxis.set_major_locator(_InViewLocator(MATRIX_TICKS, integer=True))
         ax.label_outer()
         _fixed_title(ax, fontsize=8)
     _screen_matrix_title(m.fig, v)
     return m
+
+
+class _InViewLocator(MaxNLocator):
+    """:class:`MaxNLocator`'s ticks on a linear axis without those outside the view, which an axis makes (a tick
+    costs more to make than to draw: lines, labels, markers) but never draws: it draws a tick within 1e-10 of the
+    view's span of its edges (``Axis._update_ticks``, ``transforms._interval_contains_close``); the ticks kept
+    are those within 1e-6 of it, so the ticks drawn are the same. When fewer than two would be left, all are
+    kept: ``ScalarFormatter`` then pads the ticks with the view's ends to choose its number format."""
+
+    def __call__(self) -> Any:
+        locs = np.asarray(super().__call__())
+        lo, hi = sorted(self.axis.get_view_interval()) if self.axis is not None else (-np.inf, np.inf)
+        tol = 1e-6 * (hi - lo)
+        inside = locs[(locs >= lo - tol) & (locs <= hi + tol)]
+        return inside if len(inside) >= 2 else locs
 
 
 def _fixed_title(ax: Axes, **kw: Any) -> None:
@@ -385,7 +400,9 @@ class Painter:
         if panel == "time":  # no breakdown: the figure is the reason alone, drawn once per reason
             if v.time_error not in self.notime:
                 _bounded(self.notime, KEPT)
-                self.notime[v.time_error] = render(v, panel)
+                # saved as render() saves it, on a canvas sharing the text cache (the reason is wrapped:
+                # many lengths of its words measured, in both passes of the tight bounding box)
+                self.notime[v.time_error] = png(attach(time_figure(v), self.text), tight=True)
             return self.notime[v.time_error]
         return render(v, panel)
 

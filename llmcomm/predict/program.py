@@ -22,7 +22,9 @@ of every chunk and bucket (twice with an expert optimizer, :func:`.dp.param_gath
 from __future__ import annotations
 
 import dataclasses
-from functools import lru_cache
+from collections import Counter
+from functools import cached_property, lru_cache
+from operator import itemgetter
 
 from ..vocab import dtype_bytes
 from . import cp, dp, ep, pp, scalars, tp
@@ -239,8 +241,14 @@ class StagePlan:
     pieces: tuple[tuple[int, int], ...]  # (template index, micro-batch) per scheduled step
     tail: tuple[Call, ...]
 
+    @cached_property
+    def uses(self) -> Counter[int]:
+        """How many scheduled steps each template stands for, templates in order of first use (one counting pass
+        in C over the pieces: a deep pipeline has about a thousand per stage)."""
+        return Counter(map(itemgetter(0), self.pieces))
+
     def __len__(self) -> int:
-        return sum(len(self.templates[t].calls) for t, _ in self.pieces) + len(self.tail)
+        return sum(len(self.templates[t].calls) * n for t, n in self.uses.items()) + len(self.tail)
 
     def calls(self) -> list[Call]:
         """The program, call by call (equal to :func:`direct_stage_program`)."""
@@ -266,16 +274,10 @@ class StagePlan:
         order, counts) from one aggregation per template: a class's merged calls times how many steps it has."""
         from .expand import aggregate_calls
 
-        uses = [0] * len(self.templates)
-        order: list[int] = []
-        for t, _ in self.pieces:
-            if not uses[t]:
-                order.append(t)
-            uses[t] += 1
         index: dict[Call, int] = {}
         out: list[Call] = []
         counts: list[int] = []
-        parts = [(*aggregate_calls(self.templates[t].calls), uses[t]) for t in order]
+        parts = [(*aggregate_calls(self.templates[t].calls), n) for t, n in self.uses.items()]
         parts.append((*aggregate_calls(self.tail), 1))
         for calls, n, times in parts:
             for c, k in zip(calls, n, strict=True):
@@ -303,9 +305,10 @@ def stage_plan(ctx: Context, stage: int) -> StagePlan:
     templates: list[_Template] = []
     samples: dict[int, int] = {}  # template -> a second micro-batch of its class, checked below
     pieces: list[tuple[int, int]] = []
+    last = m - 1
     for step in steps:
-        mb = step.microbatch
-        key = (step.kind, step.chunk, mb == 0, mb == m - 1)
+        kind, mb, chunk = step  # a Step (kind, microbatch, chunk), unpacked at once
+        key = (kind, chunk, mb == 0, mb == last)
         t = slots.get(key)
         if t is None:
             t = slots[key] = len(templates)
