@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from .errors import ConfigError
 from .vocab import CP_COMM_TYPES, RECOMPUTE_MODULES
@@ -62,6 +63,39 @@ def _method_bad(v: Any) -> Any:
         return v not in (None, "uniform", "block")
     a = np.asarray(v, dtype=object)
     return ~((a == None) | (a == "uniform") | (a == "block"))  # noqa: E711  (elementwise on objects)
+
+
+EACH_DISTINCT_MIN = 256  # _each: from this many elements on, the predicate runs once per distinct value
+
+
+def _each(values: Any, fn: Callable[[Any], Any]) -> np.ndarray:
+    """``[bool(fn(v)) for v in values]`` as a boolean array of ``values``' shape (a scalar or an object array):
+    the per-element predicate of an object column. For a long column ``fn`` runs once per distinct value (equal
+    values give equal verdicts): once where every row holds one value (one elementwise ``==``), else per value of
+    pandas' hash table, the verdicts spread over the rows; ``None`` rows (which pandas counts as missing, with NaN)
+    get ``fn(None)``, any other missing value its own call."""
+    a = np.asarray(values, dtype=object)
+    flat = a.reshape(-1)
+    if len(flat) < EACH_DISTINCT_MIN:
+        return np.array([bool(fn(v)) for v in flat], dtype=bool).reshape(a.shape)
+    first = np.empty(1, dtype=object)
+    first[0] = flat[0]  # compared as one element (a tuple is not spread over an axis)
+    if np.asarray(flat == first, dtype=bool).all():  # one value in every row (a column filled with it)
+        return np.full(a.shape, bool(fn(flat[0])))
+    try:
+        codes, uniq = pd.factorize(flat)
+    except TypeError:  # an unhashable element (a list): one call per element
+        return np.array([bool(fn(v)) for v in flat], dtype=bool).reshape(a.shape)
+    lut = np.array([bool(fn(u)) for u in uniq] + [False], dtype=bool)  # code -1 (missing) reads the last entry
+    out = lut[codes]
+    missing = np.flatnonzero(codes < 0)
+    if len(missing):
+        sub = flat[missing]
+        none = np.asarray(np.equal(sub, None), dtype=bool)  # type: ignore[call-overload]  # elementwise vs None
+        out[missing[none]] = bool(fn(None))
+        for i in missing[~none].tolist():  # NaN, pd.NA, NaT: as they are
+            out[i] = bool(fn(flat[i]))
+    return out.reshape(a.shape)
 
 
 def _opt(v: Any) -> Any:
@@ -152,7 +186,7 @@ def _non_default(p: Any, field: str) -> Any:
     v = getattr(p, field)
     if isinstance(v, np.ndarray):
         if v.dtype == object:
-            return np.array([x != d for x in v], dtype=bool)
+            return _each(v, lambda x: x != d)
         return v != (-1 if d is None else d)
     return v != d
 
@@ -161,26 +195,31 @@ def _unmodelled(p: Any) -> Any:
     return np.logical_or.reduce([np.asarray(_non_default(p, f), dtype=bool) for f in COST_UNMODELLED_FIELDS])
 
 
-def _module_sets(p: Any) -> list[Any]:
+def _module_sets(p: Any) -> np.ndarray:
+    """``recompute_modules`` as a 1-D object array (a table's column, or one configuration's value alone)."""
     v = p.recompute_modules
-    return list(v) if isinstance(v, np.ndarray) else [v]
+    if isinstance(v, np.ndarray):
+        return v
+    one = np.empty(1, dtype=object)
+    one[0] = v  # a tuple stays one element
+    return one
 
 
 def _modules_set(p: Any) -> Any:
     """Where ``recompute_modules`` is given (not ``None``)."""
-    out = np.array([v is not None for v in _module_sets(p)], dtype=bool)
+    out = _each(_module_sets(p), lambda v: v is not None)
     return out if isinstance(p.recompute_modules, np.ndarray) else bool(out[0])
 
 
 def _modules_bad(p: Any) -> Any:
-    out = np.array([v is not None and (isinstance(v, str) or any(x not in RECOMPUTE_MODULES for x in v))
-                    for v in _module_sets(p)], dtype=bool)
+    out = _each(_module_sets(p), lambda v: v is not None and (isinstance(v, str) or any(
+        x not in RECOMPUTE_MODULES for x in v)))
     return out if isinstance(p.recompute_modules, np.ndarray) else bool(out[0])
 
 
 def _has_module(p: Any, names: tuple[str, ...]) -> Any:
     """Where recomputation is selective and ``recompute_modules`` names one of ``names``."""
-    has = np.array([v is not None and any(x in v for x in names) for v in _module_sets(p)], dtype=bool)
+    has = _each(_module_sets(p), lambda v: v is not None and any(x in v for x in names))
     sel = np.asarray(p.recompute) == "selective"
     return (has & sel) if isinstance(p.recompute_modules, np.ndarray) else bool(has[0] and sel)
 
@@ -188,8 +227,7 @@ def _has_module(p: Any, names: tuple[str, ...]) -> Any:
 def _expert_order_bad(p: Any) -> Any:
     """Where the order is not pp-last while ``pp > 1`` and the expert DP size differs from dp, for ``etp != tp``
     (rule ``expert-order``)."""
-    not_pp_last = np.asarray([not str(o).endswith("pp") for o in np.atleast_1d(np.asarray(p.order, dtype=object))],
-                             dtype=bool)
+    not_pp_last = _each(np.atleast_1d(np.asarray(p.order, dtype=object)), lambda o: not str(o).endswith("pp"))
     out = (np.asarray(p.pp) > 1) & (np.asarray(p.expert_dp) != np.asarray(p.dp)) & \
         (np.asarray(p.expert_tp) != np.asarray(p.tp)) & not_pp_last.reshape(np.shape(p.tp))
     return out if isinstance(p.tp, np.ndarray) else bool(out)
@@ -213,17 +251,17 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: p.global_batch % (p.micro_batch * p.dp) != 0,
          lambda m, r: f"micro_batch*dp={r.micro_batch * r.dp} does not divide global_batch={r.global_batch}"),
     Rule("fp8-format", "config", "megatron/core/transformer/transformer_config.py:587 (fp8: None, 'e4m3' or 'hybrid')",
-         lambda m, p: np.asarray([v not in (None, "hybrid", "e4m3") for v in np.atleast_1d(
-             np.asarray(p.fp8, dtype=object))], dtype=bool).reshape(np.shape(p.tp)),
+         lambda m, p: _each(np.atleast_1d(np.asarray(p.fp8, dtype=object)),
+                            lambda v: v not in (None, "hybrid", "e4m3")).reshape(np.shape(p.tp)),
          lambda m, r: f"fp8={r.fp8!r} is not one of None, 'hybrid', 'e4m3' (Megatron-LM's --fp8-format)"),
     Rule("fp8-recipe", "config", "megatron/core/transformer/transformer_config.py:594",
-         lambda m, p: np.isin(np.asarray(p.fp8_recipe, dtype=object), FP8_RECIPES, invert=True),
+         lambda m, p: _each(p.fp8_recipe, lambda v: v not in FP8_RECIPES),
          lambda m, r: f"fp8_recipe={r.fp8_recipe!r} is not one of {FP8_RECIPES} (Megatron-LM's --fp8-recipe)"),
     # context parallelism's communication type (issue 20; llmcomm.predict.cp holds the calls of each)
     Rule("cp-comm-type", "config",
          "megatron/training/arguments.py:3221 (--cp-comm-type) and megatron/core/transformer/transformer_config.py:1030 "
          "(p2p, all_gather, a2a, a2a+p2p; TransformerEngine context_parallel.py:5139 raises on any other)",
-         lambda m, p: np.isin(np.asarray(p.cp_comm_type, dtype=object), CP_COMM_TYPES, invert=True),
+         lambda m, p: _each(p.cp_comm_type, lambda v: v not in CP_COMM_TYPES),
          lambda m, r: f"cp_comm_type={r.cp_comm_type!r} is not one of {CP_COMM_TYPES} (Megatron-LM's --cp-comm-type)"),
     Rule("cp-hierarchical", "config",
          "megatron/training/arguments.py:583 (a2a+p2p needs --hierarchical-context-parallel-sizes, "
@@ -399,8 +437,7 @@ RULES: tuple[Rule, ...] = (
          "megatron/core/transformer/dot_product_attention.py:57 (the local backend asserts context_parallel_size "
          "== 1) and TransformerEngine attention/dot_product_attention/utils.py:1169 (UnfusedDotProductAttention "
          "is disabled under context parallelism): CP runs in TE's flash/fused kernels only",
-         lambda m, p: np.logical_and(p.cp > 1, np.isin(np.asarray(p.attention_backend, dtype=object),
-                                                       ("unfused", "local"))),
+         lambda m, p: np.logical_and(p.cp > 1, _each(p.attention_backend, lambda v: v in ("unfused", "local"))),
          lambda m, r: f"cp={r.cp} > 1 needs a fused attention backend (flash, fused or auto); "
                       f"attention_backend={r.attention_backend!r} does not support context parallelism"),
     Rule("moe-tp-needs-sp", "megatron",
@@ -478,8 +515,7 @@ RULES: tuple[Rule, ...] = (
          "kit: the formulation times the delayed and tensorwise (per-tensor current) scaling recipes; mxfp8 is "
          "Blackwell-only (transformer_config.py:594), blockwise and custom scale per block or by user code",
          lambda m, p: np.logical_and(np.not_equal(np.asarray(p.fp8, dtype=object), None),  # type: ignore[call-overload]
-                                     np.isin(np.asarray(p.fp8_recipe, dtype=object), ("delayed", "tensorwise"),
-                                             invert=True)),
+                                     _each(p.fp8_recipe, lambda v: v not in ("delayed", "tensorwise"))),
          lambda m, r: f"fp8_recipe={r.fp8_recipe!r} is not modelled by the iteration-time formulation"),
     Rule("cost-recompute-mla-up-proj", "cost",
          "kit: the formulation's layer has no MLA up-projection GEMMs of their own to recompute",

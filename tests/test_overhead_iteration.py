@@ -233,6 +233,29 @@ def test_cached_timer_equals_bandwidth_time():
         np.testing.assert_allclose(t.time(op, nbytes, n, k), bw.time(op, nbytes, n, k), rtol=1e-12)
 
 
+def test_timer_rows_equal_bandwidth_time_bit_for_bit():
+    """The many-row path (``_Timer.time_rows``: every row with its own group's regime, groups of one rank and rows
+    without a call among them) gives ``Bandwidth.time``'s seconds exactly, 0 where a row issues no call."""
+    from llmcomm.overhead import Bandwidth
+    from llmcomm.overhead.bandwidth import bus_factor
+    from llmcomm.overhead.iteration import _Timer
+    from llmcomm.specs import load_cluster
+
+    rng = np.random.default_rng(1)
+    for cluster in ("vtrain-a100", "h100-80g-ndr400"):
+        bw = Bandwidth.default(load_cluster(cluster))
+        t = _Timer(bw)
+        n = rng.choice([1, 2, 4, 8, 16, 32, 64, 512], 4000)
+        k = np.minimum(n, rng.choice([1, 2, 4, 8], 4000))
+        nbytes = rng.integers(0, 2**31, 4000).astype(float) * rng.choice([0, 1, 1], 4000)
+        live = rng.random(4000) < 0.8
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "broadcast"):
+            t.reset()
+            got = t.time_rows(op, bus_factor(op, n) * nbytes, n, k, live)
+            want = np.where(live, bw.time(op, nbytes, n, k), 0.0)
+            assert np.array_equal(got.view(np.int64), want.view(np.int64)), (cluster, op)
+
+
 def test_expert_all_to_all_by_hand():
     """EP (alltoall dispatcher): per MoE layer and micro-batch, the token-count all-gather, dispatch, routing-
     probability and combine all-to-alls forward and the three all-to-alls backward (uniform routing), the

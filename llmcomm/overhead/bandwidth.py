@@ -398,15 +398,47 @@ def _default_per_size(cls: type[Bandwidth], cluster: Cluster, path: str, stamp: 
     return cls._default_uncached(cluster)
 
 
+PIECES_BY_COMPARISON = 4  # eval_pieces finds the piece of x by comparisons up to this many pieces (a search beyond)
+
+
 def eval_pieces(x: np.ndarray, x_lo: np.ndarray, alpha: np.ndarray, beta: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(t, piece)``: ``t = max(α_p + β_p·x, floor_p)`` with ``p`` the piece whose range holds ``x`` and
-    ``floor_p`` the largest time any earlier piece reaches at its upper end, so that a larger message never
-    takes less time where two independently fitted pieces meet."""
-    p = np.clip(np.searchsorted(x_lo, x, side="right") - 1, 0, len(x_lo) - 1)
+    """``(t, piece)``: ``t = max(α_p + β_p·x, floor_p)`` (:func:`piece_time`) with ``p`` the piece whose range holds
+    ``x`` (:func:`piece_of`) and ``floor_p`` the largest time any earlier piece reaches at its upper end
+    (:func:`piece_floor`), so that a larger message never takes less time where two independently fitted pieces
+    meet. ``p = max(#{j: x_lo_j ≤ x} − 1, 0)`` (``x_lo`` ascending): for a few pieces counted by comparisons, else
+    by a binary search (the same integer)."""
+    if len(x_lo) <= PIECES_BY_COMPARISON:
+        p = piece_of(x, x_lo[1:].tolist())
+    else:
+        p = np.maximum(np.searchsorted(x_lo, x, side="right") - 1, 0)
+    floor = piece_floor(x_lo, alpha, beta)
+    return piece_time(x, alpha[p], beta[p], floor[p]), p
+
+
+def piece_of(x: np.ndarray, upper_starts: Any) -> np.ndarray:
+    """The piece of each ``x``: ``Σ_j [x ≥ s_j]`` over the lower ends ``s_j`` of the pieces after the first
+    (ascending; numbers, or arrays of ``x``'s shape: each row its own regime), i.e. ``max(#{j: x_lo_j ≤ x} − 1, 0)``."""
+    x = np.asarray(x)
+    starts = list(upper_starts)
+    if not starts:
+        return np.zeros(x.shape, np.intp)
+    p = (x >= starts[0]).astype(np.intp)
+    for lo in starts[1:]:
+        p += x >= lo
+    return p
+
+
+def piece_floor(x_lo: np.ndarray, alpha: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """``floor_p`` of :func:`eval_pieces`: ``−∞`` for the first piece, then the running maximum of each earlier
+    piece's time at its upper end, ``α_j + β_j·x_lo_{j+1}``."""
     ends = alpha[:-1] + beta[:-1] * x_lo[1:]
-    floor = np.concatenate([[-np.inf], np.maximum.accumulate(ends)]) if len(ends) else np.array([-np.inf])
-    return np.maximum(alpha[p] + beta[p] * x, floor[p]), p
+    return np.concatenate([[-np.inf], np.maximum.accumulate(ends)]) if len(ends) else np.array([-np.inf])
+
+
+def piece_time(x: np.ndarray, alpha: np.ndarray, beta: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """``max(α + β·x, floor)``: a call's seconds from its bus bytes ``x`` and its piece's parameters (elementwise)."""
+    return np.maximum(alpha + beta * x, floor)
 
 
 def _empty_params() -> pd.DataFrame:

@@ -99,13 +99,14 @@ import operator
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from itertools import chain
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from .. import rules, step
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..parallel_table import ParallelTable
 from ..paths import data_stamp
 from ..predict import fp8_wire
@@ -116,7 +117,7 @@ from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
 from . import utilization as U
-from .bandwidth import Bandwidth, bus_factor, eval_pieces
+from .bandwidth import Bandwidth, bus_factor, eval_pieces, piece_floor, piece_of, piece_time
 from .capacity import check_fits
 from .memory import model_state
 
@@ -1028,20 +1029,28 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     calls = _blocking_p2p.timed_calls(comm_items(model, c3, (hf3, hl3), layers3, params3), c3["pipe_partitioned"])
     small = n3 <= 192
     items: list[tuple[CommItem, Any]]
-    if small:  # a few rows: which rows call, read as Python values (one conversion, not two numpy calls)
-        live_rows = [[c_ > 0 for c_ in it.count.tolist()] for it in calls]
+    if small:  # a few rows: which rows call, read as Python values (one comparison and conversion of all counts)
+        counts = np.array([it.count for it in calls]) if calls else np.zeros((0, n3))
+        if counts.shape == (len(calls), n3) and counts.dtype != object:
+            live_rows = (counts > 0).tolist()
+        else:  # counts of other shapes: item by item
+            live_rows = [[c_ > 0 for c_ in np.broadcast_to(it.count, (n3,)).tolist()] for it in calls]
         items = [(it, live) for it, live in zip(calls, live_rows, strict=True) if any(live)]
     else:
         items = [(it, it.count > 0) for it in calls]
         items = [(it, live) for it, live in items if live.any()]
     times, xs = _batched_times(bandwidth, items) if small else (None, None)
     fast = isinstance(bandwidth, _Timer) and bandwidth.fast
+    factors: dict[tuple[str, int], np.ndarray] = {}  # bus_factor per op and group-size array (items share them)
     for j, (it, live) in enumerate(items):
         if times is not None:
             tt = times[j]
         else:
             # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
-            x = bus_factor(it.op, it.size) * it.nbytes
+            f_op = factors.get((it.op, id(it.size)))
+            if f_op is None:
+                f_op = factors[(it.op, id(it.size))] = bus_factor(it.op, it.size)
+            x = f_op * it.nbytes
             if fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
                 tt = bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
             elif live.all():
@@ -1122,8 +1131,10 @@ def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
         keys = bandwidth.call_keys(items)
         memo = bandwidth.calls_of(keys)
         none = (0.0, 0.0)
-        # (items, rows, 2): seconds and bus bytes of every item's call, one array; the items' rows are views of it
-        tx = np.array([[memo[k] if k is not None else none for k in row] for row in keys]).reshape(len(keys), n, 2)
+        # (items, rows, 2): seconds and bus bytes of every item's call, one array built from one flat list of
+        # floats (no nested sequences for numpy to inspect); the items' rows are views of it
+        flat = list(chain.from_iterable(memo[k] if k is not None else none for row in keys for k in row))
+        tx = np.array(flat, dtype=np.float64).reshape(len(keys), n, 2)
         return list(tx[:, :, 0]), list(tx[:, :, 1])
     out = [np.zeros(n) for _ in items]
     xs = [np.zeros(n) for _ in items]
@@ -1310,6 +1321,7 @@ class _Timer:
         self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
         self.sorted: dict[tuple[int, int], tuple[Any, Any, np.ndarray, list[int]]] = {}  # _sorted
+        self.tables: dict[tuple[str, int, int], tuple[Any, Any, Any]] = {}  # _regime_rows
         self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
 
     def calls(self, items: list[tuple[CommItem, list[bool]]]
@@ -1355,7 +1367,8 @@ class _Timer:
     def time_rows(self, op: str, x: np.ndarray, n: np.ndarray, k: np.ndarray, live: np.ndarray) -> np.ndarray:
         """Seconds of one call on the rows ``live`` (0 elsewhere) from its bus bytes ``x = bus_factor(op, n)·nbytes``
         (all rows): ``time(op, nbytes[live], n[live], k[live])`` placed in zeros, with the rows grouped by
-        (``n``, ``k``) once per pair of arrays (items share them) instead of once per call. Fast timers only."""
+        (``n``, ``k``) once per pair of arrays (items share them) instead of once per call; with several groups each
+        row reads its group's regime from tables (:meth:`_regime_rows`), no sorting. Fast timers only."""
         hit = self.groups.get((id(n), id(k)))
         if hit is not None and hit[0] is n and hit[1] is k:
             uniq, inv = hit[2], hit[3]
@@ -1365,11 +1378,19 @@ class _Timer:
             if len(key) and (key == key[0]).all():
                 uniq, inv = key[:1], np.zeros(len(key), np.int64)
             else:
-                inv, uniq = pd.factorize(key, sort=False)
+                inv, uniq = _group_codes(n64, k64, key)
             self.groups[(id(n), id(k))] = (n, k, uniq, inv)
         out = np.zeros(len(x))
         every = bool(live.all())
-        if len(uniq) > 1:  # several groups: the rows sorted by group once (cached), each group a slice
+        if len(uniq) > 1:  # several groups: every row with its own group's regime (tables cached per op and arrays)
+            table = self._regime_rows(op, n, k, inv, uniq)
+            if table is not None:
+                starts, base, alpha, beta, floor = table
+                idx = piece_of(x, starts)
+                idx += base  # row r's piece p is entry p of its group's row of the tables
+                out = piece_time(x, alpha.take(idx), beta.take(idx), floor.take(idx))
+                return out if every else np.where(live, out, 0.0)
+            # the rows sorted by group once (cached), each group a slice
             order, bounds = self._sorted(n, k, inv, len(uniq))
             xs, ts, ls = x[order], np.zeros(len(x)), live[order]
             for i, u in enumerate(uniq.tolist()):
@@ -1396,6 +1417,48 @@ class _Timer:
             out[live] = tl
         return out
 
+    def _regime_rows(self, op: str, n: np.ndarray, k: np.ndarray, inv: np.ndarray, uniq: np.ndarray
+                     ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """Each row's regime of ``op`` as tables (:meth:`time_rows`, several groups): the groups' regimes
+        ``(x_lo, α, β)`` and floors (:func:`~llmcomm.overhead.bandwidth.piece_floor`) as ``(groups, pieces)`` rows,
+        flattened (``α``, ``β``, floor), padded with pieces no bus byte count reaches (lower end ``+∞``); per row
+        the lower ends of its group's pieces after the first and the offset ``group·pieces`` of its group's row.
+        A group of one rank has ``α = β = 0``: no time, as :meth:`time` gives. Once per op and pair of (group size,
+        ranks per node) arrays; ``None`` where a group's regime cannot be looked up (:meth:`time_rows` then asks
+        only the groups it needs, as before)."""
+        key = (op, id(n), id(k))
+        hit = self.tables.get(key)
+        if hit is not None and hit[0] is n and hit[1] is k:
+            return hit[2]
+        regimes = []
+        try:
+            for u in uniq.tolist():
+                nn, kk = u >> 20, u & ((1 << 20) - 1)
+                if nn == 1:
+                    regimes.append(None)
+                    continue
+                reg = self.cache.get((op, nn, kk))
+                if reg is None:
+                    reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
+                regimes.append(reg)
+        except (ConfigError, DataError, KeyError, ValueError):
+            self.tables[key] = (n, k, None)
+            return None
+        pieces = max([len(r[0]) for r in regimes if r is not None], default=1)
+        lo = np.full((len(regimes), pieces), np.inf)
+        alpha, beta = np.zeros((len(regimes), pieces)), np.zeros((len(regimes), pieces))
+        floor = np.full((len(regimes), pieces), -np.inf)
+        for g, reg in enumerate(regimes):
+            if reg is None:  # one rank: max(0 + 0·x, −∞) = 0 s
+                continue
+            x_lo, a, b = reg
+            lo[g, :len(x_lo)], alpha[g, :len(x_lo)], beta[g, :len(x_lo)] = x_lo, a, b
+            floor[g, :len(x_lo)] = piece_floor(x_lo, a, b)
+        table = ([lo[:, j].take(inv) for j in range(1, pieces)], inv * pieces, alpha.ravel(), beta.ravel(),
+                 floor.ravel())
+        self.tables[key] = (n, k, table)
+        return table
+
     def _sorted(self, n: np.ndarray, k: np.ndarray, inv: np.ndarray, groups: int) -> tuple[np.ndarray, list[int]]:
         """The rows ordered by group code ``inv`` (stable) and each group's ``[start, end)`` in that order, once
         per pair of (group size, ranks per node) arrays (:meth:`time_rows`)."""
@@ -1411,6 +1474,7 @@ class _Timer:
         """Forget the grouping of rows by (group size, ranks per node) cached for the current arrays."""
         self.groups.clear()
         self.sorted.clear()
+        self.tables.clear()
 
     def time(self, op: str, nbytes: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
         if not self.fast:
@@ -1466,6 +1530,26 @@ class _Timer:
         return out
 
 
+def _group_codes(n: np.ndarray, k: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(code of each row, distinct keys)`` of the rows' (group size ``n``, ranks per node ``k``) pairs, ``key =
+    n·2²⁰ + k`` (:meth:`_Timer.time_rows`): through a dense look-up table of the pairs' range where it is small
+    (a count per pair, no hashing), else by hashing (``pandas.factorize``). Codes number the distinct pairs (in
+    ascending order for the table, of first appearance for the hash); what a row's code stands for is the same."""
+    n_lo, k_lo = int(n.min()), int(k.min())
+    width = int(k.max()) - k_lo + 1
+    span = (int(n.max()) - n_lo + 1) * width
+    if span > DENSE_GROUP_CODES:
+        inv, uniq = pd.factorize(key, sort=False)
+        return inv, uniq
+    dense = (n - n_lo) * width + (k - k_lo)
+    present = np.flatnonzero(np.bincount(dense, minlength=span))
+    lut = np.zeros(span, np.int64)
+    lut[present] = np.arange(len(present))
+    uniq = (present // width + n_lo) * (1 << 20) + (present % width + k_lo)
+    return lut.take(dense), uniq
+
+
+DENSE_GROUP_CODES = 1 << 20  # _group_codes: a look-up table up to this many (group size, ranks per node) pairs
 CALL_MEMO_SIZE = 200_000  # distinct calls a _Timer keeps (_Timer.calls)
 SMALL_ROWS = 256  # _Timer.time groups this many rows or fewer by a dict (pandas' hashing pays off above)
 _TIMERS: dict[int, tuple[Any, _Timer]] = {}
@@ -1521,12 +1605,17 @@ def _freeze(x: Any) -> None:
     """Every numpy array in ``x`` (a :class:`Stages`, its dicts) read-only (a loop, not a recursion: a
     configuration's :class:`Stages` holds some 150 arrays)."""
     todo = [x]
+    ndarray = np.ndarray
     while todo:
         v = todo.pop()
-        if isinstance(v, np.ndarray):
+        if isinstance(v, dict):  # most arrays sit in dicts: frozen here, the rest looked into
+            for u in v.values():
+                if type(u) is ndarray:
+                    u.setflags(write=False)
+                else:
+                    todo.append(u)
+        elif isinstance(v, np.ndarray):
             v.setflags(write=False)
-        elif isinstance(v, dict):
-            todo.extend(v.values())
         elif isinstance(v, Stages):
             todo.extend(vars(v).values())
 
