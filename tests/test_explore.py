@@ -264,6 +264,34 @@ def test_cached_text_canvas_draws_the_pixels_of_a_plain_canvas(view) -> None:
     plt.close(fig)
 
 
+def test_canvas_cache_is_used_only_on_the_matplotlib_it_follows(view, monkeypatch) -> None:
+    """llmcomm.explore.canvas: on this matplotlib (3.11, the one CI installs) the cache is on; on another one
+    (SUPPORTED False) attach keeps matplotlib's own Agg canvas and the panel's PNG is the same."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from llmcomm.explore import canvas, panels
+
+    assert canvas.SUPPORTED == matplotlib.__version__.startswith("3.11.")
+    fig = panels.FIGURES["layout"](view)
+    FigureCanvasAgg(fig)
+    with_cache = panels.fast_png(fig, canvas.TextCache()) if canvas.SUPPORTED else None
+    monkeypatch.setattr(canvas, "SUPPORTED", False)
+    other = plt.figure()
+    FigureCanvasAgg(other)
+    assert canvas.attach(other, canvas.TextCache()) is other and type(other.canvas) is FigureCanvasAgg
+    plt.close(other)
+    fresh = panels.FIGURES["layout"](view)
+    FigureCanvasAgg(fresh)
+    plain = panels.fast_png(fresh, canvas.TextCache())
+    assert type(fresh.canvas) is FigureCanvasAgg
+    if with_cache is not None:
+        assert plain == with_cache
+    plt.close(fig)
+    plt.close(fresh)
+
+
 def test_cached_glyphs_and_sizes_at_new_places_draw_the_pixels_of_a_plain_canvas() -> None:
     """llmcomm.explore.canvas: glyph bitmaps, string layouts and string sizes kept by one figure and reused by
     another at other places (other fractions of a pixel, whole pixels away, rotated, other sizes, without

@@ -28,6 +28,10 @@ the same ``draw_text_image`` calls as matplotlib's (tested against a plain Agg c
 
 Bounded: at most :data:`MAX_BYTES` of bitmaps are kept (least recently used first out), and at most
 :data:`MAX_SIZES` string sizes.
+
+Only on the matplotlib it was written against (:data:`SUPPORTED`: matplotlib 3.11 with the Agg and FreeType
+internals named above present): on any other version :func:`attach` leaves a figure on matplotlib's own Agg
+canvas, so the explorer draws the same figures, only without the cache's saving.
 """
 
 from __future__ import annotations
@@ -42,6 +46,21 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import fontManager, get_font
 from matplotlib.ft2font import RenderMode
 
+
+def _supported() -> bool:
+    """Whether this matplotlib is the one the overrides below follow line by line (3.11) and still has every
+    private name they call or override."""
+    import matplotlib
+    from matplotlib.ft2font import FT2Font
+
+    major_minor = tuple(int(p) for p in matplotlib.__version__.split(".")[:2] if p.isdigit())
+    return (major_minor == (3, 11)
+            and hasattr(RendererAgg, "_draw_text_glyphs_and_boxes")
+            and all(hasattr(FT2Font, n) for n in ("_layout", "_render_glyph", "_set_transform"))
+            and hasattr(FigureCanvasAgg, "_lastKey"))
+
+
+SUPPORTED: bool = _supported()  # False: attach() keeps matplotlib's own canvas (module doc)
 MAX_BYTES = 32 * 2**20  # glyph bitmaps kept per cache (texts' and single glyphs' together)
 MAX_SIZES = 65_536  # string sizes kept per cache
 
@@ -273,7 +292,10 @@ class CachedTextCanvas(FigureCanvasAgg):
 
 
 def attach(fig: Figure, cache: TextCache) -> Figure:
-    """Draw ``fig`` on a :class:`CachedTextCanvas` sharing ``cache`` (a no-op when it already does)."""
+    """Draw ``fig`` on a :class:`CachedTextCanvas` sharing ``cache`` (a no-op when it already does, and on a
+    matplotlib other than :data:`SUPPORTED`'s)."""
+    if not SUPPORTED:
+        return fig
     canvas = fig.canvas
     if not (isinstance(canvas, CachedTextCanvas) and canvas.text_cache is cache):
         CachedTextCanvas(fig, cache)
