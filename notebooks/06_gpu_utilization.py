@@ -111,6 +111,7 @@ out.value("tp_allreduce_max_error", {int(n): e for n, e in ar_err.items()})
 out.value("residual_by_tp", {int(t): float(e) for t, e in by_tp.items()})
 out.value("theta_tp_unbounded_s", theta_tp_free)
 out.value("microbatch_doublings_faster", int(inv_by_tp["sum"].sum()))
+out.value("microbatch_doublings", int(inv_by_tp["count"].sum()))
 out.check("theta_tp_bound_explained", "tp" not in on_bound or (theta_tp_free <= 0 and by_tp.min() < 0 < by_tp.max()),
           value={"theta_tp_unbounded_s": theta_tp_free, "residual_by_tp": by_tp.round(4).to_dict()},
           expect="θ_tp on its bound only where the unbounded fit wants it <= 0 and the residual changes sign with TP")
