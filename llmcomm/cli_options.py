@@ -283,7 +283,7 @@ def add_parallel(p: argparse.ArgumentParser, *, dims: Iterable[str] = ("tp", "pp
                                                                           " (default: p2p)"))
     # FP8 on the wire (acc-fp8wire; llmcomm.predict.fp8_wire)
     if "tp_comm_overlap_fp8_buf" in extras:
-        from .predict.fp8_wire import FP8_BUF_LAYERS
+        from .vocab import FP8_BUF_LAYERS
 
         p.add_argument("--tp-comm-overlap-fp8-buf", dest="tp_comm_overlap_fp8_buf", nargs="*", default=None,
                        choices=FP8_BUF_LAYERS, metavar="LAYER",

@@ -235,6 +235,9 @@ def _move_node_boundaries(ax: Axes, k: int, world_size: int, gpus_per_node: int,
     positions, title = _boundary_positions(k, world_size, gpus_per_node, title)
     kept = [c for c in ax.collections if c.get_gid() == NODE_COLLECTION]
     if kept:  # drawn by _node_boundary_collection: its segments replaced
+        from matplotlib.collections import LineCollection
+
+        assert isinstance(kept[0], LineCollection)  # the gid is only ever given to one
         kept[0].set_segments(_boundary_segments(ax, positions))
         return title
     lines = list(ax.lines)

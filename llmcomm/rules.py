@@ -91,9 +91,9 @@ def _each(values: Any, fn: Callable[[Any], Any]) -> np.ndarray:
     missing = np.flatnonzero(codes < 0)
     if len(missing):
         sub = flat[missing]
-        none = np.asarray(np.equal(sub, None), dtype=bool)  # type: ignore[call-overload]  # elementwise vs None
+        none: np.ndarray = np.array([v is None for v in sub.tolist()], dtype=bool)
         out[missing[none]] = bool(fn(None))
-        for i in missing[~none].tolist():  # NaN, pd.NA, NaT: as they are
+        for i in missing[np.logical_not(none)].tolist():  # NaN, pd.NA, NaT: as they are
             out[i] = bool(fn(flat[i]))
     return out.reshape(a.shape)
 

@@ -37,6 +37,7 @@ from .paths import data_dir
 from .stage_split import pipeline_split
 from .vocab import (
     ATTENTION_BACKENDS,
+    FP8_BUF_LAYERS,
     MOE_FLEX_BACKENDS,
     MOE_TOKEN_DISPATCHERS,
     NORMALIZATIONS,
@@ -796,9 +797,11 @@ class ParallelConfig:
             raise ConfigError(f"seq_len={self.seq_len!r} must be a positive integer")
         for f in ("act_dtype", "grad_reduce_dtype", "param_dtype"):
             dtype_bytes(getattr(self, f))
-        from .predict.fp8_wire import check_fp8_buf  # acc-fp8wire: the rule's home
-
-        check_fp8_buf(self.tp_comm_overlap_fp8_buf)
+        bad = [x for x in self.tp_comm_overlap_fp8_buf if x not in FP8_BUF_LAYERS]
+        if bad:
+            raise ConfigError(f"tp_comm_overlap_fp8_buf={tuple(self.tp_comm_overlap_fp8_buf)!r}: {bad} not in "
+                              f"{FP8_BUF_LAYERS} (TE's initialize_ub makes the all-gather buffers FP8 regardless "
+                              "and the wgrad buffers never)")
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute={self.recompute!r} is not one of {RECOMPUTE_MODES}")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -342,3 +342,8 @@ ROUTING_SCHEMA = pa.schema([
 ])
 ROUTING_COLUMNS: tuple[str, ...] = tuple(ROUTING_SCHEMA.names)
 ROUTING_KEY: tuple[str, ...] = ROUTING_COLUMNS[:-1]  # a routing row's identity (and sort order)
+
+# the userbuffers layers whose reduce-scatter buffer the ub config may make FP8 (TransformerEngine's initialize_ub
+# honours ``fp8_buf`` for the pipeline-method names only; the all-gather buffers are FP8 regardless):
+# ParallelConfig.tp_comm_overlap_fp8_buf, read by llmcomm.predict.fp8_wire
+FP8_BUF_LAYERS = ("proj_fprop", "fc2_fprop")

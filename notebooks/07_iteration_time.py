@@ -97,8 +97,11 @@ out.value("config_comm_overhead", b.comm_overhead)
 # these steps, as Megatron-LM and TransformerEngine run them: under SP without TP overlap the column-parallel
 # backward's all-gather and reduce-scatter hide under its dgrad and wgrad GEMMs
 # (`llmcomm.overhead.overlap.sp_backward_exposed`); FP8 delayed scaling casts and transposes each GEMM operand
-# (`llmcomm.overhead.fp8_casts`); an MoE layer adds its per-expert GEMMs on TE's streams, the dispatcher's
-# permutations, the router and the FP8 expert-input casts (`llmcomm.overhead.moe_time`).
+# (`llmcomm.overhead.fp8_casts`), and its SP all-gathers move FP8 bytes while the reduce-scatters stay BF16 unless
+# userbuffers' `fp8_buf` is set (TE quantizes before it gathers; current scaling adds a small amax all-reduce per
+# gather: `llmcomm.predict.fp8_wire`, the predictor's bytes and the time model's alike); an MoE layer adds its
+# per-expert GEMMs on TE's streams, the dispatcher's permutations, the router and the FP8 expert-input casts
+# (`llmcomm.overhead.moe_time`).
 
 # %%
 case = ablation.recipe_case(ablation_recipe["container"], ablation_recipe["model"])

@@ -215,10 +215,13 @@ class CachedTextRenderer(RendererAgg):
             got = (None, None, None)
             for name, gap, ascent, descent in (("OS/2", "sTypoLineGap", "sTypoAscender", "sTypoDescender"),
                                                ("hhea", "lineGap", "ascent", "descent")):
-                table = font.get_sfnt_table(name)
+                table: Any = font.get_sfnt_table(name)  # type: ignore[call-overload]  # "OS/2" or "hhea"
                 if table is None:
                     continue
-                scale = 1 / font.get_sfnt_table("head")["unitsPerEm"] * size * self.dpi / 72
+                head = font.get_sfnt_table("head")
+                if head is None:
+                    continue
+                scale = 1 / head["unitsPerEm"] * size * self.dpi / 72
                 got = (table[ascent] * scale, -table[descent] * scale, table[gap] * scale)
                 break
             self.text_cache.heights[key] = got

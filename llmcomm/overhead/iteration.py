@@ -105,7 +105,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import rules, step
+from .. import rules, step, vocab
 from ..errors import ConfigError, DataError
 from ..parallel_table import ParallelTable
 from ..paths import data_stamp
@@ -213,9 +213,9 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
     c["fp8_param_gather"] = np.asarray(t.fp8_param_gather, dtype=bool)
     c["fp8_recipe"] = np.asarray(t.fp8_recipe, dtype=object)  # the SP collectives' bytes (sp_wire_bytes)
-    c["fp8_buf_proj"], c["fp8_buf_fc2"] = (np.zeros(len(t), bool) for _ in fp8_wire.FP8_BUF_LAYERS)
+    c["fp8_buf_proj"], c["fp8_buf_fc2"] = (np.zeros(len(t), bool) for _ in vocab.FP8_BUF_LAYERS)
     ub8 = np.flatnonzero(c["fp8"] & np.asarray(t.tp_comm_overlap, dtype=bool))  # where userbuffers' fp8_buf counts
-    for key, n in zip(("fp8_buf_proj", "fp8_buf_fc2"), fp8_wire.FP8_BUF_LAYERS, strict=True):
+    for key, n in zip(("fp8_buf_proj", "fp8_buf_fc2"), vocab.FP8_BUF_LAYERS, strict=True):
         c[key][ub8] = [isinstance(x, (tuple, list)) and n in x for x in np.asarray(t.tp_comm_overlap_fp8_buf,
                                                                                   dtype=object)[ub8]]
     c["tp_comm_overlap"] = np.asarray(t.tp_comm_overlap, dtype=bool)
@@ -1430,7 +1430,7 @@ class _Timer:
         hit = self.tables.get(key)
         if hit is not None and hit[0] is n and hit[1] is k:
             return hit[2]
-        regimes = []
+        regimes: list[Any] = []
         try:
             for u in uniq.tolist():
                 nn, kk = u >> 20, u & ((1 << 20) - 1)

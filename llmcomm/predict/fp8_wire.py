@@ -13,7 +13,7 @@ collective         delayed / tensorwise                                    mxfp8
   (qkv, fc1 in)    fused LayerNorm)                                        ``n + 4·n/128`` (fp32 per 128)
 ``fwd_rs``         ``act`` (the proj/fc2 GEMM output is BF16); FP8 ``n``   ``act``
   (proj, fc2 out)  only with ``tp_comm_overlap`` and the userbuffers
-                   layer's ``fp8_buf`` (:data:`FP8_BUF_LAYERS`)
+                   layer's ``fp8_buf`` (:data:`llmcomm.vocab.FP8_BUF_LAYERS`)
 ``bwd_ag_grad``    FP8, ``n`` (the proj/fc2 grad output, quantized then    both usages: ``2·(n + n/32)`` /
   (proj, fc2)      gathered)                                               ``2·(n + 4·n/128)``
 ``bwd_ag_input``   FP8, ``n`` (the saved FP8 ln_out re-gathered for        column-wise only: ``n + n/32`` /
@@ -68,17 +68,14 @@ Sources (file:line at the version):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError
 
 SP_COLLECTIVES = ("fwd_ag", "fwd_rs", "bwd_ag_grad", "bwd_ag_input", "bwd_rs")
-# the userbuffers layers whose reduce-scatter buffer the ub config may make FP8 (TE initialize_ub honours
-# ``fp8_buf`` for the pipeline-method names only; the all-gather buffers are FP8 regardless)
-FP8_BUF_LAYERS = ("proj_fprop", "fc2_fprop")
 
 
 @dataclass(frozen=True)
@@ -90,7 +87,8 @@ class Wire:
     scale_block: int = 0
     scale_bytes: int = 0
 
-    def nbytes(self, elements: int) -> int:
+    def nbytes(self, elements: Any) -> Any:
+        """Bytes on the wire for ``elements`` elements (an int, or an integer array: element by element)."""
         scales = elements // self.scale_block * self.scale_bytes if self.scale_block else 0
         return self.usages * (elements + scales)
 
@@ -116,14 +114,6 @@ def _recipe(fp8: str | None, recipe: str) -> str | None:
         raise ConfigError(f"fp8_recipe={recipe!r}: the bytes TransformerEngine sends are known for "
                           f"{tuple(RULE)} only (a 'custom' recipe's quantizers are the user's)")
     return recipe
-
-
-def check_fp8_buf(layers: Sequence[str]) -> None:
-    """``tp_comm_overlap_fp8_buf`` names only userbuffers layers whose ``fp8_buf`` TransformerEngine honours."""
-    bad = [x for x in layers if x not in FP8_BUF_LAYERS]
-    if bad:
-        raise ConfigError(f"tp_comm_overlap_fp8_buf={tuple(layers)!r}: {bad} not in {FP8_BUF_LAYERS} (TE's "
-                          "initialize_ub makes the all-gather buffers FP8 regardless and the wgrad buffers never)")
 
 
 def wire(kind: str, fp8: str | None, recipe: str, tp_comm_overlap: bool = False, fp8_buf: bool = False
@@ -171,9 +161,7 @@ def sp_bytes(kind: str, elements: np.ndarray, act: np.ndarray, fp8: np.ndarray, 
             if m.any():
                 w = wire(kind, "hybrid", str(r), on_ub, on_ub)
                 if w is not None:
-                    e = np.asarray(elements)[m]
-                    scales = e // w.scale_block * w.scale_bytes if w.scale_block else 0
-                    out[m] = w.usages * (e + scales)
+                    out[m] = w.nbytes(np.asarray(elements)[m])
     return out
 
 

@@ -494,6 +494,7 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     bounded = bounded and len(kept) > 0
     if bounded:  # the lower bound of each row (llmcomm.tune.bound)
         t_bound = time.perf_counter()
+        assert key is not None  # computed above whenever bounded
         key = key[np.nonzero(ok)[0][stay]]  # each expanded row's memory-model row (space.expand_by_grid's order)
         kept = kept.assign(**{BOUND: lower_bounds(model, kept, cluster_n, bandwidth, utilization, key=key)})
         bound_s = time.perf_counter() - t_bound
