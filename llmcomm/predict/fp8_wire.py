@@ -69,6 +69,7 @@ Sources (file:line at the version):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +87,8 @@ class Wire:
     scale_block: int = 0
     scale_bytes: int = 0
 
-    def nbytes(self, elements: int) -> int:
+    def nbytes(self, elements: Any) -> Any:
+        """Bytes on the wire for ``elements`` elements (an int, or an integer array: element by element)."""
         scales = elements // self.scale_block * self.scale_bytes if self.scale_block else 0
         return self.usages * (elements + scales)
 
@@ -159,9 +161,7 @@ def sp_bytes(kind: str, elements: np.ndarray, act: np.ndarray, fp8: np.ndarray, 
             if m.any():
                 w = wire(kind, "hybrid", str(r), on_ub, on_ub)
                 if w is not None:
-                    e = np.asarray(elements)[m]
-                    scales = e // w.scale_block * w.scale_bytes if w.scale_block else 0
-                    out[m] = w.usages * (e + scales)
+                    out[m] = w.nbytes(np.asarray(elements)[m])
     return out
 
 
