@@ -409,3 +409,24 @@ def test_collector_waits_during_a_change_and_is_restored() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_in_view_minor_ticks_draw_the_pixels_of_the_log_scales_own(view) -> None:
+    """The call-sequence panel's minor locator (:class:`panels._InViewMinor`) makes only the minor ticks the
+    log axis draws: the same ticks drawn, the same labels, the same pixels, fewer ticks made."""
+    from llmcomm.explore import panels
+
+    assert len(view.calls) > 0
+    figs = [panels.calls_figure(view, tight=False) for _ in range(2)]
+    yaxis = figs[1].axes[0].yaxis
+    yaxis.set_minor_locator(panels._InViewMinor(yaxis.get_minor_locator()))
+    for f in figs:
+        f.subplots_adjust(left=0.1, right=0.8, bottom=0.2, top=0.85)
+    pngs = [panels.fast_png(f) for f in figs]
+    own, in_view = (f.axes[0].yaxis for f in figs)
+    assert pngs[0] == pngs[1]
+    drawn = [[(t.get_loc(), t.label1.get_text()) for t in a._update_ticks()] for a in (own, in_view)]
+    assert drawn[0] == drawn[1] and len(drawn[0]) > 0
+    assert len(in_view.get_minorticklocs()) < len(own.get_minorticklocs())
+    for f in figs:
+        plt.close(f)

@@ -117,6 +117,27 @@ def test_schedules_cover_every_step_once():
             assert sorted(si) == sorted([(k, i, c) for k in "FB" for i in range(4) for c in range(2)])
 
 
+def test_one_f_one_b_is_warm_up_pairs_and_cool_down():
+    """Megatron's non-interleaved order (``forward_backward_pipelining_without_interleaving``): ``w`` warm-up
+    forwards, one forward and the oldest backward per step of the steady state, then the ``w`` cool-down
+    backwards, with ``w = min(p - r - 1, m)``; each call a fresh list (the steps are shared tuples)."""
+    for m in (0, 1, 3, 8, 33):
+        for p in (1, 2, 5, 32):
+            for r in range(p):
+                s = one_f_one_b(m, p, r)
+                w = min(p - r - 1, m)
+                issued, oldest = 0, 0  # next forward to issue, oldest backward not yet run
+                expect = []
+                for _ in range(w):
+                    expect.append(("F", issued, 0))
+                    issued += 1
+                while issued < m:
+                    expect += [("F", issued, 0), ("B", oldest, 0)]
+                    issued, oldest = issued + 1, oldest + 1
+                expect += [("B", i, 0) for i in range(oldest, m)]
+                assert s == expect and s is not one_f_one_b(m, p, r)
+
+
 def test_dp_allreduce_is_the_model_gradient():
     t = predict_traffic(TINY, pc(dp=2, global_batch=4))
     n_params = TINY.num_parameters() + (VPAD - TINY.vocab_size) * H

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import Locator, MaxNLocator
 from PIL import Image
 
 from ..overhead import interval
@@ -256,6 +256,38 @@ class _InViewLocator(MaxNLocator):
         return inside if len(inside) >= 2 else locs
 
 
+class _InViewMinor(Locator):
+    """The minor ticks of ``inner`` (the locator an axis's scale set: ``LogLocator(10, 'auto')`` on the
+    call-sequence panel's log axis, ``LogScale.set_default_locators_and_formatters``) without those outside the
+    view, which the axis would make but never draw: it draws a tick whose place, in the scale's transformed
+    coordinates, lies within 1e-10 of the view's span of its edges (``Axis._update_ticks``,
+    ``transforms._interval_contains_close``); the ticks kept are those within 1e-6 of it, so the ticks drawn
+    are the same, in the same order. Their labels are the same: a log formatter labels a tick from its place
+    and the view alone (``LogFormatter.set_locs`` ignores the other ticks). A log axis spanning a few decades
+    has three times as many minor ticks made as drawn (each made costs about half a millisecond)."""
+
+    def __init__(self, inner: Locator) -> None:
+        self.inner = inner
+
+    def set_axis(self, axis: Any) -> None:
+        super().set_axis(axis)
+        self.inner.set_axis(axis)
+
+    def __call__(self) -> Any:
+        locs = np.asarray(self.inner())
+        if self.axis is None or not len(locs):
+            return locs
+        transform = self.axis.get_transform()
+        lo, hi = sorted(transform.transform(self.axis.get_view_interval()))
+        tol = 1e-6 * (hi - lo)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            t = transform.transform(locs)
+        return locs[(t >= lo - tol) & (t <= hi + tol)]
+
+    def tick_values(self, vmin: float, vmax: float) -> Any:
+        return self.inner.tick_values(vmin, vmax)
+
+
 def _fixed_title(ax: Axes, **kw: Any) -> None:
     """Keep ``ax``'s title at ``y = 1``, where matplotlib's automatic placement (``Axes._update_title_position``)
     puts it on axes whose ticks are at the bottom and whose y axis shows no offset text (the matrix, layout and
@@ -312,11 +344,14 @@ def _screen_layout_title(fig: Figure, v: View) -> None:
 TIME_SIZE = (10.0, 2.9)  # inches: a two-line title, one bar, the legend of up to three rows below
 
 
-def _screen_time(v: View, ax: Axes | None = None) -> Figure:
+def _screen_time(v: View, ax: Axes | None = None, text: TextCache | None = None) -> Figure:
     """:func:`llmcomm.plots.breakdown_bars` on axes placed in inches: the bar's label measured (one text), the
-    two-line title above, the legend below (on ``ax`` as in :func:`bytes_figure`)."""
+    two-line title above, the legend below (on ``ax`` as in :func:`bytes_figure`; a new figure on a canvas
+    sharing ``text``, so that the label measured here is measured once)."""
     if ax is None:
         fig, ax = plt.subplots(figsize=TIME_SIZE, dpi=DPI)
+        if text is not None:
+            attach(fig, text)
     fig = ax.figure  # type: ignore[assignment]  # a top-level figure
     for t in list(fig.texts):
         t.remove()
@@ -385,12 +420,17 @@ class Painter:
                 clear_axes(kept.axes[0])
                 self.reused["axes"] += 1
             if panel == "time":
-                fig = _screen_time(v, None if kept is None else kept.axes[0])
+                fig = _screen_time(v, None if kept is None else kept.axes[0], self.text)
             else:
                 assert draw is not None
                 fig = draw(v, tight=False, ax=None if kept is None else kept.axes[0])
+                if panel == "calls":  # the log scale's minor locator, set again by each drawing
+                    yaxis = fig.axes[0].yaxis
+                    yaxis.set_minor_locator(_InViewMinor(yaxis.get_minor_locator()))
                 if kept is None and panel == "calls":  # byte ticks on a log axis: no offset text
                     _fixed_title(fig.axes[0])
+                if kept is None:  # texts measured by the first tight_layout are kept for its drawing
+                    attach(fig, self.text)
                 if kept is not None and panel == "bytes":  # the only one whose limits come from its data
                     fig.axes[0].relim()
                     fig.axes[0].autoscale_view()

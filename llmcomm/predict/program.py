@@ -301,21 +301,22 @@ def stage_plan(ctx: Context, stage: int) -> StagePlan:
     predictor and the explorer's call-sequence panel build a stage once)."""
     steps = _steps(ctx, stage)
     m = ctx.num_microbatches
-    slots: dict[tuple, int] = {}
+    last = m - 1
+    # a step's class; classes numbered in the order of their first step (a deep pipeline: a thousand steps per
+    # stage in a handful of classes, so the classes' first and second steps are found by C-level scans)
+    keys = [(kind, chunk, mb == 0, mb == last) for kind, mb, chunk in steps]
+    slots: dict[tuple, int] = {key: t for t, key in enumerate(dict.fromkeys(keys))}
     templates: list[_Template] = []
     samples: dict[int, int] = {}  # template -> a second micro-batch of its class, checked below
-    pieces: list[tuple[int, int]] = []
-    last = m - 1
-    for step in steps:
-        kind, mb, chunk = step  # a Step (kind, microbatch, chunk), unpacked at once
-        key = (kind, chunk, mb == 0, mb == last)
-        t = slots.get(key)
-        if t is None:
-            t = slots[key] = len(templates)
-            templates.append(_template(_step_calls(ctx, stage, step), mb))
-        elif t not in samples:
-            samples[t] = mb
-        pieces.append((t, mb))
+    for key in slots:
+        first = keys.index(key)
+        step = steps[first]
+        templates.append(_template(_step_calls(ctx, stage, step), step.microbatch))
+        try:
+            samples[slots[key]] = steps[keys.index(key, first + 1)].microbatch
+        except ValueError:  # a class of one step
+            pass
+    pieces = [(slots[key], step[1]) for key, step in zip(keys, steps, strict=True)]
     for t, mb in samples.items():  # the claim of the class docstring, on a second micro-batch of each class
         kind, chunk = next(k for k, i in slots.items() if i == t)[:2]
         if _step_calls(ctx, stage, Step(kind, mb, chunk)) != templates[t].at(mb):

@@ -18,6 +18,7 @@ in the order it runs them.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from ..errors import ConfigError
@@ -37,14 +38,22 @@ def gpipe(m: int) -> list[Step]:
 
 
 def one_f_one_b(m: int, p: int, r: int) -> list[Step]:
-    """Non-interleaved 1F1B order on stage ``r`` of ``p``."""
+    """Non-interleaved 1F1B order on stage ``r`` of ``p``: ``w`` warm-up forwards ``F0 … F(w-1)``, then the
+    pairs ``F(w+i), B(i)`` for ``i < m - w``, then the cool-down backwards ``B(m-w) … B(m-1)``, assembled by
+    slicing the stage-independent forwards and backwards of :func:`_steps_of` (a deep pipeline's stages share
+    them: 32 stages of 512 micro-batches would otherwise build 32,768 steps)."""
     w = min(p - r - 1, m)
-    steps = [Step("F", i, 0) for i in range(w)]
-    for i in range(m - w):
-        steps.append(Step("F", w + i, 0))
-        steps.append(Step("B", i, 0))
-    steps += [Step("B", m - w + i, 0) for i in range(w)]
-    return steps
+    fwd, bwd = _steps_of("F", m), _steps_of("B", m)
+    pairs: list[Step | None] = [None] * (2 * (m - w))
+    pairs[0::2] = fwd[w:]
+    pairs[1::2] = bwd[:m - w]
+    return [*fwd[:w], *pairs, *bwd[m - w:]]  # type: ignore[list-item]  # every None replaced
+
+
+@lru_cache(maxsize=64)
+def _steps_of(kind: str, m: int) -> tuple[Step, ...]:
+    """``Step(kind, i, 0)`` for ``i < m`` (steps are immutable tuples: shared by every stage's list)."""
+    return tuple(Step(kind, i, 0) for i in range(m))
 
 
 def schedule_table(m: int, v: int, n: int) -> list[tuple[int, int]]:

@@ -537,12 +537,19 @@ def row_codes(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
     """One integer per row of ``frame``, equal exactly for rows equal in every one of ``columns`` (``None`` and NaN
     each a value of their own): each column factorized, the codes combined and recoded as they grow."""
     code = np.zeros(len(frame), np.int64)
+    span = 1  # the codes are below span
     for c in columns:
-        codes, uniq = pd.factorize(frame[c].to_numpy(), use_na_sentinel=False)
-        code = code * max(len(uniq), 1) + codes
-        if len(uniq) > 1:
-            code = pd.factorize(code)[0].astype(np.int64)  # keep the code small
-    return code
+        col = frame[c]  # a string column factorized as it is (no conversion of every value to a Python object)
+        codes, uniq = pd.factorize(col if isinstance(col.dtype, pd.StringDtype) and not col.hasnans
+                                   else col.to_numpy(), use_na_sentinel=False)
+        radix = max(len(uniq), 1)
+        if span * radix >= 2**62:  # recode before the product overflows
+            code, uniq_codes = pd.factorize(code)
+            code, span = code.astype(np.int64), max(len(uniq_codes), 1)
+        code = code * radix + codes
+        span *= radix
+    # recoded in the order of first appearance: the same codes as recoding after every column
+    return pd.factorize(code)[0].astype(np.int64) if span > 1 else code
 
 
 def time_flag_combinations(space: SearchSpace) -> list[dict[str, bool]]:
