@@ -987,6 +987,9 @@ class Stages:
     fsdp: np.ndarray | None = None  # FSDP rows (llmcomm.overhead.fsdp_time)
     cp: np.ndarray | None = None  # context-parallel size (cp_time.exposed)
     measured_gemm: bool = False  # the linear GEMMs' gemm feature is measured seconds (combine: θ_gemm = 1)
+    # the three classes' features as the 3n rows they were computed as, and the per-class dicts that are their
+    # slices (combine times the 3n rows in one class_times call while cls still holds those very dicts)
+    stacked: tuple[dict[str, np.ndarray], tuple[dict[str, np.ndarray], ...]] | None = None
 
 
 def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
@@ -1116,7 +1119,8 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
                   np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
                   _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
-                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None)
+                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None,
+                  stacked=(q3, tuple(per_class[k]["q"] for k in CLASSES)))
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
@@ -1222,8 +1226,16 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     opg = st.overlap_param_gather if st.overlap_param_gather is not None else np.zeros(n, bool)
     split_ag = np.broadcast_to(ogr | opg, (n,))
     per: dict[str, dict[str, np.ndarray]] = {}
+    times3 = None  # class_times is elementwise per row: the 3n stacked rows at once give each class's same numbers
+    if st.stacked is not None and len(st.cls) == len(CLASSES) and all(
+            st.cls.get(k, {}).get("q") is q for k, q in zip(CLASSES, st.stacked[1], strict=True)):
+        times3 = class_times(st.stacked[0], util)
     for cls, r in st.cls.items():
-        fwd, bwd, rec = class_times(r["q"], util)
+        if times3 is not None:
+            sl = slice(CLASSES.index(cls) * n, (CLASSES.index(cls) + 1) * n)
+            fwd, bwd, rec = (x[sl] for x in times3)
+        else:
+            fwd, bwd, rec = class_times(r["q"], util)
         tp_s = r["tp"]
         th = util.coef[U.I["gemm"]] / util.scale
         if (r["ub_b"] > 0).any():  # SP without userbuffers: the column-parallel backward's async collectives

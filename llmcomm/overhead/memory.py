@@ -308,20 +308,29 @@ def memory_rows(model: ModelSpec, tab: ParallelTable) -> np.ndarray:
     vocab = {t: 1 + model.padded_vocab_size(int(t)) / model.hidden_size for t in {sh.tp for sh in shapes}}
     has_fsdp = np.zeros(len(uniq), bool)
     has_fsdp[inv[fsdp]] = True
-    for p in np.unique(depth).tolist():
+    groups: list[tuple[int, Any, Any, np.ndarray | None]] = []  # (depth, its layouts, its rows, row -> layout)
+    if n == 1:  # one configuration (memory()): its layout's stage arrays as one column, its row as a slice (views,
+        groups.append((int(depth[0]), [0], slice(None), None))  # no gathers): the same numbers, fewer numpy calls
+    for p in np.unique(depth).tolist() if n > 1 else ():
         js = np.flatnonzero(depth == p)
         rows = np.flatnonzero(depth[inv] == p)
         local = np.full(len(uniq), -1, np.int64)
         local[js] = np.arange(len(js))
-        at = local[inv[rows]]  # each row's layout among those of depth p
+        groups.append((p, js, rows, local[inv[rows]]))  # at: each row's layout among those of depth p
+    for p, js, rows, at in groups:
         infos = [_stage_info(model, shapes[j]) for j in js]
 
-        def per_row(name: str, infos: list[_StageInfo] = infos, at: np.ndarray = at) -> np.ndarray:
+        def per_row(name: str, infos: list[_StageInfo] = infos, at: np.ndarray | None = at) -> np.ndarray:
+            if at is None:  # the one row
+                return getattr(infos[0], name)[:, None]
             return np.stack([getattr(i, name) for i in infos])[at].T  # stages × rows
 
+        def gather(x: np.ndarray, at: np.ndarray | None = at) -> np.ndarray:  # a per-layout array per row
+            return x if at is None else x[at]
+
         share = per_row("moe_share")
-        t = np.array([shapes[j].tp for j in js], np.int64)[at]
-        v = np.array([shapes[j].vpp for j in js], np.int64)[at]
+        t = gather(np.array([shapes[j].tp for j in js], np.int64))
+        v = gather(np.array([shapes[j].vpp for j in js], np.int64))
         r = np.arange(p)[:, None]  # stages × rows below
         mean_layer = (1 - share) * per_layer[False][rows] + share * per_layer[True][rows]
         chunks = chunks_in_flight(r, pp=p, vpp=v, microbatches=microbatches[rows], gpipe=gpipe[rows])
@@ -337,10 +346,10 @@ def memory_rows(model: ModelSpec, tab: ParallelTable) -> np.ndarray:
                 rest = np.where(blk[rows], lpc - k, 0.0) * mean_none
             activations = np.where(meth_rows, chunks * (k * mean_layer + rest) + cp_buffers[rows], activations)
         activations[0] += -(-chunks[0] // v) * sbh[rows] / np.where(sp[rows], t, 1)
-        activations[p - 1] += 4 * sbh[rows] / t * np.array([vocab[shapes[j].tp] for j in js])[at]
+        activations[p - 1] += 4 * sbh[rows] / t * gather(np.array([vocab[shapes[j].tp] for j in js]))
         if fsdp[rows].any():  # the FSDP units of the layouts that have FSDP rows (the others' rows add 0)
             units = np.stack([_fsdp_units(model, shapes[j]).T if has_fsdp[j] else np.zeros((2, p)) for j in js])
-            fsdp_unit = units[at].transpose(1, 2, 0)  # (2, stages, rows)
+            fsdp_unit = gather(units).transpose(1, 2, 0)  # (2, stages, rows)
         else:
             fsdp_unit = np.zeros(2)
         w, g, o = model_state_bytes(per_row("dense"), per_row("expert"), dp_cp=dp_cp[rows],
@@ -351,7 +360,7 @@ def memory_rows(model: ModelSpec, tab: ParallelTable) -> np.ndarray:
                                  param_bytes=pbytes[rows], shard=np.where(fsdp[rows], dp_cp[rows], 1))
         total = w + g + o + activations
         peak = np.argmax(total, axis=0)  # the first stage of the largest total
-        cols = np.arange(len(rows))
+        cols = np.arange(n if at is None else len(rows))
         best[rows] = np.column_stack([w[peak, cols], g[peak, cols], o[peak, cols], activations[peak, cols],
                                       total[peak, cols], peak])
     return best
