@@ -275,10 +275,11 @@ class _InViewMinor(Locator):
 
     def __call__(self) -> Any:
         locs = np.asarray(self.inner())
-        if self.axis is None or not len(locs):
+        axis: Any = self.axis  # an Axis once set_axis ran (the locator is only ever set on one)
+        if axis is None or not len(locs):
             return locs
-        transform = self.axis.get_transform()
-        lo, hi = sorted(transform.transform(self.axis.get_view_interval()))
+        transform = axis.get_transform()
+        lo, hi = sorted(transform.transform(axis.get_view_interval()))
         tol = 1e-6 * (hi - lo)
         with np.errstate(invalid="ignore", divide="ignore"):
             t = transform.transform(locs)

@@ -989,7 +989,7 @@ class Stages:
     measured_gemm: bool = False  # the linear GEMMs' gemm feature is measured seconds (combine: θ_gemm = 1)
     # the three classes' features as the 3n rows they were computed as, and the per-class dicts that are their
     # slices (combine times the 3n rows in one class_times call while cls still holds those very dicts)
-    stacked: tuple[dict[str, np.ndarray], tuple[dict[str, np.ndarray], ...]] | None = None
+    stacked: tuple[dict[str, np.ndarray], tuple[Any, ...]] | None = None  # (q3, each class's q dict)
 
 
 def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
