@@ -736,7 +736,13 @@ class ParallelConfig:
             object.__setattr__(self, "moe_router_load_balancing_type", tuple(self.moe_router_load_balancing_type))
         fb = self.tp_comm_overlap_fp8_buf  # a table row without it (None, NaN) has none
         if not isinstance(fb, tuple):
-            fb = (fb,) if isinstance(fb, str) else tuple(fb) if isinstance(fb, list) else ()
+            if isinstance(fb, (str, list)):
+                fb = (fb,) if isinstance(fb, str) else tuple(fb)
+            elif fb is None or (isinstance(fb, float) and math.isnan(fb)):
+                fb = ()
+            else:
+                raise ConfigError(f"tp_comm_overlap_fp8_buf={fb!r} must be a list of userbuffers layer names "
+                                  f"from {FP8_BUF_LAYERS}")
             object.__setattr__(self, "tp_comm_overlap_fp8_buf", fb)
         if isinstance(self.recompute_modules, (list, str)):
             mods = [self.recompute_modules] if isinstance(self.recompute_modules, str) else self.recompute_modules

@@ -99,6 +99,9 @@ def test_mla_up_projection_gathers_fp8():
 def test_bad_inputs_refused():
     with pytest.raises(ConfigError, match="tp_comm_overlap_fp8_buf"):
         ParallelConfig(tp=4, sp=True, tp_comm_overlap_fp8_buf=("qkv_fprop",))
+    with pytest.raises(ConfigError, match="must be a list of userbuffers layer names"):
+        ParallelConfig(tp=4, sp=True, tp_comm_overlap_fp8_buf=5)  # type: ignore[arg-type]
+    assert ParallelConfig(tp=4, sp=True, tp_comm_overlap_fp8_buf=float("nan")).tp_comm_overlap_fp8_buf == ()  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="custom"):
         _calls(fp8="hybrid", fp8_recipe="custom")
     from llmcomm.predict import predict_traffic
