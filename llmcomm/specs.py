@@ -879,7 +879,9 @@ class ParallelConfig:
         return [split[vs % self.pp][vs // self.pp][1] for vs in range(self.pp * self.vpp)]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields in their JSON form (tuples as lists, as a trace's metadata stores and reads them back;
+        :meth:`from_dict` takes either)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], origin: str = "<dict>") -> ParallelConfig:

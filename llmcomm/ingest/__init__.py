@@ -110,7 +110,7 @@ def _read_sources(sources: Iterable[Source], given: ParallelConfig | dict[str, i
     for src in sources:
         reader = reader_for(src, "trace")
         cfg = dims.resolve(given, src, reader.name)
-        key = None if cfg is None else tuple(sorted(cfg.to_dict().items()))
+        key = cfg  # a frozen ParallelConfig (or None): one context per configuration
         if key not in contexts:  # without a config: groups tagged from names only
             contexts[key] = ReadContext(cfg, rank, gpus_per_node)
         table, meta = _checked_trace_table(reader, src, reader.read(src, contexts[key]))
