@@ -79,6 +79,7 @@ from .space import (
     TWIN_COLUMNS,
     SearchSpace,
     base_and_table,
+    column_codes,
     divisors,
     enumerate_base,
     enumerate_candidates,
@@ -177,9 +178,7 @@ def _has_twin(cands: pd.DataFrame, drop: np.ndarray, changes: dict[str, Any]) ->
     for c in key:
         # each column coded once; a changed column's twin value is one constant, coded by the same uniques (or
         # one past them where no row holds it)
-        col = cands[c]  # a string column factorized as it is (no conversion of every value to a Python object)
-        codes, uniq = pd.factorize(col if isinstance(col.dtype, pd.StringDtype) and not col.hasnans
-                                   else col.to_numpy(), use_na_sentinel=False)
+        codes, uniq = column_codes(cands[c])
         radix = len(uniq) + 1
         if c in changes:
             v = changes[c]
@@ -537,10 +536,7 @@ def _tp_spans_nodes(cands: pd.DataFrame, cluster: Cluster) -> np.ndarray:
 
     if not len(cands):
         return np.zeros(0, bool)
-    code = np.zeros(len(cands), np.int64)
-    for c in ("tp", "cp", "dp", "pp", "ep", "etp"):
-        if c in cands:
-            code = pd.factorize(code * (len(cands) + 1) + pd.factorize(cands[c].to_numpy())[0])[0].astype(np.int64)
+    code = row_codes(cands, [c for c in ("tp", "cp", "dp", "pp", "ep", "etp") if c in cands])
     _, first, inv = np.unique(code, return_index=True, return_inverse=True)
     reps = cands.iloc[first].reset_index(drop=True).assign(tp_comm_overlap=True)
     return userbuffers_unavailable(ParallelTable.from_frame(reps), cluster.gpus_per_node)[inv.reshape(-1)]

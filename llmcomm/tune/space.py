@@ -533,15 +533,20 @@ def dominated_combinations(space: SearchSpace, combos: dict[str, np.ndarray]) ->
             "fp8_param_gather_twins": np.where(factor == 2, 1, 0)}
 
 
+def column_codes(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``pandas.factorize`` of one column with ``None`` and NaN each a value of their own; a string column without
+    missing values factorized as it is (no conversion of every value to a Python object)."""
+    return pd.factorize(col if isinstance(col.dtype, pd.StringDtype) and not col.hasnans else col.to_numpy(),
+                        use_na_sentinel=False)
+
+
 def row_codes(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
     """One integer per row of ``frame``, equal exactly for rows equal in every one of ``columns`` (``None`` and NaN
     each a value of their own): each column factorized, the codes combined and recoded as they grow."""
     code = np.zeros(len(frame), np.int64)
     span = 1  # the codes are below span
     for c in columns:
-        col = frame[c]  # a string column factorized as it is (no conversion of every value to a Python object)
-        codes, uniq = pd.factorize(col if isinstance(col.dtype, pd.StringDtype) and not col.hasnans
-                                   else col.to_numpy(), use_na_sentinel=False)
+        codes, uniq = column_codes(frame[c])
         radix = max(len(uniq), 1)
         if span * radix >= 2**62:  # recode before the product overflows
             code, uniq_codes = pd.factorize(code)
