@@ -36,9 +36,17 @@ script, no DeepSpeed JSON, no hostfile is published, and the paper's text could 
 
 So the one reading that makes every row fit without a further assumption, and agrees with vTrain's own
 simulator of the runs, is 80 GB parts, no ZeRO: the A100-SXM4-80GB (HBM2e, 2,039 GB/s against the 40 GB part's
-1,555 GB/s, NVIDIA A100 datasheet; :data:`llmcomm.overhead.utilization.HBM_BANDWIDTH`). The kit's optimizer and
-recompute reading (``distributed_optimizer: False``, ``recompute: "full"``, :data:`llmcomm.overhead.measured.
-RUN_SETTINGS`) is not mis-read; the GPU part is an assumption the data contradict.
+1,555 GB/s, NVIDIA A100 datasheet; :data:`llmcomm.overhead.utilization.HBM_BANDWIDTH`).
+
+The kit's reading of the runs (:data:`llmcomm.overhead.measured.RUN_SETTINGS`, applied by
+:func:`llmcomm.overhead.measured.candidates`, which :func:`llmcomm.overhead.validation.predict_rows` times) is
+checked setting by setting against these files and is not mis-read: ``distributed_optimizer: False`` (vTrain's
+simulator: unsharded Adam, whole-stage all-reduce), ``recompute: "full"`` (``use_checkpoint: true``),
+``schedule: "1f1b"``, no gradient bucketing (``overlap_grad_reduce`` off: ``use_gradient_bucket: false``),
+``pipe_partitioned: True`` (DeepSpeed's PipelineEngine, :mod:`llmcomm.overhead.measured`), and the default rank
+order ``tp-cp-ep-dp-pp`` (:data:`llmcomm.specs.DEFAULT_ORDER`: TP fastest, then DP, then PP, as DeepSpeed's
+``PipeModelDataParallelTopology``, axes ``pipe, data, model``; :mod:`llmcomm.overhead.tp_diagnosis`). The GPU
+part is the one assumption the data contradict.
 
 **What each reading does to the fit** (:func:`whatif`; refit on the 1,440 single-node rows only, the shipped
 method :func:`llmcomm.overhead.calibrate.fit`; regenerate with ``python -m llmcomm.overhead.vtrain_memory``):
