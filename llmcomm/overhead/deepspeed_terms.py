@@ -145,6 +145,19 @@ def evaluate(single: C.Prepared, multi: C.Prepared, cv: bool = True) -> dict[str
     return out
 
 
+def result_row(e: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """One what-if table row of :func:`evaluate`'s result ``e``: the refit's θ (``theta_<feature>``), the
+    coefficients on their bound, single-node in-sample and leave-one-shape-out MAPE (NaN without ``cv``), ``extra``
+    columns, multi-node MAPE and minimum group Spearman, then per group ``mape_<group>``, ``spearman_<group>``."""
+    row: dict[str, Any] = {**{f"theta_{k}": v for k, v in e["theta"].items()}, "at_bound": ",".join(e["at_bound"]),
+                           "single_mape": e["single_in_sample"]["mape"],
+                           "single_loso_mape": e.get("single_leave_one_shape_out_mape", np.nan), **extra,
+                           "multi_mape": e["multi"]["mape"], "multi_min_spearman": e["multi"]["min_group_spearman"]}
+    for g, d in e["multi"]["groups"].items():
+        row[f"mape_{g}"], row[f"spearman_{g}"] = d["mape"], d["spearman"]
+    return row
+
+
 def prepared() -> tuple[C.Prepared, C.Prepared]:
     """The single- and multi-node rows prepared with the shipped bandwidth model (:func:`calibrate.prepare`)."""
     cluster = load_cluster(C.CLUSTER)
@@ -163,15 +176,7 @@ def whatif(cases: tuple[tuple[float, float], ...] = ((0.0, 0.0), (GRAD_ACCUMULAT
     rows = []
     for per_mb, per_it in cases:
         e = evaluate(with_extra_bytes(single, per_mb, per_it), with_extra_bytes(multi, per_mb, per_it), cv)
-        row: dict[str, Any] = {"per_microbatch": per_mb, "per_iteration": per_it,
-                               **{f"theta_{k}": v for k, v in e["theta"].items()},
-                               "at_bound": ",".join(e["at_bound"]), "single_mape": e["single_in_sample"]["mape"],
-                               "single_loso_mape": e.get("single_leave_one_shape_out_mape", np.nan),
-                               "multi_mape": e["multi"]["mape"],
-                               "multi_min_spearman": e["multi"]["min_group_spearman"]}
-        for g, d in e["multi"]["groups"].items():
-            row[f"mape_{g}"], row[f"spearman_{g}"] = d["mape"], d["spearman"]
-        rows.append(row)
+        rows.append({"per_microbatch": per_mb, "per_iteration": per_it, **result_row(e)})
     return pd.DataFrame(rows)
 
 

@@ -118,15 +118,8 @@ def whatif(cv: bool = True) -> pd.DataFrame:
         err = C.predict(s, u) / s.rows["time_s"].to_numpy() - 1.0
         tp8 = s.rows["tp"].to_numpy() == 8
         mb1 = s.rows["micro_batch"].to_numpy() == 1
-        row: dict[str, Any] = {"case": name, **{f"theta_{k}": v for k, v in e["theta"].items()},
-                               "at_bound": ",".join(e["at_bound"]), "single_mape": e["single_in_sample"]["mape"],
-                               "single_loso_mape": e.get("single_leave_one_shape_out_mape", np.nan),
-                               "single_tp8_bias": float(err[tp8].mean()),
-                               "single_tp8_mb1_bias": float(err[tp8 & mb1].mean()),
-                               "multi_mape": e["multi"]["mape"], "multi_min_spearman": e["multi"]["min_group_spearman"]}
-        for g, d in e["multi"]["groups"].items():
-            row[f"mape_{g}"], row[f"spearman_{g}"] = d["mape"], d["spearman"]
-        rows.append(row)
+        rows.append({"case": name, **D.result_row(e, single_tp8_bias=float(err[tp8].mean()),
+                                                  single_tp8_mb1_bias=float(err[tp8 & mb1].mean()))})
     return pd.DataFrame(rows)
 
 
