@@ -36,9 +36,11 @@ per expert-TP rank) each clamp reads and writes its half, the concatenation read
 ``N_r = etp·L·k`` as :mod:`llmcomm.overhead.moe_time` counts it (``L = T/tp`` with sequence parallelism, else
 ``T``; balanced routing). Only the routed experts are counted (a dense ``MLP`` with a clamp and
 ``bias_activation_fusion`` raises in Megatron-LM, ``mlp.py:264-307``; unfused it runs the activation eager too).
-The same function also builds ``torch.tensor(linear_offset, device=...)`` (:434) every call: a host-to-device copy
-that PyTorch performs synchronously, a host-device synchronisation per MoE layer pass; host time is not in the
-formulation and it is not timed.
+The same function also builds ``torch.tensor(linear_offset, device=...)`` (:434) every call: a blocking
+host-to-device copy, which PyTorch's ``copy_kernel_cuda`` (``aten/src/ATen/native/cuda/Copy.cu``) runs as
+``memcpy_and_sync`` (``c10/cuda/CUDAFunctions.h``: ``cudaMemcpyAsync`` then ``cudaStreamSynchronize``) — a
+host-device synchronisation in every MoE layer's forward and in its ``moe_act`` recompute, beside the alltoall
+dispatcher's own. Host time is not in the formulation; it is not timed.
 
 **YaRN RoPE, unfused** (:func:`rope_bytes`; ``position_embedding_type="yarn"``). Megatron-Bridge turns
 ``apply_rope_fusion`` off for every position embedding but ``"rope"`` (``gpt_provider.py:213-214`` calling
