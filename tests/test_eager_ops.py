@@ -92,3 +92,12 @@ def test_hook_adds_exactly_the_bytes_to_the_layer_features():
     # the GEMM and launch features are untouched
     others = [i for i in range(U.K) if i != mem]
     assert np.array_equal(q1["Lm"][:, others], q0["Lm"][:, others])
+
+
+def test_rope_bytes_mla_rotary_part():
+    """MLA (DeepSeek-V3's shapes, 128 heads, rotary part 64) with YaRN at tp 8, b 1, s 4,096: the rotary part of
+    16 query heads and the one shared key head, E = 4,096·17·64 = 4,456,448; forward 24 B each plus the
+    frequencies' 88·4,096·64; backward 20 B each."""
+    m = dataclasses.replace(load_model("deepseek-v3"), position_embedding_type="yarn")
+    f, b = eager_ops.rope_bytes(m, _c(tp=8, micro_batch=1), one(4096))
+    assert (f[0], b[0]) == (24 * 4456448 + 88 * 4096 * 64, 20 * 4456448)

@@ -62,7 +62,8 @@ key, each ``t`` of ``E`` elements::
 
 with ``E = T·(a_heads/tp)·d`` for the query and ``T·(g/tp)·d`` for the key (``T = b·s/cp``: a CP rank's tokens,
 all of them on each TP rank after the QKV projection; ``d`` the head dim, ``rotary_percent`` 1); with MLA the
-rotary part ``d_rot = qk_pos_emb_head_dim`` of every query head and of the one shared key head. Plain ``"rope"``
+rotary part ``d_rot = qk_pos_emb_head_dim`` of every query head and of the one shared key head (MLA's
+de-interleaving copy, ``rope_utils.py:115-118``, is not counted). Plain ``"rope"``
 keeps TE's fused kernel, not counted by the formulation (unchanged).
 
 Hook (:func:`add_layer_work`, called at the end of :func:`llmcomm.overhead.iteration._compute`): the forward bytes
