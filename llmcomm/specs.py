@@ -224,6 +224,9 @@ class ModelSpec:
     window_size: int | None = None  # sliding-window attention: tokens to the left (GPT-OSS: 128)
     window_attn_skip_freq: int | None = None  # every k-th layer full attention (GPT-OSS: 2, alternating)
     softmax_type: str = "vanilla"  # "learnable": one sink logit per head (GPT-OSS attention sinks)
+    # Megatron-LM's activation_func_clamp_value: the gated activation's inputs clamped (GPT-OSS: 7.0), run as
+    # eager kernels around the fused activation (llmcomm.overhead.eager_ops)
+    activation_func_clamp_value: float | None = None
     hybrid_override_pattern: str | None = None  # Mamba hybrid layer pattern (refused by the predictor)
     seq_length: int = 2048  # default training sequence length
     source: str = ""
@@ -539,7 +542,7 @@ class ModelSpec:
         if self.position_embedding_type not in POSITION_EMBEDDINGS:
             raise ConfigError(
                 f"model {self.name}: position_embedding_type={self.position_embedding_type!r} is not "
-                "rope, learned_absolute or none"
+                "rope, learned_absolute, none or yarn"
             )
         if self.num_experts < 0:
             raise ConfigError(f"model {self.name}: num_experts={self.num_experts} must be >= 0")
@@ -577,6 +580,14 @@ class ModelSpec:
             raise ConfigError(f"model {self.name}: moe_shared_expert_gate needs num_shared_experts > 0")
         if self.window_attn_skip_freq is not None and self.window_size is None:
             raise ConfigError(f"model {self.name}: window_attn_skip_freq needs window_size")
+        clamp = self.activation_func_clamp_value
+        if clamp is not None:
+            if isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not clamp > 0:
+                raise ConfigError(f"model {self.name}: activation_func_clamp_value={clamp!r} must be a positive "
+                                  "number or unset")
+            if not self.gated_mlp:
+                raise ConfigError(f"model {self.name}: activation_func_clamp_value needs gated_mlp (Megatron-LM "
+                                  "clamps the two halves of a gated linear unit's input)")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

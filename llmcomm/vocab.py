@@ -248,11 +248,14 @@ class MoeTokenDispatcher(StrEnum):
 
 
 class PositionEmbedding(StrEnum):
-    """Megatron-LM's ``--position-embedding-type``; ``learned_absolute`` adds a P·h table of parameters."""
+    """Megatron-LM's ``--position-embedding-type``; ``learned_absolute`` adds a P·h table of parameters; ``yarn``
+    is RoPE with YaRN's frequency scaling (``YarnRotaryEmbedding``, no parameters), which Megatron runs unfused
+    (:mod:`llmcomm.overhead.eager_ops`)."""
 
     ROPE = "rope"
     LEARNED_ABSOLUTE = "learned_absolute"
     NONE = "none"
+    YARN = "yarn"
 
 
 # ------------------------------------------------------------------------ the same sets as Literal types
@@ -266,7 +269,7 @@ ScheduleName = Literal["1f1b", "gpipe", "interleaved"]
 FrameworkName = Literal["megatron", "torch"]
 NormalizationName = Literal["LayerNorm", "RMSNorm"]
 DispatcherName = Literal["allgather", "alltoall", "flex"]
-PositionEmbeddingName = Literal["rope", "learned_absolute", "none"]
+PositionEmbeddingName = Literal["rope", "learned_absolute", "none", "yarn"]
 RouteName = Literal["", "dispatch", "combine", "counts", "probs_dispatch", "probs_combine"]
 # each Literal with the StrEnum it spells out (tests/test_vocab.py checks they hold the same values)
 LITERALS: dict[Any, type[StrEnum]] = {

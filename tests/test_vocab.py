@@ -22,7 +22,7 @@ def test_enum_values_are_the_strings_in_files() -> None:
     assert vocab.RECOMPUTE_MODES == ("none", "selective", "full")
     assert vocab.PIPELINE_SCHEDULES == ("1f1b", "gpipe", "interleaved")
     assert vocab.NORMALIZATIONS == ("LayerNorm", "RMSNorm")
-    assert vocab.POSITION_EMBEDDINGS == ("rope", "learned_absolute", "none")
+    assert vocab.POSITION_EMBEDDINGS == ("rope", "learned_absolute", "none", "yarn")
     assert vocab.Op.ALL_TO_ALL == "all_to_all" and vocab.Phase.BACKWARD == "backward"
     assert all(type(v) is str for v in vocab.OPS + vocab.PHASES + vocab.CALL_GROUP_KINDS)
     assert set(vocab.CALL_GROUP_KINDS) <= {str(k) for k in vocab.GroupKind}

@@ -47,6 +47,19 @@ share of windowed layers is ``1 − 1/k`` (all layers spread evenly over the sta
 average). Sinks (``softmax_type="learnable"``: one extra logit per head in the softmax's denominator) add no
 matmul work and are not timed apart.
 
+**Which kernel runs sinks** (checked for GPT-OSS 120B's DGX-H100 rows, TransformerEngine 2.9 to 2.15 in NeMo
+25.11 to 26.04.01 by Megatron-Bridge's ``pyproject.toml`` pins). Learnable sinks disable FlashAttention and leave
+FusedAttention or ``UnfusedDotProductAttention`` (TE v2.9 ``attention/dot_product_attention/utils.py:685-727``);
+cuDNN's ``F16_arbitrary_seqlen`` backend takes them from cuDNN 9.13.1 (``common/fused_attn/fused_attn.cpp:371-375``
+at v2.9, :487-488 at v2.15; sink support added in TE PR #2148, v2.8), with the sliding window ``(128, 0)`` under
+a causal mask (:337-362). The unfused fallback would materialize the ``[b·a/tp, s, s + 1]`` scores with the sink
+column appended (``backends.py:410-472``) and keep the BF16 probabilities for the backward: ``2·b·a·s²`` = 2.1 GB
+per layer at ``b = 1``, 64 heads, ``s = 4,096``, i.e. 77 GB for the 9 layers × 4 micro-batches stage 0 holds under
+1F1B at ``pp = 4`` (8.6 GB a layer at the 25.11 row's ``b = 4``) on 80 GB GPUs: the published runs can only have
+run the fused kernel, which is what the formulation times (Megatron-Bridge's ``GPTOSSProvider`` falls back to
+Megatron's local attention only below TE 2.8, ``gpt_oss_provider.py:87-89`` at ``c0b9a00``). Its speed with sinks
+is not published; the rates above are cuDNN's without.
+
 Where it applies: the GPUs with a measured GEMM model (:func:`llmcomm.overhead.iteration.measured_gemm`: H100, and
 H200, which carries the H100 figures — same GH100 SMs and clocks; attention is bound by the SMs, not HBM). The
 A100 path (vTrain, ``attention_backend="unfused"``) keeps the utilization fit's terms byte for byte.

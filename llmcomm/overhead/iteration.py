@@ -112,7 +112,7 @@ from ..paths import data_stamp
 from ..predict import fp8_wire
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import attention_time, cp_time, fp8_casts, moe_fold, moe_time
+from . import attention_time, cp_time, eager_ops, fp8_casts, moe_fold, moe_time
 from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
@@ -823,6 +823,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     if "rm_mlp" in c:  # --recompute-modules given (arrays() sets the flags then)
         out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, hbm, moe_work)
     out.update(xb)
+    eager_ops.add_layer_work(model, c, T, out, hbm)  # YaRN's unfused RoPE, the experts' activation clamps
     return out
 
 

@@ -36,8 +36,8 @@ are one permutation each, so this counts them twice — an upper bound the kit's
 element-wise kernel. Host-side costs (kernel launches, the dispatcher's device-to-host synchronisation of the
 token counts, ``_maybe_dtoh_and_synchronize``) are not modelled: no measured per-kernel launch cost is in the
 shared data to count them with, and the utilization fit's per-pass launch floor divided by a kernel count
-gives an implausible ~78 µs per kernel. They are the leading suspect for GPT-OSS 120B's remaining gap (its
-H100 recipe runs without CUDA graphs).
+gives an implausible ~78 µs per kernel. GPT-OSS 120B's H100 recipe runs without CUDA graphs; its experts'
+activation clamps and YaRN's unfused RoPE are counted as bytes in :mod:`llmcomm.overhead.eager_ops`.
 """
 
 from __future__ import annotations
