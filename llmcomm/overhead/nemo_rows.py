@@ -228,7 +228,12 @@ def settings(row: pd.Series) -> RowSettings:
             out.columns["grad_reduce_dtype"] = "fp32" if to(v) else "bf16"
             out.cites["grad_reduce_dtype"] = cites.pop(src_, "")
     if "use_flash_attention" in raw:  # False/None: Transformer Engine chooses (Megatron's AttnBackend.auto)
-        raw["attention_backend"] = "flash" if raw.pop("use_flash_attention") else None
+        v = raw.pop("use_flash_attention")
+        if "attention_backend" in raw:  # read from the job's environment (NVTE_FUSED_ATTN), what TE selects by
+            out.ignored["use_flash_attention"] = (f"use_flash_attention={v!r}: TransformerEngine picks its kernel from "
+                                                  "the job's environment, read as attention_backend")
+        else:
+            raw["attention_backend"] = "flash" if v else None
     if "attention_backend" in raw and raw["attention_backend"] is None:
         raw["attention_backend"] = "auto"  # Megatron-Bridge's None: Megatron's AttnBackend.auto (TE picks)
     # Megatron's recompute (granularity, method, num_layers, modules) -> the kit's recompute column
