@@ -272,6 +272,18 @@ def mb_row(r):
                                       "(recompute_modules set -> granularity selective)"}
         s["recompute_modules"] = {"value": fields["recompute_modules"][0],
                                   "cite": cite(wpath, fields["recompute_modules"][1], cname)}
+    # set_workload_base_configs -> _set_moe_a2a_overlap_overrides: the workload's moe_a2a_overlap turns on
+    # Megatron's overlap_moe_expert_parallel_comm with delay_wgrad_compute, and moe_shared_expert_overlap off
+    if w is not None and fields.get("moe_a2a_overlap", (None,))[0] is True:
+        fn = r"def _set_moe_a2a_overlap_overrides\("
+        what = f"_set_moe_a2a_overlap_overrides: {cname}.moe_a2a_overlap"
+        s["delay_wgrad_compute"] = {"value": True, "cite": at(commit, OVERRIDES, r"\.delay_wgrad_compute = True", fn,
+                                                              what)}
+        prev = s.get("moe_shared_expert_overlap")
+        s["moe_shared_expert_overlap"] = {"value": False, "cite": at(commit, OVERRIDES,
+                                                                     r"\.moe_shared_expert_overlap = False", fn, what),
+                                          **({"overrides": [prev["cite"]]} if prev else {})}
+        unknown.pop("moe_shared_expert_overlap", None)
     out["settings"], out["unknown"], out["checks"] = s, unknown, checks
     if not all(c["agree"] for c in checks.values()):
         out["caveats"] = {"workload_sizes": f"the workload constant {cname}'s sizes differ from the table's (see "

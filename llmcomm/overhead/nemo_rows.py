@@ -271,6 +271,14 @@ def settings(row: pd.Series) -> RowSettings:
         raw.pop("distributed_optimizer")
         out.ignored["distributed_optimizer"] = ("NeMo 1.0's fsdp is torch FSDP; the kit's fsdp (without "
                                                 "distributed_optimizer) includes its sharding")
+    # delay_wgrad_compute under moe_a2a_overlap (Megatron-Bridge's perf scripts set both,
+    # scripts/performance/utils/overrides.py _set_moe_a2a_overlap_overrides; Megatron allows it only with the overlap,
+    # transformer_config.py:1927-1930): the combined 1F1B schedule overlap.a2a_pair_exposed times is the delayed one
+    if raw.get("delay_wgrad_compute") and raw.get("moe_a2a_overlap"):
+        raw.pop("delay_wgrad_compute")
+        out.ignored["delay_wgrad_compute"] = ("delay_wgrad_compute=True with moe_a2a_overlap: the schedule "
+                                              "llmcomm.overhead.overlap.a2a_pair_exposed times (the MLP's weight "
+                                              "gradient after dispatch_bwd is issued, under it)")
     # settings Megatron reads only in another layout (no effect here: said so)
     for k, cond, why in (("cp_comm_type", cp == 1, "no context parallelism (cp=1)"),
                          ("overlap_p2p_comm", vp == 1, "valid only with virtual pipeline stages (vp > 1; NeMo "
