@@ -759,8 +759,8 @@ def nfl_script_overrides(text):
 
 
 NFL_MAIN = "launcher_scripts/conf/config.yaml"  # the launcher's main config: its env_vars are the job's environment
-# TransformerEngine's attention selection from the environment (the TE of NeMo 24.07: 1.x, before 1.11 no
-# FlashAttention-3 path): FlashAttention (the flash-attn 2 package) unless NVTE_FLASH_ATTN=0, cuDNN FusedAttention
+# TransformerEngine's attention selection from the environment (the TE of NeMo 24.07: 1.8.0.dev0, NeMo Framework
+# user guide "Software Component Versions"; before 1.11 no FlashAttention-3 path): FlashAttention (the flash-attn 2 package) unless NVTE_FLASH_ATTN=0, cuDNN FusedAttention
 # unless NVTE_FUSED_ATTN=0, cuDNN preferred on Hopper when both can run
 TE_ENV = ("NVIDIA/TransformerEngine v1.8 transformer_engine/pytorch/attention.py:4429-4433 (NVTE_FLASH_ATTN, default 1), "
           ":4445-4449 (NVTE_FUSED_ATTN, default 1), :5158-5166 (FusedAttention preferred on sm90 when both run)")

@@ -71,7 +71,10 @@ used only when ``flash_attn_3`` is installed); the kit times ``flash`` at FlashA
 same FLOP counts), and FlashAttention-3 is not timed apart. ``fused`` and ``auto`` (TE prefers cuDNN on Hopper) run at
 cuDNN's rate. NeMo 1.0's launcher exported ``NVTE_FUSED_ATTN=0`` to every run of its 24.07 configs
 (NeMo-Framework-Launcher 24.07 ``launcher_scripts/conf/config.yaml:72``, "Disable cudnn FA until we've tested it
-more"), which is how ``data/published/read_nemo_recipes.py`` reads those rows.
+more"), which is how ``data/published/read_nemo_recipes.py`` reads those rows; the 24.07 container ran TE 1.8.0.dev0
+with Megatron-Core 0.8 (NeMo Framework user guide 24.09, "Software Component Versions") and ships FlashAttention 2
+for TE's flash path (NVIDIA/NeMo PR #9188, ``memory_optimizations.rst``: "Flash Attention is supported through the
+Transformer Engine with the inclusion of Flash Attention 2").
 
 Where it applies: the GPUs with a measured GEMM model (:func:`llmcomm.overhead.iteration.measured_gemm`: H100, and
 H200, which carries the H100 figures — same GH100 SMs and clocks; attention is bound by the SMs, not HBM). The
