@@ -1,4 +1,4 @@
-"""The fused attention core at cuDNN's measured H100 rate and sliding-window attention
+"""The fused attention core at cuDNN's (flash: FlashAttention-2's) measured H100 rate and sliding-window attention
 (llmcomm.overhead.attention_time), by hand, and in the iteration time."""
 
 from __future__ import annotations
@@ -32,6 +32,21 @@ def test_causal_backward_scaled_by_the_forward_causal_ratio():
     assert A.rate("bwd", 128, 4096, causal=False) == pytest.approx(499e12)
 
 
+def test_flash_backend_runs_at_flashattention2s_rate():
+    # FlashAttention-2's bars of the same figures (Fig. 5 (d) causal forward d128 at 4k: 319; Fig. 6 (b) backward
+    # d128 at 4k: 310, non-causal forward Fig. 5 (c) 4k: 368), cuDNN's where the mask is off
+    assert A.rate("fwd", 128, 4096, causal=True, flash=True) == pytest.approx(319e12)
+    assert A.rate("bwd", 128, 4096, causal=True, flash=True) == pytest.approx(310 * 319 / 368 * 1e12)
+    assert A.rate("fwd", 64, 512, causal=True, flash=True) == pytest.approx(180e12)
+    got = A.rate("fwd", 128, np.array([4096.0, 4096.0]), causal=True, flash=np.array([True, False]))
+    assert got == pytest.approx([319e12, 518e12])
+    # one layer of Llama-3 8B at 8k (causal FLOPs 2·8192²·32·128): FlashAttention-2 at 333 and (318·333/370) TFLOP/s
+    f = np.array([2.0 * 8192 ** 2 * 32 * 128])
+    t_f, t_b = A.core_seconds(f, 128, np.array([8192.0]), np.array([8192.0]), flash=True)
+    assert t_f[0] == pytest.approx(f[0] / 333e12)
+    assert t_b[0] == pytest.approx(2.5 * f[0] / (318 * 333 / 370 * 1e12))
+
+
 def test_window_pairs_by_hand():
     # s = 10 queries, a window of 3 to the left: min(i, 4) summed = 1 + 2 + 3 + 4·7 = 34
     assert A.window_pairs(np.array([10.0]), 3)[0] == 34
@@ -63,20 +78,33 @@ def test_core_seconds_by_hand():
 
 
 def _config(**kw):
-    base = dict(tp=1, pp=1, dp=8, micro_batch=1, global_batch=32, seq_len=4096, attention_backend="flash",
+    base = dict(tp=1, pp=1, dp=8, micro_batch=1, global_batch=32, seq_len=4096, attention_backend="fused",
                 distributed_optimizer=True)
     base.update(kw)
     return ParallelConfig(**base)
 
 
-def test_backward_beyond_twice_forward_is_the_measured_attention_backward():
+@pytest.mark.parametrize("backend", ["fused", "flash"])
+def test_backward_beyond_twice_forward_is_the_measured_attention_backward(backend):
     """Llama-3 8B on one H100, fused attention: backward − 2·forward = m · layers · (t_bwd − 2·t_fwd) of one
-    layer's attention core, its causal FLOPs 2·b·s²·a·d = 2·4096²·32·128."""
+    layer's attention core, its causal FLOPs 2·b·s²·a·d = 2·4096²·32·128; cuDNN's kernel under ``fused``,
+    FlashAttention-2's under ``flash``."""
     model, cl = load_model("llama3-8b"), load_cluster("h100-80g-ndr400").for_world(8)
-    b = it.iteration_time(model, _config(), cl)
+    b = it.iteration_time(model, _config(attention_backend=backend), cl)
     f = 2.0 * 4096 ** 2 * 32 * 128
-    t_f, t_b = A.core_seconds(np.array([f]), 128, np.array([4096.0]), np.array([4096.0]))
+    t_f, t_b = A.core_seconds(np.array([f]), 128, np.array([4096.0]), np.array([4096.0]), flash=backend == "flash")
     assert b.backward_s - 2 * b.forward_s == pytest.approx(4 * 32 * (t_b[0] - 2 * t_f[0]), rel=1e-9)
+
+
+def test_flash_backend_slower_than_cudnn_by_the_attention_core_alone():
+    """The same configuration under ``flash`` and ``fused``: only the attention core's seconds differ, by the
+    FlashAttention-2/cuDNN rates (forward m·layers·F·(1/R_fa2 − 1/R_cudnn))."""
+    model, cl = load_model("llama3-8b"), load_cluster("h100-80g-ndr400").for_world(8)
+    fu = it.iteration_time(model, _config(attention_backend="fused"), cl)
+    fl = it.iteration_time(model, _config(attention_backend="flash"), cl)
+    f = 2.0 * 4096 ** 2 * 32 * 128
+    assert fl.forward_s - fu.forward_s == pytest.approx(4 * 32 * f * (1 / 319e12 - 1 / 518e12), rel=1e-9)
+    assert fl.tp_comm_s == fu.tp_comm_s and fl.dp_comm_s == fu.dp_comm_s
 
 
 def test_a100_keeps_backward_twice_forward():

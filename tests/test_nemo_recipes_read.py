@@ -71,3 +71,24 @@ def test_later_releases_read_overlap_p2p_comm_from_comm_overlap_setup(nemo):
     t, _ = nemo
     row = _row(t, "26.02", "LLAMA3_70B")
     assert row["refused"] == "" and "overlap_p2p_comm" in row["columns"]
+
+
+def test_2407_attention_kernel_read_from_the_launchers_environment(nemo):
+    """NeMo 24.07's launcher exports NVTE_FUSED_ATTN=0 to every job (config.yaml:72): TE's FlashAttention runs
+    (attention_backend flash); the 175B 64-node config states NVTE_FUSED_ATTN: 1 (cuDNN, TE chooses: auto); the
+    175B 16-node row is read at the tag, whose environment (0) the perf team's script at its node count (1) contradicts."""
+    rec = {(k[1], v["row"]["num_gpus"]): v for k, v in nemo_rows.recipes().items() if k[0] == "24.07"}
+    for model in ("GPT3-5B", "Nemotron-8B", "Nemotron-22B", "LLAMA3-70B"):
+        key = next(k for k in rec if k[0] == model)
+        a = rec[key]["settings"]["attention_backend"]
+        assert a["value"] == "flash" and a["cite"].startswith("launcher_scripts/conf/config.yaml:")
+    assert rec[("GPT3-175B", 512)]["settings"]["attention_backend"]["value"] is None
+    assert "NVTE_FUSED_ATTN=1" in rec[("GPT3-175B", 512)]["settings"]["attention_backend"]["cite"]
+    assert "attention_backend" in rec[("GPT3-175B", 128)]["unknown"]
+    t, _ = nemo
+    row = t[(t["container"] == "24.07") & (t["model"] == "GPT3-175B") & (t["num_gpus"] == 128)].iloc[0]
+    assert "unknown:attention_backend" in row["needs"].split(";")
+    st = nemo_rows.settings(nemo_rows.read().query("container == '24.07' and model == 'Nemotron-8B'").iloc[0])
+    assert st.columns["attention_backend"] == "flash"
+    st = nemo_rows.settings(nemo_rows.read().query("container == '24.07' and model == 'LLAMA2-7B'").iloc[0])
+    assert st.columns["attention_backend"] == "flash" and "use_flash_attention" in st.ignored

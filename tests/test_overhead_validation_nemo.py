@@ -32,7 +32,9 @@ def test_every_row_is_predicted_or_refused_with_a_reason(nemo):
     # only the FP8 factor is fitted on these rows, on one release (named); nothing else
     assert s["fitted_on_these_rows"] == bool(s["fitted_on"])
     assert len({r.split("/")[0] for r in s["fitted_on"]}) <= 1
-    assert s["not_fitted_on"]["rows"] == s["predicted"] - len(s["fitted_on"])
+    # the predicted rows the factor was not fitted on (a fitted row the recipe file later leaves unknown is refused)
+    names = {f"{r.container}/{r.model}/{int(r.num_gpus)}" for r in t[t["predicted_s"].notna()].itertuples()}
+    assert s["not_fitted_on"]["rows"] == s["predicted"] - len(names & set(s["fitted_on"]))
 
 
 def test_refusals_name_the_missing_mechanism(nemo):

@@ -272,6 +272,18 @@ def mb_row(r):
                                       "(recompute_modules set -> granularity selective)"}
         s["recompute_modules"] = {"value": fields["recompute_modules"][0],
                                   "cite": cite(wpath, fields["recompute_modules"][1], cname)}
+    # set_workload_base_configs -> _set_moe_a2a_overlap_overrides: the workload's moe_a2a_overlap turns on
+    # Megatron's overlap_moe_expert_parallel_comm with delay_wgrad_compute, and moe_shared_expert_overlap off
+    if w is not None and fields.get("moe_a2a_overlap", (None,))[0] is True:
+        fn = r"def _set_moe_a2a_overlap_overrides\("
+        what = f"_set_moe_a2a_overlap_overrides: {cname}.moe_a2a_overlap"
+        s["delay_wgrad_compute"] = {"value": True, "cite": at(commit, OVERRIDES, r"\.delay_wgrad_compute = True", fn,
+                                                              what)}
+        prev = s.get("moe_shared_expert_overlap")
+        s["moe_shared_expert_overlap"] = {"value": False, "cite": at(commit, OVERRIDES,
+                                                                     r"\.moe_shared_expert_overlap = False", fn, what),
+                                          **({"overrides": [prev["cite"]]} if prev else {})}
+        unknown.pop("moe_shared_expert_overlap", None)
     out["settings"], out["unknown"], out["checks"] = s, unknown, checks
     if not all(c["agree"] for c in checks.values()):
         out["caveats"] = {"workload_sizes": f"the workload constant {cname}'s sizes differ from the table's (see "
@@ -740,7 +752,44 @@ def nfl_script_overrides(text):
         m = re.match(r"\s*training/tp_overlap@training\.model\.ub_tp_comm_overlap_cfg=(\S+?)\s*\\?$", line)
         if m:
             out["model.tp_comm_overlap_cfg"] = (m.group(1), i)
+        m = re.match(r"\s*\+?env_vars\.(NVTE_\w+)=(\S+?)\s*\\?$", line)  # the job's environment (stages.py)
+        if m:
+            out[f"env_vars.{m.group(1)}"] = (yaml.safe_load(m.group(2)), i)
     return out
+
+
+NFL_MAIN = "launcher_scripts/conf/config.yaml"  # the launcher's main config: its env_vars are the job's environment
+# TransformerEngine's attention selection from the environment (the TE of NeMo 24.07: 1.8.0.dev0, NeMo Framework
+# user guide "Software Component Versions"; before 1.11 no FlashAttention-3 path): FlashAttention (the flash-attn 2 package) unless NVTE_FLASH_ATTN=0, cuDNN FusedAttention
+# unless NVTE_FUSED_ATTN=0, cuDNN preferred on Hopper when both can run
+TE_ENV = ("NVIDIA/TransformerEngine v1.8 transformer_engine/pytorch/attention.py:4429-4433 (NVTE_FLASH_ATTN, default 1), "
+          ":4445-4449 (NVTE_FUSED_ATTN, default 1), :5158-5166 (FusedAttention preferred on sm90 when both run)")
+
+
+def nfl_attention(ref, kv, path, here):
+    """The attention backend a 24.07 job ran, in Megatron-LM's ``attention_backend`` names, from the environment
+    TransformerEngine reads (:data:`TE_ENV`): the launcher's main config ``env_vars`` (exported into the job:
+    launcher_scripts/nemo_launcher/core/stages.py:511-523 ``get_env_vars``), then the training config's own
+    ``env_vars`` block where it has one, then the example script at this node count (``+env_vars.X=V``).
+    ``flash`` (NVTE_FUSED_ATTN=0: TE's FlashAttention, what Megatron-LM's ``attention_backend=flash`` sets,
+    megatron/core/models/common/language_module/language_module.py:112-115), else None (``auto``: TE chooses)."""
+    main = yaml_lines(subprocess.run(["git", "-C", NFL_DIR, "show", f"{ref}:{NFL_MAIN}"], capture_output=True,
+                                     text=True, check=True).stdout)
+    env = {}
+    for k in ("NVTE_FUSED_ATTN", "NVTE_FLASH_ATTN"):
+        for hit, where in ((main.get(f"env_vars.{k}"), NFL_MAIN), (kv.get(f"env_vars.{k}"), path),
+                           *((o.get(f"env_vars.{k}"), n) for n, o in here[:1])):
+            if hit is not None and hit[0] is not None:
+                env[k] = (int(hit[0]), f"{where}:{hit[1]}")
+    fused, flash = env.get("NVTE_FUSED_ATTN", (1, "")), env.get("NVTE_FLASH_ATTN", (1, ""))
+    where = fused[1] or flash[1] or NFL_MAIN
+    said = (f"{where} (NVTE_FUSED_ATTN={fused[0]}{'' if fused[1] else ', TE default'}; NVTE_FLASH_ATTN={flash[0]}"
+            + (f" at {flash[1]})" if flash[1] else ", TE default)"))
+    if fused[0] == 0 and flash[0] != 0:
+        return {"value": "flash", "cite": f"{said}: cuDNN FusedAttention off, TE's FlashAttention runs; {TE_ENV}"}
+    if fused[0] == 0:
+        return {"value": "unfused", "cite": f"{said}: both fused kernels off; {TE_ENV}"}
+    return {"value": None, "cite": f"{said}: TE chooses (attention_backend auto); {TE_ENV}"}
 
 
 def nfl_scripts(model, ref=None):
@@ -821,6 +870,7 @@ def nemo_row_at(r, ref=None, config=None, scripts_apply=True):
         v, line = kv.get("trainer.num_nodes", (None, None))
         checks["nodes"] = {"table": nodes, "recipe": v, "agree": v == nodes,
                            "cite": f"{path}:{line}" if line else "not in the config"}
+    s["attention_backend"] = nfl_attention(ref, kv, path, here)
     if r["precision"].startswith("FP8"):
         ub_fp8_buf(s, ref)
         on = s.get("fp8_enabled", {}).get("value")
@@ -936,6 +986,13 @@ def nemo_row(r):
                                            "revision of the 24.07 numbers, NFL_PERF_REV in read_nemo_recipes.py)")
             alt["tag_checks"] = body["checks"]
             return alt
+    perf = nemo_row_at(r, NFL_PERF_REV)
+    got, was = perf["settings"].get("attention_backend", {}), body["settings"].get("attention_backend", {})
+    if got.get("value") != was.get("value"):  # the environment is the scripts', not the config's
+        body["unknown"]["attention_backend"] = (f"the tag's environment gives {was.get('value')!r} ({was.get('cite')}); "
+                                                f"at {NFL_PERF_REV[:8]}, the perf team's revision, {got.get('value')!r} "
+                                                f"({got.get('cite')}); the run's command line is not in the repository")
+        body["status"] = "partial"
     tag_layout = all(body["checks"][c]["agree"] for c in NFL_LAYOUT)
     later = None if tag_layout else _later_layout_rev(body["config_file"], r)
     if later is not None:

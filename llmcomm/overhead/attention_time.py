@@ -12,7 +12,7 @@ recompute ``S = Q·Kᵀ``, ``dV = Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dQ = dS·K``,
 (``F16_arbitrary_seqlen``) over FlashAttention whenever both can run ("Disabling FlashAttention to give
 FusedAttention preference on Hopper+ for performance reasons", TransformerEngine
 ``transformer_engine/pytorch/attention/dot_product_attention/utils.py``, ``get_attention_backend``), which is what
-Megatron-LM's ``--attention-backend auto`` (and flash/fused through TE) runs on an H100.
+Megatron-LM's ``--attention-backend auto`` (and ``fused``) runs on an H100; ``flash`` turns cuDNN off (below).
 
 **Measured throughput.** :data:`CUDNN_H100` holds cuDNN's fused attention throughput on one H100 80GB SXM5, BF16, as
 printed on the bars of FlashAttention-3's Figures 5 and 6 (Shah et al., "FlashAttention-3: Fast and Accurate
@@ -60,12 +60,30 @@ run the fused kernel, which is what the formulation times (Megatron-Bridge's ``G
 Megatron's local attention only below TE 2.8, ``gpt_oss_provider.py:87-89`` at ``c0b9a00``). Its speed with sinks
 is not published; the rates above are cuDNN's without.
 
+**Which kernel, by backend** (:func:`rate`'s ``flash``). ``attention_backend="flash"`` is TransformerEngine's
+FlashAttention backend, never cuDNN: Megatron-LM sets ``NVTE_FLASH_ATTN=1, NVTE_FUSED_ATTN=0`` for it
+(``megatron/core/models/common/language_module/language_module.py:112-115`` at 23dd639c), and TE disables its
+FusedAttention when ``NVTE_FUSED_ATTN=0`` (TransformerEngine v1.8 ``transformer_engine/pytorch/attention.py:4445-4449``;
+FlashAttention on by ``NVTE_FLASH_ATTN``, default 1, :4429-4433), calling the ``flash-attn`` package (:73). Through
+TE 1.10 that package is FlashAttention-2 (TE v1.11 ``attention.py:101`` is the first with a FlashAttention-3 path,
+used only when ``flash_attn_3`` is installed); the kit times ``flash`` at FlashAttention-2's rate,
+:data:`FA2_H100`, the FlashAttention-2 bars of the same FlashAttention-3 figures as :data:`CUDNN_H100` (same shapes,
+same FLOP counts), and FlashAttention-3 is not timed apart. ``fused`` and ``auto`` (TE prefers cuDNN on Hopper) run at
+cuDNN's rate. NeMo 1.0's launcher exported ``NVTE_FUSED_ATTN=0`` to every run of its 24.07 configs
+(NeMo-Framework-Launcher 24.07 ``launcher_scripts/conf/config.yaml:72``, "Disable cudnn FA until we've tested it
+more"), which is how ``data/published/read_nemo_recipes.py`` reads those rows; the 24.07 container ran TE 1.8.0.dev0
+with Megatron-Core 0.8 (NeMo Framework user guide 24.09, "Software Component Versions") and ships FlashAttention 2
+for TE's flash path (NVIDIA/NeMo PR #9188, ``memory_optimizations.rst``: "Flash Attention is supported through the
+Transformer Engine with the inclusion of Flash Attention 2").
+
 Where it applies: the GPUs with a measured GEMM model (:func:`llmcomm.overhead.iteration.measured_gemm`: H100, and
 H200, which carries the H100 figures — same GH100 SMs and clocks; attention is bound by the SMs, not HBM). The
 A100 path (vTrain, ``attention_backend="unfused"``) keeps the utilization fit's terms byte for byte.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -82,29 +100,49 @@ CUDNN_H100: dict[tuple[str, bool, int], tuple[float, ...]] = {
     ("bwd", False, 64): (266, 348, 395, 417, 432, 433),
     ("bwd", False, 128): (305, 408, 465, 499, 518, 516),
 }
-SOURCE = ("cuDNN fused attention on H100 80GB SXM5, BF16 (FlashAttention-3, Shah et al. 2024, arXiv:2407.08608, "
-          "Figs. 5-6)")
+# FlashAttention-2 (the flash-attn package TransformerEngine's FlashAttention backend calls), the same figures' bars
+FA2_H100: dict[tuple[str, bool, int], tuple[float, ...]] = {
+    ("fwd", False, 64): (282, 306, 318, 321, 322, 324),
+    ("fwd", True, 64): (180, 229, 262, 284, 295, 299),
+    ("fwd", False, 128): (309, 350, 362, 368, 370, 370),
+    ("fwd", True, 128): (191, 260, 298, 319, 333, 335),
+    ("bwd", False, 64): (198, 238, 264, 279, 287, 291),
+    ("bwd", False, 128): (214, 260, 291, 310, 318, 322),
+}
+SOURCE = ("cuDNN fused attention and FlashAttention-2 on H100 80GB SXM5, BF16 (FlashAttention-3, Shah et al. 2024, "
+          "arXiv:2407.08608, Figs. 5-6)")
 
 
-def _curve(kind: str, causal: bool, d: np.ndarray, s: np.ndarray) -> np.ndarray:
+def _curve(kind: str, causal: bool, d: np.ndarray, s: np.ndarray, table: dict[tuple[str, bool, int],
+           tuple[float, ...]] = CUDNN_H100) -> np.ndarray:
     """Measured TFLOP/s of one pass kind at head dim ``d`` and key length ``s`` (interpolated, held at the ends)."""
     x = np.log2(np.clip(np.asarray(s, dtype=np.float64), SEQ[0], SEQ[-1]))
     xs = np.log2(np.asarray(SEQ, dtype=np.float64))
-    lo = np.interp(x, xs, CUDNN_H100[(kind, causal, HEAD_DIMS[0])])
-    hi = np.interp(x, xs, CUDNN_H100[(kind, causal, HEAD_DIMS[1])])
+    lo = np.interp(x, xs, table[(kind, causal, HEAD_DIMS[0])])
+    hi = np.interp(x, xs, table[(kind, causal, HEAD_DIMS[1])])
     w = (np.clip(np.asarray(d, dtype=np.float64), *HEAD_DIMS) - HEAD_DIMS[0]) / (HEAD_DIMS[1] - HEAD_DIMS[0])
     return lo + w * (hi - lo)
 
 
-def rate(kind: str, d: np.ndarray, s: np.ndarray, causal: bool = True) -> np.ndarray:
-    """FLOP/s of cuDNN's fused attention ``kind`` (``"fwd"``/``"bwd"``) at head dim ``d`` and key length ``s``
-    (module docstring: the causal backward scaled by the forward's causal/non-causal ratio)."""
+def _rate(kind: str, d: np.ndarray, s: np.ndarray, causal: bool, table: dict[tuple[str, bool, int],
+          tuple[float, ...]]) -> np.ndarray:
     if kind == "fwd":
-        return 1e12 * _curve("fwd", causal, d, s)
-    b = _curve("bwd", False, d, s)
+        return 1e12 * _curve("fwd", causal, d, s, table)
+    b = _curve("bwd", False, d, s, table)
     if causal:
-        b = b * _curve("fwd", True, d, s) / _curve("fwd", False, d, s)
+        b = b * _curve("fwd", True, d, s, table) / _curve("fwd", False, d, s, table)
     return 1e12 * b
+
+
+def rate(kind: str, d: np.ndarray, s: np.ndarray, causal: bool = True, flash: Any = False) -> np.ndarray:
+    """FLOP/s of the fused attention kernel ``kind`` (``"fwd"``/``"bwd"``) at head dim ``d`` and key length ``s``
+    (module docstring: the causal backward scaled by the forward's causal/non-causal ratio): cuDNN's, or where
+    ``flash`` (a bool or a per-row mask: ``attention_backend="flash"``) FlashAttention-2's."""
+    cu = _rate(kind, d, s, causal, CUDNN_H100)
+    fl = np.asarray(flash, dtype=bool)
+    if not fl.any():
+        return cu
+    return np.where(fl, _rate(kind, d, s, causal, FA2_H100), cu)
 
 
 def window_pairs(s: np.ndarray, w: int) -> np.ndarray:
@@ -125,19 +163,21 @@ def windowed_share(num_layers: int, window_size: int | None, skip_freq: int | No
 
 
 def core_seconds(flops_fwd: np.ndarray, head_dim: int, s_kernel: np.ndarray, s_full: np.ndarray,
-                 window_size: int | None = None, windowed: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                 window_size: int | None = None, windowed: float = 0.0, flash: Any = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """``(forward, backward)`` seconds of one layer's causal fused attention core whose forward FLOPs without a
     window are ``flops_fwd`` (the causal count), on one GPU with the H100 figures. ``s_kernel``: the key length of
     one kernel call (the CP rank's ``s/cp``); ``s_full``: the sequence whose causal pairs ``flops_fwd`` counts;
-    ``windowed``: the share of layers with the sliding window of ``window_size`` tokens (module docstring)."""
+    ``windowed``: the share of layers with the sliding window of ``window_size`` tokens (module docstring);
+    ``flash``: rows timed at FlashAttention-2's rate (:func:`rate`)."""
     f = np.asarray(flops_fwd, dtype=np.float64)
     d = np.full(f.shape, float(head_dim))
-    t_f = (1.0 - windowed) * f / rate("fwd", d, s_kernel)
-    t_b = (1.0 - windowed) * BACKWARD_FLOPS * f / rate("bwd", d, s_kernel)
+    t_f = (1.0 - windowed) * f / rate("fwd", d, s_kernel, flash=flash)
+    t_b = (1.0 - windowed) * BACKWARD_FLOPS * f / rate("bwd", d, s_kernel, flash=flash)
     if windowed > 0.0 and window_size:
         s = np.asarray(s_full, dtype=np.float64)
         fw = f * window_pairs(s, window_size) / (s * (s + 1.0) / 2.0)
         sk = np.minimum(np.asarray(s_kernel, dtype=np.float64), window_size + 1.0)
-        t_f = t_f + windowed * fw / rate("fwd", d, sk)
-        t_b = t_b + windowed * BACKWARD_FLOPS * fw / rate("bwd", d, sk)
+        t_f = t_f + windowed * fw / rate("fwd", d, sk, flash=flash)
+        t_b = t_b + windowed * BACKWARD_FLOPS * fw / rate("bwd", d, sk, flash=flash)
     return t_f, t_b

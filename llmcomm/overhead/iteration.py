@@ -209,6 +209,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
         c["rblock"] = meth == "block"
         c["rblock_n"] = np.where(c["rblock"], np.asarray(t.recompute_num_layers, np.int64), -1)
     c["fused_attention"] = t.fused_attention
+    c["flash_attention"] = np.asarray(t.attention_backend, dtype=object) == "flash"  # FlashAttention-2 (attention_time)
     c["fp8"] = np.not_equal(t.fp8, None).astype(bool)  # type: ignore[call-overload]  # object array vs None
     c["fp8_tensorwise"] = c["fp8"] & (np.asarray(t.fp8_recipe, dtype=object) == "tensorwise")
     c["fp8_param_gather"] = np.asarray(t.fp8_param_gather, dtype=bool)
@@ -764,11 +765,11 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     xb = {}  # the fused attention core's backward beyond 2·forward, per layer (attention_time; measured GPUs)
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
-        if fz.any():  # the fused attention core at cuDNN's measured rate, sliding windows counted (attention_time)
+        if fz.any():  # the fused core at cuDNN's measured rate (flash: FlashAttention-2's), windows (attention_time)
             share = attention_time.windowed_share(model.num_layers, model.window_size, model.window_attn_skip_freq)
             for key, C in (("Bd", Cd), ("Bm", Cm)):
                 t_f, t_b = attention_time.core_seconds(C[:, U.I["gemm"]] * peak, d, s, c["seq_len"],
-                                                       model.window_size, share)
+                                                       model.window_size, share, c["flash_attention"])
                 C[:, U.I["gemm"]] = np.where(fz, t_f, C[:, U.I["gemm"]])
                 B = np.zeros_like(C)
                 B[:, U.I["gemm"]] = np.where(fz, t_b - 2.0 * t_f, 0.0)

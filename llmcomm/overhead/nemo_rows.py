@@ -228,7 +228,12 @@ def settings(row: pd.Series) -> RowSettings:
             out.columns["grad_reduce_dtype"] = "fp32" if to(v) else "bf16"
             out.cites["grad_reduce_dtype"] = cites.pop(src_, "")
     if "use_flash_attention" in raw:  # False/None: Transformer Engine chooses (Megatron's AttnBackend.auto)
-        raw["attention_backend"] = "flash" if raw.pop("use_flash_attention") else None
+        v = raw.pop("use_flash_attention")
+        if "attention_backend" in raw:  # read from the job's environment (NVTE_FUSED_ATTN), what TE selects by
+            out.ignored["use_flash_attention"] = (f"use_flash_attention={v!r}: TransformerEngine picks its kernel from "
+                                                  "the job's environment, read as attention_backend")
+        else:
+            raw["attention_backend"] = "flash" if v else None
     if "attention_backend" in raw and raw["attention_backend"] is None:
         raw["attention_backend"] = "auto"  # Megatron-Bridge's None: Megatron's AttnBackend.auto (TE picks)
     # Megatron's recompute (granularity, method, num_layers, modules) -> the kit's recompute column
@@ -266,6 +271,14 @@ def settings(row: pd.Series) -> RowSettings:
         raw.pop("distributed_optimizer")
         out.ignored["distributed_optimizer"] = ("NeMo 1.0's fsdp is torch FSDP; the kit's fsdp (without "
                                                 "distributed_optimizer) includes its sharding")
+    # delay_wgrad_compute under moe_a2a_overlap (Megatron-Bridge's perf scripts set both,
+    # scripts/performance/utils/overrides.py _set_moe_a2a_overlap_overrides; Megatron allows it only with the overlap,
+    # transformer_config.py:1927-1930): the combined 1F1B schedule overlap.a2a_pair_exposed times is the delayed one
+    if raw.get("delay_wgrad_compute") and raw.get("moe_a2a_overlap"):
+        raw.pop("delay_wgrad_compute")
+        out.ignored["delay_wgrad_compute"] = ("delay_wgrad_compute=True with moe_a2a_overlap: the schedule "
+                                              "llmcomm.overhead.overlap.a2a_pair_exposed times (the MLP's weight "
+                                              "gradient after dispatch_bwd is issued, under it)")
     # settings Megatron reads only in another layout (no effect here: said so)
     for k, cond, why in (("cp_comm_type", cp == 1, "no context parallelism (cp=1)"),
                          ("overlap_p2p_comm", vp == 1, "valid only with virtual pipeline stages (vp > 1; NeMo "

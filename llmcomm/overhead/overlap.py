@@ -74,7 +74,17 @@ seconds of the layer's attention-and-router part and of its MLP (backward ``2×`
 
     a2a_exposed(pair) = max(0, C − A) + max(0, 2·D − 3·M) + max(0, C − 2·A)
 
-in the paired steps; the ``w`` unpaired warm-up forwards and cool-down backwards of a stage (``pp = 1``: the
+in the paired steps. This is the schedule with ``delay_wgrad_compute`` (Megatron-Bridge's perf scripts set it with
+the overlap, ``scripts/performance/utils/overrides.py`` ``_set_moe_a2a_overlap_overrides``; Megatron-LM allows it
+only with it, ``transformer_config.py:1927-1930`` at 23dd639c): every node of one micro-batch waits for the one
+issued before it through the micro-batch's event, but the MLP's weight-gradient node (``backward_dw``,
+``models/gpt/fine_grained_callables.py:329-343``) runs on the compute stream without recording it (the others wait
+and record in ``ScheduleNode.stream_acquire_context``, ``pipeline_parallel/utils.py:274-300``), so
+``dispatch_bwd`` waits only for the MLP's data gradient (``M``, half of its ``2M`` backward) and the weight
+gradient runs under it: with ``X = max(A, C)`` the pair ends at ``X + max(max(2M, D) + M, max(M, D) + D) + max(C,
+2A)``, i.e. the middle term ``max(0, 2D − 3M)``. Without ``delay_wgrad_compute`` ``dispatch_bwd`` would wait for
+the whole ``2M`` (``max(D, 2M) + max(D, M) − 3M``); the kit does not time that variant (no recipe runs the overlap
+without it). The ``w`` unpaired warm-up forwards and cool-down backwards of a stage (``pp = 1``: the
 first forward and the last backward; interleaved: ``w = min(2(p − r − 1) + (v − 1)·L, m·v)``) keep their
 all-to-alls exposed. ``A``/``M`` split the layer's timed pass by FLOPs (:func:`moe_mlp_share`). Megatron's
 requirements are rules (:mod:`llmcomm.rules`: ``a2a-overlap-*``).
