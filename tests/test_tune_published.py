@@ -46,3 +46,35 @@ def test_recipe_regret_groups_the_configurations_of_one_model(external) -> None:
         assert q["regret"] >= 0 and q["pick"] in q["ranking"]
     else:
         assert q["refused"]
+
+
+def test_outside_space_says_why_the_tuner_cannot_pick_a_published_configuration(external) -> None:  # noqa: ANN001
+    """Where the tuner loses to a published recipe, the recipe is not among its candidates, and why: GPT-3 175B
+    (24.07, mb 2) needs 75.1 GB, above 90% of 80 GB; Qwen3-30B-A3B (25.11) runs 24 virtual stages (the space's
+    max_vpp is 8) and FP8 current scaling; Qwen3-235B-A22B runs ep 32 over dp 16 (MoE parallel folding, in the
+    space only with an explicit etp); GPT-3 175B at mb 1 (68.9 GB) is inside."""
+    import ast
+
+    import llmcomm as lc
+    from llmcomm.tune import SearchSpace
+    from llmcomm.tune.published import _published, outside_space
+
+    pub = _published()
+    h100 = lc.load_cluster("h100-80g-ndr400")
+
+    def why(model: str, container: str, **match: int) -> str:
+        r = pub[(pub["model_name"] == model) & (pub["container"] == container) & pub["predicted_s"].notna()]
+        for k, v in match.items():
+            r = r[r[k] == v]
+        assert len(r) == 1, (model, container, match)
+        return outside_space(lc.load_model(model), ast.literal_eval(r["columns"].iloc[0]), SearchSpace(), h100)
+
+    assert why("gpt3-175b", "24.07", mbs=1, num_gpus=128) == ""
+    assert why("gpt3-175b", "24.07", mbs=2).startswith("memory 75.1 GB above the tuner's budget 72.0 GB")
+    q = why("qwen3-30b-a3b", "25.11")
+    assert "vpp 24 above the space's max_vpp=8" in q and "fp8_recipe tensorwise" in q
+    assert "ep 32 does not divide dp 16" in why("qwen3-235b-a22b", "25.11")
+    big = lc.load_model("qwen3-235b-a22b")
+    cand = ast.literal_eval(pub[(pub["model_name"] == "qwen3-235b-a22b") & (pub["container"] == "25.11")]
+                            ["columns"].iloc[0])
+    assert "ep 32" not in outside_space(big, cand, SearchSpace(etp=(1,)), h100)  # folding opened: inside
