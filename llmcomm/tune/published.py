@@ -26,7 +26,8 @@ ranking needs every configuration of the group predicted.
 Where the tuner's pick is predicted *slower* than the published configuration, the published configuration is not
 among the tuner's candidates; ``published_outside_space`` (:func:`outside_space`) says which bound or setting of
 the space leaves it out (the memory budget, ``max_vpp``, the FP8 recipe, EP beyond DP without expert folding...),
-so a loss is explained by the space, not left unexplained.
+so a loss is explained by the space, not left unexplained (a ``""`` there with a loss would be a tuner bug,
+which notebook 08 checks).
 
 Nothing here is fitted; the NeMo rows entered no fit (``summary_nemo``: ``fitted_on_these_rows: False``).
 """
@@ -134,13 +135,23 @@ def outside_space(model: Any, cand: dict[str, Any], space: SearchSpace, cluster:
     """Why the published configuration ``cand`` (a candidate row as :func:`~llmcomm.overhead.validation.
     predict_nemo` times it, its ``columns``) is not among the candidates of the tuner's ``space`` on ``cluster``
     (``""``: nothing found; the space's rules themselves are :func:`~llmcomm.tune.space.refusals`' to name):
-    its memory (:func:`llmcomm.overhead.memory.memory_table`) above ``memory_fraction`` of the GPU's (the tuner's
-    budget, ``tune(memory_fraction=)``), a size above the space's bound (``max_vpp``, ``max_micro_batch``,
-    ``max_cp``), an FP8 recipe other than Megatron's ``delayed`` default (the space's FP8 rows:
-    ``ParallelConfig.fp8_recipe``), or, for a MoE model, EP not dividing DP where the space has no explicit
-    ``etp`` (MoE parallel folding, :func:`~llmcomm.tune.space.expert_shapes`)."""
+
+    * its memory (:func:`llmcomm.overhead.memory.memory_table`) above ``memory_fraction`` of the GPU's (the
+      tuner's budget, ``tune(memory_fraction=)``);
+    * a size above the space's bound (``max_vpp``, ``max_micro_batch``, ``max_cp``);
+    * a MoE model's EP not dividing DP where the space has no explicit ``etp`` (MoE parallel folding,
+      :func:`~llmcomm.tune.space.expert_shapes`);
+    * a categorical dimension of the space (:data:`~llmcomm.tune.space.DIMENSIONS`) at a value the space does not
+      hold (``overlap_p2p_comm`` on, where the default space keeps it off);
+    * any other :class:`~llmcomm.specs.ParallelConfig` field away from its default, which every row of the space
+      keeps (``fp8_recipe=tensorwise``, ``create_attention_mask_in_dataloader=False``...), except Megatron's
+      ``account_for_embedding/loss_in_pipeline_split`` at ``vpp = 1``, which the space holds as an uneven split
+      (:mod:`llmcomm.tune.space`)."""
+    import dataclasses
+
     from ..overhead.memory import memory_table
     from ..specs import ParallelConfig
+    from .space import DIMENSIONS, SHAPE_COLUMNS
 
     why = []
     mem = float(memory_table(model, pd.DataFrame([cand]))["total_bytes"].iloc[0])
@@ -152,14 +163,23 @@ def outside_space(model: Any, cand: dict[str, Any], space: SearchSpace, cluster:
         v, limit = int(cand.get(dim, 1)), int(getattr(space, bound))
         if v > limit:
             why.append(f"{dim} {v} above the space's {bound}={limit}")
-    recipe = cand.get("fp8_recipe", ParallelConfig.__dataclass_fields__["fp8_recipe"].default)
-    default = ParallelConfig.__dataclass_fields__["fp8_recipe"].default
-    if cand.get("fp8") and recipe != default:
-        why.append(f"fp8_recipe {recipe} (the space's FP8 rows use Megatron's default, {default})")
     ep, dp = int(cand.get("ep", 1)), int(cand.get("dp", 1))
     if getattr(model, "is_moe", False) and space.etp is None and dp % ep:
         why.append(f"ep {ep} does not divide dp {dp}: EP over tp·cp·dp (MoE parallel folding) is in the space "
                    "only with an explicit etp (SearchSpace(etp=...), --constraints etp=1/2)")
+    defaults = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
+    derived = {"dp", "global_batch", "seq_len", "schedule"}  # set by the GPU count, the job and vpp
+    for k, v in cand.items():
+        if k in derived or k in SHAPE_COLUMNS or k not in defaults:
+            continue  # the shape dimensions are the bounds' above
+        if k in DIMENSIONS:
+            held = getattr(space, k, None)
+            if held is not None and v is not None and v not in held:  # None: unset (cp_comm_type at cp 1)
+                why.append(f"{k}={v} (the space's {k}: {'/'.join(map(str, held))})")
+        elif k.startswith("account_for_") and int(cand.get("vpp", 1)) == 1:
+            continue
+        elif v != defaults[k] and not (v in ((), None) and defaults[k] in ((), None)):
+            why.append(f"{k}={v} (every row of the space keeps the default, {defaults[k]})")
     return "; ".join(why)
 
 
