@@ -547,3 +547,22 @@ def test_label_names_the_expert_parallel_size() -> None:
     r = tune("mixtral-8x7b", 32, H100, 128)
     ep = int(r.best["ep"])
     assert (f"·ep{ep}·" in label(r.best)) == (ep > 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, gpus, batch, seq, dims", [
+    # MoE parallel folding (EP over tp·cp·dp with expert TP 1 or 2) and every cp_comm_type, with the pipeline and
+    # all-to-all overlaps opened: dimensions the hypothesis test's default space leaves out
+    ("mixtral-8x7b", 16, 32, 4096, {"etp": (1, 2), "cp_comm_type": ("p2p", "all_gather", "a2a"), **OPEN_FLAGS}),
+    ("llama3-8b", 16, 16, 32768, {"cp_comm_type": ("p2p", "all_gather", "a2a")})])  # 32K: CP up to 16
+def test_pruned_optimum_equals_exhaustive_with_folding_and_every_cp_comm_type(name, gpus, batch, seq, dims) -> None:  # noqa: ANN001
+    full = tune(name, gpus, H100, batch, seq, space=dims, prune=False)
+    pruned = tune(name, gpus, H100, batch, seq, space=dims)
+    unbounded = tune(name, gpus, H100, batch, seq, space=dims, exact_top=None)
+    assert pruned.best["total_s"] == full.best["total_s"]
+    assert np.array_equal(pruned.table["total_s"].head(10), unbounded.table["total_s"].head(10))
+    assert pruned.stats["evaluated"] + pruned.stats["pruned"] == full.stats["enumerated"] == pruned.stats["enumerated"]
+    t = full.table
+    assert (t["cp"] > 1).any() and set(t.loc[t["cp"] > 1, "cp_comm_type"]) >= {"p2p", "all_gather"}
+    if lc.load_model(name).is_moe:  # folded rows are in the space and evaluated: EP beyond DP
+        assert (t["ep"] > t["dp"]).any() and set(t["etp"]) == {1, 2}
