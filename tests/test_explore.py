@@ -430,3 +430,46 @@ def test_in_view_minor_ticks_draw_the_pixels_of_the_log_scales_own(view) -> None
     assert len(in_view.get_minorticklocs()) < len(own.get_minorticklocs())
     for f in figs:
         plt.close(f)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_explore_command_prints_the_url_it_serves_and_stops_on_sigterm(tmp_path) -> None:
+    """``llmcomm explore`` (the command itself, not serve.start_page): one line with the 127.0.0.1 URL, a page that
+    answers there without the code cell (Voilà), and SIGTERM ends the server with its kernels."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    out = tmp_path / "explore.out"
+    with open(out, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "llmcomm", "explore", "--port", "0"], stdout=fh,
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 150
+        url = None
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            m = re.search(r"serving on (http://127\.0\.0\.1:\d+/)", out.read_text(errors="replace"))
+            url = m.group(1) if m else None
+            time.sleep(0.5)
+        assert url, out.read_text(errors="replace")
+        kids = descendants(proc.pid)
+        with urllib.request.urlopen(url, timeout=60) as r:  # noqa: S310 (our own 127.0.0.1 server)
+            page = r.read().decode("utf-8", "replace")
+            assert r.status == 200
+        assert "from llmcomm.explore import" not in page  # Voilà shows no code
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode is not None
+    time.sleep(1)
+    assert not [p for p in kids if os.path.exists(f"/proc/{p}") and
+                open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"], "a server process outlived it"

@@ -446,7 +446,9 @@ def test_cli_constraints_narrow_and_errors_name_the_constraint(capsys) -> None: 
                        ("fp8=maybe", "fp8 takes on, off, hybrid or e4m3"), ("sp=maybe", "'maybe' is not on/off"),
                        ("max_tp=0", "must be a positive integer"), ("recompute=some", "recompute takes"),
                        ("cp=2,cp_comm_type=a2a+p2p", "cp_comm_type=a2a+p2p is refused by rule 'cp-hierarchical'"),
-                       ("cp_comm_type=ring", "cp_comm_type takes")):
+                       ("cp_comm_type=ring", "cp_comm_type takes"),
+                       # a constraint no split holds (3 divides no GPU count of 64) is named, with what works
+                       ("cp=3", "no configuration is left by --constraints cp=3 (values that work here: 1, 2, 4, 8")):
         rc, _, err = _tune_cli(capsys, "--constraints", bad)
         assert rc != 0 and words in err and "Traceback" not in err, (bad, err)
 
@@ -512,3 +514,55 @@ def test_flag_rules_on_the_grid_equal_the_rules_on_the_expanded_rows(name, gpus,
     assert sum(d.sum() for d in drops.values()) and drops["same-as-without"].any()
     assert np.array_equal(np.unique(compute_key(base)[np.nonzero(ok)[0]], return_inverse=True)[1],
                           np.unique(compute_key(want), return_inverse=True)[1])
+
+
+def test_cli_table_shows_the_interval_and_every_term(capsys) -> None:  # noqa: ANN001
+    """Each printed row: the predicted time inside its 90% interval (lo_s, hi_s: the tuner's total_s_lo/hi),
+    every term of the breakdown (cp_comm too), memory."""
+    from llmcomm.tune.cli import BREAKDOWN
+
+    rc, out, _ = _tune_cli(capsys)
+    assert rc == 0 and "90% interval" in out
+    lines = out.split("memory per GPU:")[1].splitlines()[1:]
+    header, body = lines[0].split(), [ln.split() for ln in lines[1:] if ln.strip()]
+    assert header[:4] == ["config", "time_s", "lo_s", "hi_s"] and "cp_comm" in header and "memory_GB" in header
+    assert [h for h in header if h + "_s" in BREAKDOWN] == [c.removesuffix("_s") for c in BREAKDOWN]
+    r = tune("gpt3-13b", 64, A100, 512, 2048)
+    assert len(body) == 3
+    for row, (_, want) in zip(body, r.table.head(3).iterrows(), strict=True):
+        t, lo, hi = (float(x) for x in row[1:4])
+        assert lo < t < hi
+        assert (row[2], row[3]) == (f"{want['total_s_lo']:.3f}", f"{want['total_s_hi']:.3f}")
+    assert "-0.000" not in out
+
+
+def test_label_names_the_expert_parallel_size() -> None:
+    """A MoE configuration's label carries its EP size (ep 1 and dense rows do not)."""
+    from llmcomm.tune.report import label
+
+    row = {"tp": 2, "cp": 1, "pp": 8, "dp": 16, "ep": 32, "etp": 1, "micro_batch": 1, "vpp": 4, "sp": True,
+           "recompute": "none", "distributed_optimizer": True}
+    assert label(row).startswith("tp2·pp8·dp16·ep32·etp1·mb1·v4")
+    assert "·ep" not in label({**row, "ep": 1, "etp": -1})
+    r = tune("mixtral-8x7b", 32, H100, 128)
+    ep = int(r.best["ep"])
+    assert (f"·ep{ep}·" in label(r.best)) == (ep > 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, gpus, batch, seq, dims", [
+    # MoE parallel folding (EP over tp·cp·dp with expert TP 1 or 2) and every cp_comm_type, with the pipeline and
+    # all-to-all overlaps opened: dimensions the hypothesis test's default space leaves out
+    ("mixtral-8x7b", 16, 32, 4096, {"etp": (1, 2), "cp_comm_type": ("p2p", "all_gather", "a2a"), **OPEN_FLAGS}),
+    ("llama3-8b", 16, 16, 32768, {"cp_comm_type": ("p2p", "all_gather", "a2a")})])  # 32K: CP up to 16
+def test_pruned_optimum_equals_exhaustive_with_folding_and_every_cp_comm_type(name, gpus, batch, seq, dims) -> None:  # noqa: ANN001
+    full = tune(name, gpus, H100, batch, seq, space=dims, prune=False)
+    pruned = tune(name, gpus, H100, batch, seq, space=dims)
+    unbounded = tune(name, gpus, H100, batch, seq, space=dims, exact_top=None)
+    assert pruned.best["total_s"] == full.best["total_s"]
+    assert np.array_equal(pruned.table["total_s"].head(10), unbounded.table["total_s"].head(10))
+    assert pruned.stats["evaluated"] + pruned.stats["pruned"] == full.stats["enumerated"] == pruned.stats["enumerated"]
+    t = full.table
+    assert (t["cp"] > 1).any() and set(t.loc[t["cp"] > 1, "cp_comm_type"]) >= {"p2p", "all_gather"}
+    if lc.load_model(name).is_moe:  # folded rows are in the space and evaluated: EP beyond DP
+        assert (t["ep"] > t["dp"]).any() and set(t["etp"]) == {1, 2}

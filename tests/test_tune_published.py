@@ -46,3 +46,48 @@ def test_recipe_regret_groups_the_configurations_of_one_model(external) -> None:
         assert q["regret"] >= 0 and q["pick"] in q["ranking"]
     else:
         assert q["refused"]
+
+
+def test_outside_space_says_why_the_tuner_cannot_pick_a_published_configuration(external) -> None:  # noqa: ANN001
+    """Where the tuner loses to a published recipe, the recipe is not among its candidates, and why: GPT-3 175B
+    (24.07, mb 2) needs 75.1 GB, above 90% of 80 GB; Qwen3-30B-A3B (25.11) runs 24 virtual stages (the space's
+    max_vpp is 8) and FP8 current scaling; Qwen3-235B-A22B runs ep 32 over dp 16 (MoE parallel folding, in the
+    space only with an explicit etp); LLaMA-3 70B (24.07, 62.8 GB) fits, but reduces its gradients in bf16 and
+    overlaps its pipeline sends, which the default space does not (fp32, overlap_p2p_comm off); a candidate of
+    the space itself is inside."""
+    import ast
+
+    import llmcomm as lc
+    from llmcomm.tune import SearchSpace
+    from llmcomm.tune.published import _published, outside_space
+
+    pub = _published()
+    h100 = lc.load_cluster("h100-80g-ndr400")
+
+    def why(model: str, container: str, **match: int) -> str:
+        r = pub[(pub["model_name"] == model) & (pub["container"] == container) & pub["predicted_s"].notna()]
+        for k, v in match.items():
+            r = r[r[k] == v]
+        assert len(r) == 1, (model, container, match)
+        return outside_space(lc.load_model(model), ast.literal_eval(r["columns"].iloc[0]), SearchSpace(), h100)
+
+    fits = why("llama3-70b", "24.07")  # 62.8 GB
+    assert "memory" not in fits and "grad_reduce_dtype=bf16" in fits and "overlap_p2p_comm=True" in fits
+    assert why("gpt3-175b", "24.07", mbs=2).startswith("memory 75.1 GB above the tuner's budget 72.0 GB")
+    q = why("qwen3-30b-a3b", "25.11")
+    assert "vpp 24 above the space's max_vpp=8" in q and "fp8_recipe=tensorwise" in q
+    assert "ep 32 does not divide dp 16" in why("qwen3-235b-a22b", "25.11")
+    big = lc.load_model("qwen3-235b-a22b")
+    cand = ast.literal_eval(pub[(pub["model_name"] == "qwen3-235b-a22b") & (pub["container"] == "25.11")]
+                            ["columns"].iloc[0])
+    assert "ep 32" not in outside_space(big, cand, SearchSpace(etp=(1,)), h100)  # folding opened: inside
+    from llmcomm.tune import enumerate_candidates
+
+    gpt = lc.load_model("gpt3-13b")
+    rows = enumerate_candidates(gpt, 16, 64, None, SearchSpace().for_cluster(h100))
+    fits = rows.iloc[[0, len(rows) // 2, len(rows) - 1]]
+    from llmcomm.overhead.memory import memory_table
+
+    for (_, r), mem in zip(fits.iterrows(), memory_table(gpt, fits)["total_bytes"], strict=True):
+        got = outside_space(gpt, {k: v for k, v in r.items() if k != "num_microbatches"}, SearchSpace(), h100)
+        assert (got == "") if mem <= 0.9 * h100.gpu_memory_bytes else got.startswith("memory "), got

@@ -1,7 +1,8 @@
 """``llmcomm tune MODEL --gpus N --batch B --seq S --cluster NAME``: rank parallel configurations.
 
-Prints the top configurations with their predicted breakdown (seconds per term of the iteration-time
-formulation) and memory per GPU; ``--explain`` says, in a sentence per term, why the runner-up loses
+Prints the top configurations with their predicted time, its 90 % interval (``lo_s``–``hi_s``:
+:mod:`llmcomm.overhead.interval`, the relative residuals of the single-node calibration), the breakdown
+(seconds per term of the iteration-time formulation) and memory per GPU; ``--explain`` says, in a sentence per term, why the runner-up loses
 (:func:`llmcomm.tune.report.explain`); ``--constraints cp=1,fp8=off,max_tp=8`` narrows the space
 (:mod:`llmcomm.tune.constraints`), and a value the cost model refuses is named with the rule that refuses it.
 
@@ -30,8 +31,9 @@ HELP = "rank parallel configurations of a model on a cluster by predicted iterat
 DESCRIPTION = ("Enumerate every valid tp/cp/pp (with uneven first/last stages)/dp/ep/etp/micro-batch/vpp/SP/"
                "recompute/distributed-optimizer/attention-backend configuration the cost model can rank, drop those "
                "that do not fit in GPU memory, and rank the rest by predicted iteration time (llmcomm.overhead).")
-BREAKDOWN = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "ep_comm_s", "pp_comm_s", "bubble_s", "dp_comm_s",
-             "optimizer_s")
+BREAKDOWN = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "bubble_s",
+             "dp_comm_s", "optimizer_s")  # every term of llmcomm.overhead.iteration's Breakdown
+INTERVAL = ("total_s_lo", "total_s_hi")  # the cost model's 90 % interval of total_s (llmcomm.overhead.interval)
 RESTRICTIONS = ("tp", "pp", "ep", "micro_batch", "vpp")
 
 
@@ -93,31 +95,63 @@ def progress_line(label: str, enabled: bool, after_s: float = 1.0) -> Iterator[N
             sys.stderr.flush()
 
 
-def _empty_because(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
-                   space: SearchSpace) -> str | None:
-    """Which of the restrictions left no candidate: those whose removal alone gives some (with the values that
-    would work), or ``None`` when the space is empty without any restriction too."""
+def _shown(v: Any) -> str:
+    """A dimension's value as the command line writes it (``fp8=None`` is ``off``, booleans ``on``/``off``)."""
+    import numpy as np
+
+    if v is None:
+        return "off"
+    if isinstance(v, (bool, np.bool_)):
+        return "on" if v else "off"
+    return str(v)
+
+
+def _empty_because(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None, space: SearchSpace,
+                   given: dict[str, str]) -> str | None:
+    """Which of the restrictions ``given`` (``{dimension: how the user wrote it}``, e.g. ``{"cp": "--constraints
+    cp=3"}``) left no candidate: those whose removal alone (the dimension back to the default space's values)
+    gives some, with the values that would work, or ``None`` when the space is empty without any of them too."""
     import dataclasses
 
-    from .space import enumerate_candidates
+    from .space import SearchSpace, enumerate_candidates
 
-    given = [d for d in RESTRICTIONS if getattr(space, d) is not None and d != "cp"]
     if not given:
         return None
-    cleared: dict[str, Any] = dict.fromkeys(given)
+    default = SearchSpace()
+    cleared: dict[str, Any] = {d: getattr(default, d) for d in given}
     if not len(enumerate_candidates(model, gpus, global_batch, seq_len, dataclasses.replace(space, **cleared))):
         return None
     parts = []
-    for d in given:
-        one: dict[str, Any] = {d: None}
+    for d, how in given.items():
+        one: dict[str, Any] = {d: getattr(default, d)}
         c = enumerate_candidates(model, gpus, global_batch, seq_len, dataclasses.replace(space, **one))
         if len(c):
-            values = sorted(int(v) for v in c[d].unique())
-            parts.append(f"--{d.replace('_', '-')} {','.join(map(str, getattr(space, d)))} (values that work "
-                         f"here: {', '.join(map(str, values[:16]))}{' ...' if len(values) > 16 else ''})")
+            values = sorted({_shown(v) for v in c[d]}, key=lambda x: (len(x), x))  # numbers in numeric order
+            parts.append(f"{how} (values that work here: {', '.join(values[:16])}"
+                         f"{' ...' if len(values) > 16 else ''})")
     if not parts:
-        return "the restrictions " + ", ".join(f"--{d.replace('_', '-')}" for d in given) + " together"
+        return "the restrictions " + ", ".join(given.values()) + " together"
     return " or ".join(parts)
+
+
+def _restrictions(args: argparse.Namespace, before: SearchSpace, space: SearchSpace) -> dict[str, str]:
+    """``{dimension: how the user wrote it}`` for each dimension the options narrowed: ``--tp 3`` for a flag,
+    ``--constraints cp=3`` for a constraint (the values it left, ``max_``/``min_`` included)."""
+    from .space import EXPLICIT
+
+    out = {d: f"--{d.replace('_', '-')} {','.join(map(str, getattr(args, d)))}" for d in RESTRICTIONS
+           if getattr(args, d) is not None}
+    for d in (*EXPLICIT, "uneven", "fp8_param_gather", "tp_comm_overlap", "overlap_grad_reduce",
+              "overlap_param_gather", "overlap_p2p_comm", "moe_a2a_overlap"):
+        if getattr(space, d) != getattr(before, d):
+            out[d] = f"--constraints {d}={'/'.join(_shown(v) for v in getattr(space, d))}"
+    return out
+
+
+def _seconds(x: float) -> str:
+    """Three decimals, a float's rounding residue below zero (a term of ``-3e-17`` s) printed as ``0.000``."""
+    text = f"{x:.3f}"
+    return "0.000" if text == "-0.000" else text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     from .space import EXPLICIT, refusals
 
     space = SearchSpace(**{d: getattr(args, d) for d in RESTRICTIONS if getattr(args, d) is not None})
+    flagged = space
     if args.constraints:
         before, space = space, parse(args.constraints, args.gpus, space)
         named = {f for f in EXPLICIT if getattr(space, f) != getattr(before, f)}  # what the constraints narrowed
@@ -149,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
         n = len(enumerate_candidates(model, args.gpus, args.global_batch, args.seq_len, space))
     check_tune_candidates(n)
     if n == 0:
-        why = _empty_because(model, args.gpus, args.global_batch, args.seq_len, space)
+        why = _empty_because(model, args.gpus, args.global_batch, args.seq_len, space,
+                             _restrictions(args, flagged, space))
         if why is not None:
             raise ConfigError(f"{model.name} on {args.gpus:,} GPUs with global batch {args.global_batch}: no "
                               f"configuration is left by {why}")
@@ -167,12 +203,14 @@ def run(args: argparse.Namespace) -> int:
 
     head = r.table.head(args.top)
     top = pd.DataFrame({"config": [label(x) for _, x in head.iterrows()], "time_s": head["total_s"],
+                        "lo_s": head[INTERVAL[0]], "hi_s": head[INTERVAL[1]],
                         **{c.removesuffix("_s"): head[c] for c in BREAKDOWN},
                         "memory_GB": (head["total_bytes"] / 1e9).round(1), "tflops": head["tflops_per_gpu"]})
     if not args.quiet:
-        print("predicted seconds per iteration and per term (llmcomm.overhead.iteration_times), memory per GPU:")
+        print("predicted seconds per iteration (lo_s-hi_s: the cost model's 90% interval, from its single-node "
+              "calibration residuals) and per term (llmcomm.overhead.iteration_times), memory per GPU:")
     with pd.option_context("display.width", 250, "display.max_columns", 30, "display.max_colwidth", 80):
-        print(top.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print(top.to_string(index=False, float_format=_seconds))
     if args.explain:
         if len(r.table) < 2:
             print("\nonly one configuration fits: there is no runner-up to explain")

@@ -23,6 +23,12 @@ measured configurations by predicted time and its regret is ``measured(first by 
 1``. Settings the formulation does not model are relaxed there (timed as if off, named in ``relaxed``) — the
 ranking needs every configuration of the group predicted.
 
+Where the tuner's pick is predicted *slower* than the published configuration, the published configuration is not
+among the tuner's candidates; ``published_outside_space`` (:func:`outside_space`) says which bound or setting of
+the space leaves it out (the memory budget, ``max_vpp``, the FP8 recipe, EP beyond DP without expert folding...),
+so a loss is explained by the space, not left unexplained (a ``""`` there with a loss would be a tuner bug,
+which notebook 08 checks).
+
 Nothing here is fitted; the NeMo rows entered no fit (``summary_nemo``: ``fitted_on_these_rows: False``).
 """
 
@@ -96,6 +102,14 @@ def recipe_table(rows: pd.DataFrame | None = None, **tune_kw: Any) -> pd.DataFra
             "published": _published_label(r), "published_measured_s": float(r["time_s"]),
             "published_pred_s": r["predicted_s"], "published_lo_s": r.get("total_s_lo", np.nan),
             "published_hi_s": r.get("total_s_hi", np.nan), "published_refused": r["refused"]}
+        if r["refused"] == "" and isinstance(r.get("columns"), str) and r["columns"]:
+            import ast
+
+            cand = ast.literal_eval(r["columns"])  # predict_nemo's repr of the candidate row it timed
+            row["published_outside_space"] = outside_space(
+                load_model(name), cand, SearchSpace(fp8=key[4]), cluster, tune_kw.get("memory_fraction", 0.9))
+        else:
+            row["published_outside_space"] = ""
         if isinstance(res, str):
             row.update(tuner="", tuner_refused=res)
         else:
@@ -114,6 +128,59 @@ def recipe_table(rows: pd.DataFrame | None = None, **tune_kw: Any) -> pd.DataFra
     t["predicted_speedup_hi"] = t["published_hi_s"] / t["tuner_lo_s"]
     t["measured_over_pick"] = t["published_measured_s"] / t["tuner_pred_s"]
     return t
+
+
+def outside_space(model: Any, cand: dict[str, Any], space: SearchSpace, cluster: Any,
+                  memory_fraction: float = 0.9) -> str:
+    """Why the published configuration ``cand`` (a candidate row as :func:`~llmcomm.overhead.validation.
+    predict_nemo` times it, its ``columns``) is not among the candidates of the tuner's ``space`` on ``cluster``
+    (``""``: nothing found; the space's rules themselves are :func:`~llmcomm.tune.space.refusals`' to name):
+
+    * its memory (:func:`llmcomm.overhead.memory.memory_table`) above ``memory_fraction`` of the GPU's (the
+      tuner's budget, ``tune(memory_fraction=)``);
+    * a size above the space's bound (``max_vpp``, ``max_micro_batch``, ``max_cp``);
+    * a MoE model's EP not dividing DP where the space has no explicit ``etp`` (MoE parallel folding,
+      :func:`~llmcomm.tune.space.expert_shapes`);
+    * a categorical dimension of the space (:data:`~llmcomm.tune.space.DIMENSIONS`) at a value the space does not
+      hold (``overlap_p2p_comm`` on, where the default space keeps it off);
+    * any other :class:`~llmcomm.specs.ParallelConfig` field away from its default, which every row of the space
+      keeps (``fp8_recipe=tensorwise``, ``create_attention_mask_in_dataloader=False``...), except Megatron's
+      ``account_for_embedding/loss_in_pipeline_split`` at ``vpp = 1``, which the space holds as an uneven split
+      (:mod:`llmcomm.tune.space`)."""
+    import dataclasses
+
+    from ..overhead.memory import memory_table
+    from ..specs import ParallelConfig
+    from .space import DIMENSIONS, SHAPE_COLUMNS
+
+    why = []
+    mem = float(memory_table(model, pd.DataFrame([cand]))["total_bytes"].iloc[0])
+    budget = memory_fraction * cluster.gpu_memory_bytes
+    if mem > budget:
+        why.append(f"memory {mem / 1e9:.1f} GB above the tuner's budget {budget / 1e9:.1f} GB "
+                   f"({memory_fraction:.0%} of {cluster.gpu_memory_bytes / 1e9:.0f} GB)")
+    for dim, bound in (("vpp", "max_vpp"), ("micro_batch", "max_micro_batch"), ("cp", "max_cp")):
+        v, limit = int(cand.get(dim, 1)), int(getattr(space, bound))
+        if v > limit:
+            why.append(f"{dim} {v} above the space's {bound}={limit}")
+    ep, dp = int(cand.get("ep", 1)), int(cand.get("dp", 1))
+    if getattr(model, "is_moe", False) and space.etp is None and dp % ep:
+        why.append(f"ep {ep} does not divide dp {dp}: EP over tp·cp·dp (MoE parallel folding) is in the space "
+                   "only with an explicit etp (SearchSpace(etp=...), --constraints etp=1/2)")
+    defaults = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
+    derived = {"dp", "global_batch", "seq_len", "schedule"}  # set by the GPU count, the job and vpp
+    for k, v in cand.items():
+        if k in derived or k in SHAPE_COLUMNS or k not in defaults:
+            continue  # the shape dimensions are the bounds' above
+        if k in DIMENSIONS:
+            held = getattr(space, k, None)
+            if held is not None and v is not None and v not in held:  # None: unset (cp_comm_type at cp 1)
+                why.append(f"{k}={v} (the space's {k}: {'/'.join(map(str, held))})")
+        elif k.startswith("account_for_") and int(cand.get("vpp", 1)) == 1:
+            continue
+        elif v != defaults[k] and not (v in ((), None) and defaults[k] in ((), None)):
+            why.append(f"{k}={v} (every row of the space keeps the default, {defaults[k]})")
+    return "; ".join(why)
 
 
 def _published_label(r: pd.Series) -> str:

@@ -44,9 +44,10 @@ def best_by_scale(model: ModelSpec, gpus: Sequence[int], clusters: Sequence[str 
 
 def label(r: pd.Series | Mapping[str, Any]) -> str:
     """A configuration in one short string: ``tp4·pp8·dp32·mb1·v6·sp·selective·dopt``; a context-parallel
-    size, uneven end stages (``·first7·last7``), an expert TP other than tp, FSDP, an unfused attention
-    backend, FP8 (``·fp8-hybrid``, ``·fpg`` its parameter gather) and the overlap flags (``·tpo``
-    tp_comm_overlap, ``·ogr`` overlap_grad_reduce, ``·opg`` overlap_param_gather) are added where present."""
+    size, an expert-parallel size (``·ep32``, MoE), uneven end stages (``·first7·last7``), an expert TP other
+    than tp, FSDP, an unfused attention backend, FP8 (``·fp8-hybrid``, ``·fpg`` its parameter gather) and the
+    overlap flags (``·tpo`` tp_comm_overlap, ``·ogr`` overlap_grad_reduce, ``·opg`` overlap_param_gather) are
+    added where present."""
     from ..vocab import FUSED_ATTENTION_BACKENDS
 
     def opt(k: str) -> int:
@@ -60,6 +61,7 @@ def label(r: pd.Series | Mapping[str, Any]) -> str:
     ct = r.get("cp_comm_type", "p2p") if hasattr(r, "get") else "p2p"
     return (f"tp{int(r['tp'])}{f'·cp{cp}' if cp > 1 else ''}{f'({ct})' if cp > 1 and ct != 'p2p' else ''}"
             f"·pp{int(r['pp'])}·dp{int(r['dp'])}"
+            f"{f'·ep{ep}' if (ep := opt('ep')) > 1 else ''}"
             f"{f'·etp{et}' if (et := opt('etp')) >= 0 else ''}"
             f"·mb{int(r['micro_batch'])}·v{int(r['vpp'])}{ends}"
             f"{'·sp' if r['sp'] else ''}·{r['recompute']}{'·dopt' if r['distributed_optimizer'] else ''}"
