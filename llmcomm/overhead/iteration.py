@@ -1036,62 +1036,55 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     items: list[tuple[CommItem, Any]]
     if small:  # a few rows: which rows call, read as Python values (one comparison and conversion of all counts)
         counts = np.array([it.count for it in calls]) if calls else np.zeros((0, n3))
-        if counts.shape == (len(calls), n3) and counts.dtype != object:
-            live_rows = (counts > 0).tolist()
-        else:  # counts of other shapes: item by item
-            live_rows = [[c_ > 0 for c_ in np.broadcast_to(it.count, (n3,)).tolist()] for it in calls]
-        items = [(it, live) for it, live in zip(calls, live_rows, strict=True) if any(live)]
+        if counts.shape != (len(calls), n3) or counts.dtype == object:  # counts of other shapes: item by item
+            counts = np.array([np.broadcast_to(it.count, (n3,)) for it in calls]).reshape(len(calls), n3)
+        live_rows = (counts > 0).tolist()
+        keep = [j for j, live in enumerate(live_rows) if any(live)]
+        items = [(calls[j], live_rows[j]) for j in keep]
     else:
         items = [(it, it.count > 0) for it in calls]
         items = [(it, live) for it, live in items if live.any()]
     times, xs = _batched_times(bandwidth, items) if small else (None, None)
     fast = isinstance(bandwidth, _Timer) and bandwidth.fast
     factors: dict[tuple[str, int], np.ndarray] = {}  # bus_factor per op and group-size array (items share them)
-    for j, (it, live) in enumerate(items):
-        if times is not None:
-            tt = times[j]
+    units: list[tuple[CommItem, np.ndarray, np.ndarray]] = []  # FSDP's per-unit calls: (item, seconds, bus bytes)
+    if times is not None and xs is not None:  # a few rows: every sum at once (_add_sums)
+        plain = [j for j, (it, _) in enumerate(items) if not it.unit]
+        units = [(items[j][0], times[j], xs[j]) for j, (it, _) in enumerate(items) if it.unit]
+        if plain:
+            cnt = counts[[keep[j] for j in plain]]
+            tt, x = times[plain], xs[plain]
+            _add_sums(tot, [items[j][0] for j in plain], cnt * tt, tt, cnt, cnt * x)
+        cp_calls = [(it.tag, times[j], it.count) for j, (it, _) in enumerate(items) if it.term == "cp" and not it.unit]
+    for it, live in (items if times is None else ()):  # many rows: item by item
+        # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
+        f_op = factors.get((it.op, id(it.size)))
+        if f_op is None:
+            f_op = factors[(it.op, id(it.size))] = bus_factor(it.op, it.size)
+        x = f_op * it.nbytes
+        if fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
+            tt = bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
+        elif live.all():
+            tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
         else:
-            # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
-            f_op = factors.get((it.op, id(it.size)))
-            if f_op is None:
-                f_op = factors[(it.op, id(it.size))] = bus_factor(it.op, it.size)
-            x = f_op * it.nbytes
-            if fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
-                tt = bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
-            elif live.all():
-                tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
-            else:
-                tt = np.zeros(n3)
-                tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
-        if xs is not None:
-            x = xs[j]
-        if it.unit:  # FSDP: one unit's call, timed per call (fsdp_time.exposed), per micro-batch
-            per_mb = 1.0 if it.per == "microbatch" else 1.0 / (c3["global_batch"] // (c3["micro_batch"] * c3["dp"]))
-            if it.per == "iteration":  # a call once per iteration, spread over its micro-batches
-                tt = tt * it.count * per_mb
-            tot["fsdp:" + it.unit] = tot.get("fsdp:" + it.unit, np.zeros(n3)) + tt
-            tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
-            tot["fsdp_bus"] += it.count * per_mb * x
+            tt = np.zeros(n3)
+            tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
+        if it.unit:
+            units.append((it, tt, x))
             continue
         ctt = it.count * tt  # the item's seconds (per micro-batch or per iteration)
-        tot[it.term] += ctt
-        if it.ub:
-            tot["ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f"] += ctt
-        elif it.term == "dp" and it.op == "all_gather":
-            tot["dp_ag"] += ctt
-        elif it.term == "cp":
+        what: tuple[np.ndarray, ...] = (ctt, tt, it.count)
+        for key, kind in _item_sums(it):
+            tot[key] += what[kind] if kind < 3 else it.count * x
+        if it.term == "cp":
             cp_calls.append((it.tag, tt, it.count))
-        if it.grad:
-            tot["g_" + it.grad] += tt
-            tot["g_all"] += ctt
-        elif it.term == "pp" and it.op == "send":
-            f_ = it.phase == "forward"
-            tot["pp_sf" if f_ else "pp_sb"] += tt
-            tot["pp_nf" if f_ else "pp_nb"] += it.count
-        elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
-            tot["ep_a2a"] += ctt
-        if it.op != "recv":  # a receive's bytes are its peer's send's
-            tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
+    for it, tt, x in units:  # FSDP: one unit's call, timed per call (fsdp_time.exposed), per micro-batch
+        per_mb = 1.0 if it.per == "microbatch" else 1.0 / (c3["global_batch"] // (c3["micro_batch"] * c3["dp"]))
+        if it.per == "iteration":  # a call once per iteration, spread over its micro-batches
+            tt = tt * it.count * per_mb
+        tot["fsdp:" + it.unit] = tot.get("fsdp:" + it.unit, np.zeros(n3)) + tt
+        tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
+        tot["fsdp_bus"] += it.count * per_mb * x
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
     shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
@@ -1125,8 +1118,59 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   stacked=(q3, tuple(per_class[k]["q"] for k in CLASSES)))
 
 
+def _item_sums(it: CommItem) -> list[tuple[str, int]]:
+    """The sums of :func:`stages` a call item (not an FSDP unit's) adds to, each with what it adds: ``0`` its
+    seconds ``count·t``, ``1`` one call's seconds ``t``, ``2`` its ``count``, ``3`` its nccl-tests bus bytes
+    ``count·x`` (a receive's bytes are its peer's send's: none)."""
+    key = (it.term, it.op, it.phase, it.ub, it.grad)
+    hit = _ITEM_SUMS.get(key)
+    if hit is not None:
+        return hit
+    out = [(it.term, 0)]
+    if it.ub:
+        out.append(("ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f", 0))
+    elif it.term == "dp" and it.op == "all_gather":
+        out.append(("dp_ag", 0))
+    if it.grad:
+        out += [("g_" + it.grad, 1), ("g_all", 0)]
+    elif it.term == "pp" and it.op == "send":
+        f_ = it.phase == "forward"
+        out += [("pp_sf" if f_ else "pp_sb", 1), ("pp_nf" if f_ else "pp_nb", 2)]
+    elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
+        out.append(("ep_a2a", 0))
+    if it.op != "recv":
+        out.append((it.term + "_bus", 3))
+    _ITEM_SUMS[key] = out
+    return out
+
+
+_ITEM_SUMS: dict[tuple[str, str, str, bool, str], list[tuple[str, int]]] = {}  # _item_sums per kind of item
+
+
+def _add_sums(tot: dict[str, np.ndarray], items: list[CommItem], *parts: np.ndarray) -> None:
+    """``tot[key] += part[j]`` for each item ``j`` in order and each ``(key, kind)`` of :func:`_item_sums`, with
+    ``parts`` the ``(items, rows)`` arrays of the kinds (seconds, one call's seconds, count, bus bytes): the
+    additions of each sum as one sequential accumulation (``np.add.accumulate``: ``((s + a) + b) + ...`` in item
+    order, the rounding of the item-by-item loop) over the rows of one array, padded with zeros."""
+    rows = len(items)
+    by: dict[str, list[int]] = {}
+    for j, it in enumerate(items):
+        for key, kind in _item_sums(it):
+            by.setdefault(key, []).append(1 + kind * rows + j)
+    width = max(map(len, by.values()))
+    index = np.zeros((len(by), 1 + width), np.int64)  # row 0 of the stack: zeros (tot's own value goes first)
+    for i, js in enumerate(by.values()):
+        index[i, 1:1 + len(js)] = js
+    stack = np.concatenate([np.zeros((1, parts[0].shape[1])), *parts])
+    picked = stack[index]
+    picked[:, 0] = [tot[k] for k in by]
+    sums = np.add.accumulate(picked, axis=1)[:, -1]
+    for key, row in zip(by, sums, strict=True):
+        tot[key] = row
+
+
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
-                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """Each item's call times and nccl-tests bus bytes ``bus_factor(op, size)·nbytes`` (both 0 where it issues
     no call), for a few rows: for one configuration the per-call overhead, not the arithmetic, is the cost.
     Through a caching :class:`_Timer` of a :class:`~llmcomm.overhead.bandwidth.Bandwidth` each distinct call
@@ -1141,7 +1185,7 @@ def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
         # floats (no nested sequences for numpy to inspect); the items' rows are views of it
         flat = list(chain.from_iterable(memo[k] if k is not None else none for row in keys for k in row))
         tx = np.array(flat, dtype=np.float64).reshape(len(keys), n, 2)
-        return list(tx[:, :, 0]), list(tx[:, :, 1])
+        return tx[:, :, 0], tx[:, :, 1]
     out = [np.zeros(n) for _ in items]
     xs = [np.zeros(n) for _ in items]
     by_op: dict[str, list[int]] = {}
@@ -1160,7 +1204,7 @@ def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
             out[j][m] = tt[at:at + k]
             xs[j][m] = x[at:at + k]
             at += k
-    return out, xs
+    return np.array(out).reshape(len(items), n), np.array(xs).reshape(len(items), n)
 
 
 def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: np.ndarray, g_ag: np.ndarray,
