@@ -1048,13 +1048,13 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     fast = isinstance(bandwidth, _Timer) and bandwidth.fast
     factors: dict[tuple[str, int], np.ndarray] = {}  # bus_factor per op and group-size array (items share them)
     units: list[tuple[CommItem, np.ndarray, np.ndarray]] = []  # FSDP's per-unit calls: (item, seconds, bus bytes)
-    if times is not None and xs is not None:  # a few rows: every sum at once (_add_sums)
+    if times is not None and xs is not None:  # a few rows: every sum at once (_sums_at_once)
         plain = [j for j, (it, _) in enumerate(items) if not it.unit]
         units = [(items[j][0], times[j], xs[j]) for j, (it, _) in enumerate(items) if it.unit]
         if plain:
             cnt = counts[[keep[j] for j in plain]]
             tt, x = times[plain], xs[plain]
-            _add_sums(tot, [items[j][0] for j in plain], cnt * tt, tt, cnt, cnt * x)
+            tot.update(_sums_at_once([items[j][0] for j in plain], cnt * tt, tt, cnt, cnt * x))  # tot: zeros
         cp_calls = [(it.tag, times[j], it.count) for j, (it, _) in enumerate(items) if it.term == "cp" and not it.unit]
     for it, live in (items if times is None else ()):  # many rows: item by item
         # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
@@ -1122,7 +1122,7 @@ def _item_sums(it: CommItem) -> list[tuple[str, int]]:
     """The sums of :func:`stages` a call item (not an FSDP unit's) adds to, each with what it adds: ``0`` its
     seconds ``count·t``, ``1`` one call's seconds ``t``, ``2`` its ``count``, ``3`` its nccl-tests bus bytes
     ``count·x`` (a receive's bytes are its peer's send's: none)."""
-    key = (it.term, it.op, it.phase, it.ub, it.grad)
+    key = _KIND(it)
     hit = _ITEM_SUMS.get(key)
     if hit is not None:
         return hit
@@ -1147,26 +1147,33 @@ def _item_sums(it: CommItem) -> list[tuple[str, int]]:
 _ITEM_SUMS: dict[tuple[str, str, str, bool, str], list[tuple[str, int]]] = {}  # _item_sums per kind of item
 
 
-def _add_sums(tot: dict[str, np.ndarray], items: list[CommItem], *parts: np.ndarray) -> None:
-    """``tot[key] += part[j]`` for each item ``j`` in order and each ``(key, kind)`` of :func:`_item_sums`, with
-    ``parts`` the ``(items, rows)`` arrays of the kinds (seconds, one call's seconds, count, bus bytes): the
-    additions of each sum as one sequential accumulation (``np.add.accumulate``: ``((s + a) + b) + ...`` in item
-    order, the rounding of the item-by-item loop) over the rows of one array, padded with zeros."""
-    rows = len(items)
-    by: dict[str, list[int]] = {}
-    for j, it in enumerate(items):
-        for key, kind in _item_sums(it):
-            by.setdefault(key, []).append(1 + kind * rows + j)
-    width = max(map(len, by.values()))
-    index = np.zeros((len(by), 1 + width), np.int64)  # row 0 of the stack: zeros (tot's own value goes first)
-    for i, js in enumerate(by.values()):
-        index[i, 1:1 + len(js)] = js
+def _sums_at_once(items: list[CommItem], *parts: np.ndarray) -> dict[str, np.ndarray]:
+    """Each sum of :func:`_item_sums` over ``items``, from zero: ``0 + part[j] + ...`` for each item ``j`` in
+    order, with ``parts`` the ``(items, rows)`` arrays of the kinds (seconds, one call's seconds, count, bus bytes)
+    — what ``tot[key] += part[j]`` item by item gives, bit for bit: one sequential ``np.add.accumulate`` of every
+    sum's terms, gathered as rows of one array and padded with zeros. The gathering is planned once per sequence
+    of item kinds (the calls of one configuration's shape)."""
+    kinds = tuple(map(_KIND, items))
+    plan = _SUM_PLANS.get(kinds)
+    if plan is None:
+        rows = len(items)
+        by: dict[str, list[int]] = {}
+        for j, it in enumerate(items):
+            for key, kind in _item_sums(it):
+                by.setdefault(key, []).append(1 + kind * rows + j)
+        index = np.zeros((len(by), 1 + max(map(len, by.values()), default=0)), np.int64)  # row 0: zeros
+        for i, js in enumerate(by.values()):
+            index[i, 1:1 + len(js)] = js
+        if len(_SUM_PLANS) > 1024:
+            _SUM_PLANS.clear()
+        plan = _SUM_PLANS[kinds] = (list(by), index)
+    keys, index = plan
     stack = np.concatenate([np.zeros((1, parts[0].shape[1])), *parts])
-    picked = stack[index]
-    picked[:, 0] = [tot[k] for k in by]
-    sums = np.add.accumulate(picked, axis=1)[:, -1]
-    for key, row in zip(by, sums, strict=True):
-        tot[key] = row
+    return dict(zip(keys, np.add.accumulate(stack[index], axis=1)[:, -1], strict=True))
+
+
+_KIND = operator.attrgetter("term", "op", "phase", "ub", "grad")  # what decides an item's sums (_item_sums)
+_SUM_PLANS: dict[tuple[Any, ...], tuple[list[str], np.ndarray]] = {}  # _sums_at_once per sequence of item kinds
 
 
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
