@@ -962,6 +962,9 @@ def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------- evaluate
+_LOOK_UP: Any = object()  # stages(gemm=...): not given, look the GEMM model up
+
+
 @dataclass
 class Stages:
     """What does not depend on the utilization model: per stage class (``first``, ``mid``, ``last``) the
@@ -994,11 +997,12 @@ class Stages:
     stacked: tuple[dict[str, np.ndarray], tuple[Any, ...]] | None = None  # (q3, each class's q dict)
 
 
-def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
-           ) -> Stages:
+def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True, *,
+           gemm: Any = _LOOK_UP) -> Stages:
     """Features and communication times of every stage class (see :class:`Stages`) of the configurations of
     ``t`` (checked: :func:`candidate_table`); ``measured_gemms=False`` times the linear GEMMs by ``FLOPs/peak``
-    even where the cluster's GPU has a measured GEMM model (:func:`measured_gemm`; the ablation's baseline)."""
+    even where the cluster's GPU has a measured GEMM model (:func:`measured_gemm`; the ablation's baseline).
+    ``gemm``: that lookup's result where the caller already holds it (:func:`_one_stages`)."""
     c = arrays(model, t, cluster.gpus_per_node)
     n = len(c["tp"])
     peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
@@ -1017,7 +1021,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         rec = step.recomputed_stage_classes(model, pp, c["vpp"], c["rblock_n"], {k: c[k] for k in step.UNEVEN})
         c3["rec_d"] = np.concatenate([rec[cls][0] for cls in CLASSES])
         c3["rec_m"] = np.concatenate([rec[cls][1] for cls in CLASSES])
-    gm = measured_gemm(cluster) if measured_gemms else None
+    gm = (measured_gemm(cluster) if measured_gemms else None) if gemm is _LOOK_UP else gemm
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
@@ -1658,7 +1662,7 @@ def _one_stages(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bw
         _STAGES.move_to_end(key)
         return hit[2], hit[3]
     state = float(sum(model_state(model, parallel)))
-    st = stages(model, ParallelTable.from_parallel(parallel, model), cluster, bw, measured_gemms)
+    st = stages(model, ParallelTable.from_parallel(parallel, model), cluster, bw, measured_gemms, gemm=gemm)
     _freeze(st)
     _STAGES[key] = (bw, gemm, state, st)
     if len(_STAGES) > STAGE_CACHE_SIZE:
