@@ -318,3 +318,34 @@ def test_attention_backend_by_hand():
     mu, mf = memory(MODEL, ParallelConfig(**kw, attention_backend="unfused")), memory(MODEL, ParallelConfig(**kw))
     # 5·a·s bytes per token of each layer's score tensors (/tp), 16-bit: 2 layers · in-flight micro-batches
     assert mu.activations > mf.activations and mu.weights == mf.weights
+
+
+def test_sums_at_once_is_the_item_by_item_loop():
+    """stages' sums of one configuration's call items at once (_sums_at_once) add in item order from zero, as
+    the item-by-item loop does: (0.1 + 0.2) + 0.3 is 0.6000000000000001, 0.1 + (0.2 + 0.3) is 0.6; a send feeds
+    its term, its one-call seconds, its count and its bus bytes; a receive no bus bytes; a gradient bucket its kind."""
+    from llmcomm.overhead.iteration import CommItem, _item_sums, _sums_at_once
+
+    def item(term: str, op: str, phase: str = "forward", grad: str = "") -> CommItem:
+        z = np.zeros(2, np.int64)
+        return CommItem(term, term, op, phase, z, z, z, z, "microbatch", grad=grad)
+
+    items = [item("tp", "all_reduce"), item("pp", "send"), item("tp", "all_reduce"), item("pp", "recv"),
+             item("tp", "all_reduce"), item("dp", "reduce_scatter", "optimizer", grad="plain")]
+    secs = np.array([[0.1, 1.0], [2.0, 2.0], [0.2, 1.0], [5.0, 5.0], [0.3, 1.0], [7.0, 7.0]])
+    one = secs / 2
+    count = np.array([[1, 1], [2, 2], [1, 1], [2, 2], [1, 1], [1, 1]])
+    bus = secs * 10
+    got = _sums_at_once(items, secs, one, count, bus)
+    want: dict[str, np.ndarray] = {}
+    for j, it in enumerate(items):
+        for key, kind in _item_sums(it):
+            want[key] = want.get(key, np.zeros(2)) + (secs, one, count, bus)[kind][j]
+    assert got.keys() == want.keys() == {"tp", "tp_bus", "pp", "pp_sf", "pp_nf", "pp_bus", "dp", "g_plain", "g_all",
+                                         "dp_bus"}
+    for k in want:
+        assert got[k].tobytes() == want[k].tobytes(), k
+    assert got["tp"][0] == (0.1 + 0.2) + 0.3 != 0.1 + (0.2 + 0.3)
+    assert got["pp"].tolist() == [7.0, 7.0] and got["pp_bus"].tolist() == [20.0, 20.0]  # the receive: no bus bytes
+    assert got["pp_sf"].tolist() == [1.0, 1.0] and got["pp_nf"].tolist() == [2.0, 2.0]
+    assert got["g_plain"].tolist() == [3.5, 3.5] and got["g_all"].tolist() == [7.0, 7.0]

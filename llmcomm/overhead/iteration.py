@@ -962,6 +962,9 @@ def class_design(q: dict[str, np.ndarray], util: U.Utilization) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------- evaluate
+_LOOK_UP: Any = object()  # stages(gemm=...): not given, look the GEMM model up
+
+
 @dataclass
 class Stages:
     """What does not depend on the utilization model: per stage class (``first``, ``mid``, ``last``) the
@@ -994,11 +997,12 @@ class Stages:
     stacked: tuple[dict[str, np.ndarray], tuple[Any, ...]] | None = None  # (q3, each class's q dict)
 
 
-def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True
-           ) -> Stages:
+def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True, *,
+           gemm: Any = _LOOK_UP) -> Stages:
     """Features and communication times of every stage class (see :class:`Stages`) of the configurations of
     ``t`` (checked: :func:`candidate_table`); ``measured_gemms=False`` times the linear GEMMs by ``FLOPs/peak``
-    even where the cluster's GPU has a measured GEMM model (:func:`measured_gemm`; the ablation's baseline)."""
+    even where the cluster's GPU has a measured GEMM model (:func:`measured_gemm`; the ablation's baseline).
+    ``gemm``: that lookup's result where the caller already holds it (:func:`_one_stages`)."""
     c = arrays(model, t, cluster.gpus_per_node)
     n = len(c["tp"])
     peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
@@ -1017,7 +1021,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         rec = step.recomputed_stage_classes(model, pp, c["vpp"], c["rblock_n"], {k: c[k] for k in step.UNEVEN})
         c3["rec_d"] = np.concatenate([rec[cls][0] for cls in CLASSES])
         c3["rec_m"] = np.concatenate([rec[cls][1] for cls in CLASSES])
-    gm = measured_gemm(cluster) if measured_gemms else None
+    gm = (measured_gemm(cluster) if measured_gemms else None) if gemm is _LOOK_UP else gemm
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
     n3 = 3 * n
@@ -1036,62 +1040,55 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     items: list[tuple[CommItem, Any]]
     if small:  # a few rows: which rows call, read as Python values (one comparison and conversion of all counts)
         counts = np.array([it.count for it in calls]) if calls else np.zeros((0, n3))
-        if counts.shape == (len(calls), n3) and counts.dtype != object:
-            live_rows = (counts > 0).tolist()
-        else:  # counts of other shapes: item by item
-            live_rows = [[c_ > 0 for c_ in np.broadcast_to(it.count, (n3,)).tolist()] for it in calls]
-        items = [(it, live) for it, live in zip(calls, live_rows, strict=True) if any(live)]
+        if counts.shape != (len(calls), n3) or counts.dtype == object:  # counts of other shapes: item by item
+            counts = np.array([np.broadcast_to(it.count, (n3,)) for it in calls]).reshape(len(calls), n3)
+        live_rows = (counts > 0).tolist()
+        keep = [j for j, live in enumerate(live_rows) if any(live)]
+        items = [(calls[j], live_rows[j]) for j in keep]
     else:
         items = [(it, it.count > 0) for it in calls]
         items = [(it, live) for it, live in items if live.any()]
     times, xs = _batched_times(bandwidth, items) if small else (None, None)
     fast = isinstance(bandwidth, _Timer) and bandwidth.fast
     factors: dict[tuple[str, int], np.ndarray] = {}  # bus_factor per op and group-size array (items share them)
-    for j, (it, live) in enumerate(items):
-        if times is not None:
-            tt = times[j]
+    units: list[tuple[CommItem, np.ndarray, np.ndarray]] = []  # FSDP's per-unit calls: (item, seconds, bus bytes)
+    if times is not None and xs is not None:  # a few rows: every sum at once (_sums_at_once)
+        plain = [j for j, (it, _) in enumerate(items) if not it.unit]
+        units = [(items[j][0], times[j], xs[j]) for j, (it, _) in enumerate(items) if it.unit]
+        if plain:
+            cnt = counts[[keep[j] for j in plain]]
+            tt, x = times[plain], xs[plain]
+            tot.update(_sums_at_once([items[j][0] for j in plain], cnt * tt, tt, cnt, cnt * x))  # tot: zeros
+        cp_calls = [(it.tag, times[j], it.count) for j, (it, _) in enumerate(items) if it.term == "cp" and not it.unit]
+    for it, live in (items if times is None else ()):  # many rows: item by item
+        # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
+        f_op = factors.get((it.op, id(it.size)))
+        if f_op is None:
+            f_op = factors[(it.op, id(it.size))] = bus_factor(it.op, it.size)
+        x = f_op * it.nbytes
+        if fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
+            tt = bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
+        elif live.all():
+            tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
         else:
-            # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
-            f_op = factors.get((it.op, id(it.size)))
-            if f_op is None:
-                f_op = factors[(it.op, id(it.size))] = bus_factor(it.op, it.size)
-            x = f_op * it.nbytes
-            if fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
-                tt = bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
-            elif live.all():
-                tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
-            else:
-                tt = np.zeros(n3)
-                tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
-        if xs is not None:
-            x = xs[j]
-        if it.unit:  # FSDP: one unit's call, timed per call (fsdp_time.exposed), per micro-batch
-            per_mb = 1.0 if it.per == "microbatch" else 1.0 / (c3["global_batch"] // (c3["micro_batch"] * c3["dp"]))
-            if it.per == "iteration":  # a call once per iteration, spread over its micro-batches
-                tt = tt * it.count * per_mb
-            tot["fsdp:" + it.unit] = tot.get("fsdp:" + it.unit, np.zeros(n3)) + tt
-            tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
-            tot["fsdp_bus"] += it.count * per_mb * x
+            tt = np.zeros(n3)
+            tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
+        if it.unit:
+            units.append((it, tt, x))
             continue
         ctt = it.count * tt  # the item's seconds (per micro-batch or per iteration)
-        tot[it.term] += ctt
-        if it.ub:
-            tot["ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f"] += ctt
-        elif it.term == "dp" and it.op == "all_gather":
-            tot["dp_ag"] += ctt
-        elif it.term == "cp":
+        what: tuple[np.ndarray, ...] = (ctt, tt, it.count)
+        for key, kind in _item_sums(it):
+            tot[key] += what[kind] if kind < 3 else it.count * x
+        if it.term == "cp":
             cp_calls.append((it.tag, tt, it.count))
-        if it.grad:
-            tot["g_" + it.grad] += tt
-            tot["g_all"] += ctt
-        elif it.term == "pp" and it.op == "send":
-            f_ = it.phase == "forward"
-            tot["pp_sf" if f_ else "pp_sb"] += tt
-            tot["pp_nf" if f_ else "pp_nb"] += it.count
-        elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
-            tot["ep_a2a"] += ctt
-        if it.op != "recv":  # a receive's bytes are its peer's send's
-            tot[it.term + "_bus"] += it.count * x  # nccl-tests bus bytes
+    for it, tt, x in units:  # FSDP: one unit's call, timed per call (fsdp_time.exposed), per micro-batch
+        per_mb = 1.0 if it.per == "microbatch" else 1.0 / (c3["global_batch"] // (c3["micro_batch"] * c3["dp"]))
+        if it.per == "iteration":  # a call once per iteration, spread over its micro-batches
+            tt = tt * it.count * per_mb
+        tot["fsdp:" + it.unit] = tot.get("fsdp:" + it.unit, np.zeros(n3)) + tt
+        tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
+        tot["fsdp_bus"] += it.count * per_mb * x
     per_class: dict[str, dict[str, np.ndarray]] = {}
     params = np.zeros(n)
     shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
@@ -1125,8 +1122,66 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   stacked=(q3, tuple(per_class[k]["q"] for k in CLASSES)))
 
 
+def _item_sums(it: CommItem) -> list[tuple[str, int]]:
+    """The sums of :func:`stages` a call item (not an FSDP unit's) adds to, each with what it adds: ``0`` its
+    seconds ``count·t``, ``1`` one call's seconds ``t``, ``2`` its ``count``, ``3`` its nccl-tests bus bytes
+    ``count·x`` (a receive's bytes are its peer's send's: none)."""
+    key = _KIND(it)
+    hit = _ITEM_SUMS.get(key)
+    if hit is not None:
+        return hit
+    out = [(it.term, 0)]
+    if it.ub:
+        out.append(("ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f", 0))
+    elif it.term == "dp" and it.op == "all_gather":
+        out.append(("dp_ag", 0))
+    if it.grad:
+        out += [("g_" + it.grad, 1), ("g_all", 0)]
+    elif it.term == "pp" and it.op == "send":
+        f_ = it.phase == "forward"
+        out += [("pp_sf" if f_ else "pp_sb", 1), ("pp_nf" if f_ else "pp_nb", 2)]
+    elif it.op == "all_to_all" and it.term == "ep":  # CP all-to-alls: cp_time
+        out.append(("ep_a2a", 0))
+    if it.op != "recv":
+        out.append((it.term + "_bus", 3))
+    _ITEM_SUMS[key] = out
+    return out
+
+
+_ITEM_SUMS: dict[tuple[str, str, str, bool, str], list[tuple[str, int]]] = {}  # _item_sums per kind of item
+
+
+def _sums_at_once(items: list[CommItem], *parts: np.ndarray) -> dict[str, np.ndarray]:
+    """Each sum of :func:`_item_sums` over ``items``, from zero: ``0 + part[j] + ...`` for each item ``j`` in
+    order, with ``parts`` the ``(items, rows)`` arrays of the kinds (seconds, one call's seconds, count, bus bytes)
+    — what ``tot[key] += part[j]`` item by item gives, bit for bit: one sequential ``np.add.accumulate`` of every
+    sum's terms, gathered as rows of one array and padded with zeros. The gathering is planned once per sequence
+    of item kinds (the calls of one configuration's shape)."""
+    kinds = tuple(map(_KIND, items))
+    plan = _SUM_PLANS.get(kinds)
+    if plan is None:
+        rows = len(items)
+        by: dict[str, list[int]] = {}
+        for j, it in enumerate(items):
+            for key, kind in _item_sums(it):
+                by.setdefault(key, []).append(1 + kind * rows + j)
+        index = np.zeros((len(by), 1 + max(map(len, by.values()), default=0)), np.int64)  # row 0: zeros
+        for i, js in enumerate(by.values()):
+            index[i, 1:1 + len(js)] = js
+        if len(_SUM_PLANS) > 1024:
+            _SUM_PLANS.clear()
+        plan = _SUM_PLANS[kinds] = (list(by), index)
+    keys, index = plan
+    stack = np.concatenate([np.zeros((1, parts[0].shape[1])), *parts])
+    return dict(zip(keys, np.add.accumulate(stack[index], axis=1)[:, -1], strict=True))
+
+
+_KIND = operator.attrgetter("term", "op", "phase", "ub", "grad")  # what decides an item's sums (_item_sums)
+_SUM_PLANS: dict[tuple[Any, ...], tuple[list[str], np.ndarray]] = {}  # _sums_at_once per sequence of item kinds
+
+
 def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
-                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """Each item's call times and nccl-tests bus bytes ``bus_factor(op, size)·nbytes`` (both 0 where it issues
     no call), for a few rows: for one configuration the per-call overhead, not the arithmetic, is the cost.
     Through a caching :class:`_Timer` of a :class:`~llmcomm.overhead.bandwidth.Bandwidth` each distinct call
@@ -1141,7 +1196,7 @@ def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
         # floats (no nested sequences for numpy to inspect); the items' rows are views of it
         flat = list(chain.from_iterable(memo[k] if k is not None else none for row in keys for k in row))
         tx = np.array(flat, dtype=np.float64).reshape(len(keys), n, 2)
-        return list(tx[:, :, 0]), list(tx[:, :, 1])
+        return tx[:, :, 0], tx[:, :, 1]
     out = [np.zeros(n) for _ in items]
     xs = [np.zeros(n) for _ in items]
     by_op: dict[str, list[int]] = {}
@@ -1160,7 +1215,7 @@ def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
             out[j][m] = tt[at:at + k]
             xs[j][m] = x[at:at + k]
             at += k
-    return out, xs
+    return np.array(out).reshape(len(items), n), np.array(xs).reshape(len(items), n)
 
 
 def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: np.ndarray, g_ag: np.ndarray,
@@ -1607,7 +1662,7 @@ def _one_stages(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bw
         _STAGES.move_to_end(key)
         return hit[2], hit[3]
     state = float(sum(model_state(model, parallel)))
-    st = stages(model, ParallelTable.from_parallel(parallel, model), cluster, bw, measured_gemms)
+    st = stages(model, ParallelTable.from_parallel(parallel, model), cluster, bw, measured_gemms, gemm=gemm)
     _freeze(st)
     _STAGES[key] = (bw, gemm, state, st)
     if len(_STAGES) > STAGE_CACHE_SIZE:
