@@ -34,8 +34,9 @@ for a gated MLP else 2; ``E`` experts of which ``E/ep`` local, ``topk`` routed, 
 Attention core per rank: batch ``b``, ``a/tp`` heads, ``s/cp`` queries against ``s`` keys, head dim ``d``, causal
 for a decoder; ``4·b·(a/tp)·(s/cp)·s·d`` FLOPs counted over the full score matrix and, unfused,
 ``SCORE_BYTES·b·(a/tp)·s²`` bytes of score traffic. Element-wise traffic of the rest of the layer:
-``ACTIVATION_BYTES·T·h/w + FFN_BYTES·T·f_eff/tp`` bytes (``w = tp`` with SP, else 1; ``f_eff`` the FFN width the
-tokens pass: ``f``, or ``(topk + S)·f_e``), as :func:`llmcomm.overhead.utilization.layer_features` counts them.
+``ACTIVATION_BYTES·T·h/w + F·T·f_eff/tp`` bytes (``w = tp`` with SP, else 1; ``f_eff`` the FFN width the
+tokens pass: ``f``, or ``(topk + S)·f_e``; ``F`` the forward count of :func:`ffn_activation_bytes`), as
+:func:`llmcomm.overhead.utilization.layer_features` counts them.
 The counts, per element of the tensor touched, 16-bit activations, are the kernels Megatron-DeepSpeed's GPT layer
 launches (``megatron/model/transformer.py``: ``ParallelTransformerLayer.forward``, ``ParallelAttention.forward``,
 ``bias_dropout_add_fused_train``; Megatron-LM's layer has the same kernels)::
@@ -45,7 +46,8 @@ launches (``megatron/model/transformer.py``: ``ParallelTransformerLayer.forward`
                             ``rand_like(x) < 1-p``, fused with the bias and residual adds, torch
                             ``symbolic_script.cpp`` ``dropout``), each reading x and the residual and writing
                             the sum (6 B) and the bool mask kept for the backward (1 B): 2 · 7 B
-    FFN_BYTES = 4           b·s·f/tp: the fused bias-GeLU (``bias_gelu_impl``) reads and writes it
+    FFN activation          b·s·f/tp: :func:`ffn_activation_bytes` (the fused bias-GeLU reads and writes it, 4 B;
+                            a gated MLP's fused SwiGLU reads the 2f-wide fc1 output and writes f, 6 B)
     SCORE_BYTES = 13        b·(a/tp)·s², unfused core: Q·Kᵀ (``baddbmm``) writes the scores (2 B), the fused
                             scale-mask-softmax reads and writes them (4 B), ``torch.nn.Dropout`` reads and writes
                             them (4 B) and writes its bool mask (1 B), scores·V (``bmm``) reads them (2 B)
@@ -69,8 +71,47 @@ from .vocab import FUSED_ATTENTION_BACKENDS, RECOMPUTE_MODULES, dtype_bytes
 CLASSES = ("first", "mid", "last")
 # element-wise HBM bytes of one layer forward pass per element touched, 16-bit (module docstring: the kernels counted)
 ACTIVATION_BYTES = 22  # b·s·h: two LayerNorms, two fused bias-dropout-adds with their bool masks
-FFN_BYTES = 4  # b·s·f/tp: the fused bias-GeLU
+GELU_BYTES = (4, 8)  # b·s·f/tp, (forward, backward): the fused bias-GeLU (ffn_activation_bytes)
+SWIGLU_BYTES = (6, 10)  # b·s·f/tp, (forward, backward): the fused SwiGLU of a gated MLP (ffn_activation_bytes)
 SCORE_BYTES = 13  # b·(a/tp)·s², unfused core: Q·Kᵀ out, softmax, dropout (+ bool mask), scores·V in
+
+
+def ffn_activation_bytes(gated: bool) -> tuple[int, int]:
+    """``(forward, backward)`` HBM bytes of the FFN activation kernel per element of its ``f``-wide output
+    (``b·s·f/tp`` elements a dense layer, ``b·s·(topk + S)·f_e/tp`` an MoE layer), 16-bit: the one home of the
+    count, read by :func:`llmcomm.overhead.utilization.layer_features` (forward, in the layer pass), by
+    :func:`llmcomm.overhead.layer_kernels.ffn_backward_extra` (the backward beyond twice it) and by the
+    recompute-module features of :mod:`llmcomm.overhead.iteration` (the replayed forward)::
+
+        not gated  (4, 8)   the fused bias-GeLU: forward reads the fc1 output and writes it (2 accesses); backward
+                            reads the gradient and the input and writes the input's gradient, and autograd sums
+                            that gradient over the tokens for the bias (GeLUFunction.backward returns it twice):
+                            4 accesses, exactly twice the forward (Megatron-LM ``megatron/core/fusions/
+                            fused_bias_gelu.py:16-55``; Megatron-LM's ``mlp.py`` asserts a bias on this path)
+        gated      (6, 10)  the fused SwiGLU: forward reads the 2f-wide fc1 output and writes f (3 accesses per
+                            output element); backward reads the gradient (f) and the input (2f) and writes the
+                            input's gradient (2f): 5 accesses, 2 B below twice the forward
+
+    The gated path, read in the Megatron-LM that Megatron-Bridge pins (``92c8482``, ``23dd639``, ``9ed8b0c``,
+    ``23265d2``, ``2d1fa8d``; lines of ``23dd639``) and in the NeMo 24.07 container's (``338af51``, NeMo r2.0.0rc1
+    ``Dockerfile:67``; the same files as ``core_r0.8.0``, ``mlp.py:100-112``): a TE-spec dense layer is
+    Megatron's ``MLP`` (``gpt_layer_specs.py:497-513``: ``TEFusedMLP`` only with ``use_te_op_fuser``, which the
+    performance scripts switch off, Megatron-Bridge ``scripts/performance/utils/overrides.py:62-63`` at
+    ``c0b9a00``; TE's activation module only with ``use_te_activation_func``, default False,
+    ``transformer_config.py:831``), whose forward runs ``bias_swiglu_impl`` under ``bias_activation_fusion``
+    (``mlp.py:264, 296-304``; set by every Llama and Qwen3 recipe of the rows: Bridge ``llama_provider.py:45``,
+    ``scripts/performance/configs/qwen/qwen3_llm_pretrain.py:32`` at ``c0b9a00``; NeMo 24.07
+    ``launcher_scripts/conf/training/llama/llama2_7b.yaml:111``). ``SwiGLUFunction`` (``fused_bias_swiglu.py:
+    147-188``; no bias in these models) calls ``swiglu`` (:15-26) forward and ``swiglu_back`` (:54-69) backward,
+    each one ``torch.compile`` kernel (``jit_fuser``, ``megatron/core/jit.py:16-33``: Inductor fuses the chunk,
+    the pointwise math and the concatenation). The routed experts (``TEGroupedMLP``) run ``weighted_bias_
+    swiglu_impl`` (``moe/experts.py:784-792``; ``fused_bias_swiglu.py:44-48, 89-97, 191-251``), the same
+    accesses and the router probability (one per row, not counted); its probability gradient reduces
+    ``swiglu(y)·g`` over the same loads, counted as one pass (a second kernel would read ``g`` and ``y`` once
+    more: 3 accesses, a lower bound here). Shared experts are an ``MLP``. GPT-OSS's clamped quick-GEGLU is
+    the same fused kernel (:func:`llmcomm.overhead.eager_ops.clamped_glu_bytes` counts only the eager clamps and
+    concatenation before it)."""
+    return SWIGLU_BYTES if gated else GELU_BYTES
 
 
 # --------------------------------------------------------------------------------------- layer assignment
@@ -591,6 +632,7 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
     core = AttentionCore(p.micro_batch, model.num_attention_heads // tp, s // p.cp, s, model.head_dim, True,
                          p.attention_backend in FUSED_ATTENTION_BACKENDS)
     pattern = model.moe_layer_pattern()
+    ffn_fwd = ffn_activation_bytes(model.gated_mlp)[0]
     ctx = None
     if calls:
         from .predict import program
@@ -621,7 +663,7 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
                     act = 0.0  # inside a uniform group: only the group's first layer keeps its input
                 layers.append(LayerStep(
                     la, moe, layer_gemms(model, p, moe), core,
-                    int(ACTIVATION_BYTES * T * h // fw + FFN_BYTES * T * f_eff // tp),
+                    int(ACTIVATION_BYTES * T * h // fw + ffn_fwd * T * f_eff // tp),
                     model.layer_parameter_split(la, tp, p.ep, etp=p.expert_tp), float(act),
                     tuple(program.layer_forward(ctx, la, 0)) if ctx else (),
                     tuple(program.layer_backward(ctx, la, 0)) if ctx else ()))

@@ -157,15 +157,15 @@ def _rec(model, cluster, **kw):
 
 def test_recompute_modules_added_compute_by_hand():
     """llama2-7b on 4 A100s (tp 4, no SP; FLOPs/peak GEMMs), 4 micro-batches of 1,024 tokens: "mlp" adds per layer
-    its fc1 (gated: 2·f) and fc2 GEMMs, 2·T·3·h·f/4 FLOPs, at θ_gemm/peak, and 2·2·T·f/4 (activation) + 2·2·T·h (the
-    fused pre-MLP norm, full width without SP) bytes at θ_mem/HBM; "layernorm" adds nothing to a dense layer (TE
-    fuses its norms)."""
+    its fc1 (gated: 2·f) and fc2 GEMMs, 2·T·3·h·f/4 FLOPs, at θ_gemm/peak, and 6·T·f/4 (the fused SwiGLU: reads
+    2f, writes f) + 2·2·T·h (the fused pre-MLP norm, full width without SP) bytes at θ_mem/HBM; "layernorm" adds
+    nothing to a dense layer (TE fuses its norms)."""
     m, cl = load_model("llama2-7b"), A100
     util = U.Utilization.default()
     th_g, th_m = util.coef[U.I["gemm"]] / util.scale, util.coef[U.I["mem"]] / util.scale
     T, h, f = 1024, m.hidden_size, m.ffn_hidden_size
     per_layer = (th_g * 2 * T * 3 * h * f / 4 / cl.peak_bf16_flops
-                 + th_m * (4 * T * f / 4 + 4 * T * h) / U.hbm_bandwidth(cl))
+                 + th_m * (6 * T * f / 4 + 4 * T * h) / U.hbm_bandwidth(cl))
     core = _rec(m, cl, tp=4)
     got = _rec(m, cl, tp=4, recompute_modules=("core_attn", "mlp")) - core
     assert got == pytest.approx(4 * 32 * per_layer, rel=1e-9)
@@ -174,12 +174,13 @@ def test_recompute_modules_added_compute_by_hand():
 
 
 def test_recompute_moe_act_added_compute_by_hand():
-    """mixtral-8x7b, tp 4 (SP), pp 4, ep 1: "moe_act" adds 2·2·T·top-k·f_e/tp bytes per MoE layer at θ_mem/HBM."""
+    """mixtral-8x7b, tp 4 (SP), pp 4, ep 1: "moe_act" adds 6·T·top-k·f_e/tp bytes (the fused SwiGLU reads 2·f_e and
+    writes f_e per token and expert) per MoE layer at θ_mem/HBM."""
     m, cl = load_model("mixtral-8x7b"), load_cluster("h100-80g-ndr400")
     util = U.Utilization.default()
     th_m = util.coef[U.I["mem"]] / util.scale
     kw = dict(tp=4, pp=4, sp=True)
-    extra = th_m * 4 * 1024 * m.moe_router_topk * m.expert_ffn_hidden_size / 4 / U.hbm_bandwidth(cl)
+    extra = th_m * 6 * 1024 * m.moe_router_topk * m.expert_ffn_hidden_size / 4 / U.hbm_bandwidth(cl)
     got = _rec(m, cl, recompute_modules=("core_attn", "moe_act"), **kw) - _rec(m, cl, **kw)
     assert got == pytest.approx(4 * (m.num_layers // 4) * extra, rel=1e-9)
 

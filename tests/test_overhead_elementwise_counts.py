@@ -1,5 +1,5 @@
-"""The element-wise bytes of a layer pass counted kernel by kernel (llmcomm.step.ACTIVATION_BYTES, FFN_BYTES,
-SCORE_BYTES: Megatron-DeepSpeed's GPT layer) and the rule that a GPU whose GEMMs are measured takes no A100
+"""The element-wise bytes of a layer pass counted kernel by kernel (llmcomm.step.ACTIVATION_BYTES,
+ffn_activation_bytes, SCORE_BYTES: Megatron-DeepSpeed's GPT layer, Megatron-LM's gated MLP) and the rule that a GPU whose GEMMs are measured takes no A100
 matmul efficiency (llmcomm.overhead.iteration.combine)."""
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from llmcomm.specs import ParallelConfig, load_cluster
 def test_counts_by_kernel():
     """Per element, 16-bit: LayerNorm read + write (4 B) twice; fused bias-dropout-add reads x and the
     residual, writes the sum (6 B) and a bool mask (1 B), twice: 22 B of b·s·h. Bias-GeLU read + write: 4 B of
-    b·s·f/tp. Unfused scores: Q·Kᵀ writes (2), softmax reads + writes (4), dropout reads + writes (4) and its
+    b·s·f/tp forward; backward reads the gradient and the input, writes the input's gradient, and the bias
+    gradient reads it again: 8 B. Unfused scores: Q·Kᵀ writes (2), softmax reads + writes (4), dropout reads + writes (4) and its
     mask (1), scores·V reads (2): 13 B of b·(a/tp)·s²."""
     assert step.ACTIVATION_BYTES == 2 * (2 + 2) + 2 * (2 + 2 + 2 + 1)
-    assert step.FFN_BYTES == 2 + 2
+    assert step.ffn_activation_bytes(False) == (2 + 2, 2 + 2 + 2 + 2)
     assert step.SCORE_BYTES == 2 + (2 + 2) + (2 + 2 + 1) + 2
 
 

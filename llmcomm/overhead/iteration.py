@@ -112,7 +112,7 @@ from ..paths import data_stamp
 from ..predict import fp8_wire
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import attention_time, cp_time, eager_ops, fp8_casts, moe_fold, moe_time
+from . import attention_time, cp_time, eager_ops, fp8_casts, layer_kernels, moe_fold, moe_time
 from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
@@ -734,12 +734,12 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     fw = np.where(c["sp"], tp, 1)
     fz = c["fused_attention"]
     Ld, Cd = cp_time.attention_per_rank(*U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak,
-                                                          hbm, fw, fz), c["cp"])
+                                                          hbm, fw, fz, model.gated_mlp), c["cp"])
     Lm, Cm = np.zeros_like(Ld), np.zeros_like(Cd)
     fe = (model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size if model.is_moe else 0
     if model.is_moe:
-        Lm, Cm = cp_time.attention_per_rank(*U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw, fz),
-                                            c["cp"])
+        Lm, Cm = cp_time.attention_per_rank(*U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw, fz,
+                                                              model.gated_mlp), c["cp"])
     T = (b * s).astype(np.float64)
     tpf = tp.astype(np.float64)
     f8 = c["fp8"]
@@ -825,6 +825,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         out["Rd"], out["Rm"] = recompute_module_features(model, c, rmods, sec, T, fw, hbm, moe_work)
     out.update(xb)
     eager_ops.add_layer_work(model, c, T, out, hbm)  # YaRN's unfused RoPE, the experts' activation clamps
+    layer_kernels.add_layer_work(model, c, T, out, hbm)  # the gated activation's backward, the q/k norms
     return out
 
 
@@ -852,12 +853,13 @@ def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: di
     recomputes in the backward, per dense (``Rd``) and MoE (``Rm``) layer and micro-batch, beside the attention core
     (``core_attn``: ``Cd``/``Cm``). From the step description's layer (:func:`llmcomm.step.layer_gemms`, the GEMM
     seconds ``sec`` of :func:`layer_gemm_shapes`, measured or ``FLOPs/peak``) and its element-wise bytes at HBM
-    bandwidth, as in :func:`llmcomm.overhead.utilization.layer_features` (2 bytes per element and access)::
+    bandwidth, as in :func:`llmcomm.overhead.utilization.layer_features` (2 bytes per element and access; ``F``
+    the FFN activation's forward count, :func:`llmcomm.step.ffn_activation_bytes`: 4 the bias-GeLU, 6 SwiGLU)::
 
-        mlp (dense)      fc1 + fc2 GEMMs; 2·2·T·f/tp activation; 2·2·T·h/w the fused pre-MLP LayerNorm
-        moe (MoE)        the experts' and shared experts' GEMMs, the router 2·T·h·E/peak; 2·2·T·f_eff/tp activation
-        moe_act          2·2·T·topk·f_e/tp (the routed experts' activation)          [not with moe]
-        shared_experts   shared fc1 + fc2 GEMMs; 2·2·T·S·f_e/tp                        [not with moe]
+        mlp (dense)      fc1 + fc2 GEMMs; F·T·f/tp activation; 2·2·T·h/w the fused pre-MLP LayerNorm
+        moe (MoE)        the experts' and shared experts' GEMMs, the router 2·T·h·E/peak; F·T·f_eff/tp activation
+        moe_act          F·T·topk·f_e/tp (the routed experts' activation)            [not with moe]
+        shared_experts   shared fc1 + fc2 GEMMs; F·T·S·f_e/tp                          [not with moe]
         layernorm (MoE)  2·2·T·h/w the pre-MLP norm (a dense layer's norms are fused into TE's LayerNormLinear:
                          nothing to recompute, gpt_layer_specs.py:318-336, transformer_layer.py:475-527)
 
@@ -871,7 +873,8 @@ def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: di
     Rd, Rm = np.zeros((n, U.K)), np.zeros((n, U.K))
     mlp = rm["mlp"].astype(np.float64)
     Rd[:, g] = mlp * (sec.get("fc1", z) + sec.get("fc2", z))
-    Rd[:, mm] = mlp * (4.0 * T * model.ffn_hidden_size / tpf + 4.0 * T * model.hidden_size / fw) / hbm
+    F = float(step.ffn_activation_bytes(model.gated_mlp)[0])  # the FFN activation's forward bytes per element
+    Rd[:, mm] = mlp * (F * T * model.ffn_hidden_size / tpf + 4.0 * T * model.hidden_size / fw) / hbm
     if model.is_moe:
         fe, k_, S = model.expert_ffn_hidden_size, model.moe_router_topk, model.num_shared_experts
         moe = rm["moe"].astype(np.float64)
@@ -880,7 +883,7 @@ def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: di
         shared = sec.get("shared_fc1", z) + sec.get("shared_fc2", z)
         Rm[:, g] = (moe * (sec.get("expert_fc1", z) + sec.get("expert_fc2", z) + shared + moe_work[0])
                     + sh * shared)
-        Rm[:, mm] = (moe * 4.0 * T * (k_ + S) * fe / tpf + act * 4.0 * T * k_ * fe / tpf + sh * 4.0 * T * S * fe / tpf
+        Rm[:, mm] = (moe * F * T * (k_ + S) * fe / tpf + act * F * T * k_ * fe / tpf + sh * F * T * S * fe / tpf
                      + rm["layernorm"] * 4.0 * T * model.hidden_size / fw) / hbm
         # recompute "moe" replays the dispatcher's permutations and the expert-input casts too (moe_time)
         Rm[:, mm] += moe * moe_work[1] / hbm

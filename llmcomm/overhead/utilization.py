@@ -16,12 +16,13 @@ every rank); the shipped fit drives it to its bound, 0.
 
     F_gemm = 2·b·s·(h·a·d + 2·h·g·d + a·d·h + k·h·f)/tp        weight matmuls (MoE: the routed share)
     F_attn = 4·b·s²·a·d/tp                                    Q·Kᵀ and scores·V
-    B      = 22·b·s·h/w + 4·b·s·f/tp + 13·b·(a/tp)·s²           bytes (16-bit; w = tp with SP, else 1): two
+    B      = 22·b·s·h/w + F·b·s·f/tp + 13·b·(a/tp)·s²           bytes (16-bit; w = tp with SP, else 1): two
              LayerNorms and two fused bias-dropout-adds with their bool masks on the full activation, the fused
-             bias-GeLU on the FFN activation, and the unfused core's scores written by Q·Kᵀ, read and written
-             by the fused softmax and by dropout (+ its bool mask), read by scores·V
-             (:data:`llmcomm.step.ACTIVATION_BYTES`, ``FFN_BYTES``, ``SCORE_BYTES``: each kernel of
-             Megatron-DeepSpeed's ``megatron/model/transformer.py`` counted there)
+             activation on the FFN activation (F = 4 the bias-GeLU, 6 a gated MLP's SwiGLU), and the unfused
+             core's scores written by Q·Kᵀ, read and written by the fused softmax and by dropout (+ its bool
+             mask), read by scores·V (:data:`llmcomm.step.ACTIVATION_BYTES`, :func:`~llmcomm.step.
+             ffn_activation_bytes`, ``SCORE_BYTES``: each kernel of Megatron-DeepSpeed's
+             ``megatron/model/transformer.py`` counted there; the gated count Megatron-LM's)
 
 ``P`` is the GPU's peak dense BF16/FP16 FLOP/s and ``H`` its memory bandwidth. The output layer adds
 ``2·b·s·h·V'/tp`` FLOPs and its fp32 cross-entropy ``20·b·s·V'/tp`` bytes (5 passes over fp32 logits) per
@@ -69,7 +70,7 @@ import numpy as np
 from ..atomic import write_bytes
 from ..errors import DataError
 from ..specs import Cluster, data_dir
-from ..step import ACTIVATION_BYTES, FFN_BYTES, SCORE_BYTES
+from ..step import ACTIVATION_BYTES, SCORE_BYTES, ffn_activation_bytes
 
 FEATURES = ("gemm", "mem", "launch_gemm", "launch_mem", "tp")
 K = len(FEATURES)
@@ -95,13 +96,14 @@ def hbm_bandwidth(cluster: Cluster) -> float:
 
 def layer_features(b: np.ndarray, s: np.ndarray, tp: np.ndarray, h: int, a: int, g: int, d: int, f_eff: int,
                    k: int, peak: float, hbm: float, full_width: np.ndarray | None = None,
-                   fused: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                   fused: np.ndarray | None = None, gated: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Features (columns :data:`FEATURES`) of one forward pass of one transformer layer on one GPU, and of
     its attention core alone (what selective recomputation re-runs: ``F_attn`` and the scores' traffic).
 
     ``f_eff`` is the FFN width the layer's tokens run through: ``f`` for a dense layer, ``(topk + shared)·f_e``
     for an MoE layer (expected, balanced routing). ``full_width`` divides the full-activation traffic
-    (``tp`` with sequence parallelism, else 1).
+    (``tp`` with sequence parallelism, else 1). ``gated``: the model's ``gated_mlp``, which FFN activation kernel
+    runs (:func:`llmcomm.step.ffn_activation_bytes`, its forward count per element of ``T·f_eff/tp``).
 
     ``fused`` marks rows whose attention core is one fused kernel (``attention_backend`` flash/fused/auto,
     :data:`llmcomm.vocab.FUSED_ATTENTION_BACKENDS`; the step description's :class:`llmcomm.step.AttentionCore`)::
@@ -123,7 +125,7 @@ def layer_features(b: np.ndarray, s: np.ndarray, tp: np.ndarray, h: int, a: int,
         f_attn = np.where(fz, 0.5 * f_attn, f_attn)
         score_bytes = np.where(fz, 0.0, score_bytes)
     X[:, I["gemm"]] = (2.0 * T * (proj + k * h * f_eff) / tp + f_attn) / peak
-    X[:, I["mem"]] = (float(ACTIVATION_BYTES) * T * h / fw + float(FFN_BYTES) * T * f_eff / tp + score_bytes) / hbm
+    X[:, I["mem"]] = (float(ACTIVATION_BYTES) * T * h / fw + float(ffn_activation_bytes(gated)[0]) * T * f_eff / tp + score_bytes) / hbm
     X[:, I["launch_gemm"]] = 1.0
     X[:, I["launch_mem"]] = 1.0
     X[:, I["tp"]] = np.log2(tp)
