@@ -62,14 +62,13 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg, get_hinting_flag
 from matplotlib.figure import Figure
 from matplotlib.font_manager import fontManager, get_font
-from matplotlib.ft2font import RenderMode
+from matplotlib.ft2font import FT2Font, RenderMode
 
 
 def _supported() -> bool:
     """Whether this matplotlib is the one the overrides below follow line by line (3.11) and still has every
     private name they call or override."""
     import matplotlib
-    from matplotlib.ft2font import FT2Font
 
     major_minor = tuple(int(p) for p in matplotlib.__version__.split(".")[:2] if p.isdigit())
     return (major_minor == (3, 11)
@@ -183,7 +182,7 @@ class CachedTextRenderer(RendererAgg):
     def __init__(self, width: int, height: int, dpi: float, cache: TextCache) -> None:
         super().__init__(width, height, dpi)
         self.text_cache = cache
-        self._fonts: dict[tuple, Any] | None = None  # while a figure draws: font object per font properties
+        self._fonts: dict[tuple, FT2Font] | None = None  # while a figure draws: font object per font properties
         self._flags: Any = None  # while a figure draws: the hinting flag
 
     @contextmanager
@@ -196,7 +195,7 @@ class CachedTextRenderer(RendererAgg):
         finally:
             self._fonts, self._flags = None, None
 
-    def _font_of(self, prop: Any) -> Any:
+    def _font_of(self, prop: Any) -> FT2Font:
         """``get_font(fontManager._find_fonts_by_props(prop))``, once per font properties while a figure draws."""
         fonts = self._fonts
         if fonts is None:
