@@ -332,6 +332,7 @@ def test_cached_glyphs_and_sizes_at_new_places_draw_the_pixels_of_a_plain_canvas
     assert cache.glyph_hits > 0 and cache.sizes and cache.layouts
 
 
+@pytest.mark.filterwarnings("ignore:Glyph 9 .* missing from font")  # the tab, measured by FreeType as matplotlib does
 def test_string_sizes_from_their_layout_are_freetypes() -> None:
     """llmcomm.explore.canvas: a plain string's size taken from its layout and its glyphs measured alone (the last
     glyph's place plus its advance; the lowest and highest glyph edges) equals RendererAgg's (FreeType's set_text
