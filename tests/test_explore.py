@@ -332,6 +332,44 @@ def test_cached_glyphs_and_sizes_at_new_places_draw_the_pixels_of_a_plain_canvas
     assert cache.glyph_hits > 0 and cache.sizes and cache.layouts
 
 
+@pytest.mark.filterwarnings("ignore:Glyph 9 .* missing from font")  # the tab, measured by FreeType as matplotlib does
+def test_string_sizes_from_their_layout_are_freetypes() -> None:
+    """llmcomm.explore.canvas: a plain string's size taken from its layout and its glyphs measured alone (the last
+    glyph's place plus its advance; the lowest and highest glyph edges) equals RendererAgg's (FreeType's set_text
+    of the whole string), kerned pairs, spaces, descenders and non-ASCII characters included; a string the rule
+    does not cover (a tab) is measured by FreeType; fonts are looked up once per properties only while drawing."""
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+
+    from llmcomm.explore import canvas
+
+    if not canvas.SUPPORTED:
+        pytest.skip("the text cache follows matplotlib 3.11 only")
+    strings = ["AV", "To", "Wa", "AVAVA", "node 12", "r12", "g3", "gypsy", "  a ", "1,024 B", "…·–×µ", "x\ty",
+               "sender rank (bins of 4)", "TP groups (size 8)", "-", "'", "_"]
+    plain = RendererAgg(400, 300, 80)
+    for size in (7, 8, 9.5, 12):
+        r = canvas.CachedTextRenderer(400, 300, 80, canvas.TextCache())
+        for family in ("sans-serif", "monospace"):
+            prop = FontProperties(size=size, family=family)
+            for s in strings:
+                assert r.get_text_width_height_descent(s, prop, False) == \
+                    plain.get_text_width_height_descent(s, prop, False), (size, family, s)
+        assert any(v is not None for v in r.text_cache.extents.values())  # taken from the layouts
+        # kerning lives in the layout: "AV" is narrower than its two glyphs' advances (DejaVu Sans kerns it)
+        prop = FontProperties(size=size)
+        a, v, av = (r.get_text_width_height_descent(s, prop, False)[0] for s in ("A", "V", "AV"))
+        assert av < a + v
+    fig = plt.figure(figsize=(2, 1), dpi=80)
+    fig.text(0.1, 0.5, "AV node 12")
+    canvas.attach(fig, canvas.TextCache())
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    assert isinstance(renderer, canvas.CachedTextRenderer) and renderer._fonts is None  # only while drawing
+    plt.close(fig)
+
+
 def test_node_boundaries_as_one_collection_draw_the_pixels_of_the_lines() -> None:
     """llmcomm.plots.MatrixImages(node_lines="collection") (the explorer's screen matrix): the same pixels as
     the node boundaries drawn as lines, new and reshaped to other worlds (more, fewer and no boundaries)."""

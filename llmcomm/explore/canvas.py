@@ -26,8 +26,24 @@ the transform's translation after hinting (``FT_Load_Glyph``) and rasterizes in 
 glyph placed whole pixels further is the same bitmap placed whole pixels further. The replayed glyphs go to
 the same ``draw_text_image`` calls as matplotlib's (tested against a plain Agg canvas, texts at many places).
 
+A string's size is not asked of FreeType when its layout is at hand: ``set_text`` (matplotlib 3.11
+``src/ft2font.cpp``, ``FT2Font::set_text``; ``get_width_height`` and ``get_descent``) loads each glyph at its pen
+position and returns the pen's advance after the last glyph as the width and the union of the glyphs' control
+boxes as the height and descent; at angle 0 every pen position lies on the baseline and is a glyph's place in
+the layout (``font._layout``, which the drawing needs anyway), and a glyph's control box moved along the
+baseline keeps its vertical extent. So the size of a string whose layout has one glyph per character, in order,
+on the baseline, all from the font's tables, is the last glyph's place plus its advance, and the lowest and
+highest edges of its glyphs, each glyph's advance and edges measured once (``set_text`` of that one character,
+kept per font object, glyph, size, dpi and hinting flag): the same integers in 1/64 pixel, so the same floats
+(tested on thousands of strings against ``RendererAgg``'s). Any other string is measured by FreeType.
+
+While a figure is drawn on a :class:`CachedTextCanvas`, the font each text's properties name
+(``get_font(fontManager._find_fonts_by_props(prop))``, whose cache key reads eleven rcParams at every call) and
+the hinting flag (an rcParam) are looked up once per set of properties (the rcParams do not change while a
+figure draws); outside a drawing they are looked up at each call, as matplotlib does.
+
 Bounded: at most :data:`MAX_BYTES` of bitmaps are kept (least recently used first out), and at most
-:data:`MAX_SIZES` string sizes.
+:data:`MAX_SIZES` string sizes (and as many string layouts, and glyph extents).
 
 Only on the matplotlib it was written against (:data:`SUPPORTED`: matplotlib 3.11 with the Agg and FreeType
 internals named above present): on any other version :func:`attach` leaves a figure on matplotlib's own Agg
@@ -38,20 +54,21 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg, get_hinting_flag
 from matplotlib.figure import Figure
 from matplotlib.font_manager import fontManager, get_font
-from matplotlib.ft2font import RenderMode
+from matplotlib.ft2font import FT2Font, RenderMode
 
 
 def _supported() -> bool:
     """Whether this matplotlib is the one the overrides below follow line by line (3.11) and still has every
     private name they call or override."""
     import matplotlib
-    from matplotlib.ft2font import FT2Font
 
     major_minor = tuple(int(p) for p in matplotlib.__version__.split(".")[:2] if p.isdigit())
     return (major_minor == (3, 11)
@@ -76,7 +93,8 @@ class TextCache:
         self.hits = 0
         self.misses = 0
         self.sizes: dict[tuple, tuple[float, float, float]] = {}  # string sizes (module doc)
-        self.layouts: dict[tuple, tuple] = {}  # string layouts: (font, glyph, x, y) per glyph (module doc)
+        self.layouts: dict[tuple, tuple] = {}  # string layouts: (font, glyph, x, y, char) per glyph (module doc)
+        self.extents: dict[tuple, tuple[int, int, int] | None] = {}  # glyph advance, lowest, highest edge (1/64 px)
         self.heights: dict[tuple, tuple] = {}  # fonts' ascent, descent, line gap per size and dpi
         self.glyphs: OrderedDict[tuple, tuple[np.ndarray, int, int]] = OrderedDict()  # bitmap, left, top
         self.glyph_hits = 0
@@ -114,6 +132,16 @@ class TextCache:
         if len(self.layouts) >= MAX_SIZES:
             self.layouts.clear()
         self.layouts[key] = items
+
+    def extent(self, key: tuple) -> tuple[int, int, int] | None | bool:
+        """A glyph's advance, lowest and highest edge in 1/64 pixel; ``None`` when its size cannot be measured
+        alone (module doc); ``False`` when not measured yet."""
+        return self.extents.get(key, False)
+
+    def put_extent(self, key: tuple, value: tuple[int, int, int] | None) -> None:
+        if len(self.extents) >= MAX_SIZES:
+            self.extents.clear()
+        self.extents[key] = value
 
     def glyph(self, key: tuple) -> tuple[np.ndarray, int, int] | None:
         g = self.glyphs.get(key)
@@ -154,6 +182,32 @@ class CachedTextRenderer(RendererAgg):
     def __init__(self, width: int, height: int, dpi: float, cache: TextCache) -> None:
         super().__init__(width, height, dpi)
         self.text_cache = cache
+        self._fonts: dict[tuple, FT2Font] | None = None  # while a figure draws: font object per font properties
+        self._flags: Any = None  # while a figure draws: the hinting flag
+
+    @contextmanager
+    def drawing(self) -> Iterator[None]:
+        """While the body runs (one figure's drawing), look up each font properties' font and the hinting flag
+        once (module doc)."""
+        self._fonts, self._flags = {}, get_hinting_flag()
+        try:
+            yield
+        finally:
+            self._fonts, self._flags = None, None
+
+    def _font_of(self, prop: Any) -> FT2Font:
+        """``get_font(fontManager._find_fonts_by_props(prop))``, once per font properties while a figure draws."""
+        fonts = self._fonts
+        if fonts is None:
+            return get_font(fontManager._find_fonts_by_props(prop))
+        key = tuple(prop.__dict__.values())
+        font = fonts.get(key)
+        if font is None:
+            font = fonts[key] = get_font(fontManager._find_fonts_by_props(prop))
+        return font
+
+    def _hinting(self) -> Any:
+        return get_hinting_flag() if self._flags is None else self._flags
 
     def draw_text(self, gc: Any, x: float, y: float, s: str, prop: Any, angle: float, ismath: Any = False,
                   mtext: Any = None) -> None:
@@ -163,7 +217,7 @@ class CachedTextRenderer(RendererAgg):
         language = mtext.get_language() if mtext is not None else None
         key = (s, tuple(prop.__dict__.values()), self.dpi, self.height, float(x), float(y), float(angle),
                bool(gc.get_antialiased()), None if features is None else tuple(features), language,
-               get_hinting_flag())
+               self._hinting())
         calls = self.text_cache.get(key)
         if calls is not None:
             for image, bx, by, bangle in calls:
@@ -184,21 +238,27 @@ class CachedTextRenderer(RendererAgg):
     def _draw_plain(self, gc: Any, x: float, y: float, s: str, prop: Any, angle: float, features: Any,
                     language: Any) -> None:
         """``RendererAgg.draw_text`` of plain text (matplotlib 3.11 ``backends/backend_agg.py``, lines 235-249:
-        FreeType's layout of the string, ``font._layout``, then its glyphs drawn) with the layout kept per
-        string, font object, size, dpi, hinting flag, font features and language, which are all it depends on
-        (the glyphs and their offsets from the text's origin; the origin is added when they are drawn)."""
-        flags = get_hinting_flag()
+        FreeType's layout of the string, ``font._layout``, then its glyphs drawn) with the layout kept
+        (:meth:`_layout_items`)."""
+        flags = self._hinting()
         size = prop.get_size_in_points()
-        key = (s, get_font(fontManager._find_fonts_by_props(prop)), size, self.dpi, flags,
-               None if features is None else tuple(features), language)
+        items = self._layout_items(s, prop, self._font_of(prop), size, flags, features, language)
+        self._draw_text_glyphs_and_boxes(gc, x, y, angle,
+                                         ((f, size, g, 0, 1, gx, gy) for f, g, gx, gy, _ in items), ())
+
+    def _layout_items(self, s: str, prop: Any, font: Any, size: float, flags: Any, features: Any,
+                      language: Any) -> tuple:
+        """FreeType's layout of ``s`` (``font._layout``) as ``(font object, glyph, x, y, character)`` per glyph,
+        kept per string, font object, size, dpi, hinting flag, font features and language, which are all it
+        depends on (the glyphs and their offsets from the text's origin; the origin is added when they are
+        drawn)."""
+        key = (s, font, size, self.dpi, flags, None if features is None else tuple(features), language)
         items = self.text_cache.layout(key)
         if items is None:
-            font = self._prepare_font(prop)
-            items = tuple((i.ft_object, i.glyph_index, i.x, i.y)
-                          for i in font._layout(s, flags=flags, features=features, language=language))
+            laid = self._prepare_font(prop)._layout(s, flags=flags, features=features, language=language)
+            items = tuple((i.ft_object, i.glyph_index, i.x, i.y, i.char) for i in laid)
             self.text_cache.put_layout(key, items)
-        self._draw_text_glyphs_and_boxes(gc, x, y, angle, ((f, size, g, 0, 1, gx, gy) for f, g, gx, gy in items),
-                                         ())
+        return items
 
     def _get_font_height_metrics(self, prop: Any) -> tuple[float | None, float | None, float | None]:
         """A font's ascent, descent and line gap in pixels, which ``Text._get_layout`` reads from the font's
@@ -207,7 +267,7 @@ class CachedTextRenderer(RendererAgg):
         same arithmetic (scale ``1 / unitsPerEm * size * dpi / 72``; the renderer's dpi is its figure's, a
         canvas makes a new renderer when the figure's dpi changes). ``None`` three times for a font without
         either table: ``Text`` then measures ``"lp"`` as it does."""
-        font = get_font(fontManager._find_fonts_by_props(prop))
+        font = self._font_of(prop)
         size = prop.get_size_in_points()
         key = (font, size, self.dpi)
         got = self.text_cache.heights.get(key)
@@ -228,16 +288,60 @@ class CachedTextRenderer(RendererAgg):
         return got
 
     def get_text_width_height_descent(self, s: str, prop: Any, ismath: Any) -> tuple[float, float, float]:
-        """RendererAgg's, kept per string, font object, size, dpi and hinting flag for plain text (module doc)."""
+        """RendererAgg's, kept per string, font object, size, dpi and hinting flag for plain text, and taken from
+        the string's layout where :meth:`_size_from_layout` can (module doc)."""
         if ismath:
             return super().get_text_width_height_descent(s, prop, ismath)
-        key = (s, get_font(fontManager._find_fonts_by_props(prop)), prop.get_size_in_points(), self.dpi,
-               get_hinting_flag())
+        font = self._font_of(prop)
+        size = prop.get_size_in_points()
+        flags = self._hinting()
+        key = (s, font, size, self.dpi, flags)
         got = self.text_cache.size(key)
         if got is None:
-            got = super().get_text_width_height_descent(s, prop, ismath)
+            got = self._size_from_layout(s, prop, font, size, flags)
+            if got is None:
+                got = super().get_text_width_height_descent(s, prop, ismath)
             self.text_cache.put_size(key, got)
         return got
+
+    def _size_from_layout(self, s: str, prop: Any, font: Any, size: float, flags: Any
+                          ) -> tuple[float, float, float] | None:
+        """What ``RendererAgg.get_text_width_height_descent`` returns for plain ``s`` (FreeType's ``set_text`` at
+        angle 0: the advance after the last glyph, the height and the descent of the union of the glyphs' control
+        boxes, in 1/64 pixel), from the layout of ``s`` and each glyph's :meth:`_glyph_extent`; ``None`` when the
+        layout is not one glyph of the font's per character, in order, on the baseline (module doc)."""
+        if not s or not s.isprintable():
+            return None
+        items = self._layout_items(s, prop, font, size, flags, None, None)
+        if len(items) != len(s):
+            return None
+        low, high = 32000, -32000  # set_text's start
+        advance = 0
+        for (f, g, _, gy, ch), c in zip(items, s, strict=True):
+            got = self._glyph_extent(f, g, ch, prop, font, size, flags) if ch == c and gy == 0 and g else None
+            if got is None:
+                return None
+            advance, lo, hi = got
+            low, high = min(low, lo), max(high, hi)
+        width = round(items[-1][2] * 64) + advance  # the last pen position (whole 1/64 pixels) plus its advance
+        return width / 64, (high - low) / 64, -low / 64
+
+    def _glyph_extent(self, f: Any, g: int, ch: str, prop: Any, font: Any, size: float, flags: Any
+                      ) -> tuple[int, int, int] | None:
+        """Glyph ``g`` of font object ``f`` (character ``ch``): its advance, lowest and highest edge in 1/64 pixel,
+        measured by ``RendererAgg.get_text_width_height_descent`` of ``ch`` alone where the layout of ``ch`` is
+        that glyph at the origin (else ``None``), kept per font object, glyph, size, dpi and hinting flag."""
+        key = (f, g, size, self.dpi, flags)
+        got = self.text_cache.extent(key)
+        if got is False:
+            got = None
+            alone = self._layout_items(ch, prop, font, size, flags, None, None)
+            if len(alone) == 1 and alone[0][0] is f and alone[0][1:4] == (g, 0.0, 0.0):
+                w, h, d = RendererAgg.get_text_width_height_descent(self, ch, prop, False)
+                low = -round(d * 64)
+                got = (round(w * 64), low, round(h * 64) + low)
+            self.text_cache.put_extent(key, got)
+        return got  # type: ignore[return-value]  # not False once measured
 
     def _draw_text_glyphs_and_boxes(self, gc: Any, x: float, y: float, angle: float, glyphs: Any, boxes: Any
                                     ) -> None:
@@ -284,6 +388,13 @@ class CachedTextCanvas(FigureCanvasAgg):
     def __init__(self, figure: Figure, cache: TextCache) -> None:
         self.text_cache = cache
         super().__init__(figure)
+
+    def draw(self) -> None:
+        """``FigureCanvasAgg.draw`` with each font looked up once (:meth:`CachedTextRenderer.drawing`)."""
+        renderer = self.get_renderer()
+        assert isinstance(renderer, CachedTextRenderer)
+        with renderer.drawing():
+            super().draw()
 
     def get_renderer(self) -> RendererAgg:
         w, h = self.get_width_height(physical=True)
