@@ -123,7 +123,7 @@ def bytes_figure(v: View, tight: bool = True, ax: Axes | None = None) -> Figure:
     """:func:`llmcomm.plots.volume_bars` of the bytes each parallelism moves in one iteration (on ``ax``, emptied
     by :func:`clear_axes`, to redraw a kept figure)."""
     if ax is None:
-        fig, ax = plt.subplots(figsize=(4.2, 3.4), dpi=DPI)
+        fig, ax = plt.subplots(figsize=(5.0, 3.4), dpi=DPI)
     fig = ax.figure  # type: ignore[assignment]  # a top-level figure
     volume_bars(v.volumes.assign(config=v.choice.label()), x="config", y="bytes", hue="parallelism", ax=ax,
                 title="all ranks (each send counted once)")

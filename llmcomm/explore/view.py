@@ -20,8 +20,8 @@ iteration time       :func:`llmcomm.overhead.iteration.iteration_time` → :clas
 ==================== ===============================================================================
 
 A choice that breaks a rule raises the :class:`~llmcomm.errors.ConfigError` the package raises (the CLI's
-message); the iteration time alone may be unavailable for a valid traffic configuration (context parallelism
-is not in the formulation, or the model state does not fit the GPU), and :attr:`View.time_error` says why.
+message); the iteration time alone may be unavailable for a valid traffic configuration (a rule of the cost model
+refuses it, e.g. the model state does not fit the GPU), and :attr:`View.time_error` says why.
 
 Size: up to :data:`GPU_LEVEL_MAX` GPUs the matrices are drawn per GPU (in blocks of at most
 :data:`MATRIX_CELLS` ranks per side); larger jobs are drawn per node (``level="node"`` of
