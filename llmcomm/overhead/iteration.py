@@ -734,12 +734,12 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     fw = np.where(c["sp"], tp, 1)
     fz = c["fused_attention"]
     Ld, Cd = cp_time.attention_per_rank(*U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak,
-                                                          hbm, fw, fz, model.gated_mlp), c["cp"])
+                                                          hbm, fw, fz, model.activation_kind), c["cp"])
     Lm, Cm = np.zeros_like(Ld), np.zeros_like(Cd)
     fe = (model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size if model.is_moe else 0
     if model.is_moe:
         Lm, Cm = cp_time.attention_per_rank(*U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw, fz,
-                                                              model.gated_mlp), c["cp"])
+                                                              model.activation_kind), c["cp"])
     T = (b * s).astype(np.float64)
     tpf = tp.astype(np.float64)
     f8 = c["fp8"]
@@ -873,7 +873,7 @@ def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: di
     Rd, Rm = np.zeros((n, U.K)), np.zeros((n, U.K))
     mlp = rm["mlp"].astype(np.float64)
     Rd[:, g] = mlp * (sec.get("fc1", z) + sec.get("fc2", z))
-    F = float(step.ffn_activation_bytes(model.gated_mlp)[0])  # the FFN activation's forward bytes per element
+    F = float(step.ffn_activation_bytes(model.activation_kind)[0])  # the FFN activation's forward bytes per element
     Rd[:, mm] = mlp * (F * T * model.ffn_hidden_size / tpf + 4.0 * T * model.hidden_size / fw) / hbm
     if model.is_moe:
         fe, k_, S = model.expert_ffn_hidden_size, model.moe_router_topk, model.num_shared_experts
