@@ -1228,7 +1228,7 @@ def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: 
     ``bwd`` their backward ones, and the forward seconds ``g_ag`` (qkv, fc1) and ``g_rs`` (proj, fc2) of the GEMMs
     they feed::
 
-        exposed = tp − (ag_f + rs_f + bwd)
+        exposed = max(0, tp − (ag_f + rs_f + bwd))             the TP calls outside the overlapped blocks
                 + max(0, ag_f − g_ag·(t−1)/t)           ring_exchange (qkv_fprop, fc1_fprop), num_splits = t = tp
                 + max(0, rs_f − g_rs·(4−1)/4)           pipeline (proj_fprop, fc2_fprop), num_splits = 4
                 + max(0, bwd − (2 + full)·(g_ag + g_rs)·(t−1)/t)   dgrad ring_exchange / bulk under dgrad+wgrad
@@ -1240,10 +1240,16 @@ def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: 
     ``"num_splits": tp_size if method == "ring_exchange" else 4``; TransformerEngine d0067d0). Not counted: the 16 SMs the pipeline
     method's communication kernels take from the GEMM (``num_sm``). The seconds are those of :func:`comm_items`'
     bytes, which under FP8 are TransformerEngine's wire bytes with or without userbuffers (TE quantizes before
-    it gathers; :mod:`llmcomm.predict.fp8_wire`)."""
+    it gathers; :mod:`llmcomm.predict.fp8_wire`).
+
+    Every term is an exposed time, ``max(0, ·)`` by definition: the first too, whose exact value is ``≥ 0`` (the
+    blocks' collectives are a part of the stage's TP calls) but whose floating-point difference can come out a
+    few ulps below zero when the stage has no other TP call (``tp`` and the three parts summed in another order:
+    −2.8e-17 s reported on LLaMA-3 405B rows at tp 2 whose collectives all hide)."""
     t = tp_size.astype(np.float64)
     hide = (t - 1.0) / t
-    return (tp - (ag_f + rs_f + bwd) + np.maximum(0.0, ag_f - g_ag * hide) + np.maximum(0.0, rs_f - 0.75 * g_rs)
+    return (np.maximum(0.0, tp - (ag_f + rs_f + bwd)) + np.maximum(0.0, ag_f - g_ag * hide)
+            + np.maximum(0.0, rs_f - 0.75 * g_rs)
             + np.maximum(0.0, bwd - (2.0 + full) * (g_ag + g_rs) * hide))
 
 
