@@ -20,7 +20,7 @@ layer, ``(topk + S)·f_e`` an MoE layer).
 **The query's reshape copy** (grouped-query attention). ``SelfAttention.get_query_key_value_tensors``
 (Megatron-LM ``23dd639`` ``attention.py:1388-1462``; the same code at ``92c8482`` :1187-1217, ``2d1fa8d``
 :1562-1592 and the NeMo 24.07 container's ``338af51`` :526) views the QKV output as ``[s, b, ng, (a/g + 2)·d]``
-(``ng = g/tp`` groups on a rank, :1418-1422), splits it along the last dim into views (``SplitAlongDim``, TE's
+(``ng = g/tp`` groups on a rank, :1417-1423), splits it along the last dim into views (``SplitAlongDim``, TE's
 ``torch.split`` views; :1455-1458) and reshapes the query ``[s, b, ng, (a/g)·d] → [s, b, a/tp, d]`` (:1462).
 The query's group stride is ``(a/g + 2)·d``, not ``(a/g)·d``: the two head dims merge into one stride only when
 one of them is 1, so ``reshape`` copies (``clone`` + view: read + write of the query) exactly when ``ng = g/tp
@@ -32,6 +32,10 @@ GPTs) never copies; multi-latent attention is another class (not counted). The k
 
     forward  = 2·a·E_q   where g/tp > 1 and a/g > 1, else 0        E_q = T·(a_heads/tp)·d
     backward = 0        (``extra = −2·forward`` against the formulation's twice-the-forward)
+
+Not counted (here or elsewhere): the split's own backward, TE's ``SplitAlongDim`` concatenating ``dq``, ``dk``,
+``dv`` unless they lie adjacent in one buffer (``transformer_engine/pytorch/utils.py:215-358`` at v2.12, the
+``torch.cat`` at :358), which runs whether or not the reshape copied.
 
 **q/k RMSNorm** (``qk_layernorm``; Megatron's ``--qk-layernorm``). Megatron-LM (lines of ``23dd639``, the same
 code at the other commits Megatron-Bridge pins, ``92c8482``–``2d1fa8d``) builds ``q_layernorm`` and
