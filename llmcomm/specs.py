@@ -36,6 +36,7 @@ from .errors import ConfigError
 from .paths import data_dir
 from .stage_split import pipeline_split
 from .vocab import (
+    ACTIVATIONS,
     ATTENTION_BACKENDS,
     FP8_BUF_LAYERS,
     MOE_FLEX_BACKENDS,
@@ -44,6 +45,7 @@ from .vocab import (
     PIPELINE_SCHEDULES,
     POSITION_EMBEDDINGS,
     RECOMPUTE_MODES,
+    ActivationName,
     DispatcherName,
     DtypeName,
     NormalizationName,
@@ -200,6 +202,8 @@ class ModelSpec:
     num_query_groups: int | None = None  # KV heads (GQA); None -> num_attention_heads
     kv_channels: int | None = None  # head dimension; None -> hidden_size // num_attention_heads
     gated_mlp: bool = False  # SwiGLU: three FFN matrices instead of two
+    # the FFN activation kernel (llmcomm.vocab.Activation); None: "swiglu" if gated_mlp else "gelu" (activation_kind)
+    activation: ActivationName | None = None
     tied_embeddings: bool = True  # output layer shares the input embedding
     add_bias_linear: bool = False  # biases on the linear layers (GPT-2/3 style)
     add_qkv_bias: bool = False  # biases only on Q, K, V (Qwen2 style)
@@ -361,6 +365,14 @@ class ModelSpec:
         """Weights of one layer's attention projections: ``h·a·d (Q) + 2·h·g·d (K, V) + a·d·h (out)``."""
         h, a, g, d = self.hidden_size, self.num_attention_heads, self.query_groups, self.head_dim
         return h * a * d + 2 * h * g * d + a * d * h
+
+    @property
+    def activation_kind(self) -> ActivationName:
+        """The FFN activation kernel: ``activation`` where set, else ``"swiglu"`` for a gated MLP and ``"gelu"``
+        otherwise (so a model file without the field means what it meant before the field existed)."""
+        if self.activation is not None:
+            return self.activation
+        return "swiglu" if self.gated_mlp else "gelu"
 
     # -- parameter counts ------------------------------------------------------------------------
     def _mlp_matrices(self) -> int:
@@ -580,6 +592,13 @@ class ModelSpec:
             raise ConfigError(f"model {self.name}: moe_shared_expert_gate needs num_shared_experts > 0")
         if self.window_attn_skip_freq is not None and self.window_size is None:
             raise ConfigError(f"model {self.name}: window_attn_skip_freq needs window_size")
+        if self.activation is not None:
+            if self.activation not in ACTIVATIONS:
+                raise ConfigError(f"model {self.name}: activation={self.activation!r} is not one of "
+                                  f"{list(ACTIVATIONS)}")
+            if (self.activation == "swiglu") != self.gated_mlp:
+                raise ConfigError(f"model {self.name}: activation={self.activation!r} with gated_mlp="
+                                  f"{self.gated_mlp}: 'swiglu' is the gated MLP's activation and only its")
         clamp = self.activation_func_clamp_value
         if clamp is not None:
             if isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or not clamp > 0:

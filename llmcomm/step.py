@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .errors import ConfigError
 from .specs import LayerParams, ModelSpec, ParallelConfig
 from .stage_split import pipeline_split
 from .vocab import FUSED_ATTENTION_BACKENDS, RECOMPUTE_MODULES, dtype_bytes
@@ -73,24 +74,38 @@ CLASSES = ("first", "mid", "last")
 ACTIVATION_BYTES = 22  # b·s·h: two LayerNorms, two fused bias-dropout-adds with their bool masks
 GELU_BYTES = (4, 8)  # b·s·f/tp, (forward, backward): the fused bias-GeLU (ffn_activation_bytes)
 SWIGLU_BYTES = (6, 10)  # b·s·f/tp, (forward, backward): the fused SwiGLU of a gated MLP (ffn_activation_bytes)
+SQUARED_RELU_BYTES = (4, 6)  # b·s·f/tp, (forward, backward): Nemotron's compiled squared ReLU (ffn_activation_bytes)
+ACTIVATION_KERNEL_BYTES = {"gelu": GELU_BYTES, "swiglu": SWIGLU_BYTES, "squared_relu": SQUARED_RELU_BYTES}
 SCORE_BYTES = 13  # b·(a/tp)·s², unfused core: Q·Kᵀ out, softmax, dropout (+ bool mask), scores·V in
 
 
-def ffn_activation_bytes(gated: bool) -> tuple[int, int]:
+def ffn_activation_bytes(activation: str) -> tuple[int, int]:
     """``(forward, backward)`` HBM bytes of the FFN activation kernel per element of its ``f``-wide output
     (``b·s·f/tp`` elements a dense layer, ``b·s·(topk + S)·f_e/tp`` an MoE layer), 16-bit: the one home of the
     count, read by :func:`llmcomm.overhead.utilization.layer_features` (forward, in the layer pass), by
     :func:`llmcomm.overhead.layer_kernels.ffn_backward_extra` (the backward beyond twice it) and by the
-    recompute-module features of :mod:`llmcomm.overhead.iteration` (the replayed forward)::
+    recompute-module features of :mod:`llmcomm.overhead.iteration` (the replayed forward); ``activation`` the
+    model's :attr:`~llmcomm.specs.ModelSpec.activation_kind`::
 
-        not gated  (4, 8)   the fused bias-GeLU: forward reads the fc1 output and writes it (2 accesses); backward
+        gelu       (4, 8)   the fused bias-GeLU: forward reads the fc1 output and writes it (2 accesses); backward
                             reads the gradient and the input and writes the input's gradient, and autograd sums
                             that gradient over the tokens for the bias (GeLUFunction.backward returns it twice):
                             4 accesses, exactly twice the forward (Megatron-LM ``megatron/core/fusions/
                             fused_bias_gelu.py:16-55``; Megatron-LM's ``mlp.py`` asserts a bias on this path)
-        gated      (6, 10)  the fused SwiGLU: forward reads the 2f-wide fc1 output and writes f (3 accesses per
+        swiglu     (6, 10)  the fused SwiGLU: forward reads the 2f-wide fc1 output and writes f (3 accesses per
                             output element); backward reads the gradient (f) and the input (2f) and writes the
                             input's gradient (2f): 5 accesses, 2 B below twice the forward
+        squared_relu (4, 6) Nemotron's ``relu(x)²``, no bias: forward reads x and writes y (2 accesses); backward
+                            reads the gradient and x and writes x's gradient (3 accesses, 2 B below twice the
+                            forward). NeMo r2.0.0rc1 (the 24.07 container's) ``nemo/collections/nlp/modules/
+                            common/megatron/utils.py:179-187``: ``squared_relu`` under ``jit_fuser``, i.e.
+                            ``torch.compile`` (PyTorch 2.x), one Inductor kernel each way (AOTAutograd saves
+                            ``x``, already alive as the fc1 output, and recomputes ``relu`` in the backward);
+                            ``activation: squared-relu`` maps to it (``parts/utils_funcs.py:210-211``), and the
+                            Nemotron recipes switch ``bias_activation_fusion`` off (Launcher 24.07
+                            ``conf/training/nemotron/nemotron_8b.yaml:115``, ``nemotron_22b.yaml:115``,
+                            ``nemotron_340b.yaml:112``), so Megatron-Core's ``MLP.forward`` calls it as is
+                            (``mlp.py:115-125`` at ``core_r0.8.0``)
 
     The gated path, read in the Megatron-LM that Megatron-Bridge pins (``92c8482``, ``23dd639``, ``9ed8b0c``,
     ``23265d2``, ``2d1fa8d``; lines of ``23dd639``) and in the NeMo 24.07 container's (``338af51``, NeMo r2.0.0rc1
@@ -111,7 +126,9 @@ def ffn_activation_bytes(gated: bool) -> tuple[int, int]:
     more: 3 accesses, a lower bound here). Shared experts are an ``MLP``. GPT-OSS's clamped quick-GEGLU is
     the same fused kernel (:func:`llmcomm.overhead.eager_ops.clamped_glu_bytes` counts only the eager clamps and
     concatenation before it)."""
-    return SWIGLU_BYTES if gated else GELU_BYTES
+    if activation not in ACTIVATION_KERNEL_BYTES:
+        raise ConfigError(f"activation={activation!r} is not one of {list(ACTIVATION_KERNEL_BYTES)}")
+    return ACTIVATION_KERNEL_BYTES[activation]
 
 
 # --------------------------------------------------------------------------------------- layer assignment
@@ -632,7 +649,7 @@ def describe(model: ModelSpec, parallel: ParallelConfig, *, calls: bool = True) 
     core = AttentionCore(p.micro_batch, model.num_attention_heads // tp, s // p.cp, s, model.head_dim, True,
                          p.attention_backend in FUSED_ATTENTION_BACKENDS)
     pattern = model.moe_layer_pattern()
-    ffn_fwd = ffn_activation_bytes(model.gated_mlp)[0]
+    ffn_fwd = ffn_activation_bytes(model.activation_kind)[0]
     ctx = None
     if calls:
         from .predict import program

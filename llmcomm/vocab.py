@@ -237,6 +237,16 @@ class Normalization(StrEnum):
     RMS_NORM = "RMSNorm"
 
 
+class Activation(StrEnum):
+    """The FFN activation (the model's ``activation``; :func:`llmcomm.step.ffn_activation_bytes` counts its
+    kernel): the fused bias-GeLU of a two-matrix MLP, the fused SwiGLU of a gated one (``gated_mlp``), or the
+    ``torch.compile``'d squared ReLU of Nemotron's two-matrix MLP (NeMo's ``activation: squared-relu``)."""
+
+    GELU = "gelu"
+    SWIGLU = "swiglu"
+    SQUARED_RELU = "squared_relu"
+
+
 class MoeTokenDispatcher(StrEnum):
     """Megatron-LM's ``--moe-token-dispatcher-type`` (``core/transformer/transformer_config.py``); ``flex``
     (DeepEP / HybridEP kernels) is named so that it can be refused with a reason rather than as an unknown
@@ -268,6 +278,7 @@ RecomputeName = Literal["none", "selective", "full"]
 ScheduleName = Literal["1f1b", "gpipe", "interleaved"]
 FrameworkName = Literal["megatron", "torch"]
 NormalizationName = Literal["LayerNorm", "RMSNorm"]
+ActivationName = Literal["gelu", "swiglu", "squared_relu"]
 DispatcherName = Literal["allgather", "alltoall", "flex"]
 PositionEmbeddingName = Literal["rope", "learned_absolute", "none", "yarn"]
 RouteName = Literal["", "dispatch", "combine", "counts", "probs_dispatch", "probs_combine"]
@@ -275,7 +286,7 @@ RouteName = Literal["", "dispatch", "combine", "counts", "probs_dispatch", "prob
 LITERALS: dict[Any, type[StrEnum]] = {
     PhaseName: Phase, ParallelismName: Parallelism, OpName: Op, AlgorithmName: Algorithm, DtypeName: Dtype,
     RecomputeName: Recompute, ScheduleName: PipelineSchedule, FrameworkName: Framework,
-    NormalizationName: Normalization, DispatcherName: MoeTokenDispatcher, PositionEmbeddingName: PositionEmbedding,
+    NormalizationName: Normalization, ActivationName: Activation, DispatcherName: MoeTokenDispatcher, PositionEmbeddingName: PositionEmbedding,
     RouteName: Route,
 }
 
@@ -305,6 +316,7 @@ MOE_TOKEN_DISPATCHERS = _values(MoeTokenDispatcher)
 # Megatron-LM's --moe-flex-dispatcher-backend (transformer_config.py:898), the flex dispatcher's kernels
 MOE_FLEX_BACKENDS = ("deepep", "hybridep", "ncclep")
 NORMALIZATIONS = _values(Normalization)
+ACTIVATIONS = _values(Activation)
 POSITION_EMBEDDINGS = _values(PositionEmbedding)
 
 

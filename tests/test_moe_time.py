@@ -97,8 +97,8 @@ def _q(model, row, cluster="h100-80g-ndr400"):
 
 def test_moe_layer_features_carry_the_dispatch_bytes():
     """The MoE layer's memory feature holds the dense-style counts plus dispatch_bytes / HBM (one forward pass)
-    and the q/k norms of layer_kernels, and its GEMM feature the grouped GEMMs of moe_time (measured H100
-    model)."""
+    and the q/k norms and the query's reshape copy of layer_kernels, and its GEMM feature the grouped GEMMs of
+    moe_time (measured H100 model)."""
     from llmcomm.overhead import layer_kernels
     from llmcomm.overhead import utilization as U
 
@@ -109,11 +109,12 @@ def test_moe_layer_features_carry_the_dispatch_bytes():
     hbm = U.hbm_bandwidth(cl)
     c = {"tp": one(1), "sp": one(False), "etp": one(1), "ep": one(8), "act_dtype": one(2), "fp8": one(False),
          "fp8_tensorwise": one(False)}
-    extra = (moe_time.dispatch_bytes(m, c, one(4096))[0] + layer_kernels.qk_norm_bytes(m, c, one(4096))[0][0]) / hbm
+    extra = (moe_time.dispatch_bytes(m, c, one(4096))[0] + layer_kernels.qk_norm_bytes(m, c, one(4096))[0][0]
+             + layer_kernels.query_copy_bytes(m, c, one(4096))[0]) / hbm
     b, s = one(1), one(4096)
     fe = 8 * 768
     base, _ = U.layer_features(b, s, one(1), 2048, 32, 4, 128, fe, 3, cl.peak_bf16_flops, hbm, one(1), one(True),
-                               gated=True)
+                               activation="swiglu")
     assert q["Lm"][0, U.I["mem"]] == pytest.approx(base[0, U.I["mem"]] + extra)
     gm = it.measured_gemm(cl)
     rows = 4096 * 8 * 8 // 128

@@ -24,7 +24,7 @@ def test_counts_by_kernel():
     gradient reads it again: 8 B. Unfused scores: Q·Kᵀ writes (2), softmax reads + writes (4), dropout reads + writes (4) and its
     mask (1), scores·V reads (2): 13 B of b·(a/tp)·s²."""
     assert step.ACTIVATION_BYTES == 2 * (2 + 2) + 2 * (2 + 2 + 2 + 1)
-    assert step.ffn_activation_bytes(False) == (2 + 2, 2 + 2 + 2 + 2)
+    assert step.ffn_activation_bytes("gelu") == (2 + 2, 2 + 2 + 2 + 2)
     assert step.SCORE_BYTES == 2 + (2 + 2) + (2 + 2 + 1) + 2
 
 

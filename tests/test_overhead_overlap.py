@@ -44,6 +44,17 @@ def test_tp_overlap_exposed_by_hand():
     assert ex[0] == pytest.approx(12 - 12 + 1.5 + 0.5 + 0.0)
 
 
+def test_tp_overlap_exposed_is_never_negative():
+    """All TP calls are the blocks' and all hide under long GEMMs: exposed is 0, not the float residue of
+    ``tp − (ag + rs + bwd)`` (``0.1 + (0.2 + 0.3)`` and ``(0.1 + 0.2) + 0.3`` differ by an ulp, the difference is
+    −1.1e-16 unclamped)."""
+    one = np.ones(1)
+    tp = 0.1 + (0.2 + 0.3)
+    assert tp - ((0.1 + 0.2) + 0.3) < 0.0  # the residue the clamp removes
+    ex = tp_overlap_exposed(tp * one, 0.1 * one, 0.2 * one, 0.3 * one, 10 * one, 10 * one, 2 * one, 0 * one)
+    assert ex[0] == 0.0
+
+
 def test_sp_backward_exposed_by_hand():
     """SP without userbuffers: per block the backward issues 3 equal calls (grad-output gather, input re-gather,
     dgrad reduce-scatter); the re-gather hides under the dgrad GEMM and the reduce-scatter under the wgrad GEMM,

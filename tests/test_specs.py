@@ -80,12 +80,24 @@ def test_model_roundtrip_and_unknown_field(tmp_path) -> None:
     (dict(num_attention_heads=30, num_query_groups=4), "num_query_groups=4 does not divide num_attention_heads=30"),
     (dict(hidden_size=0), "hidden_size=0 must be a positive integer"),
     (dict(num_experts=4, moe_router_topk=5), r"moe_router_topk=5 must be in \[1, num_experts=4\]"),
+    (dict(activation="relu"), r"activation='relu' is not one of \['gelu', 'swiglu', 'squared_relu'\]"),
+    (dict(activation="squared_relu"), "activation='squared_relu' with gated_mlp=True: 'swiglu' is the gated"),
+    (dict(gated_mlp=False, activation="swiglu"), "activation='swiglu' with gated_mlp=False"),
 ])
 def test_model_validation_names_the_rule(kwargs, rule) -> None:
     base = lc.load_model("llama2-7b").to_dict()
     base.update(kwargs)
     with pytest.raises(lc.ConfigError, match=rule):
         ModelSpec.from_dict(base)
+
+
+def test_activation_kind_defaults_from_gated_mlp() -> None:
+    """Without ``activation`` a model means what it did before the field: SwiGLU if gated, else the bias-GeLU;
+    the Nemotron files name their squared ReLU."""
+    assert lc.load_model("gpt3-175b").activation_kind == "gelu"
+    assert lc.load_model("llama2-7b").activation_kind == "swiglu"
+    for name in ("nemotron3-8b", "nemotron3-22b", "nemotron4-340b"):
+        assert lc.load_model(name).activation_kind == "squared_relu", name
 
 
 @pytest.mark.parametrize("par, cluster_nodes, rule", [

@@ -136,7 +136,7 @@ def test_describe_matches_the_utilization_features():
             X, _ = U.layer_features(np.array([p.micro_batch]), np.array([s]), np.array([tp]), model.hidden_size,
                                     model.num_attention_heads, model.query_groups, model.head_dim, f_eff, k, 1.0,
                                     1.0, np.array([tp if p.sp else 1]), np.array([layer.core.fused]),
-                                    model.gated_mlp)
+                                    model.activation_kind)
             router = 2.0 * p.micro_batch * s * model.hidden_size * model.num_experts if layer.moe else 0.0
             # the router GEMM is replicated over TP: full FLOPs on every rank (iteration._compute adds it so too)
             assert layer.gemm_flops + layer.core.flops == pytest.approx(X[0, U.I["gemm"]] + router, rel=1e-12)

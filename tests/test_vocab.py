@@ -22,6 +22,7 @@ def test_enum_values_are_the_strings_in_files() -> None:
     assert vocab.RECOMPUTE_MODES == ("none", "selective", "full")
     assert vocab.PIPELINE_SCHEDULES == ("1f1b", "gpipe", "interleaved")
     assert vocab.NORMALIZATIONS == ("LayerNorm", "RMSNorm")
+    assert vocab.ACTIVATIONS == ("gelu", "swiglu", "squared_relu")
     assert vocab.POSITION_EMBEDDINGS == ("rope", "learned_absolute", "none", "yarn")
     assert vocab.Op.ALL_TO_ALL == "all_to_all" and vocab.Phase.BACKWARD == "backward"
     assert all(type(v) is str for v in vocab.OPS + vocab.PHASES + vocab.CALL_GROUP_KINDS)
@@ -33,7 +34,7 @@ def test_enum_values_are_the_strings_in_files() -> None:
 def test_literal_types_spell_out_their_enums() -> None:
     from typing import get_args
 
-    assert len(vocab.LITERALS) == 12
+    assert len(vocab.LITERALS) == 13
     for literal, enum in vocab.LITERALS.items():
         assert get_args(literal) == tuple(str(m.value) for m in enum), enum.__name__
 

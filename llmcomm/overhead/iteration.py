@@ -734,12 +734,12 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     fw = np.where(c["sp"], tp, 1)
     fz = c["fused_attention"]
     Ld, Cd = cp_time.attention_per_rank(*U.layer_features(b, s, tp, h, a, g, d, model.ffn_hidden_size, k, peak,
-                                                          hbm, fw, fz, model.gated_mlp), c["cp"])
+                                                          hbm, fw, fz, model.activation_kind), c["cp"])
     Lm, Cm = np.zeros_like(Ld), np.zeros_like(Cd)
     fe = (model.moe_router_topk + model.num_shared_experts) * model.expert_ffn_hidden_size if model.is_moe else 0
     if model.is_moe:
         Lm, Cm = cp_time.attention_per_rank(*U.layer_features(b, s, tp, h, a, g, d, fe, k, peak, hbm, fw, fz,
-                                                              model.gated_mlp), c["cp"])
+                                                              model.activation_kind), c["cp"])
     T = (b * s).astype(np.float64)
     tpf = tp.astype(np.float64)
     f8 = c["fp8"]
@@ -873,7 +873,7 @@ def recompute_module_features(model: ModelSpec, c: dict[str, np.ndarray], rm: di
     Rd, Rm = np.zeros((n, U.K)), np.zeros((n, U.K))
     mlp = rm["mlp"].astype(np.float64)
     Rd[:, g] = mlp * (sec.get("fc1", z) + sec.get("fc2", z))
-    F = float(step.ffn_activation_bytes(model.gated_mlp)[0])  # the FFN activation's forward bytes per element
+    F = float(step.ffn_activation_bytes(model.activation_kind)[0])  # the FFN activation's forward bytes per element
     Rd[:, mm] = mlp * (F * T * model.ffn_hidden_size / tpf + 4.0 * T * model.hidden_size / fw) / hbm
     if model.is_moe:
         fe, k_, S = model.expert_ffn_hidden_size, model.moe_router_topk, model.num_shared_experts
@@ -1228,7 +1228,7 @@ def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: 
     ``bwd`` their backward ones, and the forward seconds ``g_ag`` (qkv, fc1) and ``g_rs`` (proj, fc2) of the GEMMs
     they feed::
 
-        exposed = tp − (ag_f + rs_f + bwd)
+        exposed = max(0, tp − (ag_f + rs_f + bwd))             the TP calls outside the overlapped blocks
                 + max(0, ag_f − g_ag·(t−1)/t)           ring_exchange (qkv_fprop, fc1_fprop), num_splits = t = tp
                 + max(0, rs_f − g_rs·(4−1)/4)           pipeline (proj_fprop, fc2_fprop), num_splits = 4
                 + max(0, bwd − (2 + full)·(g_ag + g_rs)·(t−1)/t)   dgrad ring_exchange / bulk under dgrad+wgrad
@@ -1240,10 +1240,16 @@ def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: 
     ``"num_splits": tp_size if method == "ring_exchange" else 4``; TransformerEngine d0067d0). Not counted: the 16 SMs the pipeline
     method's communication kernels take from the GEMM (``num_sm``). The seconds are those of :func:`comm_items`'
     bytes, which under FP8 are TransformerEngine's wire bytes with or without userbuffers (TE quantizes before
-    it gathers; :mod:`llmcomm.predict.fp8_wire`)."""
+    it gathers; :mod:`llmcomm.predict.fp8_wire`).
+
+    Every term is an exposed time, ``max(0, ·)`` by definition: the first too, whose exact value is ``≥ 0`` (the
+    blocks' collectives are a part of the stage's TP calls) but whose floating-point difference can come out a
+    few ulps below zero when the stage has no other TP call (``tp`` and the three parts summed in another order:
+    −2.8e-17 s reported on LLaMA-3 405B rows at tp 2 whose collectives all hide)."""
     t = tp_size.astype(np.float64)
     hide = (t - 1.0) / t
-    return (tp - (ag_f + rs_f + bwd) + np.maximum(0.0, ag_f - g_ag * hide) + np.maximum(0.0, rs_f - 0.75 * g_rs)
+    return (np.maximum(0.0, tp - (ag_f + rs_f + bwd)) + np.maximum(0.0, ag_f - g_ag * hide)
+            + np.maximum(0.0, rs_f - 0.75 * g_rs)
             + np.maximum(0.0, bwd - (2.0 + full) * (g_ag + g_rs) * hide))
 
 

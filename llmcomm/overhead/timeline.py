@@ -92,13 +92,13 @@ def layer_pass_times(model: ModelSpec, parallel: ParallelConfig, cluster: Cluste
     k = 3 if m.gated_mlp else 2
     fw = tp if parallel.sp else np.ones(1)
     dense, _ = U.layer_features(b, s, tp, m.hidden_size, m.num_attention_heads, m.query_groups, m.head_dim,
-                                m.ffn_hidden_size, k, peak, hbm, fw, gated=m.gated_mlp)
+                                m.ffn_hidden_size, k, peak, hbm, fw, activation=m.activation_kind)
     t_dense = float(util.layer_pass(dense)[0])
     t_moe = t_dense
     if m.is_moe:
         fe = (m.moe_router_topk + m.num_shared_experts) * m.expert_ffn_hidden_size
         moe, _ = U.layer_features(b, s, tp, m.hidden_size, m.num_attention_heads, m.query_groups, m.head_dim, fe,
-                                  k, peak, hbm, fw, gated=m.gated_mlp)
+                                  k, peak, hbm, fw, activation=m.activation_kind)
         moe[:, U.I["gemm"]] += 2.0 * b * s * m.hidden_size * m.num_experts / peak  # router, replicated over TP
         t_moe = float(util.layer_pass(moe)[0])
     pattern = np.array(m.moe_layer_pattern(), dtype=bool)

@@ -96,13 +96,13 @@ def hbm_bandwidth(cluster: Cluster) -> float:
 
 def layer_features(b: np.ndarray, s: np.ndarray, tp: np.ndarray, h: int, a: int, g: int, d: int, f_eff: int,
                    k: int, peak: float, hbm: float, full_width: np.ndarray | None = None,
-                   fused: np.ndarray | None = None, gated: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                   fused: np.ndarray | None = None, activation: str = "gelu") -> tuple[np.ndarray, np.ndarray]:
     """Features (columns :data:`FEATURES`) of one forward pass of one transformer layer on one GPU, and of
     its attention core alone (what selective recomputation re-runs: ``F_attn`` and the scores' traffic).
 
     ``f_eff`` is the FFN width the layer's tokens run through: ``f`` for a dense layer, ``(topk + shared)·f_e``
     for an MoE layer (expected, balanced routing). ``full_width`` divides the full-activation traffic
-    (``tp`` with sequence parallelism, else 1). ``gated``: the model's ``gated_mlp``, which FFN activation kernel
+    (``tp`` with sequence parallelism, else 1). ``activation``: the model's ``activation_kind``, which FFN activation kernel
     runs (:func:`llmcomm.step.ffn_activation_bytes`, its forward count per element of ``T·f_eff/tp``).
 
     ``fused`` marks rows whose attention core is one fused kernel (``attention_backend`` flash/fused/auto,
@@ -125,7 +125,7 @@ def layer_features(b: np.ndarray, s: np.ndarray, tp: np.ndarray, h: int, a: int,
         f_attn = np.where(fz, 0.5 * f_attn, f_attn)
         score_bytes = np.where(fz, 0.0, score_bytes)
     X[:, I["gemm"]] = (2.0 * T * (proj + k * h * f_eff) / tp + f_attn) / peak
-    X[:, I["mem"]] = (float(ACTIVATION_BYTES) * T * h / fw + float(ffn_activation_bytes(gated)[0]) * T * f_eff / tp + score_bytes) / hbm
+    X[:, I["mem"]] = (float(ACTIVATION_BYTES) * T * h / fw + float(ffn_activation_bytes(activation)[0]) * T * f_eff / tp + score_bytes) / hbm
     X[:, I["launch_gemm"]] = 1.0
     X[:, I["launch_mem"]] = 1.0
     X[:, I["tp"]] = np.log2(tp)
