@@ -380,10 +380,35 @@ def factorize(keys: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]
     for k in keys:
         lo = int(k.min())
         key = key * (int(k.max()) - lo + 1) + (k - lo)
-    codes, uniq_keys = pd.factorize(key)
-    first = np.zeros(len(uniq_keys), np.int64)
-    first[codes[::-1]] = np.arange(n - 1, -1, -1)  # the first row of each group
-    return codes.astype(np.int64), [tuple(int(k[i]) for k in keys) for i in first]
+    codes = pd.factorize(key)[0].astype(np.int64)
+    return codes, [tuple(int(k[i]) for k in keys) for i in first_rows(codes)]
+
+
+def first_rows(codes: np.ndarray) -> np.ndarray:
+    """The first row of each group of ``codes`` numbered in order of first appearance (what
+    :func:`pandas.factorize` returns): row ``i`` opens a group where its code is above every code before it."""
+    if len(codes) == 0:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(np.concatenate([[True], codes[1:] > np.maximum.accumulate(codes[:-1])]))
+
+
+def group_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by the tuple of their values in ``columns`` (equal-length 1-D arrays of any hashable dtype):
+    ``(code of each row, first row of each group)``, groups numbered in order of first appearance. Each column
+    hashed by :func:`pandas.factorize` (no sort), then their codes as one mixed-radix key, hashed again; ``NaN``
+    is one value of its own. The same groups as ``numpy.unique`` of the tuples, in another order."""
+    n = len(columns[0])
+    key = np.zeros(n, np.int64)
+    span = 1  # the key's values are below span
+    for col in columns:
+        c, u = pd.factorize(col, use_na_sentinel=False)
+        if span * len(u) >= 2**62:  # recode before the mixed-radix product overflows
+            key = pd.factorize(key)[0].astype(np.int64)
+            span = int(key.max()) + 1 if n else 1
+        key = key * len(u) + c
+        span *= max(len(u), 1)
+    codes = pd.factorize(key)[0].astype(np.int64)
+    return codes, first_rows(codes)
 
 
 # ------------------------------------------------------------------------------------------ activations

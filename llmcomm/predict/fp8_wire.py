@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..errors import ConfigError
 
@@ -153,11 +154,15 @@ def sp_bytes(kind: str, elements: np.ndarray, act: np.ndarray, fp8: np.ndarray, 
         return out
     tco = np.zeros(len(out), bool) if tp_comm_overlap is None else np.asarray(tp_comm_overlap, bool)
     fb = np.zeros(len(out), bool) if fp8_buf is None else np.asarray(fp8_buf, bool)
-    rec = np.asarray(recipe, dtype=object)
+    rec = np.broadcast_to(np.asarray(recipe, dtype=object), np.shape(fp8))
+    codes, recipes = pd.factorize(rec.ravel(), use_na_sentinel=False)  # hashed, not sorted
+    codes = codes.reshape(rec.shape)
     out = out.copy()
-    for r in np.unique(rec[fp8]):
+    ub = tco & fb
+    for i in np.unique(codes[fp8]):  # the FP8 rows' recipes (disjoint rows: their order changes nothing)
+        r = recipes[i]
         for on_ub in (False, True):
-            m = fp8 & (rec == r) & ((tco & fb) == on_ub)
+            m = fp8 & (codes == i) & (ub == on_ub)
             if m.any():
                 w = wire(kind, "hybrid", str(r), on_ub, on_ub)
                 if w is not None:
