@@ -370,18 +370,14 @@ def placement(t: Any, gpus_per_node: int) -> dict[str, tuple[np.ndarray, np.ndar
 
 def factorize(keys: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]]:
     """Rows grouped by the tuple of integer ``keys``: ``(code of each row, distinct tuples)``, by hashing
-    (``pandas.factorize``) one mixed-radix key (each key shifted to start at 0), not by sorting."""
+    (:func:`group_rows`), not by sorting."""
     n = len(keys[0])
     if n == 0:
         return np.zeros(0, np.int64), []
     if n == 1 or all(k[0] == k[-1] and (k == k[0]).all() for k in keys):
         return np.zeros(n, np.int64), [tuple(int(k[0]) for k in keys)]
-    key = np.zeros(n, np.int64)
-    for k in keys:
-        lo = int(k.min())
-        key = key * (int(k.max()) - lo + 1) + (k - lo)
-    codes = pd.factorize(key)[0].astype(np.int64)
-    return codes, [tuple(int(k[i]) for k in keys) for i in first_rows(codes)]
+    codes, first = group_rows(keys)
+    return codes, [tuple(int(k[i]) for k in keys) for i in first]
 
 
 def first_rows(codes: np.ndarray) -> np.ndarray:
@@ -392,21 +388,29 @@ def first_rows(codes: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.concatenate([[True], codes[1:] > np.maximum.accumulate(codes[:-1])]))
 
 
-def group_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Rows grouped by the tuple of their values in ``columns`` (equal-length 1-D arrays of any hashable dtype):
-    ``(code of each row, first row of each group)``, groups numbered in order of first appearance. Each column
-    hashed by :func:`pandas.factorize` (no sort), then their codes as one mixed-radix key, hashed again; ``NaN``
-    is one value of its own. The same groups as ``numpy.unique`` of the tuples, in another order."""
-    n = len(columns[0])
+def group_rows(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by the tuple of their values in the integer arrays ``keys`` (equal lengths): ``(code of each
+    row, first row of each group)``, groups numbered in order of first appearance. One mixed-radix key (each
+    array shifted to start at 0; recoded by :func:`pandas.factorize` before the product would overflow), hashed
+    once: the same groups as ``numpy.unique`` of the tuples, without sorting."""
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     key = np.zeros(n, np.int64)
     span = 1  # the key's values are below span
-    for col in columns:
-        c, u = pd.factorize(col, use_na_sentinel=False)
-        if span * len(u) >= 2**62:  # recode before the mixed-radix product overflows
+    for k in keys:
+        lo, hi = int(k.min()), int(k.max())
+        if lo == hi:  # one value: adds nothing to the key
+            continue
+        radix = hi - lo + 1
+        if span * radix >= 2**62:
             key = pd.factorize(key)[0].astype(np.int64)
-            span = int(key.max()) + 1 if n else 1
-        key = key * len(u) + c
-        span *= max(len(u), 1)
+            span = int(key.max()) + 1
+            if span * radix >= 2**62:  # the array alone is too wide: its own codes
+                kc, ku = pd.factorize(k)
+                k, lo, radix = kc.astype(np.int64), 0, len(ku)
+        key = key * radix + (k - lo)
+        span *= radix
     codes = pd.factorize(key)[0].astype(np.int64)
     return codes, first_rows(codes)
 

@@ -252,7 +252,7 @@ class GemmModel:
         else:  # many configurations share few shapes: evaluate each distinct shape once
             # one code per distinct shape, by hashing (step.group_rows): the mechanism is element-wise, so which
             # row stands for a shape and the order of the shapes change nothing
-            inv, first = step.group_rows([x.ravel() for x in (b, m_, n_, k_)])
+            inv, first = step.group_rows([x.ravel().astype(np.int64) for x in (b, m_, n_, k_)])  # integers (_as_shapes)
             if len(first) == b.size:
                 tu = tile_time(f.params, b.ravel(), m_.ravel(), n_.ravel(), k_.ravel(), sms=self.sms, peak=peak,
                                hbm=self.hbm, e_in=e_in, e_out=e_out)
