@@ -206,7 +206,8 @@ class ParallelTable:
                 v = -1
             dtype = (np.int64 if f in INT_FIELDS or f in OPTIONAL_INT_FIELDS else bool if f in BOOL_FIELDS
                      else np.float64 if f in FLOAT_FIELDS else object)
-            cols[f] = np.full(n, v, dtype=dtype) if np.ndim(v) == 0 else np.asarray(v).astype(dtype)
+            # a repeated scalar as one read-only element seen n times (np.broadcast_to: no n-element fill)
+            cols[f] = np.broadcast_to(np.array(v, dtype=dtype), (n,)) if np.ndim(v) == 0 else np.asarray(v).astype(dtype)
         return cls._finish(cols, model)
 
     @classmethod

@@ -428,20 +428,49 @@ def placement(t: Any, gpus_per_node: int) -> dict[str, tuple[np.ndarray, np.ndar
 
 def factorize(keys: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]]:
     """Rows grouped by the tuple of integer ``keys``: ``(code of each row, distinct tuples)``, by hashing
-    (``pandas.factorize``) one mixed-radix key (each key shifted to start at 0), not by sorting."""
+    (:func:`group_rows`), not by sorting."""
     n = len(keys[0])
     if n == 0:
         return np.zeros(0, np.int64), []
     if n == 1 or all(k[0] == k[-1] and (k == k[0]).all() for k in keys):
         return np.zeros(n, np.int64), [tuple(int(k[0]) for k in keys)]
+    codes, first = group_rows(keys)
+    return codes, [tuple(int(k[i]) for k in keys) for i in first]
+
+
+def first_rows(codes: np.ndarray) -> np.ndarray:
+    """The first row of each group of ``codes`` numbered in order of first appearance (what
+    :func:`pandas.factorize` returns): row ``i`` opens a group where its code is above every code before it."""
+    if len(codes) == 0:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(np.concatenate([[True], codes[1:] > np.maximum.accumulate(codes[:-1])]))
+
+
+def group_rows(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by the tuple of their values in the integer arrays ``keys`` (equal lengths): ``(code of each
+    row, first row of each group)``, groups numbered in order of first appearance. One mixed-radix key (each
+    array shifted to start at 0; recoded by :func:`pandas.factorize` before the product would overflow), hashed
+    once: the same groups as ``numpy.unique`` of the tuples, without sorting."""
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     key = np.zeros(n, np.int64)
+    span = 1  # the key's values are below span
     for k in keys:
-        lo = int(k.min())
-        key = key * (int(k.max()) - lo + 1) + (k - lo)
-    codes, uniq_keys = pd.factorize(key)
-    first = np.zeros(len(uniq_keys), np.int64)
-    first[codes[::-1]] = np.arange(n - 1, -1, -1)  # the first row of each group
-    return codes.astype(np.int64), [tuple(int(k[i]) for k in keys) for i in first]
+        lo, hi = int(k.min()), int(k.max())
+        if lo == hi:  # one value: adds nothing to the key
+            continue
+        radix = hi - lo + 1
+        if span * radix >= 2**62:
+            key = pd.factorize(key)[0].astype(np.int64)
+            span = int(key.max()) + 1
+            if span * radix >= 2**62:  # the array alone is too wide: its own codes
+                kc, ku = pd.factorize(k)
+                k, lo, radix = kc.astype(np.int64), 0, len(ku)
+        key = key * radix + (k - lo)
+        span *= radix
+    codes = pd.factorize(key)[0].astype(np.int64)
+    return codes, first_rows(codes)
 
 
 # ------------------------------------------------------------------------------------------ activations

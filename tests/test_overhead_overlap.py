@@ -254,3 +254,19 @@ def test_fp8_param_gather_moves_one_byte_per_parameter():
     assert off.dp_comm_s - on.dp_comm_s == pytest.approx(int(dense[0] + expert[0]) * 1e-9, rel=1e-9)
     with pytest.raises(ConfigError, match="fp8_param_gather needs"):
         iteration_time(MODEL, dataclasses.replace(DO, fp8_param_gather=True), c, StubBandwidth(), GEMM_ONLY)
+
+
+def test_first_chunk_exposed_per_row_profiles_equal_one_profile_each() -> None:
+    """Profiles as rows × buckets (stage_grad_reduce batches layouts with as many buckets) give each row the value
+    of its profile alone, bit for bit; hand-worked: window 2, d 1, ready (0.5, 1), before (0, 0.5):
+    max(2·0.5 + 1·1, 2·1 + 1·0.5) − 2 = 0.5."""
+    from llmcomm.overhead.overlap import first_chunk_exposed
+
+    r1, b1 = np.array([0.5, 1.0]), np.array([0.0, 0.5])
+    r2, b2 = np.array([0.2, 1.0]), np.array([0.0, 0.9])
+    assert first_chunk_exposed(np.array([1.0]), np.array([2.0]), r1, b1).tolist() == [0.5]
+    d, w = np.array([1.0, 0.3, 2.5]), np.array([2.0, 0.7, 0.1])
+    both = first_chunk_exposed(d, w, np.stack([r1, r2, r1]), np.stack([b1, b2, b1]))
+    alone = [first_chunk_exposed(d[i:i + 1], w[i:i + 1], r, b)[0] for i, (r, b) in enumerate(((r1, b1), (r2, b2),
+                                                                                              (r1, b1)))]
+    assert both.tolist() == alone

@@ -201,3 +201,24 @@ def test_each_rule_once_with_its_source():
                                     lc.load_cluster("a100-80g-hdr200"))
     space = enumerate_candidates(m, 16, 64)
     assert not ((space["tp"] > 1) & (space["ep"] > 1) & ~space["sp"]).any()
+
+
+def test_first_rows_and_group_rows_hand_worked() -> None:
+    """first_rows: where a factorize code first appears; group_rows: rows equal in every key share a code, numbered
+    in order of first appearance, with the first row of each group (the groups numpy.unique of the tuples gives)."""
+    assert step.first_rows(np.array([0, 1, 0, 2, 1, 3])).tolist() == [0, 1, 3, 5]
+    assert step.first_rows(np.zeros(0, np.int64)).tolist() == []
+    a, b = np.array([4, 7, 4, 9, 7, 4]), np.array([1, 1, 1, 1, 2, 1])
+    codes, first = step.group_rows([a, b])
+    assert codes.tolist() == [0, 1, 0, 2, 3, 0] and first.tolist() == [0, 1, 3, 4]
+    # a constant key adds nothing; keys too wide for one product (2^40 each) are recoded, not overflowed
+    wide = np.array([0, 2**40, 0, 2**40], np.int64)
+    codes, first = step.group_rows([wide, np.full(4, 5), wide[::-1].copy(), wide])
+    assert codes.tolist() == [0, 1, 0, 1] and first.tolist() == [0, 1]
+    rng = np.random.default_rng(0)
+    keys = [rng.integers(-3, 4, 500), rng.integers(0, 2**45, 500) % 5 * 2**45, rng.integers(0, 3, 500)]
+    codes, first = step.group_rows(keys)
+    _, inv = np.unique(np.stack(keys, axis=1), axis=0, return_inverse=True)
+    assert len(first) == inv.max() + 1
+    assert np.array_equal(pd.factorize(inv.reshape(-1))[0], codes)  # the same partition of the rows
+    assert all(all(k[f] == k[codes == j][0] for k in keys) for j, f in enumerate(first))

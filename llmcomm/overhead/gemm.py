@@ -76,6 +76,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import step
 from ..atomic import write_bytes
 from ..errors import ConfigError, DataError
 from ..paths import data_stamp
@@ -249,12 +250,10 @@ class GemmModel:
                                                                         k_.ravel(), strict=True)]
             t = np.asarray(flat, dtype=np.float64).reshape(b.shape)
         else:  # many configurations share few shapes: evaluate each distinct shape once
-            vals, codes = zip(*(np.unique(x.ravel(), return_inverse=True) for x in (b, m_, n_, k_)), strict=True)
-            key = np.zeros(b.size, dtype=np.int64)
-            for v, c in zip(vals, codes, strict=True):  # one integer per distinct shape (mixed radix of the codes)
-                key = key * len(v) + c.ravel()
-            uk, first, inv = np.unique(key, return_index=True, return_inverse=True)
-            if len(uk) == b.size:
+            # one code per distinct shape, by hashing (step.group_rows): the mechanism is element-wise, so which
+            # row stands for a shape and the order of the shapes change nothing
+            inv, first = step.group_rows([x.ravel().astype(np.int64) for x in (b, m_, n_, k_)])  # integers (_as_shapes)
+            if len(first) == b.size:
                 tu = tile_time(f.params, b.ravel(), m_.ravel(), n_.ravel(), k_.ravel(), sms=self.sms, peak=peak,
                                hbm=self.hbm, e_in=e_in, e_out=e_out)
                 t = tu.reshape(b.shape)

@@ -98,6 +98,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import step
 from ..parallel_table import ParallelTable
 from ..predict import dp as _dp
 from ..predict.calls import Context
@@ -167,8 +168,10 @@ def first_chunk_exposed(d: np.ndarray, window: np.ndarray, ready: np.ndarray, be
     the chunk's whole buffer, shared by the buckets in proportion to their elements; their extra call
     latencies are not counted)::
 
-        exposed = max_i [window·ready_i + d·(1 − before_i)] − window"""
-    return np.max(window[:, None] * ready[None, :] + d[:, None] * (1.0 - before[None, :]), axis=1) - window
+        exposed = max_i [window·ready_i + d·(1 − before_i)] − window
+
+    ``ready``, ``before``: one profile for every row (1-D) or one per row (2-D, rows × buckets)."""
+    return np.max(window[:, None] * ready + d[:, None] * (1.0 - before), axis=1) - window
 
 
 def first_chunk_buckets(model: ModelSpec, t: ParallelTable, rows: np.ndarray) -> list[tuple[np.ndarray,
@@ -177,17 +180,17 @@ def first_chunk_buckets(model: ModelSpec, t: ParallelTable, rows: np.ndarray) ->
     idx = np.flatnonzero(rows)
     if not len(idx):
         return []
-    cols = np.stack([np.asarray(getattr(t, k), dtype=np.int64)[idx] for k in BUCKET_KEY], axis=1)
-    uniq, first, inv = np.unique(cols, axis=0, return_index=True, return_inverse=True)
-    inv = inv.reshape(-1)
+    cols = [np.asarray(getattr(t, k), dtype=np.int64)[idx] for k in BUCKET_KEY]
+    inv, first = step.group_rows(cols)  # layouts by hashing, in order of first appearance (disjoint rows)
     out = []
     order = np.argsort(inv, kind="stable")  # the rows of each layout, in row order (as idx[inv == j])
-    counts = np.bincount(inv, minlength=len(uniq))
+    counts = np.bincount(inv, minlength=len(first))
     starts = np.cumsum(counts) - counts
-    for j, u in enumerate(uniq.tolist()):
-        # the cache key of bucket_profile from the table's integers (ParallelConfig's None for an unset one),
-        # so that a layout seen before costs no ParallelConfig
-        key = (model,) + tuple(_key_value(k, x) for k, x in zip(BUCKET_KEY, u, strict=True))
+    # the cache keys of bucket_profile from the table's integers (ParallelConfig's None for an unset one), so
+    # that a layout seen before costs no ParallelConfig: each field's values converted once per column
+    fields = [_key_values(k, col[first].tolist()) for k, col in zip(BUCKET_KEY, cols, strict=True)]
+    for j, u in enumerate(zip(*fields, strict=True)):
+        key = (model, *u)
         hit = _PROFILES.get(key)
         ready, before = hit if hit is not None else bucket_profile(model, t.row(int(idx[first[j]])))
         out.append((idx[order[starts[j]:starts[j] + counts[j]]], ready, before))
@@ -199,13 +202,13 @@ _OPTIONAL_KEYS = ("etp", "bucket_size", "ddp_num_buckets", "num_layers_in_first_
                   "num_layers_in_last_pipeline_stage")
 
 
-def _key_value(field: str, x: int) -> Any:
-    """A :data:`BUCKET_KEY` field's value as ``ParallelConfig`` holds it, from the table's integer."""
+def _key_values(field: str, xs: list[int]) -> list[Any]:
+    """A :data:`BUCKET_KEY` field's values as ``ParallelConfig`` holds them, from the table's integers."""
     if field in _BOOL_KEYS:
-        return bool(x)
+        return [bool(x) for x in xs]
     if field in _OPTIONAL_KEYS:
-        return None if x < 0 else int(x)
-    return int(x)
+        return [None if x < 0 else int(x) for x in xs]
+    return [int(x) for x in xs]
 
 
 def vp_last_group(m: np.ndarray, pp: np.ndarray, group: np.ndarray | None = None) -> np.ndarray:
@@ -357,7 +360,13 @@ def stage_grad_reduce(st: Stages, per: dict[str, dict[str, np.ndarray]], has_mid
     f = st.cls["first"]
     d0 = f["g_edge"] + f["g_shared"] + f["g_expert"]
     bucketed0 = d0.copy()  # one bucket: all of it after the backward
-    for rows, ready, before in st.grad_buckets or []:  # its first chunk's last backward: one chunk step
+    by_count: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    for g in st.grad_buckets or []:  # the layouts with as many buckets as one another: one call (rows × buckets)
+        by_count.setdefault(len(g[1]), []).append(g)
+    for gs in by_count.values():  # its first chunk's last backward: one chunk step
+        rows = np.concatenate([g[0] for g in gs])
+        sizes = [len(g[0]) for g in gs]
+        ready, before = (np.repeat(np.stack([g[i] for g in gs]), sizes, axis=0) for i in (1, 2))
         bucketed0[rows] = first_chunk_exposed(d0[rows], b0[rows], ready, before)
     out = np.zeros(len(pp))
     for cls, edge, lead, live in (("first", 0, 0.0, True), ("mid", -1, bl, has_mid),

@@ -72,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ..errors import ConfigError
 
@@ -144,22 +145,38 @@ def amax_allreduce(kind: str, fp8: str | None, recipe: str) -> bool:
     return _recipe(fp8, recipe) == "tensorwise" and kind in ("fwd_ag", "bwd_ag_grad")
 
 
+def _recipe_rows(fp8: np.ndarray, recipe: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The ``fp8`` rows grouped by their ``recipe`` (hashed, not sorted): ``[(recipe, row mask)]``."""
+    f = np.asarray(fp8, bool)
+    idx = np.flatnonzero(f.ravel())
+    rec = np.broadcast_to(np.asarray(recipe, dtype=object), f.shape).ravel()[idx]
+    codes, recipes = pd.factorize(rec, use_na_sentinel=False)
+    out = []
+    for i, r in enumerate(recipes):
+        m = np.zeros(f.size, bool)
+        m[idx[codes == i]] = True
+        out.append((str(r), m.reshape(f.shape)))
+    return out
+
+
 def sp_bytes(kind: str, elements: np.ndarray, act: np.ndarray, fp8: np.ndarray, recipe: np.ndarray,
-             tp_comm_overlap: np.ndarray | None = None, fp8_buf: np.ndarray | None = None) -> np.ndarray:
+             tp_comm_overlap: np.ndarray | None = None, fp8_buf: np.ndarray | None = None,
+             groups: list[tuple[str, np.ndarray]] | None = None) -> np.ndarray:
     """:func:`nbytes` over arrays (the iteration-time formulation's rows): ``fp8`` a boolean mask, ``recipe``
-    the rows' ``fp8_recipe`` strings; integer bytes, ``elements·act`` on every row that is not quantized."""
+    the rows' ``fp8_recipe`` strings; integer bytes, ``elements·act`` on every row that is not quantized.
+    ``groups``: the FP8 rows by recipe where the caller has them (:func:`_recipe_rows`)."""
     out = np.asarray(elements * act)
     if not np.any(fp8):
         return out
     tco = np.zeros(len(out), bool) if tp_comm_overlap is None else np.asarray(tp_comm_overlap, bool)
     fb = np.zeros(len(out), bool) if fp8_buf is None else np.asarray(fp8_buf, bool)
-    rec = np.asarray(recipe, dtype=object)
     out = out.copy()
-    for r in np.unique(rec[fp8]):
+    ub = tco & fb
+    for r, rows in _recipe_rows(fp8, recipe) if groups is None else groups:  # disjoint rows: any order
         for on_ub in (False, True):
-            m = fp8 & (rec == r) & ((tco & fb) == on_ub)
+            m = rows & (ub == on_ub)
             if m.any():
-                w = wire(kind, "hybrid", str(r), on_ub, on_ub)
+                w = wire(kind, "hybrid", r, on_ub, on_ub)
                 if w is not None:
                     out[m] = w.nbytes(np.asarray(elements)[m])
     return out
@@ -176,9 +193,11 @@ def block_bytes(elements: np.ndarray, act: np.ndarray, fp8: np.ndarray | None, r
     if fp8 is None or recipe is None or not np.any(fp8):
         return {k: a for k in ("fwd_ag", "fwd_rs_proj", "fwd_rs_fc2", "bwd_ag_grad", "bwd_ag_input", "bwd_rs")}
     f = np.asarray(fp8, bool)
-    out = {k: sp_bytes(k, elements, act, f, recipe) for k in ("fwd_ag", "bwd_ag_grad", "bwd_ag_input", "bwd_rs")}
+    g = _recipe_rows(f, recipe)  # once for the six collectives
+    out = {k: sp_bytes(k, elements, act, f, recipe, groups=g) for k in ("fwd_ag", "bwd_ag_grad", "bwd_ag_input",
+                                                                         "bwd_rs")}
     for name, buf in (("fwd_rs_proj", buf_proj), ("fwd_rs_fc2", buf_fc2)):
-        out[name] = sp_bytes("fwd_rs", elements, act, f, recipe, tp_comm_overlap, buf)
+        out[name] = sp_bytes("fwd_rs", elements, act, f, recipe, tp_comm_overlap, buf, groups=g)
     cur = f & (np.asarray(recipe, dtype=object) == "tensorwise")
     if cur.any():
         out["amax"] = np.where(cur, AMAX_BYTES, 0).astype(np.int64)

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import step
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec
 from .space import DIMENSIONS, row_codes
@@ -107,9 +108,9 @@ def lower_bounds(model: ModelSpec, cands: pd.DataFrame, cluster: Cluster, bandwi
         return np.zeros(0)
     if dedupe:
         key = compute_key(cands) if key is None else key
-        _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        per = class_seconds(model, cands.iloc[first], cluster, bandwidth, utilization)
-        sec = {c: {k: v[inv.reshape(-1)] for k, v in d.items()} for c, d in per.items()}
+        inv = pd.factorize(key)[0]  # hashed (the stage seconds are element-wise: any order of the keys)
+        per = class_seconds(model, cands.iloc[step.first_rows(inv)], cluster, bandwidth, utilization)
+        sec = {c: {k: v[inv] for k, v in d.items()} for c, d in per.items()}
     else:
         sec = class_seconds(model, cands, cluster, bandwidth, utilization)
     pp = cands["pp"].to_numpy(np.int64)

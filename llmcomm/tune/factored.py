@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import rules
+from .. import rules, step
 from ..parallel_table import ParallelTable
 
 
@@ -67,8 +67,8 @@ def _key(table: ParallelTable, names: Sequence[str], cache: dict[str, np.ndarray
         codes = cache[c]
         code = code * (int(codes.max()) + 1 if n else 1) + codes
         code = pd.factorize(code)[0].astype(np.int64)  # keep it small
-    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
-    return inv.reshape(-1), first
+    # factorize's codes, in order of first appearance (zeros without names): np.unique's inverse as they are
+    return code, step.first_rows(code)
 
 
 def _combine(left: ParallelTable, li: np.ndarray, right: ParallelTable, ri: np.ndarray,

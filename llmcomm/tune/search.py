@@ -68,6 +68,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .. import step
 from ..bounds import check_tune_candidates, check_tune_gpus
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
@@ -537,9 +538,9 @@ def _tp_spans_nodes(cands: pd.DataFrame, cluster: Cluster) -> np.ndarray:
     if not len(cands):
         return np.zeros(0, bool)
     code = row_codes(cands, [c for c in ("tp", "cp", "dp", "pp", "ep", "etp") if c in cands])
-    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    first = step.first_rows(code)  # row_codes numbers rows in order of first appearance: code is the inverse
     reps = cands.iloc[first].reset_index(drop=True).assign(tp_comm_overlap=True)
-    return userbuffers_unavailable(ParallelTable.from_frame(reps), cluster.gpus_per_node)[inv.reshape(-1)]
+    return userbuffers_unavailable(ParallelTable.from_frame(reps), cluster.gpus_per_node)[code]
 
 
 def _memory_once_per_cp_comm_type(model: ModelSpec, cands: pd.DataFrame, memory_table: Any) -> pd.DataFrame:

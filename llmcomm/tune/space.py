@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import rules
+from .. import rules, step
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
 from ..specs import ModelSpec, ParallelConfig
@@ -573,7 +573,7 @@ def _flag_masks(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> li
     code = np.zeros(n, np.int64)
     for v in fixed.values():
         code = pd.factorize(code * (n + 1) + pd.factorize(v)[0])[0].astype(np.int64)
-    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    inv, first = code, step.first_rows(code)  # factorize's codes: np.unique's inverse as they are
     k = len(first)
     distinct = {c: v[first] for c, v in fixed.items()}
     return [(combo, _flag_ok(model, k, **distinct, **{c: np.full(k, v) for c, v in combo.items()})[inv.reshape(-1)])
