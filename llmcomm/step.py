@@ -352,7 +352,127 @@ def class_stages(cls: str, pp: int) -> list[int]:
 
 @lru_cache(maxsize=4096)
 def _placement(parallel: ParallelConfig, gpus_per_node: int) -> dict[str, dict[str, tuple[int, int]]]:
+    """:func:`ranks_per_node` of every class, exactly as a whole-world :class:`~llmcomm.layout.Layout` gives it, but
+    computed on the reduced world of :func:`_reduced_placement_shape` when there is one (then only the group sizes
+    come from ``parallel``), so its cost is bounded by a few nodes' worth of ranks rather than the world."""
     from .layout import Layout  # layout imports specs only; imported here to keep this module light
+
+    small = _reduced_placement_shape(parallel, gpus_per_node)
+    if small is None:
+        return _placement_full(parallel, gpus_per_node)
+    lay = Layout(parallel, gpus_per_node)
+    p = parallel
+    sizes = {"tp": p.tp, "dp": p.dp, "pp": p.pp, "ep": p.ep, "edp": lay.size("edp"), "tpep": p.expert_tp * p.ep,
+             "mp": p.tp * p.pp, "world": p.world_size, "emb": 2 if p.pp > 1 else 1,
+             "tpeppp": p.expert_tp * p.ep * p.pp, "cp": p.cp, "dpcp": p.cp * p.dp, "tpcp": p.tp * p.cp,
+             "etp": p.expert_tp, "p2p": 2}
+    return {cls: {kind: (sizes[kind], k) for kind, (_, k) in d.items()}
+            for cls, d in _placement_full(small, gpus_per_node).items()}
+
+
+@lru_cache(maxsize=1024)
+def _divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n`` in increasing order (trial division up to ``sqrt(n)``)."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
+
+
+def _inner_axes(axes: list[tuple[str, int]], block: int) -> tuple[tuple[str, int, int], ...] | None:
+    """The part of a mixed-radix rank grid (``axes``: ``(name, size)`` fastest first, stride = product of the
+    sizes before) below rank ``block``, as ``(name, size, stride)`` sub-axes, or ``None`` when ``block`` is not a
+    boundary of the grid (not ``stride · u`` with ``u`` dividing the size of the axis it falls in)."""
+    out: list[tuple[str, int, int]] = []
+    stride = 1
+    for name, n in axes:
+        if n == 1:
+            continue
+        if block >= stride * n:
+            out.append((name, n, stride))
+            stride *= n
+            continue
+        if block % stride or n % (block // stride):
+            return None
+        if block // stride > 1:
+            out.append((name, block // stride, stride))
+        break
+    return tuple(out)
+
+
+def _placement_grids(parallel: ParallelConfig) -> list[list[tuple[str, int]]] | None:
+    """The mixed-radix rank grids (``(name, size)`` fastest first) whose boxes are all of :data:`PLACED_KINDS`'
+    groups in :class:`~llmcomm.layout.Layout`: the order's grid (``tp, cp, dp, pp``, and ``emb`` on the ``pp``
+    axis), the expert grid (``etp, ep, edp, pp``: ``tpep``, ``tpeppp``, and ``etp, ep, edp`` when ``etp ≠ tp``) and,
+    when ``etp = tp``, the order's grid with its (adjacent) data axes read as ``ep`` (fastest) × ``edp``; ``None``
+    when the data axes ``cp`` and ``dp`` (both > 1, ``ep > 1``) are not adjacent (an EP group is then no box)."""
+    from .layout import Layout
+
+    lay = Layout(parallel)
+    main = [(d, lay.size(d)) for d in lay.order]
+    grids = [main, list(lay._expert_dims)]
+    if parallel.expert_tp == parallel.tp and parallel.ep > 1:
+        big = [(d, n) for d, n in main if n > 1]
+        at = [i for i, (d, _) in enumerate(big) if d in ("cp", "dp")]
+        if not at or at[-1] - at[0] != len(at) - 1:
+            return None
+        data = parallel.cp * parallel.dp
+        grids.append(big[:at[0]] + [("ep", parallel.ep), ("edp", data // parallel.ep)] + big[at[-1] + 1:])
+    return grids
+
+
+def _reduced_placement_shape(parallel: ParallelConfig, gpus_per_node: int) -> ParallelConfig | None:
+    """A small shape with the same ranks per node (and ``p2p``) as ``parallel`` for every kind and class, or
+    ``None`` when there is none smaller than the world.
+
+    Exact reduction: take a block of ``B`` ranks, ``B`` a multiple of ``gpus_per_node``, that is a boundary of every
+    grid of :func:`_placement_grids` (each grid's axes below ``B`` are whole axes plus a fastest sub-axis of the
+    axis ``B`` falls in) and that the order's ``pp`` axis does not straddle. Every rank is ``r = a + B·b`` with
+    ``a < B``; every group is (a box of ``a``) × (a box of ``b``), and ``B·b`` moves ranks by whole nodes, so a
+    group spans (nodes of its ``a`` part) × (its ``b`` box size) nodes and holds (its ``a`` size) × (that size)
+    ranks: ranks per node, ``ceil(size / nodes)``, depends only on the grids' parts below ``B``. With ``pp``
+    below ``B`` the stage classes are sets of ``a``; with ``pp`` above, a class meets every ``a`` and
+    pipeline neighbours always sit on different nodes. So the shape keeping each order dimension's part below
+    ``B`` (and ``min(pp, 2)`` stages when ``pp`` lies above) has the same ranks per node, checked by requiring its
+    grids' parts below ``B`` to equal ``parallel``'s."""
+    world = parallel.world_size
+    grids = _placement_grids(parallel)
+    if grids is None:
+        return None
+    main = grids[0]
+    blocks: set[int] = set()
+    stride = 1
+    for _, n in main:
+        blocks.update(stride * u for u in _divisors(n) if (stride * u) % gpus_per_node == 0)
+        stride *= n
+    for block in sorted(b for b in blocks if b < world):
+        inner = [_inner_axes(g, block) for g in grids]
+        if any(x is None for x in inner):
+            continue
+        keep = {d: n for d, n, _ in inner[0]}  # type: ignore[union-attr]
+        pp_in = keep.get("pp", 1)
+        if pp_in not in (1, parallel.pp):  # pp straddles the block
+            continue
+        pp = parallel.pp if pp_in > 1 else min(parallel.pp, 2)
+        if block * (pp if pp_in == 1 else 1) >= world:
+            continue
+        tp, cp, dp = keep.get("tp", 1), keep.get("cp", 1), keep.get("dp", 1)
+        own = parallel.expert_tp != parallel.tp  # expert layers on a grid of their own: the small shape too
+        if own and parallel.expert_tp == tp:
+            continue
+        if (tp * cp * dp) % ((parallel.expert_tp if own else tp) * parallel.ep) or (cp * dp) % parallel.ep:
+            continue
+        small = ParallelConfig(tp=tp, cp=cp, dp=dp, pp=pp, ep=parallel.ep, etp=parallel.expert_tp if own else None,
+                               order=parallel.order, global_batch=dp)
+        small_grids = _placement_grids(small)
+        if small_grids is None or len(small_grids) != len(grids):
+            continue
+        if all(_inner_axes(g, block) == x for g, x in zip(small_grids, inner, strict=True)):
+            return small
+    return None
+
+
+def _placement_full(parallel: ParallelConfig, gpus_per_node: int) -> dict[str, dict[str, tuple[int, int]]]:
+    """:func:`_placement` from the whole-world :class:`~llmcomm.layout.Layout` (every group's node span)."""
+    from .layout import Layout
 
     lay = Layout(parallel, gpus_per_node)
     stage = lay.coords["pp"].to_numpy()
