@@ -380,6 +380,28 @@ def test_bad_input_says_what_would_work(args, rule) -> None:  # noqa: ANN001
         tune(args[0], args[1], A100, args[2])
 
 
+def test_does_not_fit_hint_stays_within_the_tuners_gpu_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "does not fit" error's search for a GPU count that would work never goes past MAX_TUNE_GPUS (it
+    tried up to 256x the GPUs asked for, so near the bound it enumerated spaces the tuner itself refuses)."""
+    from llmcomm import bounds
+
+    monkeypatch.setattr(bounds, "MAX_TUNE_GPUS", 32)
+    with pytest.raises(lc.ConfigError, match="does not fit on 32 GPUs either \\(the most the tuner enumerates is 32\\)"):
+        tune("gpt3-175b", 8, A100, 1536)
+    monkeypatch.setattr(bounds, "MAX_TUNE_GPUS", 8)
+    with pytest.raises(lc.ConfigError, match="no larger GPU count is searched: 16 is above the 8"):
+        tune("gpt3-175b", 8, A100, 1536)
+
+
+def test_expert_dimensions_on_a_dense_model_are_refused() -> None:
+    """``etp=1`` (or an ``ep`` above 1) on a model without experts was accepted and silently ignored."""
+    with pytest.raises(lc.ConfigError, match="gpt3-13b, which has no experts"):
+        tune("gpt3-13b", 64, A100, 512, space={"etp": (1,)})
+    with pytest.raises(lc.ConfigError, match="apply to MoE models only"):
+        tune("gpt3-13b", 64, A100, 512, space={"ep": (2,)})
+    assert len(tune("gpt3-13b", 64, A100, 512, space={"ep": (1,), "tp": (8,)}).table)
+
+
 def test_cli() -> None:
     r = subprocess.run([sys.executable, "-m", "llmcomm", "tune", "gpt3-13b", "--gpus", "64", "--cluster",
                         "a100-80g-hdr200", "--global-batch", "512", "--top", "3", "--tp", "2,4,8"],

@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import step
+from .. import bounds, step
 from ..bounds import check_tune_candidates, check_tune_gpus
 from ..errors import ConfigError
 from ..parallel_table import ParallelTable
@@ -388,13 +388,23 @@ def _does_not_fit_error(model: ModelSpec, gpus: int, cluster: Cluster, global_ba
 
     budget = memory_fraction * cluster.gpu_memory_bytes
     fits_at = None
-    for factor in (2, 4, 8, 16, 32, 64, 128, 256):
-        cands = enumerate_base(model, gpus * factor, global_batch, seq_len, space)
+    # the hint's search is bounded like the tuner itself (llmcomm.bounds.MAX_TUNE_GPUS): up to 256x the GPUs asked
+    # for, never past the bound (2x of a count near it would enumerate a space the tuner refuses)
+    tried = [gpus * f for f in (2, 4, 8, 16, 32, 64, 128, 256) if gpus * f <= bounds.MAX_TUNE_GPUS]
+    for n in tried:
+        cands = enumerate_base(model, n, global_batch, seq_len, space)
         if len(cands) and (memory_table(model, cands)["total_bytes"] <= budget).any():
-            fits_at = gpus * factor
+            fits_at = n
             break
-    hint = (f"; with global batch {global_batch} the smallest power-of-two multiple of {gpus} GPUs on which a "
-            f"configuration fits is {fits_at}" if fits_at else f"; it does not fit on {gpus * 256} GPUs either")
+    if fits_at:
+        hint = (f"; with global batch {global_batch} the smallest power-of-two multiple of {gpus} GPUs on which a "
+                f"configuration fits is {fits_at}")
+    elif tried:
+        hint = f"; it does not fit on {tried[-1]} GPUs either" + (
+            f" (the most the tuner enumerates is {bounds.MAX_TUNE_GPUS:,})" if tried[-1] < gpus * 256 else "")
+    else:
+        hint = (f"; no larger GPU count is searched: {2 * gpus:,} is above the {bounds.MAX_TUNE_GPUS:,} the tuner"
+                " enumerates")
     return ConfigError(
         f"{model.name} does not fit on {gpus} {cluster.gpu} GPUs: the least memory any configuration needs is "
         f"{least / 1e9:.1f} GB per GPU, above {memory_fraction:.0%} of {cluster.gpu_memory_bytes / 1e9:.0f} GB"
@@ -427,6 +437,9 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
         raise ConfigError(f"cluster {cluster.name} holds {cluster.num_gpus} GPUs, fewer than gpus={gpus}")
     space = space if isinstance(space, SearchSpace) else SearchSpace.from_dict(space)
     space = space.for_cluster(cluster)
+    if not model.is_moe and (space.etp is not None or any(e != 1 for e in space.ep or ())):
+        raise ConfigError(f"space: ep={space.ep!r}, etp={space.etp!r} on {model.name}, which has no experts: expert "
+                          "parallelism and expert TP apply to MoE models only (leave ep and etp unset)")
     if not cluster.peak_fp8_flops and any(v is not None for v in space.fp8 or ()):
         raise ConfigError(f"space: fp8={space.fp8!r} on {cluster.name}, whose GPU ({cluster.gpu}) states no FP8 "
                           "peak (peak_fp8_flops): only fp8=None (BF16) can run there")
