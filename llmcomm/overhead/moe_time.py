@@ -38,6 +38,21 @@ token counts, ``_maybe_dtoh_and_synchronize``) are not modelled: no measured per
 shared data to count them with, and the utilization fit's per-pass launch floor divided by a kernel count
 gives an implausible ~78 µs per kernel. GPT-OSS 120B's H100 recipe runs without CUDA graphs; its experts'
 activation clamps and YaRN's unfused RoPE are counted as bytes in :mod:`llmcomm.overhead.eager_ops`.
+
+Where the host waits (``token_dispatcher.py`` at ``d98e8a6``): the alltoall dispatcher copies the token counts
+to the host on a side stream and blocks the host on that copy once per MoE layer forward (``_maybe_dtoh_and_
+synchronize``, :921-958) — before the EP all-to-all where ``ep·tp > 1`` (:596, :702-704), before returning
+otherwise (:605) — in dropless mode only: with ``moe_pad_expert_input_to_capacity`` (drop-and-pad, the 25.09
+"tokendrop" rows) the counts are the static capacity (:517-540) and nothing is copied or waited for (:927).
+CUDA graphs over ``moe_preprocess`` move the copy (:466-470), not the wait. Pipeline exchanges with
+``batch_p2p_comm`` (Megatron's default, ``model_parallel_config.py:390-398``; Megatron-Bridge keeps it wherever no
+virtual pipeline overlaps P2P, ``comm_overlap.py:459-460`` at ``17a381f``: GPT-OSS's pp 4) end in a full
+``torch.cuda.synchronize()`` (``pipeline_parallel/p2p_communication.py:420-424``). After either, the GPU's
+queue is empty and the host's time to issue what follows is exposed where it exceeds the GPU's. The
+formulation's ``max(launch floor, work)`` per layer pass already lets no pass run ahead into another, so the
+waits add nothing to it as it stands; what it lacks is the MoE layer pass's own host time (the floor is a dense
+A100 layer's; scaled by GEMM launches per pass — ``4 + 2·E/ep`` here against the calibration's 6 — it binds on
+no NeMo row).
 """
 
 from __future__ import annotations
