@@ -103,7 +103,7 @@ def _codes(values: np.ndarray, table: Mapping[str, Any], field: str) -> np.ndarr
         return np.full(len(values), table[u])
     codes, uniq = pd.factorize(values)  # hashed, no sort (a Categorical sorts its categories)
     bad = sorted(str(u) for u in uniq if str(u) not in table)
-    if bad or (codes < 0).any():
+    if bad or np.count_nonzero(codes < 0):
         raise ConfigError(f"candidates: column {field!r} holds values outside {sorted(table)}: {bad or ['NaN']}")
     lut = np.array([table[str(u)] for u in uniq])
     return lut[codes]
@@ -248,13 +248,13 @@ class ParallelTable:
         """``ParallelConfig.__post_init__``'s defaults, vectorized: ``global_batch`` unset -> ``micro_batch·dp``;
         ``vpp > 1`` with ``1f1b`` -> ``interleaved``; ``seq_len`` unset -> the model's."""
         gb = cols["global_batch"]
-        if (gb < 0).any():
+        if np.count_nonzero(gb < 0):
             cols["global_batch"] = np.where(gb < 0, cols["micro_batch"] * cols["dp"], gb)
         sched = cols["schedule"]
         to_inter = (cols["vpp"] > 1) & (sched == "1f1b")
-        if to_inter.any():
+        if np.count_nonzero(to_inter):
             cols["schedule"] = np.where(to_inter, "interleaved", sched).astype(object)
-        if model is not None and (cols["seq_len"] < 0).any():
+        if model is not None and np.count_nonzero(cols["seq_len"] < 0):
             cols["seq_len"] = np.where(cols["seq_len"] < 0, model.seq_length, cols["seq_len"])
         return cls(cols)
 
@@ -311,7 +311,7 @@ class ParallelTable:
         return np.where(g < 0, self.pp, g)
 
     def sequence_length(self, model: ModelSpec | None = None) -> np.ndarray:
-        if (self.seq_len < 0).any():
+        if np.count_nonzero(self.seq_len < 0):
             if model is None:
                 raise ConfigError("seq_len is unset and no model was given to take seq_length from")
             return np.where(self.seq_len < 0, model.seq_length, self.seq_len)
@@ -331,3 +331,14 @@ class ParallelTable:
     def recompute_code(self) -> np.ndarray:
         """:data:`llmcomm.vocab.RECOMPUTE_CODE` of each row (none 0 < selective 1 < full 2)."""
         return _codes(self.recompute, RECOMPUTE_CODE, "recompute").astype(np.int64)
+
+
+def _column(name: str) -> property:
+    """``table.<name>``: the column ``name`` (read through ``columns`` at each access, so a column replaced in
+    ``columns`` is the one read)."""
+    return property(lambda self: self.columns[name], doc=f"The {name!r} column.")
+
+
+for _f in FIELDS:  # a property per field: found on the class, without the failed instance lookup __getattr__ follows
+    setattr(ParallelTable, _f, _column(_f))
+del _f

@@ -140,7 +140,7 @@ def rate(kind: str, d: np.ndarray, s: np.ndarray, causal: bool = True, flash: An
     ``flash`` (a bool or a per-row mask: ``attention_backend="flash"``) FlashAttention-2's."""
     cu = _rate(kind, d, s, causal, CUDNN_H100)
     fl = np.asarray(flash, dtype=bool)
-    if not fl.any():
+    if not np.count_nonzero(fl):
         return cu
     return np.where(fl, _rate(kind, d, s, causal, FA2_H100), cu)
 

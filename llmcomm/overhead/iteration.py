@@ -205,7 +205,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["act_is_fp16"] = (t.act_dtype == "fp16").astype(np.int64)
     c["recompute"] = t.recompute_code
     meth = np.asarray(t.recompute_method, dtype=object)
-    if (meth == "block").any():  # --recompute-method block: only the first N layers of each chunk (stages())
+    if np.count_nonzero(meth == "block"):  # --recompute-method block: only the first N layers of each chunk (stages())
         c["rblock"] = meth == "block"
         c["rblock_n"] = np.where(c["rblock"], np.asarray(t.recompute_num_layers, np.int64), -1)
     c["fused_attention"] = t.fused_attention
@@ -236,7 +236,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     for kind, (_, per_node) in step.placement(t, gpus_per_node).items():
         c["k_" + kind] = per_node  # k_<kind>@<class>: ranks per node of the class's groups (for_class picks them)
     cross = _tp_spans_nodes(c["tp_comm_overlap"], c["k_tp@first"], t.tp)
-    if cross.any():
+    if np.count_nonzero(cross):
         i = int(np.flatnonzero(cross)[0])
         raise ConfigError(f"tp_comm_overlap with tp={int(t.tp[i])} on nodes of {gpus_per_node} GPUs: the TP group "
                           f"spans nodes (rule tp-comm-overlap-intra-node: {USERBUFFERS_RULE})")
@@ -270,7 +270,7 @@ def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
 _DTYPE_SHAPE = operator.attrgetter("dtype", "shape")
 _CLASS_KEYS: dict[tuple[str, ...], list[tuple[str, tuple[str, str, str]]]] = {}
 # stack_classes' split of the keys into 2-D blocks, per key set, row count, dtypes and shapes
-_BLOCKS: dict[tuple[Any, ...], tuple[dict[Any, list[tuple[str, tuple[str, str, str]]]],
+_BLOCKS: dict[tuple[Any, ...], tuple[dict[Any, tuple[list[str], list[str]]],
                                      list[tuple[str, tuple[str, str, str]]]]] = {}
 
 
@@ -303,12 +303,13 @@ def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                 alone.append((k, trio))
         if len(_BLOCKS) > 256:
             _BLOCKS.clear()
-        split = _BLOCKS[sig] = (blocks, alone)
+        split = _BLOCKS[sig] = ({dt: ([k for k, _ in items], [a for _, trio in items for a in trio])
+                                 for dt, items in blocks.items()}, alone)
     groups, alone = split
     out: dict[str, np.ndarray] = {k: np.concatenate([c[a] for a in trio]) for k, trio in alone}
-    for items in groups.values():
-        block = np.concatenate([np.array([c[trio[i]] for _, trio in items]) for i in range(3)], axis=1)
-        out.update({k: block[j] for j, (k, _) in enumerate(items)})
+    for names, sources in groups.values():  # key j's three classes side by side: row j of a (keys, 3n) block
+        block = np.concatenate(operator.itemgetter(*sources)(c)).reshape(len(names), 3 * n)
+        out.update(zip(names, block, strict=True))
     return {k: out[k] for k, _ in plan}
 
 
@@ -596,7 +597,7 @@ def _cp_items(model: ModelSpec, c: dict[str, np.ndarray], tokens: np.ndarray, la
     recomputation, the checkpointed ones under ``recompute_method="block"``), each ring send with its receive,
     on the CP group as the layout places it."""
     cp, tp = c["cp"], c["tp"]
-    if not np.any(cp > 1):
+    if not np.count_nonzero(cp > 1):
         return []
     k_cp = c["k_cp"]
     ring = cp_time.ring_ranks_per_node(cp, k_cp)
@@ -744,7 +745,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     tpf = tp.astype(np.float64)
     f8 = c["fp8"]
     lin_peak = np.full(len(tp), peak)
-    if f8.any():
+    if np.count_nonzero(f8):
         if not peak_fp8:
             raise ConfigError("fp8 is set but the cluster states no peak_fp8_flops (no FP8 tensor cores, e.g. "
                               "A100, or not in the cluster file)")
@@ -760,12 +761,12 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     rmods = {k: c.get("rm_" + k, np.zeros(len(tp), bool)) for k in ("mlp", "moe", "shared_experts", "layernorm",
                                                                       "moe_act")}
     delayed = f8 & ~c["fp8_tensorwise"]  # fp8_recipe 'delayed' (TE DelayedScaling): fp8_casts
-    need = gemm_model is not None or c["tp_comm_overlap"].any() or delayed.any() or c["sp"].any() or any(
-        rmods[k].any() for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
+    need = gemm_model is not None or np.count_nonzero(c["tp_comm_overlap"]) or np.count_nonzero(delayed) or np.count_nonzero(c["sp"]) or any(
+        np.count_nonzero(rmods[k]) for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     xb = {}  # the fused attention core's backward beyond 2·forward, per layer (attention_time; measured GPUs)
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
-        if fz.any():  # the fused core at cuDNN's measured rate (flash: FlashAttention-2's), windows (attention_time)
+        if np.count_nonzero(fz):  # the fused core at cuDNN's measured rate (flash: FlashAttention-2's), windows (attention_time)
             share = attention_time.windowed_share(model.num_layers, model.window_size, model.window_attn_skip_freq)
             for key, C in (("Bd", Cd), ("Bm", Cm)):
                 t_f, t_b = attention_time.core_seconds(C[:, U.I["gemm"]] * peak, d, s, c["seq_len"],
@@ -774,7 +775,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
                 B = np.zeros_like(C)
                 B[:, U.I["gemm"]] = np.where(fz, t_b - 2.0 * t_f, 0.0)
                 xb[key] = B
-        if (~fz).any():  # unfused: Q·Kᵀ (s×s×d) and scores·V (s×d×s), b·a/tp batched GEMMs, by the measured model
+        if np.count_nonzero(~fz):  # unfused: Q·Kᵀ (s×s×d) and scores·V (s×d×s), b·a/tp batched GEMMs, by the measured model
             bh = (b * a // tp).astype(np.int64)
             sq = s.astype(np.int64)
             t_un = gemm_model.time(sq, sq, d, bh, "bf16") + gemm_model.time(sq, d, sq, bh, "bf16")
@@ -785,10 +786,10 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
             if name.startswith("expert_"):  # TE's grouped linear: one GEMM per local expert (moe_time)
                 t16 = moe_time.grouped_gemm_seconds(gemm_model, m_, n_, k_, bt, "bf16")
                 sec[name] = np.where(f8, moe_time.grouped_gemm_seconds(
-                    gemm_model, moe_time.padded_rows(m_, f8), n_, k_, bt, "fp8"), t16) if f8.any() else t16
+                    gemm_model, moe_time.padded_rows(m_, f8), n_, k_, bt, "fp8"), t16) if np.count_nonzero(f8) else t16
                 continue
             t16 = gemm_model.time(m_, n_, k_, bt, "bf16")
-            sec[name] = np.where(f8, gemm_model.time(m_, n_, k_, bt, "fp8"), t16) if f8.any() else t16
+            sec[name] = np.where(f8, gemm_model.time(m_, n_, k_, bt, "fp8"), t16) if np.count_nonzero(f8) else t16
         dense = sec["qkv"] + sec["proj"] + sec["fc1"] + sec["fc2"]
         Ld[:, U.I["gemm"]] = Cd[:, U.I["gemm"]] + dense
         if model.is_moe:
@@ -797,7 +798,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
             Lm[:, U.I["gemm"]] = Cm[:, U.I["gemm"]] + moe
     else:
         sec = {name: 2.0 * m_ * n_ * k_ * bt / lin_peak for name, (m_, n_, k_, bt) in shapes.items()}
-    if delayed.any():  # the casts and transposes per GEMM operand (fp8_casts), backward beyond 2·forward in Bd/Bm
+    if np.count_nonzero(delayed):  # the casts and transposes per GEMM operand (fp8_casts), backward beyond 2·forward in Bd/Bm
         _delayed_casts(model, c, shapes, delayed, Ld, Lm, xb, hbm)
     z = np.zeros(len(tp))
     moe_work = (z, z)  # the MoE layer's router seconds and extra bytes, for the layer pass and recompute "moe"
@@ -811,7 +812,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
     vp = model.padded_vocab_size(tp)
     out_x = U.output_features(b, s, tp, h, vp, peak, hbm)
-    if gemm_model is not None and holds_last.any():  # the logits GEMM (BF16: not a TE module) by the measured model
+    if gemm_model is not None and np.count_nonzero(holds_last):  # the logits GEMM (BF16: not a TE module) by the measured model
         out_x[:, U.I["gemm"]] = gemm_model.time(T.astype(np.int64), vp // tp, h * np.ones_like(tp), 1, "bf16")
     E = holds_first[:, None] * U.embedding_features(b, s, h, hbm) + holds_last[:, None] * out_x
     core = c.get("rm_core_attn", c["recompute"] == 1)  # selective recomputation of the attention core
@@ -1050,7 +1051,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         items = [(calls[j], live_rows[j]) for j in keep]
     else:
         items = [(it, it.count > 0) for it in calls]
-        items = [(it, live) for it, live in items if live.any()]
+        items = [(it, live) for it, live in items if np.count_nonzero(live)]
     times, xs = _batched_times(bandwidth, items) if small else (None, None)
     fast = isinstance(bandwidth, _Timer) and bandwidth.fast
     factors: dict[tuple[str, int], np.ndarray] = {}  # bus_factor per op and group-size array (items share them)
@@ -1304,9 +1305,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
             fwd, bwd, rec = class_times(r["q"], util)
         tp_s = r["tp"]
         th = util.coef[U.I["gemm"]] / util.scale
-        if (r["ub_b"] > 0).any():  # SP without userbuffers: the column-parallel backward's async collectives
+        if np.count_nonzero(r["ub_b"] > 0):  # SP without userbuffers: the column-parallel backward's async collectives
             tp_s = _overlap.sp_backward_exposed(r["tp"], r["ub_b"], th * r["q"]["Gag"], r["q"]["full"])
-        if tpo.any():
+        if np.count_nonzero(tpo):
             q_ = r["q"]
             ex = tp_overlap_exposed(r["tp"], r["ub_ag_f"], r["ub_rs_f"], r["ub_b"], th * q_["Gag"], th * q_["Grs"],
                                     r["tp_size"], q_["full"])
@@ -1316,10 +1317,10 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
         q["cp"] = (cp_time.exposed(r["cp_calls"], st.cp, util.work(r["q"]["Cd"]))
                    if r["cp_calls"] and st.cp is not None else np.zeros(n))
         _overlap.pipeline_and_moe(st, cls, r, q, util.layer_pass)  # overlap_p2p_comm, moe_a2a_overlap
-        if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
+        if np.count_nonzero(split_ag):  # the parameter all-gather follows the optimizer step: never under the backward
             q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
         q["fsdp"], q["fsdp_total"] = np.zeros(n), np.zeros(n)
-        if st.fsdp is not None and st.fsdp.any():  # FSDP per unit under prefetch (llmcomm.overhead.fsdp_time)
+        if st.fsdp is not None and np.count_nonzero(st.fsdp):  # FSDP per unit under prefetch (llmcomm.overhead.fsdp_time)
             from . import fsdp_time
 
             q["fsdp"] = fsdp_time.exposed(r, *layer_times(r["q"], util), v)
@@ -1346,10 +1347,10 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"] + last["cp"]
     dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
     dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
-    if np.any(ogr):  # Megatron's buckets and schedule: llmcomm.overhead.overlap.grad_reduce_exposed
+    if np.count_nonzero(ogr):  # Megatron's buckets and schedule: llmcomm.overhead.overlap.grad_reduce_exposed
         dp_exposed = np.where(ogr, _overlap.stage_grad_reduce(st, per, has_mid, has_last), dp_exposed)
     ag = np.zeros(n)
-    if split_ag.any():  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
+    if np.count_nonzero(split_ag):  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
         cl = st.cls
         ag = np.maximum(cl["first"]["dp_ag"], np.maximum(np.where(has_last, cl["last"]["dp_ag"], 0.0),
                                                          np.where(has_mid, cl["mid"]["dp_ag"], 0.0)))

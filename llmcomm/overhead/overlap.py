@@ -327,11 +327,11 @@ def pipeline_and_moe(st: Stages, cls: str, r: dict[str, Any], q: dict[str, np.nd
     (:func:`p2p_exposed`, :func:`a2a_pair_exposed`); ``st``, ``r``, ``q``: :func:`llmcomm.overhead.iteration.combine`'s
     stages, the class's raw and its timed terms."""
     v = st.vpp
-    if st.overlap_p2p_comm is not None and st.overlap_p2p_comm.any():
+    if st.overlap_p2p_comm is not None and np.count_nonzero(st.overlap_p2p_comm):
         on = st.overlap_p2p_comm & (v > 1)  # Megatron turns it off without interleaving (arguments.py:1005-1012)
         ex = p2p_exposed(r["pp_nf"], r["pp_sf"], r["pp_nb"], r["pp_sb"], q["fwd"] / v, (q["bwd"] + q["rec"]) / v)
         q["pp"] = np.where(on, ex, q["pp"])
-    if st.moe_a2a_overlap is not None and st.moe_a2a_overlap.any() and st.mlp_share is not None:
+    if st.moe_a2a_overlap is not None and np.count_nonzero(st.moe_a2a_overlap) and st.mlp_share is not None:
         nm = r["q"]["nm"]
         rank: np.ndarray | int = st.pp - 1 if cls == "last" else (1 if cls == "mid" else 0)
         group = st.vp_last_group if st.vp_last_group is not None else st.pp
