@@ -234,12 +234,13 @@ def grad_reduce_exposed(d_edge: np.ndarray, d_plain: np.ndarray, edge_chunk: np.
     vmax = int(np.max(v)) if np.size(v) else 1
     align = np.asarray(align, dtype=bool)
     later = np.full(np.shape(v), -np.inf)  # when the queue of chunks v−1 … 1 is done
-    acc = np.zeros(np.shape(v))
-    for c in range(1, vmax):
+    if vmax > 1:  # chunks c = 1 … vmax−1 as the rows of one array (each row's own chunks live: c < v)
+        c = np.arange(1, vmax)[:, None]
         live = c < v
-        acc = acc + np.where(live, np.where(np.equal(edge_chunk, c), d_edge, d_plain), 0.0)
+        # Σ_{1 ≤ j ≤ c} d_j, summed in the order j = 1, 2, … (add.accumulate is sequential)
+        acc = np.add.accumulate(np.where(live, np.where(np.equal(edge_chunk, c), d_edge, d_plain), 0.0), axis=0)
         launch = np.where(align, -np.maximum(c * L * b, lead), -(c * L * b + lead))
-        later = np.where(live, np.maximum(later, launch + acc), later)
+        later = np.maximum(later, np.max(np.where(live, launch + acc, -np.inf), axis=0).reshape(np.shape(later)))
     d0 = np.where(np.equal(edge_chunk, 0), d_edge, d_plain)
     finish = np.maximum(later, -np.asarray(lead)) + d0  # chunk 0: after the stage's last backward
     if first and bucketed0 is not None:  # its buckets under that backward (1F1B, or not aligned)
