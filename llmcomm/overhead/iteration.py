@@ -768,9 +768,10 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
         if np.count_nonzero(fz):  # the fused core at cuDNN's measured rate (flash: FlashAttention-2's), windows (attention_time)
             share = attention_time.windowed_share(model.num_layers, model.window_size, model.window_attn_skip_freq)
-            for key, C in (("Bd", Cd), ("Bm", Cm)):
-                t_f, t_b = attention_time.core_seconds(C[:, U.I["gemm"]] * peak, d, s, c["seq_len"],
-                                                       model.window_size, share, c["flash_attention"])
+            # the dense and the MoE layer's cores as the two rows of one call (element-wise: each row as alone)
+            tf2, tb2 = attention_time.core_seconds(np.stack([Cd[:, U.I["gemm"]], Cm[:, U.I["gemm"]]]) * peak, d, s,
+                                                   c["seq_len"], model.window_size, share, c["flash_attention"])
+            for key, C, t_f, t_b in (("Bd", Cd, tf2[0], tb2[0]), ("Bm", Cm, tf2[1], tb2[1])):
                 C[:, U.I["gemm"]] = np.where(fz, t_f, C[:, U.I["gemm"]])
                 B = np.zeros_like(C)
                 B[:, U.I["gemm"]] = np.where(fz, t_b - 2.0 * t_f, 0.0)
@@ -1402,6 +1403,8 @@ class _Timer:
         self.sorted: dict[tuple[int, int], tuple[Any, Any, np.ndarray, list[int]]] = {}  # _sorted
         self.tables: dict[tuple[str, int, int], tuple[Any, Any, Any]] = {}  # _regime_rows
         self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
+        self.prepared: dict[tuple[str, int, int], tuple[Any, Any, Any, float]] = {}  # _prepared
+        self.padded: dict[tuple[str, int, int, int], tuple[list[float], ...]] = {}  # _padded
 
     def calls(self, items: list[tuple[CommItem, list[bool]]]
               ) -> dict[tuple[str, int, int, float], tuple[float, float]]:
@@ -1430,18 +1433,61 @@ class _Timer:
             for key in row:
                 if key is not None and key not in memo:
                     todo.setdefault(key[:3], {})[key[3]] = None
-        for (op, nn, kk), nbs in todo.items():
-            nbytes = list(nbs)
-            x = bus_factor(op, np.full(len(nbytes), nn)) * np.asarray(nbytes, dtype=np.float64)
-            if nn == 1:
-                tt = np.zeros(len(nbytes))
-            else:
-                reg = self.cache.get((op, nn, kk))
-                if reg is None:
-                    reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
-                tt = eval_pieces(x, *reg)[0]
-            memo.update({(op, nn, kk, b): (t, xb) for b, t, xb in zip(nbytes, tt.tolist(), x.tolist(), strict=True)})
+        if not todo:
+            return memo
+        # the new calls of every (op, group size, ranks per node) at once: each row with its group's bus factor and
+        # regime (padded to the widest one: a lower end +∞ no bus byte count reaches; a group of one rank α = β = 0
+        # and floor −∞, i.e. 0 s), evaluated as eval_pieces does, element by element
+        groups = list(todo.items())
+        regs = [self._prepared(op, nn, kk) for (op, nn, kk), _ in groups]
+        width = max(len(r[0]) for r in regs)
+        tables = [self._padded(key, reg, width) for (key, _), reg in zip(groups, regs, strict=True)]
+        counts = [len(nbs) for _, nbs in groups]
+        nbytes = [b for _, nbs in groups for b in nbs]
+        gid = np.repeat(np.arange(len(groups)), counts)
+        x = np.repeat(np.array([r[3] for r in regs]), counts) * np.asarray(nbytes, dtype=np.float64)
+        lo, alpha, beta, floor = (np.array([tb[i] for tb in tables], dtype=np.float64) for i in range(4))
+        p = ((x[:, None] >= lo.take(gid, axis=0)[:, 1:]).sum(axis=1) if width > 1
+             else np.zeros(len(x), np.intp))  # the piece: Σ_j [x ≥ x_lo_j] over the pieces after the first
+        idx = gid * width + p
+        tt = piece_time(x, alpha.ravel().take(idx), beta.ravel().take(idx), floor.ravel().take(idx))
+        names = [(op, nn, kk, b) for (op, nn, kk), nbs in groups for b in nbs]
+        memo.update(zip(names, zip(tt.tolist(), x.tolist(), strict=True), strict=True))
         return memo
+
+    def _prepared(self, op: str, nn: int, kk: int) -> tuple[Any, Any, Any, float]:
+        """``(x_lo, α, β, bus factor)`` of one group's regime (``x_lo`` empty for a group of one rank: no time),
+        the bus factor ``bus_factor(op, nn)`` as a number (:meth:`calls_of`)."""
+        key = (op, nn, kk)
+        hit = self.prepared.get(key)
+        if hit is None:
+            f = float(bus_factor(op, np.full(1, nn))[0])
+            if nn == 1:
+                hit = (np.zeros(1), np.zeros(1), np.zeros(1), f)
+            else:
+                reg = self.cache.get(key)
+                if reg is None:
+                    reg = self.cache[key] = self.bw.regime(op, nn, kk)
+                hit = (*reg, f)
+            self.prepared[key] = hit
+        return hit
+
+    def _padded(self, key: tuple[str, int, int], reg: tuple[Any, Any, Any, float], width: int
+                ) -> tuple[list[float], list[float], list[float], list[float]]:
+        """One regime's lower ends, α, β and floors (:func:`~llmcomm.overhead.bandwidth.piece_floor`) as lists of
+        ``width`` pieces, padded with pieces no bus byte count reaches (lower end +∞); a group of one rank
+        (``key[1] == 1``): α = β = 0, floor −∞ (0 s)."""
+        hit = self.padded.get((*key, width))
+        if hit is None:
+            x_lo, a, b, _ = reg
+            pad = width - len(x_lo)
+            if key[1] == 1:
+                hit = ([0.0] + [np.inf] * (width - 1), [0.0] * width, [0.0] * width, [-np.inf] * width)
+            else:
+                hit = (x_lo.tolist() + [np.inf] * pad, a.tolist() + [0.0] * pad, b.tolist() + [0.0] * pad,
+                       piece_floor(x_lo, a, b).tolist() + [-np.inf] * pad)
+            self.padded[(*key, width)] = hit
+        return hit
 
     def time_rows(self, op: str, x: np.ndarray, n: np.ndarray, k: np.ndarray, live: np.ndarray) -> np.ndarray:
         """Seconds of one call on the rows ``live`` (0 elsewhere) from its bus bytes ``x = bus_factor(op, n)·nbytes``
