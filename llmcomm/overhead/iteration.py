@@ -1292,7 +1292,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     ogr = np.asarray(overlap_grad_reduce, dtype=bool) | (st.overlap_grad_reduce if st.overlap_grad_reduce is not None
                                                          else False)
     opg = st.overlap_param_gather if st.overlap_param_gather is not None else np.zeros(n, bool)
-    split_ag = np.broadcast_to(ogr | opg, (n,))
+    split_ag = ogr | opg  # one flag per row (opg is one)
+    if split_ag.shape != (n,):
+        split_ag = np.broadcast_to(split_ag, (n,))
     per: dict[str, dict[str, np.ndarray]] = {}
     times3 = None  # class_times is elementwise per row: the 3n stacked rows at once give each class's same numbers
     if st.stacked is not None and len(st.cls) == len(CLASSES) and all(
@@ -1330,15 +1332,22 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
         per[cls] = q
     first, mid, last = (per[k] for k in CLASSES)
     has_mid, has_last = pp >= 3, pp >= 2
-    stage = np.stack([first["stage"], np.where(has_mid, mid["stage"], -np.inf),
-                      np.where(has_last, last["stage"], -np.inf)])
+    stage = np.concatenate([first["stage"], np.where(has_mid, mid["stage"], -np.inf),
+                            np.where(has_last, last["stage"], -np.inf)]).reshape(3, n)
     crit = np.argmax(stage, axis=0)
     total_stage = (first["stage"] + np.where(has_mid, (pp - 2) * mid["stage"], 0)
                    + np.where(has_last, last["stage"], 0))
-    ccrit = stage[crit, np.arange(n)]
+    rows = np.arange(n)
+    ccrit = stage[crit, rows]
+    # the critical class's value of every picked term, gathered at once: (class, term, row) -> (term, row)
+    picked = [first[k] for k in _PICKED] + [mid[k] for k in _PICKED] + [last[k] for k in _PICKED]
+    if all(x.dtype == np.float64 and x.shape == (n,) for x in picked):
+        at = dict(zip(_PICKED, np.concatenate(picked).reshape(3, len(_PICKED), n)[crit, :, rows].T, strict=True))
+    else:  # other dtypes or shapes: term by term, as chosen
+        at = {k: np.choose(crit, [first[k], mid[k], last[k]]) for k in _PICKED}
 
     def pick(key: str) -> np.ndarray:
-        return np.choose(crit, [first[key], mid[key], last[key]])
+        return at[key]
 
     out = {"forward_s": m * pick("fwd"), "backward_s": m * pick("bwd"), "recompute_s": m * pick("rec"),
            "tp_comm_s": m * pick("tp"), "ep_comm_s": m * pick("ep"), "pp_comm_s": m * pick("pp"),
@@ -1368,6 +1377,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     out["critical_index"] = crit
     out["num_microbatches"] = m
     return out
+
+
+_PICKED = ("fwd", "bwd", "rec", "tp", "ep", "pp", "cp", "fsdp", "fsdp_total", "bus")  # combine's per-class terms
 
 
 def _evaluate(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
