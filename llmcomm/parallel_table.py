@@ -65,6 +65,7 @@ _KIND_DTYPE: dict[str, Any] = {"optional": np.int64, "int": np.int64, "bool": bo
                                "str": object}
 
 
+_FINISHED = ("global_batch", "schedule", "seq_len")  # the columns ParallelTable._finish may replace
 _FUSED = {b: b in FUSED_ATTENTION_BACKENDS for b in ATTENTION_BACKENDS}  # ParallelTable.fused_attention's codes
 _LAST_ONE: list[tuple[ParallelConfig, ModelSpec | None, ParallelTable]] = []  # ParallelTable.from_parallel's last
 
@@ -100,7 +101,7 @@ def _codes(values: np.ndarray, table: Mapping[str, Any], field: str) -> np.ndarr
         u = str(values[0])
         if u not in table:
             raise ConfigError(f"candidates: column {field!r} holds {u!r}, not one of {sorted(table)}")
-        return np.full(len(values), table[u])
+        return np.array([table[u]]) if len(values) == 1 else np.full(len(values), table[u])  # np.full's dtype
     codes, uniq = pd.factorize(values)  # hashed, no sort (a Categorical sorts its categories)
     bad = sorted(str(u) for u in uniq if str(u) not in table)
     if bad or np.count_nonzero(codes < 0):
@@ -211,8 +212,10 @@ class ParallelTable:
         return cls._finish(cols, model)
 
     @classmethod
-    def from_configs(cls, configs: Sequence[ParallelConfig], model: ModelSpec | None = None) -> ParallelTable:
-        """A table of already validated configurations (no pandas: the fast path of one configuration)."""
+    def from_configs(cls, configs: Sequence[ParallelConfig], model: ModelSpec | None = None, *,
+                     read_only: bool = False) -> ParallelTable:
+        """A table of already validated configurations (no pandas: the fast path of one configuration);
+        ``read_only``: every column read-only."""
         # the fields' values row by row (one attrgetter call per configuration), then one 2-D array per kind of
         # field whose rows are the columns: a handful of numpy calls instead of one per field (one configuration
         # is the single-configuration path of iteration_time and memory)
@@ -226,8 +229,14 @@ class ParallelTable:
             if kind == "optional":
                 vals = [[-1 if x is None else x for x in v] for v in vals]
             block = np.array(vals, dtype=_KIND_DTYPE[kind]).reshape(len(fields), len(configs))
-            cols.update({f: block[i] for i, f in enumerate(fields)})
-        return cls._finish({f: cols[f] for f in FIELDS}, model)
+            if read_only:
+                block.setflags(write=False)  # its rows, the columns, are read-only views
+            cols.update(zip(fields, block, strict=True))
+        t = cls._finish({f: cols[f] for f in FIELDS}, model)
+        if read_only:  # the object columns and those _finish may replace
+            for f in (*_FIELD_KINDS["object"], *_FINISHED):
+                t.columns[f].setflags(write=False)
+        return t
 
     @classmethod
     def from_parallel(cls, parallel: ParallelConfig, model: ModelSpec | None = None) -> ParallelTable:
@@ -237,9 +246,7 @@ class ParallelTable:
         last = _LAST_ONE[0] if _LAST_ONE else None
         if last is not None and last[0] is parallel and last[1] is model and cls is ParallelTable:
             return last[2]
-        t = cls.from_configs([parallel], model)
-        for v in t.columns.values():
-            v.setflags(write=False)
+        t = cls.from_configs([parallel], model, read_only=True)
         _LAST_ONE[:] = [(parallel, model, t)]
         return t
 

@@ -112,7 +112,7 @@ from ..paths import data_stamp
 from ..predict import fp8_wire
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import attention_time, cp_time, eager_ops, fp8_casts, layer_kernels, moe_fold, moe_time
+from . import attention_time, cp_time, eager_ops, fp8_casts, fsdp_time, layer_kernels, moe_fold, moe_time
 from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
@@ -313,7 +313,7 @@ def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: out[k] for k, _ in plan}
 
 
-@dataclass
+@dataclass(slots=True)
 class CommItem:
     """Calls of one kind a stage class issues: ``count`` calls (per micro-batch or per iteration) of
     ``nbytes`` each, on a group of ``size`` ranks with ``rpn`` of them per node."""
@@ -420,7 +420,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     amax = w.get("amax")  # current scaling: an amax all-reduce before every gathered FP8 cast
     # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
     # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
-    rm = {k: c.get("rm_" + k, np.zeros(n, bool)).astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
+    zero = np.zeros(n, np.int64)  # a module not recomputed (no --recompute-modules: none but core_attn)
+    rm = {k: c["rm_" + k].astype(np.int64) if "rm_" + k in c else zero for k in ("mlp", "moe", "shared_experts")}
     if "rm_mlp" in c:
         reblocks = nd * rm["mlp"] + nm * int(bool(model.num_shared_experts)) * np.maximum(rm["moe"],
                                                                                             rm["shared_experts"])
@@ -584,8 +585,6 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl,
                               (c["moe_aux_loss_coeff"] > 0) * (tpcp > 1), tpcp, rpn_tpcp, "iteration"))
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, dpon, dp_only, rpn_dp_only, "iteration"))
-    from . import fsdp_time  # FSDP's per-unit calls (term "fsdp", per micro-batch)
-
     items += fsdp_time.comm_items(model, c, holds_first, holds_last, nd, nm)
     return items
 
@@ -1324,8 +1323,6 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
             q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
         q["fsdp"], q["fsdp_total"] = np.zeros(n), np.zeros(n)
         if st.fsdp is not None and np.count_nonzero(st.fsdp):  # FSDP per unit under prefetch (llmcomm.overhead.fsdp_time)
-            from . import fsdp_time
-
             q["fsdp"] = fsdp_time.exposed(r, *layer_times(r["q"], util), v)
             q["fsdp_total"], q["bus"] = fsdp_time.total(r, v), q["bus"] + r["fsdp_bus"]
         q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"] + q["fsdp"] + q["cp"]
