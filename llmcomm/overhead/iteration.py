@@ -760,12 +760,13 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     rmods = {k: c.get("rm_" + k, np.zeros(len(tp), bool)) for k in ("mlp", "moe", "shared_experts", "layernorm",
                                                                       "moe_act")}
     delayed = f8 & ~c["fp8_tensorwise"]  # fp8_recipe 'delayed' (TE DelayedScaling): fp8_casts
-    need = gemm_model is not None or np.count_nonzero(c["tp_comm_overlap"]) or np.count_nonzero(delayed) or np.count_nonzero(c["sp"]) or any(
-        np.count_nonzero(rmods[k]) for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
+    # the per-GEMM terms cost time: only when used
+    need = (gemm_model is not None or np.count_nonzero(c["tp_comm_overlap"]) or np.count_nonzero(delayed)
+            or np.count_nonzero(c["sp"]) or any(np.count_nonzero(rmods[k]) for k in ("mlp", "moe", "shared_experts")))
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     xb = {}  # the fused attention core's backward beyond 2·forward, per layer (attention_time; measured GPUs)
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
-        if np.count_nonzero(fz):  # the fused core at cuDNN's measured rate (flash: FlashAttention-2's), windows (attention_time)
+        if np.count_nonzero(fz):  # the fused core at cuDNN's rate (flash: FlashAttention-2's), windows (attention_time)
             share = attention_time.windowed_share(model.num_layers, model.window_size, model.window_attn_skip_freq)
             # the dense and the MoE layer's cores as the two rows of one call (element-wise: each row as alone)
             tf2, tb2 = attention_time.core_seconds(np.stack([Cd[:, U.I["gemm"]], Cm[:, U.I["gemm"]]]) * peak, d, s,
@@ -1413,7 +1414,7 @@ class _Timer:
         self.tables: dict[tuple[str, int, int], tuple[Any, Any, Any]] = {}  # _regime_rows
         self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
         self.prepared: dict[tuple[str, int, int], tuple[Any, Any, Any, float]] = {}  # _prepared
-        self.padded: dict[tuple[str, int, int, int], tuple[list[float], ...]] = {}  # _padded
+        self.padded: dict[tuple[str, int, int, int], tuple[list[float], list[float], list[float], list[float]]] = {}
 
     def calls(self, items: list[tuple[CommItem, list[bool]]]
               ) -> dict[tuple[str, int, int, float], tuple[float, float]]:
