@@ -65,6 +65,7 @@ _KIND_DTYPE: dict[str, Any] = {"optional": np.int64, "int": np.int64, "bool": bo
                                "str": object}
 
 
+_FINISHED = ("global_batch", "schedule", "seq_len")  # the columns ParallelTable._finish may replace
 _FUSED = {b: b in FUSED_ATTENTION_BACKENDS for b in ATTENTION_BACKENDS}  # ParallelTable.fused_attention's codes
 _LAST_ONE: list[tuple[ParallelConfig, ModelSpec | None, ParallelTable]] = []  # ParallelTable.from_parallel's last
 
@@ -100,10 +101,10 @@ def _codes(values: np.ndarray, table: Mapping[str, Any], field: str) -> np.ndarr
         u = str(values[0])
         if u not in table:
             raise ConfigError(f"candidates: column {field!r} holds {u!r}, not one of {sorted(table)}")
-        return np.full(len(values), table[u])
+        return np.array([table[u]]) if len(values) == 1 else np.full(len(values), table[u])  # np.full's dtype
     codes, uniq = pd.factorize(values)  # hashed, no sort (a Categorical sorts its categories)
     bad = sorted(str(u) for u in uniq if str(u) not in table)
-    if bad or (codes < 0).any():
+    if bad or np.count_nonzero(codes < 0):
         raise ConfigError(f"candidates: column {field!r} holds values outside {sorted(table)}: {bad or ['NaN']}")
     lut = np.array([table[str(u)] for u in uniq])
     return lut[codes]
@@ -211,8 +212,10 @@ class ParallelTable:
         return cls._finish(cols, model)
 
     @classmethod
-    def from_configs(cls, configs: Sequence[ParallelConfig], model: ModelSpec | None = None) -> ParallelTable:
-        """A table of already validated configurations (no pandas: the fast path of one configuration)."""
+    def from_configs(cls, configs: Sequence[ParallelConfig], model: ModelSpec | None = None, *,
+                     read_only: bool = False) -> ParallelTable:
+        """A table of already validated configurations (no pandas: the fast path of one configuration);
+        ``read_only``: every column read-only."""
         # the fields' values row by row (one attrgetter call per configuration), then one 2-D array per kind of
         # field whose rows are the columns: a handful of numpy calls instead of one per field (one configuration
         # is the single-configuration path of iteration_time and memory)
@@ -226,8 +229,14 @@ class ParallelTable:
             if kind == "optional":
                 vals = [[-1 if x is None else x for x in v] for v in vals]
             block = np.array(vals, dtype=_KIND_DTYPE[kind]).reshape(len(fields), len(configs))
-            cols.update({f: block[i] for i, f in enumerate(fields)})
-        return cls._finish({f: cols[f] for f in FIELDS}, model)
+            if read_only:
+                block.setflags(write=False)  # its rows, the columns, are read-only views
+            cols.update(zip(fields, block, strict=True))
+        t = cls._finish({f: cols[f] for f in FIELDS}, model)
+        if read_only:  # the object columns and those _finish may replace
+            for f in (*_FIELD_KINDS["object"], *_FINISHED):
+                t.columns[f].setflags(write=False)
+        return t
 
     @classmethod
     def from_parallel(cls, parallel: ParallelConfig, model: ModelSpec | None = None) -> ParallelTable:
@@ -237,9 +246,7 @@ class ParallelTable:
         last = _LAST_ONE[0] if _LAST_ONE else None
         if last is not None and last[0] is parallel and last[1] is model and cls is ParallelTable:
             return last[2]
-        t = cls.from_configs([parallel], model)
-        for v in t.columns.values():
-            v.setflags(write=False)
+        t = cls.from_configs([parallel], model, read_only=True)
         _LAST_ONE[:] = [(parallel, model, t)]
         return t
 
@@ -248,13 +255,13 @@ class ParallelTable:
         """``ParallelConfig.__post_init__``'s defaults, vectorized: ``global_batch`` unset -> ``micro_batch·dp``;
         ``vpp > 1`` with ``1f1b`` -> ``interleaved``; ``seq_len`` unset -> the model's."""
         gb = cols["global_batch"]
-        if (gb < 0).any():
+        if np.count_nonzero(gb < 0):
             cols["global_batch"] = np.where(gb < 0, cols["micro_batch"] * cols["dp"], gb)
         sched = cols["schedule"]
         to_inter = (cols["vpp"] > 1) & (sched == "1f1b")
-        if to_inter.any():
+        if np.count_nonzero(to_inter):
             cols["schedule"] = np.where(to_inter, "interleaved", sched).astype(object)
-        if model is not None and (cols["seq_len"] < 0).any():
+        if model is not None and np.count_nonzero(cols["seq_len"] < 0):
             cols["seq_len"] = np.where(cols["seq_len"] < 0, model.seq_length, cols["seq_len"])
         return cls(cols)
 
@@ -311,7 +318,7 @@ class ParallelTable:
         return np.where(g < 0, self.pp, g)
 
     def sequence_length(self, model: ModelSpec | None = None) -> np.ndarray:
-        if (self.seq_len < 0).any():
+        if np.count_nonzero(self.seq_len < 0):
             if model is None:
                 raise ConfigError("seq_len is unset and no model was given to take seq_length from")
             return np.where(self.seq_len < 0, model.seq_length, self.seq_len)
@@ -331,3 +338,14 @@ class ParallelTable:
     def recompute_code(self) -> np.ndarray:
         """:data:`llmcomm.vocab.RECOMPUTE_CODE` of each row (none 0 < selective 1 < full 2)."""
         return _codes(self.recompute, RECOMPUTE_CODE, "recompute").astype(np.int64)
+
+
+def _column(name: str) -> property:
+    """``table.<name>``: the column ``name`` (read through ``columns`` at each access, so a column replaced in
+    ``columns`` is the one read)."""
+    return property(lambda self: self.columns[name], doc=f"The {name!r} column.")
+
+
+for _f in FIELDS:  # a property per field: found on the class, without the failed instance lookup __getattr__ follows
+    setattr(ParallelTable, _f, _column(_f))
+del _f

@@ -657,7 +657,7 @@ def layer_activation_bytes(model: ModelSpec, moe_layer: bool, *, seq: Any, micro
         replicated = replicated - np.where(rf["mlp"], 2 * h, 0)
     kept = scale * tokens * (replicated / sp_div + sharded / tp)
     fp8 = np.asarray(fp8, dtype=bool)
-    if fp8.any():  # the kept linear inputs at 1 byte: 2 bytes-per-element units of `scale` become 1/2
+    if np.count_nonzero(fp8):  # the kept linear inputs at 1 byte: 2 bytes-per-element units of `scale` become 1/2
         if moe_layer:  # fc1 input: the pre-MLP norm output; fc2 inputs: routed and shared experts' activations
             fc1_in = np.where(rf["layernorm"], 0, h)
             fc2_in = (np.where(rf["moe"] | rf["moe_act"], 0, model.moe_router_topk * f)

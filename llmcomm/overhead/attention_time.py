@@ -116,33 +116,51 @@ SOURCE = ("cuDNN fused attention and FlashAttention-2 on H100 80GB SXM5, BF16 (F
 def _curve(kind: str, causal: bool, d: np.ndarray, s: np.ndarray, table: dict[tuple[str, bool, int],
            tuple[float, ...]] = CUDNN_H100) -> np.ndarray:
     """Measured TFLOP/s of one pass kind at head dim ``d`` and key length ``s`` (interpolated, held at the ends)."""
+    return _at(kind, causal, *_coords(d, s), table)
+
+
+_LOG_SEQ = np.log2(np.asarray(SEQ, dtype=np.float64))  # the figures' key lengths on the interpolation axis
+
+
+def _coords(d: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_curve`'s coordinates: ``log2`` of the key length held to the figures' range and the head dim's
+    weight between the two measured ones (computed once for the curves one rate reads)."""
     x = np.log2(np.clip(np.asarray(s, dtype=np.float64), SEQ[0], SEQ[-1]))
-    xs = np.log2(np.asarray(SEQ, dtype=np.float64))
-    lo = np.interp(x, xs, table[(kind, causal, HEAD_DIMS[0])])
-    hi = np.interp(x, xs, table[(kind, causal, HEAD_DIMS[1])])
     w = (np.clip(np.asarray(d, dtype=np.float64), *HEAD_DIMS) - HEAD_DIMS[0]) / (HEAD_DIMS[1] - HEAD_DIMS[0])
+    return x, w
+
+
+def _at(kind: str, causal: bool, x: np.ndarray, w: np.ndarray, table: dict[tuple[str, bool, int],
+        tuple[float, ...]]) -> np.ndarray:
+    """:func:`_curve` at coordinates :func:`_coords`."""
+    lo = np.interp(x, _LOG_SEQ, table[(kind, causal, HEAD_DIMS[0])])
+    hi = np.interp(x, _LOG_SEQ, table[(kind, causal, HEAD_DIMS[1])])
     return lo + w * (hi - lo)
 
 
 def _rate(kind: str, d: np.ndarray, s: np.ndarray, causal: bool, table: dict[tuple[str, bool, int],
-          tuple[float, ...]]) -> np.ndarray:
+          tuple[float, ...]], at: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    x, w = _coords(d, s) if at is None else at
     if kind == "fwd":
-        return 1e12 * _curve("fwd", causal, d, s, table)
-    b = _curve("bwd", False, d, s, table)
+        return 1e12 * _at("fwd", causal, x, w, table)
+    b = _at("bwd", False, x, w, table)
     if causal:
-        b = b * _curve("fwd", True, d, s, table) / _curve("fwd", False, d, s, table)
+        b = b * _at("fwd", True, x, w, table) / _at("fwd", False, x, w, table)
     return 1e12 * b
 
 
-def rate(kind: str, d: np.ndarray, s: np.ndarray, causal: bool = True, flash: Any = False) -> np.ndarray:
+def rate(kind: str, d: np.ndarray, s: np.ndarray, causal: bool = True, flash: Any = False,
+         at: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """FLOP/s of the fused attention kernel ``kind`` (``"fwd"``/``"bwd"``) at head dim ``d`` and key length ``s``
     (module docstring: the causal backward scaled by the forward's causal/non-causal ratio): cuDNN's, or where
-    ``flash`` (a bool or a per-row mask: ``attention_backend="flash"``) FlashAttention-2's."""
-    cu = _rate(kind, d, s, causal, CUDNN_H100)
+    ``flash`` (a bool or a per-row mask: ``attention_backend="flash"``) FlashAttention-2's. ``at``: ``_coords(d,
+    s)`` where the caller holds them."""
+    at = _coords(d, s) if at is None else at
+    cu = _rate(kind, d, s, causal, CUDNN_H100, at)
     fl = np.asarray(flash, dtype=bool)
-    if not fl.any():
+    if not np.count_nonzero(fl):
         return cu
-    return np.where(fl, _rate(kind, d, s, causal, FA2_H100), cu)
+    return np.where(fl, _rate(kind, d, s, causal, FA2_H100, at), cu)
 
 
 def window_pairs(s: np.ndarray, w: int) -> np.ndarray:
@@ -172,12 +190,14 @@ def core_seconds(flops_fwd: np.ndarray, head_dim: int, s_kernel: np.ndarray, s_f
     ``flash``: rows timed at FlashAttention-2's rate (:func:`rate`)."""
     f = np.asarray(flops_fwd, dtype=np.float64)
     d = np.full(f.shape, float(head_dim))
-    t_f = (1.0 - windowed) * f / rate("fwd", d, s_kernel, flash=flash)
-    t_b = (1.0 - windowed) * BACKWARD_FLOPS * f / rate("bwd", d, s_kernel, flash=flash)
+    at = _coords(d, s_kernel)  # element-wise: broadcast as the rates' own coordinates would be
+    t_f = (1.0 - windowed) * f / rate("fwd", d, s_kernel, flash=flash, at=at)
+    t_b = (1.0 - windowed) * BACKWARD_FLOPS * f / rate("bwd", d, s_kernel, flash=flash, at=at)
     if windowed > 0.0 and window_size:
         s = np.asarray(s_full, dtype=np.float64)
         fw = f * window_pairs(s, window_size) / (s * (s + 1.0) / 2.0)
         sk = np.minimum(np.asarray(s_kernel, dtype=np.float64), window_size + 1.0)
-        t_f = t_f + windowed * fw / rate("fwd", d, sk, flash=flash)
-        t_b = t_b + windowed * BACKWARD_FLOPS * fw / rate("bwd", d, sk, flash=flash)
+        at = _coords(d, sk)
+        t_f = t_f + windowed * fw / rate("fwd", d, sk, flash=flash, at=at)
+        t_b = t_b + windowed * BACKWARD_FLOPS * fw / rate("bwd", d, sk, flash=flash, at=at)
     return t_f, t_b

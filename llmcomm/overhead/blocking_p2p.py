@@ -40,7 +40,7 @@ def timed_calls(items: list[CommItem], blocking: np.ndarray) -> list[CommItem]:
     for it in items:
         if it.op != "recv":
             out.append(it)
-        elif it.term == "pp" and blk.any():
+        elif it.term == "pp" and np.count_nonzero(blk):
             out.append(dataclasses.replace(it, count=it.count * blk))
     return out
 

@@ -119,7 +119,7 @@ def attention_per_rank(L: np.ndarray, C: np.ndarray, cp: np.ndarray) -> tuple[np
     ``s/cp`` tokens) with the attention core scaled to a CP rank's share, ``cp · F_attn(b, s/cp) = F_attn(b,
     s)/cp`` (module docstring; also the unfused score traffic): ``L + (cp − 1)·C``, ``cp·C``. Unchanged at
     ``cp = 1``."""
-    if not np.any(cp > 1):
+    if not np.count_nonzero(cp > 1):
         return L, C
     k = (cp.astype(np.float64) - 1.0)[:, None]
     return L + k * C, C + k * C

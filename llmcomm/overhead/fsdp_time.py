@@ -103,7 +103,7 @@ def comm_items(model: Any, c: dict[str, np.ndarray], holds_first: np.ndarray, ho
 
     n = len(c["tp"])
     on = np.asarray(c.get("fsdp", np.zeros(n, bool)), dtype=bool)
-    if not on.any():
+    if not np.count_nonzero(on):
         return []
     P = unit_parameters(model, c, holds_first, holds_last)
     dpcp = c["dp"] * c["cp"]

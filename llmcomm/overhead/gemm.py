@@ -171,6 +171,9 @@ def tile_time_scalar(th: tuple[float, ...], b: float, m: float, n: float, k: flo
 
 def _as_shapes(m: Any, n: Any, k: Any, batch: Any) -> tuple[np.ndarray, ...]:
     arrs = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (batch, m, n, k)))
+    if arrs[0].size <= SCALAR_MAX and all(math.isfinite(v) and v >= 1 and v == math.floor(v)
+                                          for a in arrs for v in a.ravel().tolist()):
+        return tuple(arrs)  # a few shapes, all valid: checked element by element in Python (the rule below)
     for name, a in zip(("batch", "m", "n", "k"), arrs, strict=True):
         if a.size and (not np.isfinite(a).all() or (a < 1).any() or (a != np.floor(a)).any()):
             raise ConfigError(f"gemm: {name} must hold positive integers; got {a.ravel()[:5]}...")

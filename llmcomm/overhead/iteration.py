@@ -112,7 +112,7 @@ from ..paths import data_stamp
 from ..predict import fp8_wire
 from ..specs import Cluster, ModelSpec, ParallelConfig
 from ..step import CLASSES
-from . import attention_time, cp_time, eager_ops, fp8_casts, layer_kernels, moe_fold, moe_time
+from . import attention_time, cp_time, eager_ops, fp8_casts, fsdp_time, layer_kernels, moe_fold, moe_time
 from . import blocking_p2p as _blocking_p2p
 from . import interval as _interval
 from . import overlap as _overlap
@@ -205,7 +205,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     c["act_is_fp16"] = (t.act_dtype == "fp16").astype(np.int64)
     c["recompute"] = t.recompute_code
     meth = np.asarray(t.recompute_method, dtype=object)
-    if (meth == "block").any():  # --recompute-method block: only the first N layers of each chunk (stages())
+    if np.count_nonzero(meth == "block"):  # --recompute-method block: only the first N layers of each chunk (stages())
         c["rblock"] = meth == "block"
         c["rblock_n"] = np.where(c["rblock"], np.asarray(t.recompute_num_layers, np.int64), -1)
     c["fused_attention"] = t.fused_attention
@@ -236,7 +236,7 @@ def arrays(model: ModelSpec, t: ParallelTable, gpus_per_node: int) -> dict[str, 
     for kind, (_, per_node) in step.placement(t, gpus_per_node).items():
         c["k_" + kind] = per_node  # k_<kind>@<class>: ranks per node of the class's groups (for_class picks them)
     cross = _tp_spans_nodes(c["tp_comm_overlap"], c["k_tp@first"], t.tp)
-    if cross.any():
+    if np.count_nonzero(cross):
         i = int(np.flatnonzero(cross)[0])
         raise ConfigError(f"tp_comm_overlap with tp={int(t.tp[i])} on nodes of {gpus_per_node} GPUs: the TP group "
                           f"spans nodes (rule tp-comm-overlap-intra-node: {USERBUFFERS_RULE})")
@@ -270,7 +270,7 @@ def for_class(c: dict[str, np.ndarray], cls: str) -> dict[str, np.ndarray]:
 _DTYPE_SHAPE = operator.attrgetter("dtype", "shape")
 _CLASS_KEYS: dict[tuple[str, ...], list[tuple[str, tuple[str, str, str]]]] = {}
 # stack_classes' split of the keys into 2-D blocks, per key set, row count, dtypes and shapes
-_BLOCKS: dict[tuple[Any, ...], tuple[dict[Any, list[tuple[str, tuple[str, str, str]]]],
+_BLOCKS: dict[tuple[Any, ...], tuple[dict[Any, tuple[list[str], list[str]]],
                                      list[tuple[str, tuple[str, str, str]]]]] = {}
 
 
@@ -303,16 +303,17 @@ def stack_classes(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                 alone.append((k, trio))
         if len(_BLOCKS) > 256:
             _BLOCKS.clear()
-        split = _BLOCKS[sig] = (blocks, alone)
+        split = _BLOCKS[sig] = ({dt: ([k for k, _ in items], [a for _, trio in items for a in trio])
+                                 for dt, items in blocks.items()}, alone)
     groups, alone = split
     out: dict[str, np.ndarray] = {k: np.concatenate([c[a] for a in trio]) for k, trio in alone}
-    for items in groups.values():
-        block = np.concatenate([np.array([c[trio[i]] for _, trio in items]) for i in range(3)], axis=1)
-        out.update({k: block[j] for j, (k, _) in enumerate(items)})
+    for names, sources in groups.values():  # key j's three classes side by side: row j of a (keys, 3n) block
+        block = np.concatenate(operator.itemgetter(*sources)(c)).reshape(len(names), 3 * n)
+        out.update(zip(names, block, strict=True))
     return {k: out[k] for k, _ in plan}
 
 
-@dataclass
+@dataclass(slots=True)
 class CommItem:
     """Calls of one kind a stage class issues: ``count`` calls (per micro-batch or per iteration) of
     ``nbytes`` each, on a group of ``size`` ranks with ``rpn`` of them per node."""
@@ -419,7 +420,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     amax = w.get("amax")  # current scaling: an amax all-reduce before every gathered FP8 cast
     # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
     # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
-    rm = {k: c.get("rm_" + k, np.zeros(n, bool)).astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
+    zero = np.zeros(n, np.int64)  # a module not recomputed (no --recompute-modules: none but core_attn)
+    rm = {k: c["rm_" + k].astype(np.int64) if "rm_" + k in c else zero for k in ("mlp", "moe", "shared_experts")}
     if "rm_mlp" in c:
         reblocks = nd * rm["mlp"] + nm * int(bool(model.num_shared_experts)) * np.maximum(rm["moe"],
                                                                                             rm["shared_experts"])
@@ -583,8 +585,6 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl,
                               (c["moe_aux_loss_coeff"] > 0) * (tpcp > 1), tpcp, rpn_tpcp, "iteration"))
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, dpon, dp_only, rpn_dp_only, "iteration"))
-    from . import fsdp_time  # FSDP's per-unit calls (term "fsdp", per micro-batch)
-
     items += fsdp_time.comm_items(model, c, holds_first, holds_last, nd, nm)
     return items
 
@@ -596,7 +596,7 @@ def _cp_items(model: ModelSpec, c: dict[str, np.ndarray], tokens: np.ndarray, la
     recomputation, the checkpointed ones under ``recompute_method="block"``), each ring send with its receive,
     on the CP group as the layout places it."""
     cp, tp = c["cp"], c["tp"]
-    if not np.any(cp > 1):
+    if not np.count_nonzero(cp > 1):
         return []
     k_cp = c["k_cp"]
     ring = cp_time.ring_ranks_per_node(cp, k_cp)
@@ -744,7 +744,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     tpf = tp.astype(np.float64)
     f8 = c["fp8"]
     lin_peak = np.full(len(tp), peak)
-    if f8.any():
+    if np.count_nonzero(f8):
         if not peak_fp8:
             raise ConfigError("fp8 is set but the cluster states no peak_fp8_flops (no FP8 tensor cores, e.g. "
                               "A100, or not in the cluster file)")
@@ -760,21 +760,23 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     rmods = {k: c.get("rm_" + k, np.zeros(len(tp), bool)) for k in ("mlp", "moe", "shared_experts", "layernorm",
                                                                       "moe_act")}
     delayed = f8 & ~c["fp8_tensorwise"]  # fp8_recipe 'delayed' (TE DelayedScaling): fp8_casts
-    need = gemm_model is not None or c["tp_comm_overlap"].any() or delayed.any() or c["sp"].any() or any(
-        rmods[k].any() for k in ("mlp", "moe", "shared_experts"))  # the per-GEMM terms cost time: only when used
+    # the per-GEMM terms cost time: only when used
+    need = (gemm_model is not None or np.count_nonzero(c["tp_comm_overlap"]) or np.count_nonzero(delayed)
+            or np.count_nonzero(c["sp"]) or any(np.count_nonzero(rmods[k]) for k in ("mlp", "moe", "shared_experts")))
     shapes = layer_gemm_shapes(model, T.astype(np.int64), tp, c["etp"], c["ep"]) if need else {}
     xb = {}  # the fused attention core's backward beyond 2·forward, per layer (attention_time; measured GPUs)
     if gemm_model is not None:  # measured GEMM seconds in place of FLOPs / peak (docstring)
-        if fz.any():  # the fused core at cuDNN's measured rate (flash: FlashAttention-2's), windows (attention_time)
+        if np.count_nonzero(fz):  # the fused core at cuDNN's rate (flash: FlashAttention-2's), windows (attention_time)
             share = attention_time.windowed_share(model.num_layers, model.window_size, model.window_attn_skip_freq)
-            for key, C in (("Bd", Cd), ("Bm", Cm)):
-                t_f, t_b = attention_time.core_seconds(C[:, U.I["gemm"]] * peak, d, s, c["seq_len"],
-                                                       model.window_size, share, c["flash_attention"])
+            # the dense and the MoE layer's cores as the two rows of one call (element-wise: each row as alone)
+            tf2, tb2 = attention_time.core_seconds(np.stack([Cd[:, U.I["gemm"]], Cm[:, U.I["gemm"]]]) * peak, d, s,
+                                                   c["seq_len"], model.window_size, share, c["flash_attention"])
+            for key, C, t_f, t_b in (("Bd", Cd, tf2[0], tb2[0]), ("Bm", Cm, tf2[1], tb2[1])):
                 C[:, U.I["gemm"]] = np.where(fz, t_f, C[:, U.I["gemm"]])
                 B = np.zeros_like(C)
                 B[:, U.I["gemm"]] = np.where(fz, t_b - 2.0 * t_f, 0.0)
                 xb[key] = B
-        if (~fz).any():  # unfused: Q·Kᵀ (s×s×d) and scores·V (s×d×s), b·a/tp batched GEMMs, by the measured model
+        if np.count_nonzero(~fz):  # unfused: Q·Kᵀ (s×s×d) and scores·V (s×d×s), b·a/tp batched GEMMs, by the measured model
             bh = (b * a // tp).astype(np.int64)
             sq = s.astype(np.int64)
             t_un = gemm_model.time(sq, sq, d, bh, "bf16") + gemm_model.time(sq, d, sq, bh, "bf16")
@@ -785,10 +787,10 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
             if name.startswith("expert_"):  # TE's grouped linear: one GEMM per local expert (moe_time)
                 t16 = moe_time.grouped_gemm_seconds(gemm_model, m_, n_, k_, bt, "bf16")
                 sec[name] = np.where(f8, moe_time.grouped_gemm_seconds(
-                    gemm_model, moe_time.padded_rows(m_, f8), n_, k_, bt, "fp8"), t16) if f8.any() else t16
+                    gemm_model, moe_time.padded_rows(m_, f8), n_, k_, bt, "fp8"), t16) if np.count_nonzero(f8) else t16
                 continue
             t16 = gemm_model.time(m_, n_, k_, bt, "bf16")
-            sec[name] = np.where(f8, gemm_model.time(m_, n_, k_, bt, "fp8"), t16) if f8.any() else t16
+            sec[name] = np.where(f8, gemm_model.time(m_, n_, k_, bt, "fp8"), t16) if np.count_nonzero(f8) else t16
         dense = sec["qkv"] + sec["proj"] + sec["fc1"] + sec["fc2"]
         Ld[:, U.I["gemm"]] = Cd[:, U.I["gemm"]] + dense
         if model.is_moe:
@@ -797,7 +799,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
             Lm[:, U.I["gemm"]] = Cm[:, U.I["gemm"]] + moe
     else:
         sec = {name: 2.0 * m_ * n_ * k_ * bt / lin_peak for name, (m_, n_, k_, bt) in shapes.items()}
-    if delayed.any():  # the casts and transposes per GEMM operand (fp8_casts), backward beyond 2·forward in Bd/Bm
+    if np.count_nonzero(delayed):  # the casts and transposes per GEMM operand (fp8_casts), backward beyond 2·forward in Bd/Bm
         _delayed_casts(model, c, shapes, delayed, Ld, Lm, xb, hbm)
     z = np.zeros(len(tp))
     moe_work = (z, z)  # the MoE layer's router seconds and extra bytes, for the layer pass and recompute "moe"
@@ -811,7 +813,7 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
     vp = model.padded_vocab_size(tp)
     out_x = U.output_features(b, s, tp, h, vp, peak, hbm)
-    if gemm_model is not None and holds_last.any():  # the logits GEMM (BF16: not a TE module) by the measured model
+    if gemm_model is not None and np.count_nonzero(holds_last):  # the logits GEMM (BF16: not a TE module) by the measured model
         out_x[:, U.I["gemm"]] = gemm_model.time(T.astype(np.int64), vp // tp, h * np.ones_like(tp), 1, "bf16")
     E = holds_first[:, None] * U.embedding_features(b, s, h, hbm) + holds_last[:, None] * out_x
     core = c.get("rm_core_attn", c["recompute"] == 1)  # selective recomputation of the attention core
@@ -1050,7 +1052,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         items = [(calls[j], live_rows[j]) for j in keep]
     else:
         items = [(it, it.count > 0) for it in calls]
-        items = [(it, live) for it, live in items if live.any()]
+        items = [(it, live) for it, live in items if np.count_nonzero(live)]
     times, xs = _batched_times(bandwidth, items) if small else (None, None)
     fast = isinstance(bandwidth, _Timer) and bandwidth.fast
     factors: dict[tuple[str, int], np.ndarray] = {}  # bus_factor per op and group-size array (items share them)
@@ -1290,7 +1292,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     ogr = np.asarray(overlap_grad_reduce, dtype=bool) | (st.overlap_grad_reduce if st.overlap_grad_reduce is not None
                                                          else False)
     opg = st.overlap_param_gather if st.overlap_param_gather is not None else np.zeros(n, bool)
-    split_ag = np.broadcast_to(ogr | opg, (n,))
+    split_ag = ogr | opg  # one flag per row (opg is one)
+    if split_ag.shape != (n,):
+        split_ag = np.broadcast_to(split_ag, (n,))
     per: dict[str, dict[str, np.ndarray]] = {}
     times3 = None  # class_times is elementwise per row: the 3n stacked rows at once give each class's same numbers
     if st.stacked is not None and len(st.cls) == len(CLASSES) and all(
@@ -1304,9 +1308,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
             fwd, bwd, rec = class_times(r["q"], util)
         tp_s = r["tp"]
         th = util.coef[U.I["gemm"]] / util.scale
-        if (r["ub_b"] > 0).any():  # SP without userbuffers: the column-parallel backward's async collectives
+        if np.count_nonzero(r["ub_b"] > 0):  # SP without userbuffers: the column-parallel backward's async collectives
             tp_s = _overlap.sp_backward_exposed(r["tp"], r["ub_b"], th * r["q"]["Gag"], r["q"]["full"])
-        if tpo.any():
+        if np.count_nonzero(tpo):
             q_ = r["q"]
             ex = tp_overlap_exposed(r["tp"], r["ub_ag_f"], r["ub_rs_f"], r["ub_b"], th * q_["Gag"], th * q_["Grs"],
                                     r["tp_size"], q_["full"])
@@ -1316,27 +1320,32 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
         q["cp"] = (cp_time.exposed(r["cp_calls"], st.cp, util.work(r["q"]["Cd"]))
                    if r["cp_calls"] and st.cp is not None else np.zeros(n))
         _overlap.pipeline_and_moe(st, cls, r, q, util.layer_pass)  # overlap_p2p_comm, moe_a2a_overlap
-        if split_ag.any():  # the parameter all-gather follows the optimizer step: never under the backward
+        if np.count_nonzero(split_ag):  # the parameter all-gather follows the optimizer step: never under the backward
             q["dp"] = np.where(split_ag, r["dp"] - r["dp_ag"], r["dp"])
         q["fsdp"], q["fsdp_total"] = np.zeros(n), np.zeros(n)
-        if st.fsdp is not None and st.fsdp.any():  # FSDP per unit under prefetch (llmcomm.overhead.fsdp_time)
-            from . import fsdp_time
-
+        if st.fsdp is not None and np.count_nonzero(st.fsdp):  # FSDP per unit under prefetch (llmcomm.overhead.fsdp_time)
             q["fsdp"] = fsdp_time.exposed(r, *layer_times(r["q"], util), v)
             q["fsdp_total"], q["bus"] = fsdp_time.total(r, v), q["bus"] + r["fsdp_bus"]
         q["stage"] = q["fwd"] + q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"] + q["fsdp"] + q["cp"]
         per[cls] = q
     first, mid, last = (per[k] for k in CLASSES)
     has_mid, has_last = pp >= 3, pp >= 2
-    stage = np.stack([first["stage"], np.where(has_mid, mid["stage"], -np.inf),
-                      np.where(has_last, last["stage"], -np.inf)])
+    stage = np.concatenate([first["stage"], np.where(has_mid, mid["stage"], -np.inf),
+                            np.where(has_last, last["stage"], -np.inf)]).reshape(3, n)
     crit = np.argmax(stage, axis=0)
     total_stage = (first["stage"] + np.where(has_mid, (pp - 2) * mid["stage"], 0)
                    + np.where(has_last, last["stage"], 0))
-    ccrit = stage[crit, np.arange(n)]
+    rows = np.arange(n)
+    ccrit = stage[crit, rows]
+    # the critical class's value of every picked term, gathered at once: (class, term, row) -> (term, row)
+    picked = [first[k] for k in _PICKED] + [mid[k] for k in _PICKED] + [last[k] for k in _PICKED]
+    if all(x.dtype == np.float64 and x.shape == (n,) for x in picked):
+        at = dict(zip(_PICKED, np.concatenate(picked).reshape(3, len(_PICKED), n)[crit, :, rows].T, strict=True))
+    else:  # other dtypes or shapes: term by term, as chosen
+        at = {k: np.choose(crit, [first[k], mid[k], last[k]]) for k in _PICKED}
 
     def pick(key: str) -> np.ndarray:
-        return np.choose(crit, [first[key], mid[key], last[key]])
+        return at[key]
 
     out = {"forward_s": m * pick("fwd"), "backward_s": m * pick("bwd"), "recompute_s": m * pick("rec"),
            "tp_comm_s": m * pick("tp"), "ep_comm_s": m * pick("ep"), "pp_comm_s": m * pick("pp"),
@@ -1346,10 +1355,10 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     step = last["bwd"] + last["rec"] + last["tp"] + last["ep"] + last["pp"] + last["cp"]
     dp_exposed = np.maximum(first["dp"], np.where(has_last, last["dp"] - (pp - 1) * step, 0.0))
     dp_exposed = np.maximum(dp_exposed, np.where(has_mid, mid["dp"] - step, 0.0))
-    if np.any(ogr):  # Megatron's buckets and schedule: llmcomm.overhead.overlap.grad_reduce_exposed
+    if np.count_nonzero(ogr):  # Megatron's buckets and schedule: llmcomm.overhead.overlap.grad_reduce_exposed
         dp_exposed = np.where(ogr, _overlap.stage_grad_reduce(st, per, has_mid, has_last), dp_exposed)
     ag = np.zeros(n)
-    if split_ag.any():  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
+    if np.count_nonzero(split_ag):  # the parameter all-gather: exposed after the optimizer step, or hidden in the next forward
         cl = st.cls
         ag = np.maximum(cl["first"]["dp_ag"], np.maximum(np.where(has_last, cl["last"]["dp_ag"], 0.0),
                                                          np.where(has_mid, cl["mid"]["dp_ag"], 0.0)))
@@ -1366,6 +1375,9 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
     out["critical_index"] = crit
     out["num_microbatches"] = m
     return out
+
+
+_PICKED = ("fwd", "bwd", "rec", "tp", "ep", "pp", "cp", "fsdp", "fsdp_total", "bus")  # combine's per-class terms
 
 
 def _evaluate(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
@@ -1401,6 +1413,8 @@ class _Timer:
         self.sorted: dict[tuple[int, int], tuple[Any, Any, np.ndarray, list[int]]] = {}  # _sorted
         self.tables: dict[tuple[str, int, int], tuple[Any, Any, Any]] = {}  # _regime_rows
         self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
+        self.prepared: dict[tuple[str, int, int], tuple[Any, Any, Any, float]] = {}  # _prepared
+        self.padded: dict[tuple[str, int, int, int], tuple[list[float], list[float], list[float], list[float]]] = {}
 
     def calls(self, items: list[tuple[CommItem, list[bool]]]
               ) -> dict[tuple[str, int, int, float], tuple[float, float]]:
@@ -1429,18 +1443,61 @@ class _Timer:
             for key in row:
                 if key is not None and key not in memo:
                     todo.setdefault(key[:3], {})[key[3]] = None
-        for (op, nn, kk), nbs in todo.items():
-            nbytes = list(nbs)
-            x = bus_factor(op, np.full(len(nbytes), nn)) * np.asarray(nbytes, dtype=np.float64)
-            if nn == 1:
-                tt = np.zeros(len(nbytes))
-            else:
-                reg = self.cache.get((op, nn, kk))
-                if reg is None:
-                    reg = self.cache[(op, nn, kk)] = self.bw.regime(op, nn, kk)
-                tt = eval_pieces(x, *reg)[0]
-            memo.update({(op, nn, kk, b): (t, xb) for b, t, xb in zip(nbytes, tt.tolist(), x.tolist(), strict=True)})
+        if not todo:
+            return memo
+        # the new calls of every (op, group size, ranks per node) at once: each row with its group's bus factor and
+        # regime (padded to the widest one: a lower end +∞ no bus byte count reaches; a group of one rank α = β = 0
+        # and floor −∞, i.e. 0 s), evaluated as eval_pieces does, element by element
+        groups = list(todo.items())
+        regs = [self._prepared(op, nn, kk) for (op, nn, kk), _ in groups]
+        width = max(len(r[0]) for r in regs)
+        tables = [self._padded(key, reg, width) for (key, _), reg in zip(groups, regs, strict=True)]
+        counts = [len(nbs) for _, nbs in groups]
+        nbytes = [b for _, nbs in groups for b in nbs]
+        gid = np.repeat(np.arange(len(groups)), counts)
+        x = np.repeat(np.array([r[3] for r in regs]), counts) * np.asarray(nbytes, dtype=np.float64)
+        lo, alpha, beta, floor = (np.array([tb[i] for tb in tables], dtype=np.float64) for i in range(4))
+        p = ((x[:, None] >= lo.take(gid, axis=0)[:, 1:]).sum(axis=1) if width > 1
+             else np.zeros(len(x), np.intp))  # the piece: Σ_j [x ≥ x_lo_j] over the pieces after the first
+        idx = gid * width + p
+        tt = piece_time(x, alpha.ravel().take(idx), beta.ravel().take(idx), floor.ravel().take(idx))
+        names = [(op, nn, kk, b) for (op, nn, kk), nbs in groups for b in nbs]
+        memo.update(zip(names, zip(tt.tolist(), x.tolist(), strict=True), strict=True))
         return memo
+
+    def _prepared(self, op: str, nn: int, kk: int) -> tuple[Any, Any, Any, float]:
+        """``(x_lo, α, β, bus factor)`` of one group's regime (``x_lo`` empty for a group of one rank: no time),
+        the bus factor ``bus_factor(op, nn)`` as a number (:meth:`calls_of`)."""
+        key = (op, nn, kk)
+        hit = self.prepared.get(key)
+        if hit is None:
+            f = float(bus_factor(op, np.full(1, nn))[0])
+            if nn == 1:
+                hit = (np.zeros(1), np.zeros(1), np.zeros(1), f)
+            else:
+                reg = self.cache.get(key)
+                if reg is None:
+                    reg = self.cache[key] = self.bw.regime(op, nn, kk)
+                hit = (*reg, f)
+            self.prepared[key] = hit
+        return hit
+
+    def _padded(self, key: tuple[str, int, int], reg: tuple[Any, Any, Any, float], width: int
+                ) -> tuple[list[float], list[float], list[float], list[float]]:
+        """One regime's lower ends, α, β and floors (:func:`~llmcomm.overhead.bandwidth.piece_floor`) as lists of
+        ``width`` pieces, padded with pieces no bus byte count reaches (lower end +∞); a group of one rank
+        (``key[1] == 1``): α = β = 0, floor −∞ (0 s)."""
+        hit = self.padded.get((*key, width))
+        if hit is None:
+            x_lo, a, b, _ = reg
+            pad = width - len(x_lo)
+            if key[1] == 1:
+                hit = ([0.0] + [np.inf] * (width - 1), [0.0] * width, [0.0] * width, [-np.inf] * width)
+            else:
+                hit = (x_lo.tolist() + [np.inf] * pad, a.tolist() + [0.0] * pad, b.tolist() + [0.0] * pad,
+                       piece_floor(x_lo, a, b).tolist() + [-np.inf] * pad)
+            self.padded[(*key, width)] = hit
+        return hit
 
     def time_rows(self, op: str, x: np.ndarray, n: np.ndarray, k: np.ndarray, live: np.ndarray) -> np.ndarray:
         """Seconds of one call on the rows ``live`` (0 elsewhere) from its bus bytes ``x = bus_factor(op, n)·nbytes``

@@ -144,7 +144,7 @@ def add_layer_work(model: Any, c: dict[str, np.ndarray], T: np.ndarray, out: dic
     (created as zeros if absent). Nothing is touched for a bias-GeLU MLP without ``qk_layernorm`` whose query is
     never copied."""
     copies = query_is_contiguous(model, c["tp"])
-    if model.activation_kind == "gelu" and not model.qk_layernorm and not np.any(copies):
+    if model.activation_kind == "gelu" and not model.qk_layernorm and not np.count_nonzero(copies):
         return
     mem = U.I["mem"]
     nf, nb = qk_norm_bytes(model, c, T)

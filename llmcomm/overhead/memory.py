@@ -119,7 +119,7 @@ def model_state_bytes(dense: Any, expert: Any, *, dp_cp: Any, expert_dp: Any, pa
     o = optimizer_bytes_per_parameter(param_bytes)
     optimizer = np.where(shard_opt, dense * o / dp_cp + expert * o / expert_dp, (dense + expert) * o)
     weights, grads = held * param_bytes, held * grad_bytes
-    if np.any(fsdp):  # FSDP's gathered units (fsdp_unit: the largest layer unit's and the non-layer unit's
+    if np.count_nonzero(fsdp):  # FSDP's gathered units (fsdp_unit: the largest layer unit's and the non-layer unit's
         # parameters; llmcomm.overhead.fsdp_time)
         from .fsdp_time import unit_bytes
 
@@ -201,10 +201,10 @@ def _stage_info(model: ModelSpec, shape: ParallelConfig) -> _StageInfo:
     tp, ep, etp = shape.tp * ones, shape.ep * ones, shape.expert_tp * ones
     dense, expert, _ = step.stage_parameters(model, tp, ep, etp, p * ones, nd, nm, r == 0, r == p - 1)
     lin = np.zeros(p)
-    if (~pattern).any():
+    if np.count_nonzero(~pattern):
         sh, _, _ = step.layer_split(model, tp[:1], ep[:1], etp[:1], moe=False)
         lin = lin + nd * float(sh[0])
-    if pattern.any():
+    if np.count_nonzero(pattern):
         sh, ex, _ = step.layer_split(model, tp[:1], ep[:1], etp[:1], moe=True)
         lin = lin + nm * float(sh[0] + ex[0])
     share = np.where(nd + nm > 0, nm / np.maximum(nd + nm, 1), 0.0)
@@ -290,7 +290,7 @@ def memory_rows(model: ModelSpec, tab: ParallelTable) -> np.ndarray:
     meth = np.asarray(tab.recompute_method, dtype=object)
     blk, uni = meth == "block", meth == "uniform"
     rnl = np.maximum(np.asarray(tab.recompute_num_layers, np.int64), 1).astype(float)
-    if blk.any():
+    if np.count_nonzero(blk):
         none_kw = {**layer_kw, "recompute": np.where(blk, "none", recompute)}
         per_none = {moe: layer_activation_bytes(model, moe, **none_kw) if moe in kinds else np.zeros(n)
                     for moe in (False, True)}
@@ -337,17 +337,17 @@ def memory_rows(model: ModelSpec, tab: ParallelTable) -> np.ndarray:
         lpc = per_row("layers_per_chunk")
         activations = chunks * lpc * mean_layer + cp_buffers[rows]
         meth_rows = blk[rows] | uni[rows]
-        if meth_rows.any():  # per chunk: k checkpointed inputs (+ the block's other layers, all kept)
+        if np.count_nonzero(meth_rows):  # per chunk: k checkpointed inputs (+ the block's other layers, all kept)
             nl = rnl[rows]
             k = np.where(blk[rows], np.minimum(nl, lpc), np.ceil(lpc / nl))
             rest = 0.0
-            if blk.any():
+            if np.count_nonzero(blk):
                 mean_none = (1 - share) * per_none[False][rows] + share * per_none[True][rows]
                 rest = np.where(blk[rows], lpc - k, 0.0) * mean_none
             activations = np.where(meth_rows, chunks * (k * mean_layer + rest) + cp_buffers[rows], activations)
         activations[0] += -(-chunks[0] // v) * sbh[rows] / np.where(sp[rows], t, 1)
         activations[p - 1] += 4 * sbh[rows] / t * gather(np.array([vocab[shapes[j].tp] for j in js]))
-        if fsdp[rows].any():  # the FSDP units of the layouts that have FSDP rows (the others' rows add 0)
+        if np.count_nonzero(fsdp[rows]):  # the FSDP units of the layouts that have FSDP rows (the others' rows add 0)
             units = np.stack([_fsdp_units(model, shapes[j]).T if has_fsdp[j] else np.zeros((2, p)) for j in js])
             fsdp_unit = gather(units).transpose(1, 2, 0)  # (2, stages, rows)
         else:

@@ -76,7 +76,7 @@ def grouped_gemm_seconds(gemm_model: Any, m: np.ndarray, n: np.ndarray, k: np.nd
     e = np.asarray(experts, dtype=np.int64)
     full, rest = e // streams, e % streams
     t = full * gemm_model.time(m, n, k, np.full_like(e, streams), dtype)
-    if (rest > 0).any():
+    if np.count_nonzero(rest > 0):
         t = t + np.where(rest > 0, gemm_model.time(m, n, k, np.maximum(rest, 1), dtype), 0.0)
     return t
 

@@ -234,12 +234,13 @@ def grad_reduce_exposed(d_edge: np.ndarray, d_plain: np.ndarray, edge_chunk: np.
     vmax = int(np.max(v)) if np.size(v) else 1
     align = np.asarray(align, dtype=bool)
     later = np.full(np.shape(v), -np.inf)  # when the queue of chunks v−1 … 1 is done
-    acc = np.zeros(np.shape(v))
-    for c in range(1, vmax):
+    if vmax > 1:  # chunks c = 1 … vmax−1 as the rows of one array (each row's own chunks live: c < v)
+        c = np.arange(1, vmax)[:, None]
         live = c < v
-        acc = acc + np.where(live, np.where(np.equal(edge_chunk, c), d_edge, d_plain), 0.0)
+        # Σ_{1 ≤ j ≤ c} d_j, summed in the order j = 1, 2, … (add.accumulate is sequential)
+        acc = np.add.accumulate(np.where(live, np.where(np.equal(edge_chunk, c), d_edge, d_plain), 0.0), axis=0)
         launch = np.where(align, -np.maximum(c * L * b, lead), -(c * L * b + lead))
-        later = np.where(live, np.maximum(later, launch + acc), later)
+        later = np.maximum(later, np.max(np.where(live, launch + acc, -np.inf), axis=0).reshape(np.shape(later)))
     d0 = np.where(np.equal(edge_chunk, 0), d_edge, d_plain)
     finish = np.maximum(later, -np.asarray(lead)) + d0  # chunk 0: after the stage's last backward
     if first and bucketed0 is not None:  # its buckets under that backward (1F1B, or not aligned)
@@ -327,11 +328,11 @@ def pipeline_and_moe(st: Stages, cls: str, r: dict[str, Any], q: dict[str, np.nd
     (:func:`p2p_exposed`, :func:`a2a_pair_exposed`); ``st``, ``r``, ``q``: :func:`llmcomm.overhead.iteration.combine`'s
     stages, the class's raw and its timed terms."""
     v = st.vpp
-    if st.overlap_p2p_comm is not None and st.overlap_p2p_comm.any():
+    if st.overlap_p2p_comm is not None and np.count_nonzero(st.overlap_p2p_comm):
         on = st.overlap_p2p_comm & (v > 1)  # Megatron turns it off without interleaving (arguments.py:1005-1012)
         ex = p2p_exposed(r["pp_nf"], r["pp_sf"], r["pp_nb"], r["pp_sb"], q["fwd"] / v, (q["bwd"] + q["rec"]) / v)
         q["pp"] = np.where(on, ex, q["pp"])
-    if st.moe_a2a_overlap is not None and st.moe_a2a_overlap.any() and st.mlp_share is not None:
+    if st.moe_a2a_overlap is not None and np.count_nonzero(st.moe_a2a_overlap) and st.mlp_share is not None:
         nm = r["q"]["nm"]
         rank: np.ndarray | int = st.pp - 1 if cls == "last" else (1 if cls == "mid" else 0)
         group = st.vp_last_group if st.vp_last_group is not None else st.pp

@@ -166,7 +166,7 @@ def sp_bytes(kind: str, elements: np.ndarray, act: np.ndarray, fp8: np.ndarray, 
     the rows' ``fp8_recipe`` strings; integer bytes, ``elements·act`` on every row that is not quantized.
     ``groups``: the FP8 rows by recipe where the caller has them (:func:`_recipe_rows`)."""
     out = np.asarray(elements * act)
-    if not np.any(fp8):
+    if not np.count_nonzero(fp8):
         return out
     tco = np.zeros(len(out), bool) if tp_comm_overlap is None else np.asarray(tp_comm_overlap, bool)
     fb = np.zeros(len(out), bool) if fp8_buf is None else np.asarray(fp8_buf, bool)
@@ -175,7 +175,7 @@ def sp_bytes(kind: str, elements: np.ndarray, act: np.ndarray, fp8: np.ndarray, 
     for r, rows in _recipe_rows(fp8, recipe) if groups is None else groups:  # disjoint rows: any order
         for on_ub in (False, True):
             m = rows & (ub == on_ub)
-            if m.any():
+            if np.count_nonzero(m):
                 w = wire(kind, "hybrid", r, on_ub, on_ub)
                 if w is not None:
                     out[m] = w.nbytes(np.asarray(elements)[m])
@@ -190,7 +190,7 @@ def block_bytes(elements: np.ndarray, act: np.ndarray, fp8: np.ndarray | None, r
     uses current scaling, ``amax``: :data:`AMAX_BYTES` on those rows, 0 elsewhere. Without FP8 rows every entry
     is ``elements·act`` (the same array object), so the closed form's items stay those of a BF16 table."""
     a = np.asarray(elements * act)
-    if fp8 is None or recipe is None or not np.any(fp8):
+    if fp8 is None or recipe is None or not np.count_nonzero(fp8):
         return {k: a for k in ("fwd_ag", "fwd_rs_proj", "fwd_rs_fc2", "bwd_ag_grad", "bwd_ag_input", "bwd_rs")}
     f = np.asarray(fp8, bool)
     g = _recipe_rows(f, recipe)  # once for the six collectives
@@ -199,6 +199,6 @@ def block_bytes(elements: np.ndarray, act: np.ndarray, fp8: np.ndarray | None, r
     for name, buf in (("fwd_rs_proj", buf_proj), ("fwd_rs_fc2", buf_fc2)):
         out[name] = sp_bytes("fwd_rs", elements, act, f, recipe, tp_comm_overlap, buf, groups=g)
     cur = f & (np.asarray(recipe, dtype=object) == "tensorwise")
-    if cur.any():
+    if np.count_nonzero(cur):
         out["amax"] = np.where(cur, AMAX_BYTES, 0).astype(np.int64)
     return out
