@@ -410,11 +410,25 @@ def _twins(space: SearchSpace, combos: dict[str, np.ndarray], dominated: bool
 
 def _assemble(shape_cols: dict[str, np.ndarray], combos: dict[str, np.ndarray], twins: dict[str, np.ndarray],
               e: np.ndarray, c: np.ndarray) -> dict[str, np.ndarray]:
-    """The candidates' columns of the product rows ``(e[k], c[k])`` (a shape-column row, a combination)."""
-    cols = {k: v[e] for k, v in shape_cols.items()}
+    """The candidates' columns of the product rows ``(e[k], c[k])`` (a shape-column row, a combination), with
+    the string columns also as their factor and index (:class:`_Assembled`)."""
+    cols = _Assembled({k: v[e] for k, v in shape_cols.items()})
     cols.update({k: v[c] for k, v in combos.items()})
     cols.update({k: v[c] for k, v in twins.items()})
+    cols.strings = {k: (v, e) for k, v in shape_cols.items() if k in STRING_COLUMNS}
+    cols.strings.update({k: (v, c) for k, v in combos.items() if k in STRING_COLUMNS})
     return cols
+
+
+STRING_COLUMNS = ("recompute", "attention_backend", "cp_comm_type", "schedule")  # the frame's str columns
+
+
+class _Assembled(dict):
+    """The columns of :func:`_assemble`; ``strings``: each of :data:`STRING_COLUMNS` as ``(values, index)``, its
+    column being ``values[index]``, so that :func:`_frame` builds the (Arrow-backed) string column by one take of
+    the few ``values`` instead of converting every row's string."""
+
+    strings: dict[str, tuple[np.ndarray, np.ndarray]]
 
 
 def _product_order(shape: np.ndarray, copy: np.ndarray, e: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -483,7 +497,15 @@ _FRAME_COLUMNS = (*DIMENSIONS, "num_microbatches", "unfused_twins", "fp8_param_g
 def _frame(cols: dict[str, np.ndarray], rows: np.ndarray | None = None) -> pd.DataFrame:
     """The candidates' DataFrame of :func:`_raw_columns`' arrays (``rows``: a boolean mask, or all)."""
     pick = (lambda v: v) if rows is None else (lambda v: v[rows])
-    df = pd.DataFrame({c: pick(cols[c]) for c in _FRAME_COLUMNS if c != "fp8"})
+    strings = getattr(cols, "strings", {})
+
+    def column(c: str) -> Any:
+        if c not in strings:
+            return pick(cols[c])
+        values, index = strings[c]  # the same str column as pandas builds from the strings (tested)
+        return pd.array(values, dtype="str").take(pick(index))
+
+    df = pd.DataFrame({c: column(c) for c in _FRAME_COLUMNS if c != "fp8"})
     # fp8 holds None (BF16) or a format name: an object column (pandas would read None as a missing string)
     df.insert(DIMENSIONS.index("fp8"), "fp8", pd.Series(pick(cols["fp8"]), dtype=object))
     return df
@@ -599,7 +621,13 @@ def time_flag_multiplicity(model: ModelSpec, cands: pd.DataFrame, space: SearchS
 def expand_by_grid(cands: pd.DataFrame, combos: list[dict[str, bool]], ok: np.ndarray) -> pd.DataFrame:
     """The rows ``(i, j)`` of ``cands`` times ``combos`` where ``ok[i, j]`` (:func:`time_flag_grid`), row by row
     and within a row in combination order (the order of ``ok``'s true cells, row-major)."""
-    rows, which = np.nonzero(ok)
+    return expand_cells(cands, combos, *np.nonzero(ok))
+
+
+def expand_cells(cands: pd.DataFrame, combos: list[dict[str, bool]], rows: np.ndarray, which: np.ndarray
+                 ) -> pd.DataFrame:
+    """The cells ``(rows[k], which[k])`` of the grid of :func:`expand_by_grid` as rows: row ``rows[k]`` of
+    ``cands`` with the time-only flags of combination ``which[k]`` (one take of ``cands``; index from 0)."""
     out = cands.iloc[rows].reset_index(drop=True)
     for k in BOOL_TIME_FLAGS:
         out[k] = np.array([c[k] for c in combos], bool)[which]
