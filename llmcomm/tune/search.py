@@ -145,7 +145,7 @@ def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
     """Rows whose recomputation is above the least one that fits among rows equal in everything else."""
     from ..vocab import RECOMPUTE_CODE  # none < selective < full
 
-    codes, uniq = pd.factorize(cands["recompute"].to_numpy(), use_na_sentinel=False)
+    codes, uniq = column_codes(cands["recompute"])
     level = np.array([RECOMPUTE_CODE[u] for u in uniq], np.float64)[codes]
     group = row_codes(cands, [c for c in DIMENSIONS if c != "recompute"])  # rows equal in everything else
     least = np.full(int(group.max()) + 1 if len(group) else 0, np.inf)
@@ -329,7 +329,9 @@ def flag_drops(kept: pd.DataFrame, combos: list[dict[str, bool]], ok: np.ndarray
 
 BOUND = "lower_bound_s"  # the column of the candidates' lower bound (llmcomm.tune.bound) while they are searched
 FIRST_CHUNK = 512  # rows evaluated before the first threshold; each later chunk twice the previous
-SPECULATE = 1  # next chunks evaluated with a chunk (under its threshold: _branch_and_bound); 0: one call per chunk
+# rows evaluated with a chunk beyond its own and the next one's, where that is every row under the threshold (about
+# the rows iteration_times evaluates in its fixed cost per call: _branch_and_bound)
+SPECULATE_ROWS = 2048
 
 
 def branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -352,9 +354,9 @@ def _branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.
 
     The chunks are those of the sequential search (each twice the previous, each row kept where its bound is not
     above the threshold of the times before it); the evaluation of a chunk also takes the rows of the next chunk
-    whose bound is not above the current threshold (:data:`SPECULATE`), which can only fall, so that the next
-    chunk's rows are among them: one call of ``evaluate`` per two chunks instead of one per chunk (each call has a
-    fixed cost of tens of milliseconds). The rows a chunk evaluates, their order and their times are those of the
+    whose bound is not above the current threshold, which can only fall, so that the next chunk's rows are among
+    them (or every row under it, where they are at most :data:`SPECULATE_ROWS` more): one call of ``evaluate`` per
+    two chunks or fewer instead of one per chunk (each call has a fixed cost of tens of milliseconds). The rows a chunk evaluates, their order and their times are those of the
     sequential search: the formulation is elementwise (:func:`llmcomm.overhead.iteration._evaluate`), a row's
     time does not depend on the rows evaluated with it."""
     bound = cands[BOUND].to_numpy()
@@ -373,7 +375,10 @@ def _branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.
         sel = order[at:at + chunk]
         sel = sel[bound[sel] <= thr]
         if (where[sel] < 0).any():  # this chunk's rows and the next chunk's under the threshold, not yet evaluated
-            span = chunk + (SPECULATE * 2 * chunk if np.isfinite(thr) else 0)
+            span = chunk
+            if np.isfinite(thr):  # every row under the threshold where they are few, else the next chunk's
+                under = int(np.searchsorted(bound[order[at:]], thr, side="right"))  # bound[order] is sorted
+                span = under if under <= 3 * chunk + SPECULATE_ROWS else 3 * chunk
             more = order[at:at + span]
             more = more[(bound[more] <= thr) & (where[more] < 0)]
             part = evaluate(cands.iloc[more].drop(columns=[BOUND]).reset_index(drop=True))
