@@ -588,3 +588,70 @@ def test_pruned_optimum_equals_exhaustive_with_folding_and_every_cp_comm_type(na
     assert (t["cp"] > 1).any() and set(t.loc[t["cp"] > 1, "cp_comm_type"]) >= {"p2p", "all_gather"}
     if lc.load_model(name).is_moe:  # folded rows are in the space and evaluated: EP beyond DP
         assert (t["ep"] > t["dp"]).any() and set(t["etp"]) == {1, 2}
+
+
+def test_branch_and_bound_evaluates_ahead_without_changing_its_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hand-worked: bounds 0..19, times bound + 10 but row 3 at 3.2, top 1, chunks of 2 then 4. The sequential
+    search evaluates rows 0-1 (threshold 10), then rows 2-5 (threshold 3.2) and stops at row 6 (bound 6 > 3.2).
+    The second call also takes rows 6-10 (bounds <= 10, the threshold when it is made): their times are dropped,
+    the table holds rows 0-5 in order and the mask says 0-5."""
+    import pandas as pd
+
+    from llmcomm.tune import search
+
+    monkeypatch.setattr(search, "FIRST_CHUNK", 2)
+    b = np.arange(20.0)
+    cands = pd.DataFrame({"row": np.arange(20), search.BOUND: b})
+    calls: list[list[int]] = []
+
+    def evaluate(c: pd.DataFrame) -> pd.DataFrame:
+        calls.append(c["row"].tolist())
+        return c.assign(total_s=np.where(c["row"] == 3, 3.2, c["row"] + 10.0))
+
+    table, evaluated = search._branch_and_bound(cands, evaluate, 1)
+    assert calls == [[0, 1], list(range(2, 11))]
+    assert table["row"].tolist() == [0, 1, 2, 3, 4, 5] and list(table.columns) == ["row", "total_s"]
+    assert table["total_s"].tolist() == [10.0, 11.0, 12.0, 3.2, 14.0, 15.0]
+    assert np.array_equal(evaluated, np.arange(20) < 6)
+    # many rows under the threshold: only the next chunk's are taken with a chunk (here 2-13: chunks 4 and 8)
+    monkeypatch.setattr(search, "SPECULATE_ROWS", 0)
+    calls.clear()
+    table, evaluated = search._branch_and_bound(cands.assign(**{search.BOUND: b / 10}), evaluate, 1)
+    assert calls[:2] == [[0, 1], list(range(2, 14))] and evaluated.all()
+
+
+def test_frame_string_columns_from_their_values_equal_the_plain_frame() -> None:
+    """space._frame builds the str columns (recompute, attention backend, cp_comm_type, schedule) by one take of
+    their few values: the same frame, dtypes included, as pandas builds from the row arrays."""
+    import pandas as pd
+
+    from llmcomm.tune import space as sp
+
+    model = lc.load_model("llama3-8b")
+    cols = sp._valid_columns(model, 32, 64, 16384, SearchSpace(cp_comm_type=("p2p", "all_gather", "a2a")))
+    assert set(cols.strings) == set(sp.STRING_COLUMNS)
+    fast, plain = sp._frame(cols), sp._frame(dict(cols))
+    pd.testing.assert_frame_equal(fast, plain, check_exact=True)
+    assert set(fast["cp_comm_type"]) == {"p2p", "all_gather", "a2a"} and set(fast["schedule"]) == {"1f1b", "interleaved"}
+
+
+def test_shape_rows_are_the_product_of_splits_micro_batches_and_vpp() -> None:
+    """space._shape_rows (shape rows repeated by per-(pp, dp) blocks) against the plain nested loop over every
+    (tp, cp, pp, dp, ep, etp), pipeline split, micro-batch and vpp, in the same order."""
+    import itertools
+    import math
+
+    from llmcomm.tune import space as sp
+
+    model, gpus, batch = lc.load_model("mixtral-8x7b"), 64, 256
+    space = SearchSpace(etp=(1, 2), max_stage_offset=1)
+    want = []
+    for tp, cp, pp, dp in sp.splits(model, gpus, batch, None, None, sp._cp_values(model, space, gpus)):
+        for ep, et in sp.expert_shapes(model, tp, cp, dp, space):
+            mbs = [m for m in divisors(batch // dp) if m <= space.max_micro_batch]
+            for f, la in sp.stage_splits(model.num_layers, pp, space.max_stage_offset, space.uneven):
+                g = math.gcd(*sp._stage_layers(model.num_layers, pp, f, la))
+                vs = [v for v in divisors(g) if v <= space.max_vpp and (v == 1 or pp >= 2)]
+                want += [(tp, cp, pp, dp, ep, et, m, v, f, la, batch // dp // m) for m, v in itertools.product(mbs, vs)]
+    got = sp._shape_rows(model, gpus, batch, space)
+    assert got.dtype == np.int64 and got.tolist() == [list(r) for r in want] and len(want) > 1000

@@ -85,6 +85,7 @@ from .space import (
     enumerate_base,
     enumerate_candidates,
     expand_by_grid,
+    expand_cells,
     row_codes,
     splits,
     time_flag_grid,
@@ -144,7 +145,7 @@ def recompute_dominated(cands: pd.DataFrame) -> np.ndarray:
     """Rows whose recomputation is above the least one that fits among rows equal in everything else."""
     from ..vocab import RECOMPUTE_CODE  # none < selective < full
 
-    codes, uniq = pd.factorize(cands["recompute"].to_numpy(), use_na_sentinel=False)
+    codes, uniq = column_codes(cands["recompute"])
     level = np.array([RECOMPUTE_CODE[u] for u in uniq], np.float64)[codes]
     group = row_codes(cands, [c for c in DIMENSIONS if c != "recompute"])  # rows equal in everything else
     least = np.full(int(group.max()) + 1 if len(group) else 0, np.inf)
@@ -286,13 +287,20 @@ def _grid_twin(present: np.ndarray, combos: list[dict[str, bool]], pick: Any, ch
 def flag_rules(kept: pd.DataFrame, combos: list[dict[str, bool]], ok: np.ndarray, spans: np.ndarray,
                prune: bool) -> tuple[pd.DataFrame, dict[str, np.ndarray]]:
     """The memory-model rows ``kept`` expanded by the time-only flags (:func:`~.space.expand_by_grid`), and the
-    rows of the expansion each rule removes there, in order: ``tp-comm-overlap-intra-node`` (``tp_comm_overlap``
-    where the row's TP group ``spans`` nodes), then, with ``prune``, ``overlap-dominated`` and ``same-as-without``
-    (each on the rows the previous ones keep). The same rows as :func:`overlap_dominated` and
-    :func:`same_as_without` on the expanded frame: their twins differ from a row in one time-only flag, so they
-    are the same row of ``kept`` with another combination, found on the grid ``ok`` (rows × combinations, as
-    :func:`~.space.time_flag_grid`) without coding every column of every expanded row. ``tests/test_tune.py``
-    compares both."""
+    rows of the expansion each rule removes there (:func:`flag_drops`)."""
+    return expand_by_grid(kept, combos, ok), flag_drops(kept, combos, ok, spans, prune)
+
+
+def flag_drops(kept: pd.DataFrame, combos: list[dict[str, bool]], ok: np.ndarray, spans: np.ndarray,
+               prune: bool) -> dict[str, np.ndarray]:
+    """The cells of the grid ``ok`` (rows of ``kept`` × the time-only flags' combinations, as
+    :func:`~.space.time_flag_grid`; a mask over its true cells in row-major order, the rows of
+    :func:`~.space.expand_by_grid`) each rule removes, in order: ``tp-comm-overlap-intra-node``
+    (``tp_comm_overlap`` where the row's TP group ``spans`` nodes), then, with ``prune``, ``overlap-dominated``
+    and ``same-as-without`` (each on the rows the previous ones keep). The same rows as :func:`overlap_dominated`
+    and :func:`same_as_without` on the expanded frame: their twins differ from a row in one time-only flag, so
+    they are the same row of ``kept`` with another combination, found on the grid without building the expanded
+    frame or coding every column of every expanded row. ``tests/test_tune.py`` compares both."""
     def flag(name: str) -> np.ndarray:
         return np.array([c[name] for c in combos], bool)
 
@@ -309,18 +317,21 @@ def flag_rules(kept: pd.DataFrame, combos: list[dict[str, bool]], ok: np.ndarray
             saw |= _grid_twin(present, combos, lambda c: c["overlap_p2p_comm"], {"overlap_p2p_comm": False}) \
                 & (kept["vpp"].to_numpy() == 1)[:, None]
         masks.update({"overlap-dominated": od, "same-as-without": saw})
-    expanded = expand_by_grid(kept, combos, ok)
     out = {rule: m[ok] for rule, m in masks.items()}
     # the distributed optimizer's tie: its twin is another row of ``kept`` (rare: dp·cp = 1), looked up among the
     # expanded rows the other rules keep (its predicate reads overlap_param_gather, off in ``kept``)
     if prune and (_dopt_tie(kept)[:, None] & ~flag("overlap_param_gather")[None, :] & present).any():
         left = np.flatnonzero(present[ok])
-        out["same-as-without"][left] |= _dopt_same_as_without(expanded.iloc[left])
-    return expanded, out
+        rows, which = np.nonzero(ok)
+        out["same-as-without"][left] |= _dopt_same_as_without(expand_cells(kept, combos, rows[left], which[left]))
+    return out
 
 
 BOUND = "lower_bound_s"  # the column of the candidates' lower bound (llmcomm.tune.bound) while they are searched
 FIRST_CHUNK = 512  # rows evaluated before the first threshold; each later chunk twice the previous
+# rows evaluated with a chunk beyond its own and the next one's, where that is every row under the threshold (about
+# the rows iteration_times evaluates in its fixed cost per call: _branch_and_bound)
+SPECULATE_ROWS = 2048
 
 
 def branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -339,27 +350,50 @@ def branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.D
 
 
 def _branch_and_bound(cands: pd.DataFrame, evaluate: Any, top: int) -> tuple[pd.DataFrame, np.ndarray]:
-    """:func:`branch_and_bound` with the rows evaluated as a mask."""
+    """:func:`branch_and_bound` with the rows evaluated as a mask.
+
+    The chunks are those of the sequential search (each twice the previous, each row kept where its bound is not
+    above the threshold of the times before it); the evaluation of a chunk also takes the rows of the next chunk
+    whose bound is not above the current threshold, which can only fall, so that the next chunk's rows are among
+    them (or every row under it, where they are at most :data:`SPECULATE_ROWS` more): one call of ``evaluate`` per
+    two chunks or fewer instead of one per chunk (each call has a fixed cost of tens of milliseconds). The rows a chunk evaluates, their order and their times are those of the
+    sequential search: the formulation is elementwise (:func:`llmcomm.overhead.iteration._evaluate`), a row's
+    time does not depend on the rows evaluated with it."""
     bound = cands[BOUND].to_numpy()
     order = np.argsort(bound, kind="stable")
-    done: list[pd.DataFrame] = []
+    blocks: list[pd.DataFrame] = []  # the frames evaluate returned
+    where = np.full(len(cands), -1, np.int64)  # each evaluated row's position in the blocks, concatenated
+    row_time = np.zeros(len(cands))
+    picked: list[np.ndarray] = []  # per chunk: the rows the sequential search evaluates there
     evaluated = np.zeros(len(cands), bool)
     times = np.zeros(0)
-    at, chunk = 0, FIRST_CHUNK
+    at, chunk, filled = 0, FIRST_CHUNK, 0
     while at < len(order):
         thr = np.partition(times, top - 1)[top - 1] if len(times) >= top else np.inf
         if bound[order[at]] > thr:  # every later row's bound is above too
             break
         sel = order[at:at + chunk]
         sel = sel[bound[sel] <= thr]
-        part = evaluate(cands.iloc[sel].drop(columns=[BOUND]).reset_index(drop=True))
-        done.append(part)
+        if (where[sel] < 0).any():  # this chunk's rows and the next chunk's under the threshold, not yet evaluated
+            span = chunk
+            if np.isfinite(thr):  # every row under the threshold where they are few, else the next chunk's
+                under = int(np.searchsorted(bound[order[at:]], thr, side="right"))  # bound[order] is sorted
+                span = under if under <= 3 * chunk + SPECULATE_ROWS else 3 * chunk
+            more = order[at:at + span]
+            more = more[(bound[more] <= thr) & (where[more] < 0)]
+            part = evaluate(cands.iloc[more].drop(columns=[BOUND]).reset_index(drop=True))
+            blocks.append(part)
+            where[more] = filled + np.arange(len(more))
+            row_time[more] = part["total_s"].to_numpy()
+            filled += len(more)
+        picked.append(sel)
         evaluated[sel] = True
-        times = np.concatenate([times, part["total_s"].to_numpy()])
+        times = np.concatenate([times, row_time[sel]])
         at, chunk = at + chunk, 2 * chunk
-    if not done:
-        done.append(evaluate(cands.iloc[:0].drop(columns=[BOUND])))
-    return pd.concat(done, ignore_index=True), evaluated
+    if not picked:
+        return pd.concat([evaluate(cands.iloc[:0].drop(columns=[BOUND]))], ignore_index=True), evaluated
+    done = pd.concat(blocks, ignore_index=True)
+    return done.iloc[where[np.concatenate(picked)]].reset_index(drop=True), evaluated
 
 
 # ----------------------------------------------------------------------------------- explanations
@@ -465,10 +499,12 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     # (TuneResult.pruned) is built on first read, the counts now
     removed: list[tuple[str, int, int, Any]] = []
 
-    def remove(rule: str, frame: pd.DataFrame, drop: np.ndarray, rows: np.ndarray | int, **assign: Any) -> None:
+    def remove(rule: str, frame: pd.DataFrame | Any, drop: np.ndarray, rows: np.ndarray | int, **assign: Any
+               ) -> None:  # frame: the rows, or a function taking the mask to the rows it removes
         n = int(np.count_nonzero(drop))
         stands = int(np.sum(rows)) if isinstance(rows, np.ndarray) else n * rows
-        removed.append((rule, n, stands, lambda: frame[drop].drop(columns=[BOUND], errors="ignore").assign(
+        take = frame if callable(frame) else (lambda d: frame[d])
+        removed.append((rule, n, stands, lambda: take(drop).drop(columns=[BOUND], errors="ignore").assign(
             rule=rule, **assign, rows=rows)))
 
     # a memory-model row removed stands for its time-flag combinations (column ``rows``), removed by the same rule
@@ -499,11 +535,12 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     bounded = prune and exact_top is not None
     key = compute_key(kept) if bounded else None  # the bound's key reads none of the time-only flags
     ok = flag_ok[kept.index.to_numpy()]
-    kept, drops = flag_rules(kept, combos, ok, _tp_spans_nodes(kept, cluster_n), prune)
+    drops = flag_drops(kept, combos, ok, _tp_spans_nodes(kept, cluster_n), prune)
+    rows, which = np.nonzero(ok)  # the expanded rows (space.expand_by_grid), each taken from kept once, when needed
     for rule, drop in drops.items():
-        remove(rule, kept, drop, 1)
-    stay = ~np.logical_or.reduce(list(drops.values())) if drops else np.ones(len(kept), bool)
-    kept = kept[stay]
+        remove(rule, lambda d, k=kept: expand_cells(k, combos, rows[d], which[d]), drop, 1)
+    stay = ~np.logical_or.reduce(list(drops.values())) if drops else np.ones(len(rows), bool)
+    kept = expand_cells(kept, combos, rows[stay], which[stay])
     bounded = bounded and len(kept) > 0
     if bounded:  # the lower bound of each row (llmcomm.tune.bound)
         t_bound = time.perf_counter()

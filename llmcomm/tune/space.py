@@ -323,9 +323,16 @@ def _shape_rows(model: ModelSpec, gpus: int, global_batch: int, space: SearchSpa
     shape_rows: list[tuple[int, ...]] = []
     for tp, cp, pp, dp in splits(model, gpus, global_batch, space.tp, space.pp, _cp_values(model, space, gpus)):
         shape_rows += [(tp, cp, pp, dp, ep, et) for ep, et in expert_shapes(model, tp, cp, dp, space)]
-    rows = []
     split_cache: dict[int, list[tuple[int, int, list[int]]]] = {}
-    for tp, cp, pp, dp, ep, et in shape_rows:
+    # per (pp, dp): the rows (mb, v, first, last, num_microbatches) every shape row of that pp and dp takes, in
+    # order; the shape rows repeated by them (the product without a Python loop over its rows)
+    blocks: dict[tuple[int, int], int] = {}
+    tails: list[list[tuple[int, int, int, int, int]]] = []
+    which = np.zeros(len(shape_rows), np.int64)
+    for i, (_tp, _cp, pp, dp, _ep, _et) in enumerate(shape_rows):
+        if (pp, dp) in blocks:
+            which[i] = blocks[(pp, dp)]
+            continue
         if pp not in split_cache:
             split_cache[pp] = []
             for f, la in stage_splits(L, pp, space.max_stage_offset, space.uneven):
@@ -334,10 +341,18 @@ def _shape_rows(model: ModelSpec, gpus: int, global_batch: int, space: SearchSpa
                 split_cache[pp].append((f, la, vs))
         per_replica = global_batch // dp
         mbs = _allowed([b for b in divisors(per_replica) if b <= space.max_micro_batch], space.micro_batch)
-        for f, la, vpps in split_cache[pp]:
-            for mb, v in itertools.product(mbs, vpps):
-                rows.append((tp, cp, pp, dp, ep, et, mb, v, f, la, per_replica // mb))
-    return np.array(rows, np.int64).reshape(-1, len(SHAPE_COLUMNS))
+        which[i] = blocks[(pp, dp)] = len(tails)
+        tails.append([(mb, v, f, la, per_replica // mb) for f, la, vpps in split_cache[pp]
+                      for mb, v in itertools.product(mbs, vpps)])
+    if not shape_rows:
+        return np.zeros((0, len(SHAPE_COLUMNS)), np.int64)
+    sizes = np.array([len(t) for t in tails], np.int64)
+    start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    tail = np.array([r for t in tails for r in t], np.int64).reshape(-1, 5)
+    reps = sizes[which]
+    head = np.repeat(np.arange(len(shape_rows)), reps)
+    within = np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps)
+    return np.hstack([np.array(shape_rows, np.int64)[head], tail[start[which][head] + within]])
 
 
 SHAPE_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
@@ -410,11 +425,25 @@ def _twins(space: SearchSpace, combos: dict[str, np.ndarray], dominated: bool
 
 def _assemble(shape_cols: dict[str, np.ndarray], combos: dict[str, np.ndarray], twins: dict[str, np.ndarray],
               e: np.ndarray, c: np.ndarray) -> dict[str, np.ndarray]:
-    """The candidates' columns of the product rows ``(e[k], c[k])`` (a shape-column row, a combination)."""
-    cols = {k: v[e] for k, v in shape_cols.items()}
+    """The candidates' columns of the product rows ``(e[k], c[k])`` (a shape-column row, a combination), with
+    the string columns also as their factor and index (:class:`_Assembled`)."""
+    cols = _Assembled({k: v[e] for k, v in shape_cols.items()})
     cols.update({k: v[c] for k, v in combos.items()})
     cols.update({k: v[c] for k, v in twins.items()})
+    cols.strings = {k: (v, e) for k, v in shape_cols.items() if k in STRING_COLUMNS}
+    cols.strings.update({k: (v, c) for k, v in combos.items() if k in STRING_COLUMNS})
     return cols
+
+
+STRING_COLUMNS = ("recompute", "attention_backend", "cp_comm_type", "schedule")  # the frame's str columns
+
+
+class _Assembled(dict):
+    """The columns of :func:`_assemble`; ``strings``: each of :data:`STRING_COLUMNS` as ``(values, index)``, its
+    column being ``values[index]``, so that :func:`_frame` builds the (Arrow-backed) string column by one take of
+    the few ``values`` instead of converting every row's string."""
+
+    strings: dict[str, tuple[np.ndarray, np.ndarray]]
 
 
 def _product_order(shape: np.ndarray, copy: np.ndarray, e: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -483,7 +512,15 @@ _FRAME_COLUMNS = (*DIMENSIONS, "num_microbatches", "unfused_twins", "fp8_param_g
 def _frame(cols: dict[str, np.ndarray], rows: np.ndarray | None = None) -> pd.DataFrame:
     """The candidates' DataFrame of :func:`_raw_columns`' arrays (``rows``: a boolean mask, or all)."""
     pick = (lambda v: v) if rows is None else (lambda v: v[rows])
-    df = pd.DataFrame({c: pick(cols[c]) for c in _FRAME_COLUMNS if c != "fp8"})
+    strings = getattr(cols, "strings", {})
+
+    def column(c: str) -> Any:
+        if c not in strings:
+            return pick(cols[c])
+        values, index = strings[c]  # the same str column as pandas builds from the strings (tested)
+        return pd.array(values, dtype="str").take(pick(index))
+
+    df = pd.DataFrame({c: column(c) for c in _FRAME_COLUMNS if c != "fp8"})
     # fp8 holds None (BF16) or a format name: an object column (pandas would read None as a missing string)
     df.insert(DIMENSIONS.index("fp8"), "fp8", pd.Series(pick(cols["fp8"]), dtype=object))
     return df
@@ -564,18 +601,15 @@ def time_flag_combinations(space: SearchSpace) -> list[dict[str, bool]]:
 
 
 def _flag_masks(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> list[tuple[dict[str, bool], np.ndarray]]:
-    n = len(cands)
     fixed = {"tp": cands["tp"].to_numpy(), "sp": cands["sp"].to_numpy(bool),
              "distributed_optimizer": cands["distributed_optimizer"].to_numpy(bool), "ep": cands["ep"].to_numpy(),
-             "pp": cands["pp"].to_numpy(), "vpp": cands["vpp"].to_numpy(),
-             "recompute": cands["recompute"].to_numpy(dtype=object)}
+             "pp": cands["pp"].to_numpy(), "vpp": cands["vpp"].to_numpy()}
+    rec, rec_values = column_codes(cands["recompute"])  # the str column coded as it is, not converted row by row
     # the rules on the distinct values of the columns they read (elementwise predicates: the same verdict per row)
-    code = np.zeros(n, np.int64)
-    for v in fixed.values():
-        code = pd.factorize(code * (n + 1) + pd.factorize(v)[0])[0].astype(np.int64)
-    inv, first = code, step.first_rows(code)  # factorize's codes: np.unique's inverse as they are
+    inv, first = step.group_rows([*(v.astype(np.int64) for v in fixed.values()), rec.astype(np.int64)])
     k = len(first)
     distinct = {c: v[first] for c, v in fixed.items()}
+    distinct["recompute"] = np.asarray(rec_values, dtype=object)[rec[first]]
     return [(combo, _flag_ok(model, k, **distinct, **{c: np.full(k, v) for c, v in combo.items()})[inv.reshape(-1)])
             for combo in time_flag_combinations(space)]
 
@@ -599,7 +633,13 @@ def time_flag_multiplicity(model: ModelSpec, cands: pd.DataFrame, space: SearchS
 def expand_by_grid(cands: pd.DataFrame, combos: list[dict[str, bool]], ok: np.ndarray) -> pd.DataFrame:
     """The rows ``(i, j)`` of ``cands`` times ``combos`` where ``ok[i, j]`` (:func:`time_flag_grid`), row by row
     and within a row in combination order (the order of ``ok``'s true cells, row-major)."""
-    rows, which = np.nonzero(ok)
+    return expand_cells(cands, combos, *np.nonzero(ok))
+
+
+def expand_cells(cands: pd.DataFrame, combos: list[dict[str, bool]], rows: np.ndarray, which: np.ndarray
+                 ) -> pd.DataFrame:
+    """The cells ``(rows[k], which[k])`` of the grid of :func:`expand_by_grid` as rows: row ``rows[k]`` of
+    ``cands`` with the time-only flags of combination ``which[k]`` (one take of ``cands``; index from 0)."""
     out = cands.iloc[rows].reset_index(drop=True)
     for k in BOOL_TIME_FLAGS:
         out[k] = np.array([c[k] for c in combos], bool)[which]
