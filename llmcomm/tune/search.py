@@ -483,7 +483,7 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     combos, flag_ok = time_flag_grid(model, base, space)
     flags = flag_ok.sum(axis=1, dtype=np.int64)  # time_flag_multiplicity
     twins = [base.pop(c).to_numpy() if c in base else np.zeros(len(base), np.int64) for c in TWIN_COLUMNS]
-    enumerated = int((flags * (1 + twins[0] + twins[1])).sum())
+    enumerated = int((flags * (1 + sum(twins))).sum())
     check_tune_candidates(enumerated)
     if enumerated == 0:
         raise _no_split_error(model, gpus, global_batch)
@@ -509,7 +509,8 @@ def tune(model: ModelSpec | str, gpus: int, cluster: Cluster | str, global_batch
     # no rule of the time-only flags reads: the same multiplicity)
     remove("memory", base, ~fits, flags[~fits])
     for rule, k, change in (("unfused-dominated", 0, {"attention_backend": "unfused"}),
-                            ("fp8-param-gather-dominated", 1, {"fp8_param_gather": False})):
+                            ("fp8-param-gather-dominated", 1, {"fp8_param_gather": False}),
+                            ("recompute-dominated", 2, {"recompute": "selective"})):
         if twins[k].any():  # the left-out twins, one row per dominating row standing for all of them
             has = twins[k] > 0
             remove(rule, base, has, flags[has] * twins[k][has], **change)

@@ -582,7 +582,8 @@ def _valid_columns(model: ModelSpec, gpus: int, global_batch: int, seq_len: int 
     return cols
 
 
-_FRAME_COLUMNS = (*DIMENSIONS, "num_microbatches", "unfused_twins", "fp8_param_gather_twins", "global_batch",
+_FRAME_COLUMNS = (*DIMENSIONS, "num_microbatches", "unfused_twins", "fp8_param_gather_twins", "core_attn_twins",
+                  "global_batch",
                   "seq_len", "schedule")  # TWIN_COLUMNS in the middle
 
 
@@ -604,7 +605,7 @@ def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int
 
 # per row of a space built with ``dominated=True``: how many rows of the full space it stands for (its twins), by
 # the rule that removes them
-TWIN_COLUMNS = ("unfused_twins", "fp8_param_gather_twins")
+TWIN_COLUMNS = ("unfused_twins", "fp8_param_gather_twins", "core_attn_twins")
 
 
 def dominated_combinations(space: SearchSpace, combos: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -617,11 +618,19 @@ def dominated_combinations(space: SearchSpace, combos: dict[str, np.ndarray]) ->
         ``s²`` scores (memory never above), so it fits whenever the unfused one does;
     ``fp8-param-gather-dominated``: FP8 with the distributed optimizer and ``fp8_param_gather`` off where the
         space holds it on: never slower (:func:`llmcomm.tune.search.fp8_param_gather_dominated`) and its FP8
-        primary weights need less memory (:mod:`llmcomm.overhead.memory`).
+        primary weights need less memory (:mod:`llmcomm.overhead.memory`);
+    ``recompute-dominated`` (its case that needs no budget): selective recomputation of Megatron's default
+        ``core_attn`` with a fused backend where the space holds ``none``: with a fused kernel there are no
+        ``s²`` scores to drop (:func:`llmcomm.step.layer_activation_bytes`: the same memory as ``none``;
+        Megatron-LM warns the same, transformer_config.py:1983-1989, "For fused attention, you have no need to
+        set 'core_attn' to recompute"), and recomputing it is never faster (the rule's monotonicity,
+        :func:`llmcomm.tune.search.recomputes_less`), so the ``none`` twin fits and wins; the kept ``none`` row
+        stands for it (``core_attn_twins``) and for its unfused twins (in ``unfused_twins``: their memory is the
+        fused one's, their time above it).
 
     The count assumes that no rule outside :data:`FLAG_RULES` reads ``attention_backend`` or
-    ``fp8_param_gather`` (so a twin is valid where its kept row is); ``tests/test_tune.py`` checks the counts
-    against the exhaustive enumeration."""
+    ``fp8_param_gather``, and none tells ``none`` from selective ``core_attn`` (so a twin is valid where its kept
+    row is); ``tests/test_tune.py`` checks the counts against the exhaustive enumeration."""
     from ..vocab import FUSED_ATTENTION_BACKENDS
 
     ab = combos["attention_backend"].astype(str)
@@ -633,10 +642,15 @@ def dominated_combinations(space: SearchSpace, combos: dict[str, np.ndarray]) ->
     fpg = combos["fp8_param_gather"].astype(bool)
     fpg_both = True in space.fp8_param_gather and False in space.fp8_param_gather
     fpg_dominated = fpg_both & fp8 & dopt & ~fpg
-    keep = ~(has_fused & ~fused) & ~fpg_dominated
+    rec = combos["recompute"].astype(str)
+    default_sel = (rec == "selective") & np.equal(combos["recompute_modules"], None)  # type: ignore[call-overload]
+    core = bool((rec == "none").any() and default_sel.any())  # both in the space: every none row has its twin
+    core_dominated = core & default_sel & fused
+    keep = ~(has_fused & ~fused) & ~fpg_dominated & ~core_dominated
     factor = np.where(fpg_both & fp8 & dopt & fpg, 2, 1)  # a kept fp8_param_gather row stands for its off twin too
-    return {"keep": keep, "unfused_twins": np.where(has_fused & fused, n_unfused, 0) * factor,
-            "fp8_param_gather_twins": np.where(factor == 2, 1, 0)}
+    core_twin = np.where(core & (rec == "none") & fused, 1, 0)
+    return {"keep": keep, "unfused_twins": np.where(has_fused & fused, n_unfused, 0) * factor * (1 + core_twin),
+            "fp8_param_gather_twins": np.where(factor == 2, 1, 0), "core_attn_twins": core_twin * factor}
 
 
 def column_codes(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
