@@ -66,7 +66,8 @@ def test_partial_modules() -> None:
     assert partial_modules(lc.load_model("qwen3-30b-a3b")) == partial_modules(lc.load_model("llama3-8b")) == set()
     mlp = ("selective", ("mlp",))
     assert recomputes_less(("none", None), mlp) and not recomputes_less(("none", None), mlp, frozenset({"mlp"}))
-    assert recomputes_less(mlp, ("full", None), frozenset({"mlp"}))
+    assert recomputes_less(mlp, ("full", None)) and not recomputes_less(mlp, ("full", None), frozenset({"mlp"}))
+    assert recomputes_less(("selective", None), ("full", None), frozenset({"mlp"}))
 
 
 def test_recomputes_less_is_the_subset_order() -> None:
@@ -97,6 +98,7 @@ def _evaluated(name: str, gpus: int, batch: int, cluster: lc.Cluster, seq: int |
 @pytest.mark.parametrize("name, gpus, batch, cluster, seq, dims", [
     ("deepseek-moe-16b", 8, 16, H100, 2048, dict(pp=(1, 2), micro_batch=(1, 2), moe_a2a_overlap=(False, True),
                                                  overlap_p2p_comm=(False, True), cp=(1, 2))),
+    ("deepseek-moe-16b", 16, 64, A100, None, dict(pp=(1, 2, 4), micro_batch=(1,), cp=(1,))),  # FSDP: full < moe
     ("mixtral-8x7b", 16, 32, A100, None, dict(tp=(1, 2, 4), micro_batch=(1,), cp=(1,))),
     ("llama3-8b", 8, 16, H100, 4096, dict(micro_batch=(1, 2), cp=(1, 2), uneven=(False,)))])
 def test_time_and_memory_are_monotone_in_the_module_set(name, gpus, batch, cluster, seq, dims) -> None:  # noqa: ANN001
