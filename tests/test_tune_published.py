@@ -81,7 +81,7 @@ def test_outside_space_says_why_the_tuner_cannot_pick_a_published_configuration(
     # mla_up_proj+mlp is not (the formulation does not time mla_up_proj), and the reason names the sets it holds
     assert "recompute_modules" not in why("gpt-oss-120b", "26.02")
     ds = ast.literal_eval(pub[pub["model_name"] == "deepseek-v3"]["columns"].iloc[0])  # refused (pp-layers)
-    assert ("recompute_modules=mla_up_proj+mlp (the space's module sets on deepseek-v3: default/"
+    assert ("recompute_modules=mla_up_proj+mlp (the space's module sets on deepseek-v3: default)"
             in outside_space(lc.load_model("deepseek-v3"), ds, SearchSpace(), h100))
     from llmcomm.tune.published import RELAX
 

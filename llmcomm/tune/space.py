@@ -388,14 +388,19 @@ def module_sets(model: ModelSpec, space: SearchSpace) -> tuple[tuple[str, ...] |
     the kit's memory model, which times it not at all, rule ``cost-recompute-mla-up-proj``), without repeats and
     empty sets (selective recomputation of nothing: the time of ``none`` or more for its memory). A module that
     keeps no byte less costs time for nothing, so the reduced set is never slower for the same memory; the sets
-    left are the published ones as the kit's cost model can tell them apart."""
+    left are the published ones as the kit's cost model can tell them apart. Left out of the default too: a set
+    holding a module that recomputes some layers of the model only (:func:`partial_modules`, a model of dense and
+    MoE layers such as DeepSeek-MoE 16B), which the recompute-dominated rule cannot prune against ``none``
+    (:func:`llmcomm.tune.search.recomputes_less`): each such set is evaluated wherever it fits, which on
+    DeepSeek-MoE 16B on 1,024 GPUs took the search from 1.5 to 2.7 s of CPU; ask for them explicitly there."""
     if space.recompute_modules is not None:
         return space.recompute_modules
     out: list[tuple[str, ...] | None] = []
+    partial = partial_modules(model)
     for s in DEFAULT_MODULE_SETS:
         mods = ("core_attn",) if s is None else s
         kept = module_set(tuple(x for x in mods if _saves(model, mods, x)))
-        if kept != () and kept not in out:
+        if kept != () and kept not in out and not set(kept or ()) & partial:
             out.append(kept)
     return tuple(out)
 
