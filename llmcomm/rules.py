@@ -503,6 +503,11 @@ RULES: tuple[Rule, ...] = (
          lambda m, p: np.logical_and(np.asarray(p.moe_a2a_overlap, dtype=bool),
                                      np.asarray(p.recompute, dtype=object) == "full"),
          lambda m, r: "moe_a2a_overlap needs recompute != 'full'"),
+    Rule("a2a-overlap-no-moe-recompute", "megatron",
+         "megatron/core/transformer/transformer_config.py:3030-3032 ('disable moe in recompute_modules when "
+         "enabling overlap_moe_expert_parallel_comm')",
+         lambda m, p: np.logical_and(np.asarray(p.moe_a2a_overlap, dtype=bool), _has_module(p, ("moe",))),
+         lambda m, r: "moe_a2a_overlap needs 'moe' out of recompute_modules"),
     # --------------------------------------------------------------------------------------- cost
     Rule("expert-order", "megatron",
          "megatron/core/parallel_state.py:898-902 (Megatron asserts it for every MoE grid; the kit checks it where "

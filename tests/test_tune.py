@@ -174,7 +174,9 @@ def _runnable(cands, cluster: lc.Cluster):  # noqa: ANN001, ANN202
 
 def _twins(t, dim: str):  # noqa: ANN001, ANN202
     """``total_s`` of rows equal in everything but ``dim``, one column per value of ``dim``."""
-    key = [c for c in DIMENSIONS if c != dim]
+    if dim == "recompute":  # Megatron's default modules (the other module sets: tests/test_tune_modules.py)
+        t = t[t["recompute_modules"].isna()]
+    key = [c for c in DIMENSIONS if c != dim and not (dim == "recompute" and c == "recompute_modules")]
     filled = t.assign(**{c: t[c].astype(object).where(t[c].notna(), "none") for c in key})
     return filled.pivot_table(index=key, columns=dim, values="total_s")
 

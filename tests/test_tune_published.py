@@ -77,6 +77,15 @@ def test_outside_space_says_why_the_tuner_cannot_pick_a_published_configuration(
     q = why("qwen3-30b-a3b", "25.11")
     assert "vpp 24 above the space's max_vpp=8" in q and "fp8_recipe=tensorwise" in q
     assert "ep 32 does not divide dp 16" in why("qwen3-235b-a22b", "25.11")
+    # --recompute-modules (issue 21): GPT-OSS 120B's layernorm+moe_act is a set of the space; DeepSeek-V3's
+    # mla_up_proj+mlp is not (the formulation does not time mla_up_proj), and the reason names the sets it holds
+    assert "recompute_modules" not in why("gpt-oss-120b", "26.02")
+    ds = ast.literal_eval(pub[pub["model_name"] == "deepseek-v3"]["columns"].iloc[0])  # refused (pp-layers)
+    assert ("recompute_modules=mla_up_proj+mlp (the space's module sets on deepseek-v3: default)"
+            in outside_space(lc.load_model("deepseek-v3"), ds, SearchSpace(), h100))
+    from llmcomm.tune.published import RELAX
+
+    assert "recompute_modules" not in RELAX
     big = lc.load_model("qwen3-235b-a22b")
     cand = ast.literal_eval(pub[(pub["model_name"] == "qwen3-235b-a22b") & (pub["container"] == "25.11")]
                             ["columns"].iloc[0])

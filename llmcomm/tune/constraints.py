@@ -4,10 +4,12 @@ Each comma-separated item is ``NAME=VALUE``: ``NAME`` a dimension of the space (
 ``etp``, ``micro_batch`` or ``mb``, ``vpp``, ``sp``, ``recompute``, ``distributed_optimizer`` or ``dist_opt``,
 ``fsdp``, ``attention_backend``, ``uneven``, ``fp8``, ``fp8_param_gather``, ``tp_comm_overlap``,
 ``overlap_grad_reduce``, ``overlap_param_gather``, ``overlap_p2p_comm`` / ``p2p``, ``moe_a2a_overlap`` / ``a2a`` (off
-in the default space: ``p2p=off/on`` opens it), ``cp_comm_type``) with one value or several joined by ``/``
-(``tp=4/8``), or ``max_NAME`` / ``min_NAME`` for an integer dimension (``max_tp=8``). Booleans read ``on/off``,
+in the default space: ``p2p=off/on`` opens it), ``cp_comm_type``, ``recompute_modules`` / ``modules``) with one
+value or several joined by ``/`` (``tp=4/8``), or ``max_NAME`` / ``min_NAME`` for an integer dimension (``max_tp=8``). Booleans read ``on/off``,
 ``true/false``, ``yes/no``, ``1/0``. ``fp8`` takes ``on`` (Megatron-LM's ``hybrid`` format), ``off`` (BF16),
-``hybrid`` or ``e4m3``.
+``hybrid`` or ``e4m3``. ``recompute_modules`` takes module sets, each its ``--recompute-modules`` names joined by ``+``
+(``recompute_modules=core_attn+moe_act/layernorm+moe_act``; ``default``: Megatron-LM's, ``core_attn``): the sets of
+the selective rows (:func:`~llmcomm.tune.space.module_set`).
 Every error is a :class:`~llmcomm.errors.UsageError` naming the item and the rule it breaks.
 """
 
@@ -27,9 +29,10 @@ STR_DIMS = {"recompute": RECOMPUTE_MODES, "attention_backend": ATTENTION_BACKEND
 FP8 = {"on": "hybrid", "hybrid": "hybrid", "e4m3": "e4m3", **{f: None for f in ("off", "false", "no", "0", "bf16")}}
 ALIASES = {"mb": "micro_batch", "dist_opt": "distributed_optimizer", "dopt": "distributed_optimizer",
            "attention": "attention_backend", "tpo": "tp_comm_overlap", "ogr": "overlap_grad_reduce",
-           "opg": "overlap_param_gather", "p2p": "overlap_p2p_comm", "a2a": "moe_a2a_overlap"}
+           "opg": "overlap_param_gather", "p2p": "overlap_p2p_comm", "a2a": "moe_a2a_overlap",
+           "modules": "recompute_modules"}
 TRUE, FALSE = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
-KNOWN = (*INT_DIMS, *BOOL_DIMS, *STR_DIMS, *ALIASES, "fp8", *(f"max_{d}" for d in INT_DIMS),
+KNOWN = (*INT_DIMS, *BOOL_DIMS, *STR_DIMS, *ALIASES, "fp8", "recompute_modules", *(f"max_{d}" for d in INT_DIMS),
          *(f"min_{d}" for d in INT_DIMS))
 
 
@@ -50,6 +53,23 @@ def _int(item: str, text: str) -> int:
     if v < 1:
         raise UsageError(f"--constraints {item!r}: {v} must be a positive integer")
     return v
+
+
+def _module_set(item: str, text: str) -> tuple[str, ...] | None:
+    from ..errors import ConfigError
+    from .space import module_set
+
+    t = text.strip()
+    if t.lower() == "default":
+        return None
+    names = [x.strip() for x in t.split("+")]
+    if not t or not all(names):
+        raise UsageError(f"--constraints {item!r}: {text!r} is not a module set (names joined by '+', e.g. "
+                         "core_attn+moe_act, or default)")
+    try:
+        return module_set(names)
+    except ConfigError as e:
+        raise UsageError(f"--constraints {item!r}: {e}") from None
 
 
 def parse(text: str, gpus: int, space: SearchSpace | None = None) -> SearchSpace:
@@ -77,6 +97,9 @@ def parse(text: str, gpus: int, space: SearchSpace | None = None) -> SearchSpace
             continue
         if key.startswith(("max_", "min_")):
             bounds[key] = [_int(raw, value)]
+            continue
+        if key == "recompute_modules":
+            chosen[key] = tuple(dict.fromkeys(_module_set(raw, v) for v in value.split("/")))
             continue
         parts = [v for v in value.split("/") if v.strip()] or [""]
         if key in INT_DIMS:

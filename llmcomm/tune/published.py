@@ -45,8 +45,9 @@ from .search import tune
 from .space import SearchSpace
 
 CONFIG = ("tp", "pp", "cp", "vp", "ep", "mbs", "fsdp")  # the table's columns that make a configuration
-# settings the formulation does not model that keep a group's configurations from being ranked (relaxed there)
-RELAX = ("moe_flex_dispatcher_backend", "moe_a2a_overlap", "recompute_modules", "recompute_num_layers",
+# settings the formulation does not model that keep a group's configurations from being ranked (relaxed there);
+# not recompute_modules: the formulation times every set but mla_up_proj, and the space holds the sets (issue 21)
+RELAX = ("moe_flex_dispatcher_backend", "moe_a2a_overlap", "recompute_num_layers",
          "recompute_method", "moe_router_load_balancing_type", "overlap_p2p_comm", "first_last_layers_bf16",
          "cuda_graph_impl", "moe_router_dtype", "moe_shared_expert_overlap", "moe_permute_fusion",
          "moe_token_dispatcher_type")
@@ -142,7 +143,8 @@ def outside_space(model: Any, cand: dict[str, Any], space: SearchSpace, cluster:
     * a MoE model's EP not dividing DP where the space has no explicit ``etp`` (MoE parallel folding,
       :func:`~llmcomm.tune.space.expert_shapes`);
     * a categorical dimension of the space (:data:`~llmcomm.tune.space.DIMENSIONS`) at a value the space does not
-      hold (``overlap_p2p_comm`` on, where the default space keeps it off);
+      hold (``overlap_p2p_comm`` on, where the default space keeps it off; a selective ``recompute_modules`` set
+      outside the space's sets on the model, :func:`~llmcomm.tune.space.module_sets`);
     * any other :class:`~llmcomm.specs.ParallelConfig` field away from its default, which every row of the space
       keeps (``fp8_recipe=tensorwise``, ``create_attention_mask_in_dataloader=False``...), except Megatron's
       ``account_for_embedding/loss_in_pipeline_split`` at ``vpp = 1``, which the space holds as an uneven split
@@ -151,7 +153,7 @@ def outside_space(model: Any, cand: dict[str, Any], space: SearchSpace, cluster:
 
     from ..overhead.memory import memory_table
     from ..specs import ParallelConfig
-    from .space import DIMENSIONS, SHAPE_COLUMNS
+    from .space import DIMENSIONS, SHAPE_COLUMNS, module_set, module_sets
 
     why = []
     mem = float(memory_table(model, pd.DataFrame([cand]))["total_bytes"].iloc[0])
@@ -172,7 +174,12 @@ def outside_space(model: Any, cand: dict[str, Any], space: SearchSpace, cluster:
     for k, v in cand.items():
         if k in derived or k in SHAPE_COLUMNS or k not in defaults:
             continue  # the shape dimensions are the bounds' above
-        if k in DIMENSIONS:
+        if k == "recompute_modules":
+            sets = module_sets(model, space)
+            if cand.get("recompute") == "selective" and module_set(v) not in sets:
+                shown = "/".join("default" if x is None else "+".join(x) for x in sets)
+                why.append(f"recompute_modules={'+'.join(v)} (the space's module sets on {model.name}: {shown})")
+        elif k in DIMENSIONS:
             held = getattr(space, k, None)
             if held is not None and v is not None and v not in held:  # None: unset (cp_comm_type at cp 1)
                 why.append(f"{k}={v} (the space's {k}: {'/'.join(map(str, held))})")

@@ -42,9 +42,16 @@ def best_by_scale(model: ModelSpec, gpus: Sequence[int], clusters: Sequence[str 
     return pd.DataFrame(rows)
 
 
+def _modules(r: pd.Series | Mapping[str, Any]) -> str:
+    """``(layernorm+moe_act)``: a selective row's ``--recompute-modules`` other than Megatron-LM's default."""
+    m = r.get("recompute_modules") if hasattr(r, "get") else None
+    return f"({'+'.join(m)})" if isinstance(m, (tuple, list)) else ""
+
+
 def label(r: pd.Series | Mapping[str, Any]) -> str:
     """A configuration in one short string: ``tp4·pp8·dp32·mb1·v6·sp·selective·dopt``; a context-parallel
-    size, an expert-parallel size (``·ep32``, MoE), uneven end stages (``·first7·last7``), an expert TP other
+    size, an expert-parallel size (``·ep32``, MoE), the selective modules other than Megatron's default
+    (``·selective(moe_act+layernorm)``), uneven end stages (``·first7·last7``), an expert TP other
     than tp, FSDP, an unfused attention backend, FP8 (``·fp8-hybrid``, ``·fpg`` its parameter gather) and the
     overlap flags (``·tpo`` tp_comm_overlap, ``·ogr`` overlap_grad_reduce, ``·opg`` overlap_param_gather) are
     added where present."""
@@ -64,7 +71,7 @@ def label(r: pd.Series | Mapping[str, Any]) -> str:
             f"{f'·ep{ep}' if (ep := opt('ep')) > 1 else ''}"
             f"{f'·etp{et}' if (et := opt('etp')) >= 0 else ''}"
             f"·mb{int(r['micro_batch'])}·v{int(r['vpp'])}{ends}"
-            f"{'·sp' if r['sp'] else ''}·{r['recompute']}{'·dopt' if r['distributed_optimizer'] else ''}"
+            f"{'·sp' if r['sp'] else ''}·{r['recompute']}{_modules(r)}{'·dopt' if r['distributed_optimizer'] else ''}"
             f"{'·fsdp' if r.get('fsdp', False) else ''}"
             f"{'' if ab in FUSED_ATTENTION_BACKENDS else f'·{ab}'}"
             f"{f'·fp8-{f8}' if (f8 := r.get('fp8')) is not None and not pd.isna(f8) else ''}"

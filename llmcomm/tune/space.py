@@ -85,6 +85,9 @@ class SearchSpace:
     vpp: tuple[int, ...] | None = None
     sp: tuple[bool, ...] = (False, True)
     recompute: tuple[str, ...] = RECOMPUTE
+    # --recompute-modules of the selective rows (each a tuple of RECOMPUTE_MODULES names, None: Megatron's default
+    # core_attn); None: DEFAULT_MODULE_SETS as they apply to the model (module_sets)
+    recompute_modules: tuple[tuple[str, ...] | None, ...] | None = None
     distributed_optimizer: tuple[bool, ...] = (False, True)
     fsdp: tuple[bool, ...] | None = None
     attention_backend: tuple[str, ...] = ("auto", "unfused")  # Megatron-LM's default (fused) and the 2021 kernels
@@ -110,6 +113,12 @@ class SearchSpace:
         bad = [r for r in self.recompute if r not in RECOMPUTE]
         if bad or not self.recompute:
             raise ConfigError(f"space: recompute values {bad} are not in {RECOMPUTE}")
+        if self.recompute_modules is not None:
+            if isinstance(self.recompute_modules, str) or not self.recompute_modules:
+                raise ConfigError(f"space: recompute_modules={self.recompute_modules!r} must be a non-empty tuple of "
+                                  "module sets (each None or a tuple of module names)")
+            sets = tuple(dict.fromkeys(module_set(v) for v in self.recompute_modules))
+            object.__setattr__(self, "recompute_modules", sets)
         bad = [b for b in self.attention_backend if b not in ATTENTION_BACKENDS]
         if bad or not self.attention_backend:
             raise ConfigError(f"space: attention_backend values {bad} are not in {ATTENTION_BACKENDS}")
@@ -168,11 +177,11 @@ BOOL_TIME_FLAGS = tuple(f for f in ("tp_comm_overlap", "overlap_grad_reduce", "o
 # the rules that say which combinations of the time-only flags (and fp8_param_gather) a row may take
 FLAG_RULES = tuple(r for r in ("param-gather-needs-distopt", "fp8-param-gather-needs-distopt",
                                "tp-comm-overlap-needs-sp", "a2a-overlap-needs-ep", "a2a-overlap-needs-vpp",
-                               "a2a-overlap-no-full-recompute") if r in rules.BY_NAME)
+                               "a2a-overlap-no-full-recompute", "a2a-overlap-no-moe-recompute") if r in rules.BY_NAME)
 HAS_CP_COMM_TYPE = "cp_comm_type" in {f.name for f in dataclasses.fields(ParallelConfig)}
 MEMORY_DIMENSIONS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
-                     "num_layers_in_last_pipeline_stage", "sp", "recompute", "distributed_optimizer", "fsdp",
-                     "attention_backend", "fp8", "fp8_param_gather", *(("cp_comm_type",) if HAS_CP_COMM_TYPE else ()))
+                     "num_layers_in_last_pipeline_stage", "sp", "recompute", "recompute_modules",
+                     "distributed_optimizer", "fsdp", "attention_backend", "fp8", "fp8_param_gather", *(("cp_comm_type",) if HAS_CP_COMM_TYPE else ()))
 DIMENSIONS = (*MEMORY_DIMENSIONS, *BOOL_TIME_FLAGS)
 SHORT = {"num_layers_in_first_pipeline_stage": "first", "num_layers_in_last_pipeline_stage": "last"}
 
@@ -309,6 +318,93 @@ def expert_shapes(model: ModelSpec, tp: int, cp: int, dp: int, space: SearchSpac
     return [(ep, et) for ep in eps for et in space.etp]
 
 
+# ------------------------------------------------------------------ selective recomputation by module
+# The module sets of a default space (--recompute-modules, megatron/core/transformer/transformer_config.py:560-580 at
+# d98e8a6): Megatron-LM's default, then those of NVIDIA's Megatron-Bridge DGX-H100 perf recipes
+# (data/published/nemo_h100_recipes.yaml, read by data/published/read_nemo_recipes.py): GPT-OSS 120B's (25.11-26.04),
+# DeepSeek-V3's (25.09) and Nemotron-3 Nano's (26.02.01). Each enters a model's space reduced to the modules that
+# keep less there (module_sets). Not all 2^7 subsets: each set adds a copy of every selective row to the space
+# (on deepseek-moe-16b, 1,024 GPUs, about 1/9 more rows per set), most of them memory-bound configurations a
+# published recipe never ran; any other set is asked for with SearchSpace(recompute_modules=...) or
+# --constraints recompute_modules=core_attn+mlp/moe.
+DEFAULT_MODULE_SETS: tuple[tuple[str, ...] | None, ...] = (
+    None, ("layernorm", "moe_act"), ("mla_up_proj", "mlp"), ("core_attn", "layernorm", "moe", "moe_act"))
+
+
+def module_set(v: Any) -> tuple[str, ...] | None:
+    """One ``--recompute-modules`` set in the space's canonical form: a tuple of
+    :data:`~llmcomm.vocab.RECOMPUTE_MODULES` names in that order without repeats, ``None`` for Megatron-LM's
+    default ``core_attn`` alone (:func:`llmcomm.step.recompute_flags`: the same configuration); ``"a+b"`` reads as
+    ``("a", "b")``. A name outside the vocabulary is a :class:`ConfigError` naming the rule."""
+    from ..vocab import RECOMPUTE_MODULES
+
+    if v is None:
+        return None
+    names = v.split("+") if isinstance(v, str) else list(v)
+    bad = [x for x in names if x not in RECOMPUTE_MODULES]
+    if bad:
+        raise ConfigError(f"space: recompute_modules {v!r}: {bad} not among {RECOMPUTE_MODULES} "
+                          "(rule recompute-modules-names)")
+    out = tuple(x for x in RECOMPUTE_MODULES if x in names)
+    return None if out == ("core_attn",) else out
+
+
+def _saves(model: ModelSpec, mods: tuple[str, ...], name: str) -> bool:
+    """Whether recomputing ``name`` on top of the other modules of ``mods`` keeps fewer activation bytes on some
+    layer of ``model`` (:func:`llmcomm.step.layer_activation_bytes`, the memory model's one home; at an unfused
+    attention backend, where ``core_attn`` drops the scores, in BF16)."""
+    rest = tuple(x for x in mods if x != name)
+    kw = dict(seq=np.array([1024.0]), micro_batch=1, tp=1, sp=False, recompute="selective", act_bytes=2)
+    return any(float(step.layer_activation_bytes(model, moe, recompute_modules=mods, **kw)[0])
+               < float(step.layer_activation_bytes(model, moe, recompute_modules=rest, **kw)[0])
+               for moe in set(model.moe_layer_pattern()))
+
+
+def partial_modules(model: ModelSpec) -> frozenset[str]:
+    """The modules that recompute on some layers of ``model`` only: those that keep fewer bytes on one kind of its
+    layers (dense, MoE) and not on the other (``mlp`` on a model with dense and MoE layers, DeepSeek-MoE 16B's first
+    layer; ``moe_act``, ``layernorm``, ``moe``, ``shared_experts`` there too). Their recomputation lengthens the
+    backward of those layers only, which under ``overlap_grad_reduce`` can hide more of the other chunks' gradient
+    reduction than it costs (:func:`llmcomm.overhead.overlap.grad_reduce_exposed`), so the recompute-dominated rule
+    does not take the time as non-decreasing in them (:func:`llmcomm.tune.search.recomputes_less`)."""
+    from ..vocab import RECOMPUTE_MODULES
+
+    kinds = set(model.moe_layer_pattern())
+    kw = dict(seq=np.array([1024.0]), micro_batch=1, tp=1, sp=False, recompute="selective", act_bytes=2)
+    out = set()
+    for name in RECOMPUTE_MODULES:
+        saves = {float(step.layer_activation_bytes(model, moe, recompute_modules=(name,), **kw)[0])
+                 < float(step.layer_activation_bytes(model, moe, recompute_modules=(), **kw)[0]) for moe in kinds}
+        if len(saves) > 1:
+            out.add(name)
+    return frozenset(out)
+
+
+def module_sets(model: ModelSpec, space: SearchSpace) -> tuple[tuple[str, ...] | None, ...]:
+    """The ``recompute_modules`` values of the space's selective rows on ``model``: ``space.recompute_modules`` as
+    given, or :data:`DEFAULT_MODULE_SETS` each reduced to its modules that keep fewer activation bytes on this model
+    (:func:`_saves`: ``layernorm`` saves nothing on a dense layer, whose norms TransformerEngine fuses into the
+    next GEMM, ``moe_act`` nothing beside ``moe``, ``mlp`` nothing without dense layers; ``mla_up_proj`` nothing in
+    the kit's memory model, which times it not at all, rule ``cost-recompute-mla-up-proj``), without repeats and
+    empty sets (selective recomputation of nothing: the time of ``none`` or more for its memory). A module that
+    keeps no byte less costs time for nothing, so the reduced set is never slower for the same memory; the sets
+    left are the published ones as the kit's cost model can tell them apart. Left out of the default too: a set
+    holding a module that recomputes some layers of the model only (:func:`partial_modules`, a model of dense and
+    MoE layers such as DeepSeek-MoE 16B), which the recompute-dominated rule cannot prune against ``none``
+    (:func:`llmcomm.tune.search.recomputes_less`): each such set is evaluated wherever it fits, which on
+    DeepSeek-MoE 16B on 1,024 GPUs took the search from 1.5 to 2.7 s of CPU; ask for them explicitly there."""
+    if space.recompute_modules is not None:
+        return space.recompute_modules
+    out: list[tuple[str, ...] | None] = []
+    partial = partial_modules(model)
+    for s in DEFAULT_MODULE_SETS:
+        mods = ("core_attn",) if s is None else s
+        kept = module_set(tuple(x for x in mods if _saves(model, mods, x)))
+        if kept != () and kept not in out and not set(kept or ()) & partial:
+            out.append(kept)
+    return tuple(out)
+
+
 def _product(columns: dict[str, Sequence[Any]]) -> dict[str, np.ndarray]:
     """The Cartesian product of ``columns`` as one array per name (first name slowest)."""
     names = list(columns)
@@ -358,7 +454,8 @@ def _shape_rows(model: ModelSpec, gpus: int, global_batch: int, space: SearchSpa
 SHAPE_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "vpp", "num_layers_in_first_pipeline_stage",
                  "num_layers_in_last_pipeline_stage", "num_microbatches")
 # the categorical dimensions, whose product with the shape rows is the space (before the time-only flags)
-COMBO_COLUMNS = ("sp", "recompute", "distributed_optimizer", "fsdp", "attention_backend", "fp8", "fp8_param_gather")
+COMBO_COLUMNS = ("sp", "recompute", "recompute_modules", "distributed_optimizer", "fsdp", "attention_backend", "fp8",
+                 "fp8_param_gather")
 
 
 def _combinations(model: ModelSpec, space: SearchSpace) -> dict[str, np.ndarray]:
@@ -366,9 +463,22 @@ def _combinations(model: ModelSpec, space: SearchSpace) -> dict[str, np.ndarray]
     product, without the fp8_param_gather combinations Megatron-LM refuses (its rule, :data:`FLAG_RULES`)."""
     fsdps = tuple(accepted_values(model, "fsdp", [False, True])) if space.fsdp is None else space.fsdp
     fp8s = space.fp8 if space.fp8 is not None else (None,)
-    combos = _product({"sp": space.sp, "recompute": space.recompute, "distributed_optimizer":
-                       space.distributed_optimizer, "fsdp": fsdps, "attention_backend": space.attention_backend,
-                       "fp8": fp8s, "fp8_param_gather": space.fp8_param_gather})
+    sets = module_sets(model, space)
+    combos = _product({"sp": space.sp, "recompute": space.recompute, "recompute_modules": range(len(sets)),
+                       "distributed_optimizer": space.distributed_optimizer, "fsdp": fsdps,
+                       "attention_backend": space.attention_backend, "fp8": fp8s,
+                       "fp8_param_gather": space.fp8_param_gather})
+    # one module set per selective row, None (no --recompute-modules) on the others: rule
+    # recompute-modules-need-selective, applied here since the sets are the product's own
+    selective = combos["recompute"] == "selective"
+    which = combos["recompute_modules"].astype(np.int64)
+    combos = {c: v[selective | (which == 0)] for c, v in combos.items()}
+    objs = np.empty(len(sets), dtype=object)
+    for i, v in enumerate(sets):  # one element per set (a slice assignment would spread equal-length tuples)
+        objs[i] = v
+    mods = objs[combos["recompute_modules"].astype(np.int64)]
+    mods[combos["recompute"] != "selective"] = None
+    combos["recompute_modules"] = mods
     nc = len(combos["sp"])
     keep = _flag_ok(model, nc, sp=np.ones(nc, bool), distributed_optimizer=combos["distributed_optimizer"].astype(bool),
                     fp8=combos["fp8"], fp8_param_gather=combos["fp8_param_gather"].astype(bool))
@@ -377,6 +487,7 @@ def _combinations(model: ModelSpec, space: SearchSpace) -> dict[str, np.ndarray]
     for k in ("sp", "distributed_optimizer", "fsdp", "fp8_param_gather"):
         out[k] = combos[k].astype(bool)
     out["recompute"] = combos["recompute"].astype(str)
+    out["recompute_modules"] = combos["recompute_modules"]
     out["attention_backend"] = combos["attention_backend"].astype(str)
     out["fp8"] = combos["fp8"]
     return {k: out[k] for k in COMBO_COLUMNS}
@@ -505,7 +616,8 @@ def _valid_columns(model: ModelSpec, gpus: int, global_batch: int, seq_len: int 
     return cols
 
 
-_FRAME_COLUMNS = (*DIMENSIONS, "num_microbatches", "unfused_twins", "fp8_param_gather_twins", "global_batch",
+_FRAME_COLUMNS = (*DIMENSIONS, "num_microbatches", "unfused_twins", "fp8_param_gather_twins", "core_attn_twins",
+                  "global_batch",
                   "seq_len", "schedule")  # TWIN_COLUMNS in the middle
 
 
@@ -535,7 +647,7 @@ def _raw_candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int
 
 # per row of a space built with ``dominated=True``: how many rows of the full space it stands for (its twins), by
 # the rule that removes them
-TWIN_COLUMNS = ("unfused_twins", "fp8_param_gather_twins")
+TWIN_COLUMNS = ("unfused_twins", "fp8_param_gather_twins", "core_attn_twins")
 
 
 def dominated_combinations(space: SearchSpace, combos: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -548,11 +660,19 @@ def dominated_combinations(space: SearchSpace, combos: dict[str, np.ndarray]) ->
         ``s²`` scores (memory never above), so it fits whenever the unfused one does;
     ``fp8-param-gather-dominated``: FP8 with the distributed optimizer and ``fp8_param_gather`` off where the
         space holds it on: never slower (:func:`llmcomm.tune.search.fp8_param_gather_dominated`) and its FP8
-        primary weights need less memory (:mod:`llmcomm.overhead.memory`).
+        primary weights need less memory (:mod:`llmcomm.overhead.memory`);
+    ``recompute-dominated`` (its case that needs no budget): selective recomputation of Megatron's default
+        ``core_attn`` with a fused backend where the space holds ``none``: with a fused kernel there are no
+        ``s²`` scores to drop (:func:`llmcomm.step.layer_activation_bytes`: the same memory as ``none``;
+        Megatron-LM warns the same, transformer_config.py:1983-1989, "For fused attention, you have no need to
+        set 'core_attn' to recompute"), and recomputing it is never faster (the rule's monotonicity,
+        :func:`llmcomm.tune.search.recomputes_less`), so the ``none`` twin fits and wins; the kept ``none`` row
+        stands for it (``core_attn_twins``) and for its unfused twins (in ``unfused_twins``: their memory is the
+        fused one's, their time above it).
 
     The count assumes that no rule outside :data:`FLAG_RULES` reads ``attention_backend`` or
-    ``fp8_param_gather`` (so a twin is valid where its kept row is); ``tests/test_tune.py`` checks the counts
-    against the exhaustive enumeration."""
+    ``fp8_param_gather``, and none tells ``none`` from selective ``core_attn`` (so a twin is valid where its kept
+    row is); ``tests/test_tune.py`` checks the counts against the exhaustive enumeration."""
     from ..vocab import FUSED_ATTENTION_BACKENDS
 
     ab = combos["attention_backend"].astype(str)
@@ -564,10 +684,15 @@ def dominated_combinations(space: SearchSpace, combos: dict[str, np.ndarray]) ->
     fpg = combos["fp8_param_gather"].astype(bool)
     fpg_both = True in space.fp8_param_gather and False in space.fp8_param_gather
     fpg_dominated = fpg_both & fp8 & dopt & ~fpg
-    keep = ~(has_fused & ~fused) & ~fpg_dominated
+    rec = combos["recompute"].astype(str)
+    default_sel = (rec == "selective") & np.equal(combos["recompute_modules"], None)  # type: ignore[call-overload]
+    core = bool((rec == "none").any() and default_sel.any())  # both in the space: every none row has its twin
+    core_dominated = core & default_sel & fused
+    keep = ~(has_fused & ~fused) & ~fpg_dominated & ~core_dominated
     factor = np.where(fpg_both & fp8 & dopt & fpg, 2, 1)  # a kept fp8_param_gather row stands for its off twin too
-    return {"keep": keep, "unfused_twins": np.where(has_fused & fused, n_unfused, 0) * factor,
-            "fp8_param_gather_twins": np.where(factor == 2, 1, 0)}
+    core_twin = np.where(core & (rec == "none") & fused, 1, 0)
+    return {"keep": keep, "unfused_twins": np.where(has_fused & fused, n_unfused, 0) * factor * (1 + core_twin),
+            "fp8_param_gather_twins": np.where(factor == 2, 1, 0), "core_attn_twins": core_twin * factor}
 
 
 def column_codes(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -605,11 +730,17 @@ def _flag_masks(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> li
              "distributed_optimizer": cands["distributed_optimizer"].to_numpy(bool), "ep": cands["ep"].to_numpy(),
              "pp": cands["pp"].to_numpy(), "vpp": cands["vpp"].to_numpy()}
     rec, rec_values = column_codes(cands["recompute"])  # the str column coded as it is, not converted row by row
+    mods, mod_values = column_codes(cands["recompute_modules"])  # tuples or None, coded by value
     # the rules on the distinct values of the columns they read (elementwise predicates: the same verdict per row)
-    inv, first = step.group_rows([*(v.astype(np.int64) for v in fixed.values()), rec.astype(np.int64)])
+    inv, first = step.group_rows([*(v.astype(np.int64) for v in fixed.values()), rec.astype(np.int64),
+                                  mods.astype(np.int64)])
     k = len(first)
     distinct = {c: v[first] for c, v in fixed.items()}
     distinct["recompute"] = np.asarray(rec_values, dtype=object)[rec[first]]
+    mod_objects = np.empty(len(mod_values), dtype=object)
+    # element by element (a tuple stays one value, not a row of a 2-D array); factorize gives None back as NaN
+    mod_objects[:] = [v if isinstance(v, tuple) else None for v in mod_values]
+    distinct["recompute_modules"] = mod_objects[mods[first]]
     return [(combo, _flag_ok(model, k, **distinct, **{c: np.full(k, v) for c, v in combo.items()})[inv.reshape(-1)])
             for combo in time_flag_combinations(space)]
 
