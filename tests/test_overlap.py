@@ -224,3 +224,53 @@ def test_time_takes_the_overlap_flags(capsys) -> None:
     assert total(*moe, "--moe-a2a-overlap") < total(*moe)
     assert main(["time", *moe, "--moe-flex-dispatcher-backend", "deepep", "--cluster", "h100-80g-ndr400"]) != 0
     assert "DeepEP/HybridEP kernels" in capsys.readouterr().err
+
+
+def test_grad_reduce_interleaved_paced_by_the_slowest_stage_by_hand():
+    # pp = 2, v = 2, L = 2. Stage 0's backward step 1 s per chunk (2 s over 2 chunks), the last stage's 3 s: in
+    # the cool-down stage 0 waits for each gradient of stage 1, so its chunk 1 ends 2 paced steps (2·3 s) before
+    # its end, not 2·1 s. Chunk 1 (4 s) launched at -6 s ends at -2 s, chunk 0 (1 s, at the end): exposed 1 s
+    # (stage 0's own pace: chunk 1 from -2 s to 2 s, chunk 0 after it: 3 s). The last stage has nothing to reduce.
+    from types import SimpleNamespace
+
+    def cls(edge, plain):
+        return {"g_edge": one(edge), "g_shared": one(0.0), "g_expert": one(0.0), "g_plain": one(plain),
+                "g_all": one(edge + plain)}
+
+    def per(bwd, dp_):
+        return {"bwd": one(bwd), "rec": one(0.0), "tp": one(0.0), "ep": one(0.0), "pp": one(0.0), "dp": one(dp_)}
+
+    st = SimpleNamespace(vpp=np.array([2]), pp=np.array([2]), vp_last_group=np.array([2]), grad_buckets=[],
+                         align_grad_reduce=None, cls={"first": cls(1.0, 4.0), "mid": cls(0.0, 0.0),
+                                                      "last": cls(0.0, 0.0)})
+    p = {"first": per(2.0, 5.0), "mid": per(0.0, 0.0), "last": per(6.0, 0.0)}
+    out = O.stage_grad_reduce(st, p, np.array([False]), np.array([True]))
+    assert out[0] == pytest.approx(1.0)
+    # stage 0 the slowest (last stage's step 0.5 s): its own pace, chunk 1 from -2 s to 2 s, chunk 0 after: 3 s
+    p["last"] = per(1.0, 0.0)
+    assert O.stage_grad_reduce(st, p, np.array([False]), np.array([True]))[0] == pytest.approx(3.0)
+
+
+def test_more_recomputation_is_never_faster_deepseek_moe():
+    # DeepSeek-MoE 16B (dense first layer, MoE after it) on 1,024 H100s: recompute none <= selective (mlp) /
+    # selective (moe) <= full, over interleaved and 1F1B pipelines with and without overlap_grad_reduce; before
+    # the cool-down pace, selective (mlp) (stage 0's dense layer recomputed, stage 0 not critical) hid more of the
+    # chunk reductions than it added: 0.47 % faster than none at tp=1 pp=4 dp=256 ep=2 vpp=7
+    import pandas as pd
+
+    from llmcomm.overhead import iteration_times
+    from llmcomm.specs import load_cluster
+    model, cl = load_model("deepseek-moe-16b"), load_cluster("h100-80g-ndr400", num_nodes=128)
+    rows = [dict(tp=tp, pp=pp, dp=1024 // (tp * pp), ep=ep, vpp=v, micro_batch=1, global_batch=2048, sp=tp > 1,
+                 overlap_grad_reduce=ogr)
+            for tp, pp, ep, v in ((1, 4, 2, 7), (1, 4, 8, 1), (2, 2, 4, 2), (2, 4, 8, 7), (1, 2, 1, 2))
+            for ogr in (False, True)]
+    base = pd.DataFrame(rows)
+    tot = {}
+    for name, rec, mods in (("none", "none", None), ("mlp", "selective", ("mlp",)), ("moe", "selective", ("moe",)),
+                            ("full", "full", None)):
+        d = base.assign(recompute=rec)
+        d["recompute_modules"] = [mods] * len(d)
+        tot[name] = iteration_times(model, d, cl, interval=False)["total_s"].to_numpy()
+    for a, b in (("none", "mlp"), ("none", "moe"), ("mlp", "full"), ("moe", "full")):
+        assert np.all(tot[b] >= tot[a] * (1 - 1e-12)), (a, b, base[tot[b] < tot[a]])

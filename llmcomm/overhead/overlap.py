@@ -350,7 +350,16 @@ def stage_grad_reduce(st: Stages, per: dict[str, dict[str, np.ndarray]], has_mid
     """The exposed gradient reduction and the calls after it with ``overlap_grad_reduce``: the latest of stage 0,
     stage 1 (the middle stage closest to it) and the last stage (:func:`grad_reduce_exposed`,
     time 0 = stage 0's last backward). A backward step is ``bwd + rec + tp + ep + pp`` of a micro-batch over
-    ``v`` chunks; stage ``r`` ends ``r`` steps of the last stage's before stage 0 (as without overlap)."""
+    ``v`` chunks; stage ``r`` ends ``r`` steps of the last stage's before stage 0 (as without overlap).
+
+    The chunks' launch times count back from stage 0's end in steps of the cool-down's pace, the slowest live
+    stage's backward step ``max(b_first, b_mid, b_last)``, not stage 0's own: in the cool-down only backwards
+    are left and each of stage 0's waits for the gradient the next stage sends it (``recv_backward`` before
+    ``backward_step`` in the interleaved and 1F1B cool-downs, schedules.py:2063-2069, :2455-2461 at d98e8a6), so a
+    stage 0 faster than the pipeline idles between them and its chunk ``c`` ends ``c·L`` paced steps before its
+    end. With stage 0's own step a stage 0 made slower (more recomputation) but not critical gained more hiding
+    (``c·L·Δb``) than the step grew (``Δb/v`` in the bubble). Stage 0's bucketed first chunk still fills over its
+    own last backward (``b_first``, :func:`first_chunk_exposed`)."""
     v, pp = st.vpp, st.pp
     L = st.vp_last_group if st.vp_last_group is not None else pp
 
@@ -358,6 +367,7 @@ def stage_grad_reduce(st: Stages, per: dict[str, dict[str, np.ndarray]], has_mid
         return q["bwd"] + q["rec"] + q["tp"] + q["ep"] + q["pp"]
 
     b0, bl = bstep(per["first"]) / v, bstep(per["last"]) / v
+    pace = np.maximum(b0, np.maximum(np.where(has_last, bl, 0.0), np.where(has_mid, bstep(per["mid"]) / v, 0.0)))
     f = st.cls["first"]
     d0 = f["g_edge"] + f["g_shared"] + f["g_expert"]
     bucketed0 = d0.copy()  # one bucket: all of it after the backward
@@ -374,7 +384,7 @@ def stage_grad_reduce(st: Stages, per: dict[str, dict[str, np.ndarray]], has_mid
                                   ("last", v - 1, (pp - 1) * bl, has_last)):
         r, q = st.cls[cls], per[cls]
         e = grad_reduce_exposed(r["g_edge"] + r["g_shared"] + r["g_expert"], r["g_plain"] + r["g_expert"], edge,
-                                q["dp"] - r["g_all"], cls == "first", v, L, b0, lead, bucketed0,
+                                q["dp"] - r["g_all"], cls == "first", v, L, pace, lead, bucketed0,
                                 st.align_grad_reduce if st.align_grad_reduce is not None else True)
         out = np.maximum(out, np.where(live, e, 0.0))
     return out
