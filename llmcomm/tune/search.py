@@ -166,11 +166,13 @@ def recomputes_less(a: tuple[Any, Any], b: tuple[Any, Any], partial: frozenset[s
     holds every one of its modules and more (``None``: Megatron-LM's default, ``core_attn``) — except where what
     ``b`` adds over ``a`` holds a module of ``partial``, one that recomputes some layers of the model only
     (:func:`~llmcomm.tune.space.partial_modules`), and a selective set holding one against ``full``: there the
-    formulation's time is not monotone, so such pairs are both evaluated. Measured on DeepSeek-MoE 16B (dense
-    first layer): ``mlp`` up to 0.37% faster than ``none`` under ``overlap_grad_reduce`` with interleaved stages
-    (the longer backward of the first chunk hides more of the other chunks' gradient reduction in
-    :func:`llmcomm.overhead.overlap.grad_reduce_exposed` than it costs), and ``full`` up to 0.04% faster than
-    selective ``moe`` with FSDP (the recomputed forward hides more of the parameter re-gather). Safe for pruning because, along this
+    formulation's time has not been shown monotone, so such pairs are both evaluated. Measured on DeepSeek-MoE 16B
+    (dense first layer): ``mlp`` was up to 0.37% faster than ``none`` under ``overlap_grad_reduce`` with
+    interleaved stages — a bug, fixed (the chunks' launch times now count back at the slowest stage's pace,
+    :func:`llmcomm.overhead.overlap.stage_grad_reduce`); ``full`` is still up to 0.03–0.04% faster than selective
+    ``moe`` under ``tp_comm_overlap`` with SP (the userbuffers backward pool credits recomputed GEMM capacity under
+    ``full`` only, while selective replays add exposed calls: ``llmcomm.overhead.iteration.tp_overlap_exposed``;
+    not fixed). Safe for pruning because, along this
     order, the formulation's time is non-decreasing and its memory non-increasing (each module recomputed adds
     its forward to the backward and discards what it kept; full recomputation re-runs the whole layer and keeps
     only its input), all else equal; ``tests/test_tune_modules.py`` checks both over full spaces with every
