@@ -364,9 +364,10 @@ def partial_modules(model: ModelSpec) -> frozenset[str]:
     """The modules that recompute on some layers of ``model`` only: those that keep fewer bytes on one kind of its
     layers (dense, MoE) and not on the other (``mlp`` on a model with dense and MoE layers, DeepSeek-MoE 16B's first
     layer; ``moe_act``, ``layernorm``, ``moe``, ``shared_experts`` there too). Their recomputation lengthens the
-    backward of those layers only, which under ``overlap_grad_reduce`` can hide more of the other chunks' gradient
-    reduction than it costs (:func:`llmcomm.overhead.overlap.grad_reduce_exposed`), so the recompute-dominated rule
-    does not take the time as non-decreasing in them (:func:`llmcomm.tune.search.recomputes_less`)."""
+    backward of those layers only; the formulation's time has not been shown non-decreasing in them (the
+    grad-reduce pacing case was a bug and is fixed, :func:`llmcomm.overhead.overlap.stage_grad_reduce`; the
+    userbuffers pool's credit under ``full`` against selective ``moe`` remains), so the recompute-dominated rule
+    does not take it as such (:func:`llmcomm.tune.search.recomputes_less`)."""
     from ..vocab import RECOMPUTE_MODULES
 
     kinds = set(model.moe_layer_pattern())
