@@ -95,17 +95,21 @@ def _evaluated(name: str, gpus: int, batch: int, cluster: lc.Cluster, seq: int |
     return t.assign(total_bytes=memory_table(model, t)["total_bytes"].to_numpy())
 
 
-@pytest.mark.parametrize("name, gpus, batch, cluster, seq, dims", [
+@pytest.mark.parametrize("name, gpus, batch, cluster, seq, dims, left_out_faster", [
+    # the grad-reduce pacing bug made mlp faster than none here; fixed (overlap.stage_grad_reduce): none left
     ("deepseek-moe-16b", 8, 16, H100, 2048, dict(pp=(1, 2), micro_batch=(1, 2), moe_a2a_overlap=(False, True),
-                                                 overlap_p2p_comm=(False, True), cp=(1, 2))),
-    ("deepseek-moe-16b", 16, 64, A100, None, dict(pp=(1, 2, 4), micro_batch=(1,), cp=(1,))),  # FSDP: full < moe
-    ("mixtral-8x7b", 16, 32, A100, None, dict(tp=(1, 2, 4), micro_batch=(1,), cp=(1,))),
-    ("llama3-8b", 8, 16, H100, 4096, dict(micro_batch=(1, 2), cp=(1, 2), uneven=(False,)))])
-def test_time_and_memory_are_monotone_in_the_module_set(name, gpus, batch, cluster, seq, dims) -> None:  # noqa: ANN001
+                                                 overlap_p2p_comm=(False, True), cp=(1, 2)), False),
+    # FSDP with SP: full < moe remains (the userbuffers pool's credit under full, recomputes_less)
+    ("deepseek-moe-16b", 16, 64, A100, None, dict(pp=(1, 2, 4), micro_batch=(1,), cp=(1,)), True),
+    ("mixtral-8x7b", 16, 32, A100, None, dict(tp=(1, 2, 4), micro_batch=(1,), cp=(1,)), False),
+    ("llama3-8b", 8, 16, H100, 4096, dict(micro_batch=(1, 2), cp=(1, 2), uneven=(False,)), False)])
+def test_time_and_memory_are_monotone_in_the_module_set(name, gpus, batch, cluster, seq, dims,  # noqa: ANN001
+                                                         left_out_faster) -> None:  # noqa: ANN001
     """The recompute-dominated rule's safety over the partial order (:func:`recomputes_less`): for every pair of
     rows equal in everything but (recompute, recompute_modules), the one recomputing less is never slower and
     never needs less memory (all overlap flags, FP8, CP, both attention backends, every module of the kit); the
-    pairs left out of the order (a module recomputing some layers only) are faster somewhere (why they are)."""
+    pairs left out of the order (a module recomputing some layers only) are faster where the case says so (why:
+    :func:`recomputes_less`)."""
     t = _evaluated(name, gpus, batch, cluster, seq, **dims)
     partial = partial_modules(lc.load_model(name))
     group = row_codes(t, [c for c in DIMENSIONS if c not in ("recompute", "recompute_modules")])
@@ -131,7 +135,8 @@ def test_time_and_memory_are_monotone_in_the_module_set(name, gpus, batch, clust
             assert (time_at[both, i] <= time_at[both, j] * (1 + 1e-12)).all(), (name, a, b)
             assert (mem_at[both, i] >= mem_at[both, j]).all(), (name, a, b)
     assert pairs > 1000
-    assert (faster > 0) == bool(partial), faster  # DeepSeek-MoE 16B: mlp on its dense first layer
+    assert left_out_faster <= bool(partial)  # only pairs a partial module leaves out of the order can be faster
+    assert (faster > 0) == left_out_faster, faster
 
 
 @pytest.mark.parametrize("name, gpus, batch, cluster, sets", [
