@@ -636,18 +636,6 @@ def _tp_spans_nodes(cands: pd.DataFrame, cluster: Cluster) -> np.ndarray:
     return userbuffers_unavailable(ParallelTable.from_frame(reps), cluster.gpus_per_node)[code]
 
 
-def _memory_once_per_cp_comm_type(model: ModelSpec, cands: pd.DataFrame, memory_table: Any) -> pd.DataFrame:
-    """``memory_table(model, cands)``, computed once for rows that differ only in ``cp_comm_type`` (the memory
-    model does not read it: the CP types of a cp > 1 configuration hold the same activations in it)."""
-    if "cp_comm_type" not in cands or not (cands["cp"].to_numpy() > 1).any():
-        return memory_table(model, cands)
-    key = [c for c in DIMENSIONS if c != "cp_comm_type"]
-    codes = cands.groupby(key, sort=False).ngroup().to_numpy()
-    first = np.unique(codes, return_index=True)[1]
-    mem = memory_table(model, cands.iloc[first].reset_index(drop=True))
-    return mem.iloc[codes].set_axis(cands.index)
-
-
 def _iteration_flops(model: ModelSpec, table: pd.DataFrame) -> np.ndarray:
     """Model FLOPs of one iteration, without recomputation (the useful work; Megatron-LM's MFU convention):
     ``3 · B · s · (linear + attention + logits)`` per token."""

@@ -354,10 +354,14 @@ def _saves(model: ModelSpec, mods: tuple[str, ...], name: str) -> bool:
     layer of ``model`` (:func:`llmcomm.step.layer_activation_bytes`, the memory model's one home; at an unfused
     attention backend, where ``core_attn`` drops the scores, in BF16)."""
     rest = tuple(x for x in mods if x != name)
-    kw = dict(seq=np.array([1024.0]), micro_batch=1, tp=1, sp=False, recompute="selective", act_bytes=2)
-    return any(float(step.layer_activation_bytes(model, moe, recompute_modules=mods, **kw)[0])
-               < float(step.layer_activation_bytes(model, moe, recompute_modules=rest, **kw)[0])
-               for moe in set(model.moe_layer_pattern()))
+    return any(_kept_bytes(model, moe, mods) < _kept_bytes(model, moe, rest) for moe in set(model.moe_layer_pattern()))
+
+
+def _kept_bytes(model: ModelSpec, moe: bool, mods: tuple[str, ...]) -> float:
+    """Activation bytes a layer (MoE or dense) keeps with selective recomputation of ``mods``, at a probe shape
+    (1,024 tokens, tp 1, BF16): only which sets keep fewer bytes is read from it."""
+    return float(step.layer_activation_bytes(model, moe, seq=np.array([1024.0]), micro_batch=1, tp=1, sp=False,
+                                             recompute="selective", act_bytes=2, recompute_modules=mods)[0])
 
 
 def partial_modules(model: ModelSpec) -> frozenset[str]:
@@ -371,14 +375,8 @@ def partial_modules(model: ModelSpec) -> frozenset[str]:
     from ..vocab import RECOMPUTE_MODULES
 
     kinds = set(model.moe_layer_pattern())
-    kw = dict(seq=np.array([1024.0]), micro_batch=1, tp=1, sp=False, recompute="selective", act_bytes=2)
-    out = set()
-    for name in RECOMPUTE_MODULES:
-        saves = {float(step.layer_activation_bytes(model, moe, recompute_modules=(name,), **kw)[0])
-                 < float(step.layer_activation_bytes(model, moe, recompute_modules=(), **kw)[0]) for moe in kinds}
-        if len(saves) > 1:
-            out.add(name)
-    return frozenset(out)
+    return frozenset(name for name in RECOMPUTE_MODULES
+                     if len({_kept_bytes(model, moe, (name,)) < _kept_bytes(model, moe, ()) for moe in kinds}) > 1)
 
 
 def module_sets(model: ModelSpec, space: SearchSpace) -> tuple[tuple[str, ...] | None, ...]:
@@ -404,6 +402,15 @@ def module_sets(model: ModelSpec, space: SearchSpace) -> tuple[tuple[str, ...] |
         if kept != () and kept not in out and not set(kept or ()) & partial:
             out.append(kept)
     return tuple(out)
+
+
+def object_array(values: Sequence[Any]) -> np.ndarray:
+    """A 1-D object array of ``values``, one element each: a tuple stays one value (``np.array`` of equal-length
+    tuples would make a 2-D array)."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
 
 
 def _product(columns: dict[str, Sequence[Any]]) -> dict[str, np.ndarray]:
@@ -474,10 +481,7 @@ def _combinations(model: ModelSpec, space: SearchSpace) -> dict[str, np.ndarray]
     selective = combos["recompute"] == "selective"
     which = combos["recompute_modules"].astype(np.int64)
     combos = {c: v[selective | (which == 0)] for c, v in combos.items()}
-    objs = np.empty(len(sets), dtype=object)
-    for i, v in enumerate(sets):  # one element per set (a slice assignment would spread equal-length tuples)
-        objs[i] = v
-    mods = objs[combos["recompute_modules"].astype(np.int64)]
+    mods = object_array(sets)[combos["recompute_modules"].astype(np.int64)]
     mods[combos["recompute"] != "selective"] = None
     combos["recompute_modules"] = mods
     nc = len(combos["sp"])
@@ -738,10 +742,8 @@ def _flag_masks(model: ModelSpec, cands: pd.DataFrame, space: SearchSpace) -> li
     k = len(first)
     distinct = {c: v[first] for c, v in fixed.items()}
     distinct["recompute"] = np.asarray(rec_values, dtype=object)[rec[first]]
-    mod_objects = np.empty(len(mod_values), dtype=object)
-    # element by element (a tuple stays one value, not a row of a 2-D array); factorize gives None back as NaN
-    mod_objects[:] = [v if isinstance(v, tuple) else None for v in mod_values]
-    distinct["recompute_modules"] = mod_objects[mods[first]]
+    # factorize gives None back as NaN
+    distinct["recompute_modules"] = object_array([v if isinstance(v, tuple) else None for v in mod_values])[mods[first]]
     return [(combo, _flag_ok(model, k, **distinct, **{c: np.full(k, v) for c, v in combo.items()})[inv.reshape(-1)])
             for combo in time_flag_combinations(space)]
 
