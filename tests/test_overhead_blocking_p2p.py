@@ -76,3 +76,21 @@ def test_train_schedule_time_refuses_bad_sizes():
         blocking_p2p.train_schedule_time(0, 4, 1.0, 3.0)
     with pytest.raises(UsageError, match="exceed"):
         blocking_p2p.train_schedule_time(512, 1000, 1.0, 3.0)
+
+
+@pytest.mark.parametrize("recv_first", [False, True])
+def test_train_schedule_two_stages_two_micro_batches_by_hand(recv_first):
+    # p = 2, m = 2, F = 1, B = 3: stage 0 F, [act 0], F, [grad 0 + act 1], B, [grad 1], B; stage 1 [act 0], F, B,
+    # [grad 0 + act 1], F, B, [grad 1]. Rendezvous: act 0 at 1 + τ; stage 1 then runs F and B (5 + τ), the pair
+    # of step 3 ends at 5 + 3τ; stage 1 runs F, B (9 + 3τ), grad 1 at 9 + 4τ, stage 0's last B ends at 12 + 4τ,
+    # in either order of step 3's pair (DeepSpeed before and after b528f50e3)
+    tau = 0.5
+    assert blocking_p2p.train_schedule_time(2, 2, 1.0, 3.0, tau, recv_first=recv_first) == pytest.approx(12 + 4 * tau)
+
+
+@pytest.mark.parametrize("p,m", [(2, 8), (4, 24), (8, 16), (16, 48), (8, 3)])
+def test_deepspeed_2022_instruction_order_times_alike(p, m):
+    # vTrain's 2022 runs: receive before send (DeepSpeed b609a2941); the kit's default: send first (b528f50e3)
+    for tau in (0.0, 0.02, 0.3):
+        assert blocking_p2p.train_schedule_time(p, m, 1.0, 3.0, tau, recv_first=True) == pytest.approx(
+            blocking_p2p.train_schedule_time(p, m, 1.0, 3.0, tau), rel=1e-12)

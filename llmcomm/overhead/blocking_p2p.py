@@ -58,12 +58,20 @@ def _step_micro_batch(stage: int, stages: int, step: int) -> tuple[int, bool]:
 MAX_SIMULATED_STEPS = 200_000  # stages × steps the simulation walks: refused above
 
 
-def train_schedule_time(stages: int, microbatches: int, forward: float, backward: float, tau: float = 0.0) -> float:
+def train_schedule_time(stages: int, microbatches: int, forward: float, backward: float, tau: float = 0.0,
+                        recv_first: bool = False) -> float:
     """Seconds of one DeepSpeed ``TrainSchedule`` pass (module docstring): ``forward`` and ``backward`` per
     micro-batch on every stage, each stage-to-stage transfer a blocking rendezvous of ``tau`` seconds. The order
-    of a stage's instructions per step is DeepSpeed's: a forward step sends the gradient of its previous
-    (backward) step, then receives its activation; a backward step receives its gradient, then sends the
-    activation of its previous (forward) step; then it computes."""
+    of a stage's instructions per step is DeepSpeed's since microsoft/DeepSpeed b528f50e3 (2023-03-13, #2862,
+    ``deepspeed/runtime/pipe/schedule.py`` ``TrainSchedule.steps``): a forward step sends the gradient of its
+    previous (backward) step, then receives its activation; a backward step receives its gradient, then sends
+    the activation of its previous (forward) step; then it computes. ``recv_first``: the order before that
+    commit, which the 2022 releases vTrain's Megatron-DeepSpeed runs used (b609a2941, 2022-09-29,
+    ``schedule.py`` lines 206-216): a forward step receives its activation, then sends the previous gradient; a
+    backward step sends the previous activation, then receives its gradient. A step exchanges with one
+    neighbour only (the previous stage on a forward step, the next on a backward one) and both ends of the pair
+    list the same two transfers in the same order, so the two orders give the same times
+    (``tests/test_overhead_blocking_p2p.py``)."""
     from ..errors import UsageError
 
     p, m = int(stages), int(microbatches)
@@ -79,16 +87,12 @@ def train_schedule_time(stages: int, microbatches: int, forward: float, backward
         for k in range(steps):
             mb, fwd = _step_micro_batch(s, p, k)
             ok_prev, ok = 0 <= prev < m, 0 <= mb < m
-            if fwd:
-                if ok_prev and s > 0:
-                    prog.append(("x", (s - 1, "grad", prev)))
-                if ok and s > 0:
-                    prog.append(("x", (s - 1, "act", mb)))
-            else:
-                if ok and s < p - 1:
-                    prog.append(("x", (s + 1, "grad", mb)))
-                if ok_prev and s < p - 1:
-                    prog.append(("x", (s + 1, "act", prev)))
+            xs: list[tuple[str, Any]] = []
+            if fwd and s > 0:  # with the previous stage: the gradient of the previous step, this step's activation
+                xs = [("x", (s - 1, "grad", prev))] * ok_prev + [("x", (s - 1, "act", mb))] * ok
+            elif not fwd and s < p - 1:  # with the next stage: this step's gradient, the previous activation
+                xs = [("x", (s + 1, "grad", mb))] * ok + [("x", (s + 1, "act", prev))] * ok_prev
+            prog += xs[::-1] if recv_first else xs
             prog.append(("c", (forward if fwd else backward) if ok else 0.0))
             prev = mb
         progs.append(prog)
