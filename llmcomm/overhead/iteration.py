@@ -47,7 +47,8 @@ and orders. The layers of each stage, their parameters and the validity rules co
 Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megatron-LM's name)::
 
     tp_comm_overlap:      tp_r = tp_overlap_exposed(...)  (TE userbuffers: each block's SP all-gather /
-                          reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks);
+                          reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks, in the
+                          forward and in a recomputed block's replayed forward alike);
                           without it, under SP, tp_r = overlap.sp_backward_exposed (the column-parallel
                           backward's input re-gather and dgrad reduce-scatter, issued async, under its dgrad and
                           wgrad GEMMs, as TE and Megatron-LM's own linears do)
