@@ -34,24 +34,37 @@ def cluster(peak: float, fp8: float | None = None) -> Cluster:
 
 
 def test_tp_overlap_exposed_by_hand():
-    # tp = 4: ring_exchange hides under 3/4 of the GEMM, pipeline (4 splits) under 3/4 too
+    """tp = 4: ring_exchange and the pipeline (4 splits) hide under 3/4 of a block's GEMM; each block kind
+    (attention, dense MLP, shared experts) is timed against its own GEMMs, once per forward pass."""
     one = np.ones(1)
-    ex = tp_overlap_exposed(12 * one, 3 * one, 2 * one, 5 * one, 2 * one, 2 * one, 4 * one, 0 * one)
-    # 12 - 10 + max(0, 3 - 1.5) + max(0, 2 - 1.5) + max(0, 5 - 2*4*0.75)
-    assert ex[0] == pytest.approx(4.0)
-    # full recomputation: the backward has 3 GEMM passes to hide under
-    ex = tp_overlap_exposed(12 * one, 3 * one, 2 * one, 7 * one, 2 * one, 2 * one, 4 * one, one)
-    assert ex[0] == pytest.approx(12 - 12 + 1.5 + 0.5 + 0.0)
+    g_ag, g_rs = np.array([[2.0, 4.0, 0.0]]), np.array([[1.0, 4.0, 0.0]])
+    t_rs = np.array([[0.5, 1.0, 1.0]])
+    # 2 attention and 2 MLP blocks, t_ag = 1.2: attention max(0, 1.2 - 1.5) + max(0, 0.5 - 0.75) = 0, MLP
+    # max(0, 1.2 - 3) + max(0, 1 - 3) = 0; backward max(0, 5 - 2·11·3/4) = 0; 12 - 10 of other calls
+    n = np.array([[2.0, 2.0, 0.0]])
+    args = (12 * one, 10 * one, 5 * one, 11 * one, 1.2 * one, t_rs)
+    assert tp_overlap_exposed(*args, n, g_ag, g_rs, 4 * one)[0] == pytest.approx(2.0)
+    # short attention GEMMs (qkv 1, proj 0.4): each attention block leaves 1.2 - 0.75 and 0.5 - 0.3 exposed, and the
+    # MLP's slack hides none of it
+    short_ag, short_rs = np.array([[1.0, 4.0, 0.0]]), np.array([[0.4, 4.0, 0.0]])
+    assert tp_overlap_exposed(*args, n, short_ag, short_rs, 4 * one)[0] == pytest.approx(2.0 + 2 * (0.45 + 0.2))
+    # full recomputation replays every block's forward: twice the forward passes, twice the attention's exposure
+    assert tp_overlap_exposed(*args, 2 * n, short_ag, short_rs, 4 * one)[0] == pytest.approx(2.0 + 4 * (0.45 + 0.2))
+    # the backward's calls beyond its two GEMM passes: max(0, 20 - 2·11·3/4)
+    assert tp_overlap_exposed(12 * one, 10 * one, 20 * one, 11 * one, 1.2 * one, t_rs, n, g_ag, g_rs,
+                              4 * one)[0] == pytest.approx(2.0 + 3.5)
 
 
 def test_tp_overlap_exposed_is_never_negative():
     """All TP calls are the blocks' and all hide under long GEMMs: exposed is 0, not the float residue of
-    ``tp − (ag + rs + bwd)`` (``0.1 + (0.2 + 0.3)`` and ``(0.1 + 0.2) + 0.3`` differ by an ulp, the difference is
-    −1.1e-16 unclamped)."""
+    ``tp − ub`` (``0.1 + (0.2 + 0.3)`` and ``(0.1 + 0.2) + 0.3`` differ by an ulp, the difference is −1.1e-16
+    unclamped)."""
     one = np.ones(1)
     tp = 0.1 + (0.2 + 0.3)
     assert tp - ((0.1 + 0.2) + 0.3) < 0.0  # the residue the clamp removes
-    ex = tp_overlap_exposed(tp * one, 0.1 * one, 0.2 * one, 0.3 * one, 10 * one, 10 * one, 2 * one, 0 * one)
+    big = np.full((1, 3), 10.0)
+    ex = tp_overlap_exposed(tp * one, (0.1 + 0.2) + 0.3 * one, 0.3 * one, 10 * one, 0.05 * one, np.full((1, 3), 0.05),
+                            np.ones((1, 3)), big, big, 2 * one)
     assert ex[0] == 0.0
 
 
@@ -63,13 +76,14 @@ def test_sp_backward_exposed_by_hand():
 
     one = np.ones(1)
     # tp 10 s of which the backward blocks' 6 s: c = 2 per kind; g_ag = 5 hides both: 10 - 2 - 2
-    assert sp_backward_exposed(10 * one, 6 * one, 5 * one, 0 * one)[0] == pytest.approx(6.0)
+    assert sp_backward_exposed(10 * one, 6 * one, 5 * one)[0] == pytest.approx(6.0)
     # a short GEMM (1 s) hides 1 s of each: 10 - 1 - 1
-    assert sp_backward_exposed(10 * one, 6 * one, 1 * one, 0 * one)[0] == pytest.approx(8.0)
-    # full recomputation: 5 calls per block in the backward (the recomputed forward's AG and RS too), c = 10/5
-    assert sp_backward_exposed(12 * one, 10 * one, 5 * one, one)[0] == pytest.approx(12 - 2 - 2)
+    assert sp_backward_exposed(10 * one, 6 * one, 1 * one)[0] == pytest.approx(8.0)
+    # recomputation: the replayed forward's AG and RS (4 s of tp 14) are not backward calls (``ub`` "replay"
+    # items): exposed as the forward's are, c = 6/3 still
+    assert sp_backward_exposed(14 * one, 6 * one, 5 * one)[0] == pytest.approx(14 - 2 - 2)
     # nothing SP-gathered: nothing hidden
-    assert sp_backward_exposed(3 * one, 0 * one, 5 * one, 0 * one)[0] == 3.0
+    assert sp_backward_exposed(3 * one, 0 * one, 5 * one)[0] == 3.0
 
 
 def test_sp_backward_overlap_in_the_step():
@@ -92,7 +106,7 @@ def test_sp_backward_overlap_in_the_step():
     c = r["ub_b"] / 3.0
     hidden = 2 * np.minimum(c, th * r["q"]["Gag"])
     assert hidden[0] > 0 and r["ub_b"][0] > 0
-    assert O.sp_backward_exposed(r["tp"], r["ub_b"], th * r["q"]["Gag"], r["q"]["full"])[0] == pytest.approx(
+    assert O.sp_backward_exposed(r["tp"], r["ub_b"], th * r["q"]["Gag"])[0] == pytest.approx(
         r["tp"][0] - hidden[0])
     assert b.tp_comm_s < st.m[0] * r["tp"][0]  # less than every TP call exposed on the critical stage
 
@@ -270,3 +284,31 @@ def test_first_chunk_exposed_per_row_profiles_equal_one_profile_each() -> None:
     alone = [first_chunk_exposed(d[i:i + 1], w[i:i + 1], r, b)[0] for i, (r, b) in enumerate(((r1, b1), (r2, b2),
                                                                                               (r1, b1)))]
     assert both.tolist() == alone
+
+
+def test_tp_comm_overlap_times_a_replayed_forward_as_the_forward():
+    """With userbuffers a recomputed block's forward SP calls, replayed in the backward, overlap that block's own
+    GEMMs as the forward's do (tp_overlap_exposed), under full recomputation and ``--recompute-modules`` alike.
+    Worked by hand on 4 dense layers at tp 2 (hide 1/2 for the all-gather, 3/4 for the reduce-scatter), T = 32
+    tokens, every SP call of ``A = 32·64·2`` bytes; at 4e10 FLOP/s the qkv GEMM (2·32·64·192/2 FLOPs) hides
+    all but ``call(A) − qkv/2`` of the attention all-gather and proj (2·32·64·64/2) all but ``call(A) − 0.75·proj``
+    of its reduce-scatter, while fc1 and fc2 (2·32·64·256/2 each) hide the MLP's calls; the backward's own calls
+    (24) hide under its dgrad and wgrad passes. So full recomputation exposes 4 attention blocks' share once more,
+    selective ``mlp`` nothing more. Before: the replayed calls joined the backward's pool, credited one more
+    GEMM pass under full only — full exposed nothing more and ``mlp`` (8 replayed calls beyond 2 passes) more
+    than full, though it recomputes a part of what full does."""
+    c = cluster(4e10)
+    on = dataclasses.replace(SP, tp_comm_overlap=True)
+    base = iteration_time(MODEL, on, c, StubBandwidth(), GEMM_ONLY)
+    full = iteration_time(MODEL, dataclasses.replace(on, recompute="full"), c, StubBandwidth(), GEMM_ONLY)
+    mlp = iteration_time(MODEL, dataclasses.replace(on, recompute="selective", recompute_modules=("mlp",)), c,
+                         StubBandwidth(), GEMM_ONLY)
+    T, h, f, peak = 32, 64, 256, 4e10
+    qkv, proj, fc1 = 2 * T * h * 3 * h / 2 / peak, 2 * T * h * h / 2 / peak, 2 * T * h * f / 2 / peak
+    A = T * h * 2
+    attention = max(0.0, call(A) - qkv / 2) + max(0.0, call(A) - 0.75 * proj)
+    assert attention > 0 and call(A) < fc1 / 2  # the attention block exposes some, the MLP's calls hide
+    assert base.tp_comm_s > 0
+    assert full.tp_comm_s - base.tp_comm_s == pytest.approx(4 * attention, rel=1e-9)
+    assert mlp.tp_comm_s == pytest.approx(base.tp_comm_s, rel=1e-12)
+    assert mlp.tp_comm_s <= full.tp_comm_s

@@ -47,7 +47,8 @@ and orders. The layers of each stage, their parameters and the validity rules co
 Overlap and precision (issue 20; each a :class:`ParallelConfig` field with Megatron-LM's name)::
 
     tp_comm_overlap:      tp_r = tp_overlap_exposed(...)  (TE userbuffers: each block's SP all-gather /
-                          reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks);
+                          reduce-scatter under the GEMM it feeds, less one of ``num_splits`` chunks, in the
+                          forward and in a recomputed block's replayed forward alike);
                           without it, under SP, tp_r = overlap.sp_backward_exposed (the column-parallel
                           backward's input re-gather and dgrad reduce-scatter, issued async, under its dgrad and
                           wgrad GEMMs, as TE and Megatron-LM's own linears do)
@@ -327,7 +328,9 @@ class CommItem:
     size: np.ndarray
     rpn: np.ndarray
     per: str  # "microbatch" or "iteration"
-    ub: bool = False  # a transformer block's SP all-gather / reduce-scatter (TransformerEngine userbuffers)
+    # a transformer block's SP all-gather / reduce-scatter (TransformerEngine userbuffers): "block" in the phase
+    # it names, "replay" a recomputed block's forward call again in the backward (replayed_blocks)
+    ub: str = ""
     unit: str = ""  # FSDP: "<ag_f|ag_b|rs_b>:<unit>" (llmcomm.overhead.fsdp_time), timed per unit
     grad: str = ""  # a gradient-buffer reduction: "plain" / "edge" / "shared" chunk bucket or "expert" (overlap)
     tag: str = ""  # CP calls: how their time is exposed (llmcomm.overhead.cp_time.exposed)
@@ -338,6 +341,34 @@ def sp_wire_bytes(c: dict[str, np.ndarray], elements: np.ndarray, act: np.ndarra
     one home; ``elements·act`` without FP8)."""
     return fp8_wire.block_bytes(elements, act, c.get("fp8"), c.get("fp8_recipe"), c.get("tp_comm_overlap"),
                                 c.get("fp8_buf_proj"), c.get("fp8_buf_fc2"))
+
+
+def replayed_blocks(model: ModelSpec, c: dict[str, np.ndarray], nd: np.ndarray, nm: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What of a stage runs its forward again in the backward phase, per micro-batch: ``(rec_d, rec_m, mlp,
+    shared)``, the recomputed dense and MoE layers (every layer under full recomputation, the checkpointed ones
+    under ``recompute_method="block"``, :func:`llmcomm.step.recomputed_stage_classes`) and, beside them, the
+    blocks ``--recompute-modules`` replays (selective)::
+
+        mlp    = nd·[mlp]                                  the dense layers' MLP blocks (fc1, fc2)
+        shared = [S > 0]·nm·max([moe], [shared_experts])   the MoE layers' shared-expert blocks (moe replays the
+                                                           whole MoE layer, its shared experts with it)
+
+    The one home of which blocks :func:`comm_items` replays the SP calls of and :func:`_compute` counts the
+    forward passes of (``ub_n``, what :func:`tp_overlap_exposed` times those calls by)."""
+    full = c["recompute"] == 2
+    if "rblock" in c:  # recompute_method="block": the checkpointed layers are counted apart (rec_d, rec_m)
+        full = full & ~c["rblock"]
+    fr = full.astype(np.int64)
+    rec_d, rec_m = nd * fr, nm * fr
+    if "rec_d" in c:
+        rec_d, rec_m = rec_d + c["rec_d"], rec_m + c["rec_m"]
+    if "rm_mlp" not in c:  # no --recompute-modules: none but core_attn
+        zero = np.zeros(len(fr), np.int64)
+        return rec_d, rec_m, zero, zero
+    rm = {k: c["rm_" + k].astype(np.int64) for k in ("mlp", "moe", "shared_experts")}
+    shared = nm * int(bool(model.num_shared_experts)) * np.maximum(rm["moe"], rm["shared_experts"])
+    return rec_d, rec_m, nd * rm["mlp"], shared
 
 
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
@@ -363,9 +394,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     h = model.hidden_size
     tp, pp, dp, ep, v = c["tp"], c["pp"], c["dp"], c["ep"], c["vpp"]
     n = len(tp)
-    sp, full = c["sp"], c["recompute"] == 2
-    if "rblock" in c:  # recompute_method="block": the checkpointed layers are counted apart (rec_d, rec_m)
-        full = full & ~c["rblock"]
+    sp = c["sp"]
     act, gby, pby = c["act_dtype"], c["grad_reduce_dtype"], c["param_dtype"]
     # fp8_param_gather: the DistOpt all-gathers FP8 weights, 1 byte each (biases and norms, a small share, are
     # counted at 1 byte too); the predictor does not carry this option yet (its bytes are param_dtype's)
@@ -382,20 +411,17 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     items: list[CommItem] = []
 
     def tpc(op: str, phase: str, nbytes: np.ndarray, count: np.ndarray, par: str | None = None,
-            ub: bool = False) -> None:
+            ub: str = "") -> None:
         par = par or ("sp" if op in ("all_gather", "reduce_scatter") else "tp")
         items.append(CommItem("tp", par, op, phase, nbytes, count * tpon, tp, rpn_tp, "microbatch", ub))
 
     nsp, ysp = (~sp).astype(np.int64), sp.astype(np.int64)
-    fr = full.astype(np.int64)
     # transformer blocks: dense layers have 2 blocks (attention, MLP), MoE layers 1 (+1 with shared experts)
     per_moe = 2 if model.num_shared_experts else 1
     blocks = 2 * nd + nm * per_moe
-    # recomputed layers (their forward calls again in the backward phase): every layer under full recomputation,
-    # the checkpointed ones under recompute_method="block" (llmcomm.step.recomputed_stage_classes)
-    rec_d, rec_m = nd * fr, nm * fr
-    if "rec_d" in c:
-        rec_d, rec_m = rec_d + c["rec_d"], rec_m + c["rec_m"]
+    # recomputed layers (their forward calls again in the backward phase) and the blocks --recompute-modules
+    # replays (replayed_blocks)
+    rec_d, rec_m, re_mlp, re_shared = replayed_blocks(model, c, nd, nm)
     rb = 2 * rec_d + rec_m * per_moe
     tpc("all_reduce", "forward", A, blocks * nsp)
     tpc("all_reduce", "backward", A, blocks * nsp + rb * nsp)
@@ -406,28 +432,33 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     attn, mlp = nd + nm, nd + nm * (per_moe - 1)  # blocks by their row-parallel layer: proj_fprop, fc2_fprop
     rb_attn, rb_mlp = rec_d + rec_m, rec_d + rec_m * (per_moe - 1)
 
-    def tpw(op: str, phase: str, parts: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    def tpw(op: str, phase: str, parts: list[tuple[np.ndarray, np.ndarray]], ub: str = "block") -> None:
         while parts:
             nb, cnt = parts.pop(0)
             while parts and np.array_equal(parts[0][0], nb):
                 cnt = cnt + parts.pop(0)[1]
-            tpc(op, phase, nb, cnt * ysp, ub=True)
+            tpc(op, phase, nb, cnt * ysp, ub=ub)
 
     tpw("all_gather", "forward", [(w["fwd_ag"], blocks)])
-    tpw("reduce_scatter", "forward", [(w["fwd_rs_proj"], attn), (w["fwd_rs_fc2"], mlp)])
-    tpw("all_gather", "backward", [(w["bwd_ag_grad"], blocks), (w["bwd_ag_input"], blocks), (w["fwd_ag"], rb)])
-    tpw("reduce_scatter", "backward", [(w["bwd_rs"], blocks), (w["fwd_rs_proj"], rb_attn), (w["fwd_rs_fc2"], rb_mlp)])
+    # the forward reduce-scatters by the GEMM they follow (tp_overlap_exposed reads one call of each)
+    tpw("reduce_scatter", "forward", [(w["fwd_rs_proj"], attn)], "proj")
+    tpw("reduce_scatter", "forward", [(w["fwd_rs_fc2"], mlp)], "fc2")
+    tpw("all_gather", "backward", [(w["bwd_ag_grad"], blocks), (w["bwd_ag_input"], blocks)])
+    tpw("reduce_scatter", "backward", [(w["bwd_rs"], blocks)])
+    # the recomputed blocks' forward SP calls, replayed in the backward phase (ub "replay": tp_overlap_exposed
+    # times them as the forward's, under the replayed GEMMs)
+    tpw("all_gather", "backward", [(w["fwd_ag"], rb)], "replay")
+    tpw("reduce_scatter", "backward", [(w["fwd_rs_proj"], rb_attn), (w["fwd_rs_fc2"], rb_mlp)], "replay")
     amax = w.get("amax")  # current scaling: an amax all-reduce before every gathered FP8 cast
     # --recompute-modules mlp / moe / shared_experts: the recomputed blocks' forward calls again in the backward
     # (llmcomm.predict.program.recompute_replay); moe replays the MoE layer's calls below (frm)
     zero = np.zeros(n, np.int64)  # a module not recomputed (no --recompute-modules: none but core_attn)
     rm = {k: c["rm_" + k].astype(np.int64) if "rm_" + k in c else zero for k in ("mlp", "moe", "shared_experts")}
     if "rm_mlp" in c:
-        reblocks = nd * rm["mlp"] + nm * int(bool(model.num_shared_experts)) * np.maximum(rm["moe"],
-                                                                                            rm["shared_experts"])
+        reblocks = re_mlp + re_shared
         tpc("all_reduce", "backward", A, reblocks * nsp)
-        tpw("all_gather", "backward", [(w["fwd_ag"], reblocks)])
-        tpw("reduce_scatter", "backward", [(w["fwd_rs_fc2"], reblocks)])
+        tpw("all_gather", "backward", [(w["fwd_ag"], reblocks)], "replay")
+        tpw("reduce_scatter", "backward", [(w["fwd_rs_fc2"], reblocks)], "replay")
         if amax is not None:
             tpc("all_reduce", "backward", amax, reblocks * ysp * (amax > 0))
     if amax is not None:  # the current-scaling rows only (amax 0 elsewhere)
@@ -682,7 +713,9 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     MoE layer (``Lm``), their attention cores (``Cd``, ``Cm``; selective recomputation), the embedding and
     output layer's forward pass (``E``), the layer counts ``nd``, ``nm`` and the recompute flags; ``Gag`` and
     ``Grs``: the GEMM features of the stage's TransformerEngine linears whose input is SP-all-gathered (``qkv``,
-    ``fc1``) and whose output is SP-reduce-scattered (``proj``, ``fc2``), what ``tp_comm_overlap`` hides them under.
+    ``fc1``) and whose output is SP-reduce-scattered (``proj``, ``fc2``), what ``tp_comm_overlap`` hides them under;
+    ``ub_gag``, ``ub_grs`` (``(n, 3)``) the same of one block of each kind (attention, dense MLP, shared experts)
+    and ``ub_n`` each kind's forward passes, the forward's and those replayed in the backward (:func:`replayed_blocks`).
 
     FP8 (``fp8`` rows, TransformerEngine's ``fp8_autocast`` around the transformer layers): the linear layers'
     GEMMs (qkv, proj, fc1, fc2, the experts') run at ``peak_fp8`` instead of the BF16 peak, with the same
@@ -811,6 +844,14 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
         Lm[:, U.I["mem"]] += moe_work[1] / hbm
     Gag = nd * (sec.get("qkv", z) + sec.get("fc1", z)) + nm * (sec.get("qkv", z) + sec.get("shared_fc1", 0.0))
     Grs = nd * (sec.get("proj", z) + sec.get("fc2", z)) + nm * (sec.get("proj", z) + sec.get("shared_fc2", 0.0))
+    # tp_comm_overlap, per block kind (attention, dense MLP, shared experts): one block's GEMMs its forward SP
+    # all-gather / reduce-scatter overlap with, and the block's forward passes, the forward's and those replayed
+    # in the backward (replayed_blocks)
+    ub_gag = np.stack([sec.get("qkv", z), sec.get("fc1", z), sec.get("shared_fc1", z)], axis=1)
+    ub_grs = np.stack([sec.get("proj", z), sec.get("fc2", z), sec.get("shared_fc2", z)], axis=1)
+    rec_d, rec_m, re_mlp, re_shared = replayed_blocks(model, c, nd, nm)
+    sh = int(bool(model.num_shared_experts))
+    ub_n = np.stack([nd + nm + rec_d + rec_m, nd + rec_d + re_mlp, sh * (nm + rec_m) + re_shared], axis=1)
     vp = model.padded_vocab_size(tp)
     out_x = U.output_features(b, s, tp, h, vp, peak, hbm)
     if gemm_model is not None and np.count_nonzero(holds_last):  # the logits GEMM (BF16: not a TE module) by the measured model
@@ -819,7 +860,8 @@ def _compute(model: ModelSpec, c: dict[str, np.ndarray], layers: tuple[np.ndarra
     core = c.get("rm_core_attn", c["recompute"] == 1)  # selective recomputation of the attention core
     out = {"Ld": Ld, "Lm": Lm, "Cd": Cd, "Cm": Cm, "E": E, "nd": nd.astype(np.float64),
            "nm": nm.astype(np.float64), "full": (c["recompute"] == 2).astype(np.float64),
-           "sel": np.asarray(core, dtype=np.float64), "Gag": Gag, "Grs": Grs}
+           "sel": np.asarray(core, dtype=np.float64), "Gag": Gag, "Grs": Grs,
+           "ub_gag": ub_gag, "ub_grs": ub_grs, "ub_n": ub_n.astype(np.float64)}
     if "rec_d" in c:  # recompute_method="block": the checkpointed layers only (llmcomm.step.recomputed_stage_classes)
         out["full"] = np.where(c["rblock"], 0.0, out["full"])
         out["rec_d"], out["rec_m"] = c["rec_d"].astype(np.float64), c["rec_m"].astype(np.float64)
@@ -1033,6 +1075,8 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     sums: tuple[str, ...] = ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f", "ub_rs_f", "ub_b", "dp_ag", "cp",
             "cp_bus")
     sums += ("fsdp", "fsdp_bus")  # FSDP per micro-batch (fsdp_time)
+    # the recomputed blocks' replayed forward SP calls, one forward call of each kind (tp_overlap_exposed)
+    sums += ("ub_ag_r", "ub_rs_r", "ub_t_ag", "ub_t_proj", "ub_t_fc2")
     # for llmcomm.overhead.overlap: one call's seconds of each gradient bucket kind, all of them, the sends
     # (seconds of one, count per micro-batch) and the all-to-alls
     sums += ("g_plain", "g_edge", "g_shared", "g_expert", "g_all", "pp_sf", "pp_nf", "pp_sb", "pp_nb", "ep_a2a")
@@ -1136,8 +1180,12 @@ def _item_sums(it: CommItem) -> list[tuple[str, int]]:
     if hit is not None:
         return hit
     out = [(it.term, 0)]
-    if it.ub:
+    if it.ub == "replay":  # a recomputed block's forward call in the backward phase
+        out.append(("ub_ag_r" if it.op == "all_gather" else "ub_rs_r", 0))
+    elif it.ub:
         out.append(("ub_b" if it.phase == "backward" else "ub_ag_f" if it.op == "all_gather" else "ub_rs_f", 0))
+        if it.phase == "forward":  # one call's seconds: the all-gather, the reduce-scatter after proj / fc2
+            out.append(("ub_t_ag" if it.op == "all_gather" else "ub_t_" + it.ub, 1))
     elif it.term == "dp" and it.op == "all_gather":
         out.append(("dp_ag", 0))
     if it.grad:
@@ -1223,17 +1271,22 @@ def _batched_times(bandwidth: Any, items: list[tuple[CommItem, list[bool]]]
     return np.array(out).reshape(len(items), n), np.array(xs).reshape(len(items), n)
 
 
-def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: np.ndarray, g_ag: np.ndarray,
-                       g_rs: np.ndarray, tp_size: np.ndarray, full: np.ndarray) -> np.ndarray:
+def tp_overlap_exposed(tp: np.ndarray, ub: np.ndarray, bwd: np.ndarray, g_bwd: np.ndarray, t_ag: np.ndarray,
+                       t_rs: np.ndarray, n: np.ndarray, g_ag: np.ndarray, g_rs: np.ndarray,
+                       tp_size: np.ndarray) -> np.ndarray:
     """TP seconds per micro-batch left exposed with ``tp_comm_overlap`` (TransformerEngine userbuffers), from the
-    stage's TP seconds ``tp`` of which ``ag_f``/``rs_f`` are the blocks' forward SP all-gathers/reduce-scatters and
-    ``bwd`` their backward ones, and the forward seconds ``g_ag`` (qkv, fc1) and ``g_rs`` (proj, fc2) of the GEMMs
-    they feed::
+    stage's TP seconds ``tp`` of which ``ub`` are the blocks' SP all-gathers/reduce-scatters (forward, replayed,
+    backward) and ``bwd`` their backward ones, ``g_bwd`` the forward seconds of the stage's qkv, proj, fc1 and fc2
+    GEMMs, and per block kind ``k`` (``(rows, 3)``: attention, dense MLP, shared experts) ``n_k`` its forward
+    passes (the forward's and those replayed in the backward by full, ``recompute_method="block"`` or
+    ``--recompute-modules`` recomputation: :func:`replayed_blocks`), ``g_ag,k``/``g_rs,k`` the forward seconds of
+    one block's GEMM after its all-gather (qkv, fc1, shared fc1) and before its reduce-scatter (proj, fc2, shared
+    fc2), ``t_ag`` one forward all-gather's seconds and ``t_rs,k`` one reduce-scatter's::
 
-        exposed = max(0, tp − (ag_f + rs_f + bwd))             the TP calls outside the overlapped blocks
-                + max(0, ag_f − g_ag·(t−1)/t)           ring_exchange (qkv_fprop, fc1_fprop), num_splits = t = tp
-                + max(0, rs_f − g_rs·(4−1)/4)           pipeline (proj_fprop, fc2_fprop), num_splits = 4
-                + max(0, bwd − (2 + full)·(g_ag + g_rs)·(t−1)/t)   dgrad ring_exchange / bulk under dgrad+wgrad
+        exposed = max(0, tp − ub)                                  the TP calls outside the overlapped blocks
+                + Σ_k n_k·( max(0, t_ag − g_ag,k·(t−1)/t)           ring_exchange (qkv_fprop, fc1_fprop), num_splits t = tp
+                          + max(0, t_rs,k − g_rs,k·(4−1)/4) )       pipeline (proj_fprop, fc2_fprop), num_splits = 4
+                + max(0, bwd − 2·g_bwd·(t−1)/t)                     dgrad ring_exchange / bulk under dgrad+wgrad
 
     A split-pipelined overlap of ``s`` chunks hides the communication under all but one chunk of the GEMM (the
     chunk computed before the first transfer arrives, or after the last leaves): the stated share, ``1/s`` of
@@ -1244,15 +1297,31 @@ def tp_overlap_exposed(tp: np.ndarray, ag_f: np.ndarray, rs_f: np.ndarray, bwd: 
     bytes, which under FP8 are TransformerEngine's wire bytes with or without userbuffers (TE quantizes before
     it gathers; :mod:`llmcomm.predict.fp8_wire`).
 
+    A block's forward collective overlaps the GEMM of that block (the GEMM consumes the chunks as they arrive, or
+    produces what is sent): each block's exposure is its own ``max``, one GEMM's slack hides no other block's call.
+    A recomputed block's replayed forward is its forward run again, with grad enabled, by the checkpoint's
+    backward: Megatron-LM d98e8a6 megatron/core/recompute.py:134/:142 (full and block recomputation,
+    ``te_checkpoint`` / ``tensor_parallel.checkpoint``), transformer_layer.py:992-1006 (``mlp``),
+    moe/moe_layer.py:517-527 (``shared_experts``) and :701-713 (``moe``), each running ``ctx.run_function``
+    under ``torch.enable_grad()`` (tensor_parallel/random.py:658-659; TransformerEngine d0067d0
+    transformer_engine/pytorch/distributed.py:441). TransformerEngine's linears keep their forward userbuffers
+    there: ``ub_overlap_ag_fprop and is_grad_enabled`` takes the ``<name>_fprop`` communicator
+    (module/layernorm_linear.py:212-220), and the row-parallel ``Linear`` takes it for ``ub_overlap_rs_fprop``
+    whatever the phase (module/linear.py:360-365). So a replayed block is timed as its forward, for full
+    recomputation and every module set alike, and the backward's own calls hide under its dgrad and wgrad GEMMs
+    (2 passes), not under the replayed forward's. Recomputing a block more adds its ``n_k`` term, ``≥ 0``: the
+    exposed time never falls as more is recomputed (``tests/test_tune_modules.py``).
+
     Every term is an exposed time, ``max(0, ·)`` by definition: the first too, whose exact value is ``≥ 0`` (the
     blocks' collectives are a part of the stage's TP calls) but whose floating-point difference can come out a
-    few ulps below zero when the stage has no other TP call (``tp`` and the three parts summed in another order:
-    −2.8e-17 s reported on LLaMA-3 405B rows at tp 2 whose collectives all hide)."""
+    few ulps below zero when the stage has no other TP call (``tp`` and ``ub`` summed in another order: −2.8e-17 s
+    reported on LLaMA-3 405B rows at tp 2 whose collectives all hide)."""
     t = tp_size.astype(np.float64)
     hide = (t - 1.0) / t
-    return (np.maximum(0.0, tp - (ag_f + rs_f + bwd)) + np.maximum(0.0, ag_f - g_ag * hide)
-            + np.maximum(0.0, rs_f - 0.75 * g_rs)
-            + np.maximum(0.0, bwd - (2.0 + full) * (g_ag + g_rs) * hide))
+    per_block = (np.maximum(0.0, t_ag[:, None] - g_ag * hide[:, None])
+                 + np.maximum(0.0, t_rs - 0.75 * g_rs))
+    return (np.maximum(0.0, tp - ub) + (n * per_block).sum(axis=1)
+            + np.maximum(0.0, bwd - 2.0 * g_bwd * hide))
 
 
 def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -> np.ndarray:
@@ -1309,11 +1378,13 @@ def combine(st: Stages, util: U.Utilization, overlap_grad_reduce: bool = False) 
         tp_s = r["tp"]
         th = util.coef[U.I["gemm"]] / util.scale
         if np.count_nonzero(r["ub_b"] > 0):  # SP without userbuffers: the column-parallel backward's async collectives
-            tp_s = _overlap.sp_backward_exposed(r["tp"], r["ub_b"], th * r["q"]["Gag"], r["q"]["full"])
+            tp_s = _overlap.sp_backward_exposed(r["tp"], r["ub_b"], th * r["q"]["Gag"])
         if np.count_nonzero(tpo):
             q_ = r["q"]
-            ex = tp_overlap_exposed(r["tp"], r["ub_ag_f"], r["ub_rs_f"], r["ub_b"], th * q_["Gag"], th * q_["Grs"],
-                                    r["tp_size"], q_["full"])
+            ub = r["ub_ag_f"] + r["ub_rs_f"] + r["ub_ag_r"] + r["ub_rs_r"] + r["ub_b"]
+            t_rs = np.stack([r["ub_t_proj"], r["ub_t_fc2"], r["ub_t_fc2"]], axis=1)
+            ex = tp_overlap_exposed(r["tp"], ub, r["ub_b"], th * (q_["Gag"] + q_["Grs"]), r["ub_t_ag"], t_rs,
+                                    q_["ub_n"], th * q_["ub_gag"], th * q_["ub_grs"], r["tp_size"])
             tp_s = np.where(tpo, ex, tp_s)
         q = {"fwd": fwd, "bwd": bwd, "rec": rec, "tp": tp_s, "ep": r["ep"], "pp": r["pp"], "dp": r["dp"],
              "bus": r["tp_bus"] + r["ep_bus"] + r["pp_bus"] + r["cp_bus"]}

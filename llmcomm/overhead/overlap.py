@@ -256,18 +256,18 @@ def p2p_exposed(n_f: np.ndarray, s_f: np.ndarray, n_b: np.ndarray, s_b: np.ndarr
     return n_f * np.maximum(0.0, s_f - b_chunk) + n_b * np.maximum(0.0, s_b - f_chunk)
 
 
-def sp_backward_exposed(tp: np.ndarray, bwd: np.ndarray, g_ag: np.ndarray, full: np.ndarray) -> np.ndarray:
+def sp_backward_exposed(tp: np.ndarray, bwd: np.ndarray, g_ag: np.ndarray) -> np.ndarray:
     """TP seconds per micro-batch left exposed *without* ``tp_comm_overlap`` under sequence parallelism: the
     backward of a column-parallel linear (qkv, fc1) issues its two SP collectives asynchronously, each under one
     of its GEMMs, in TransformerEngine and in Megatron-LM's own linears alike::
 
-        exposed = tp − min(c, g_ag) − min(c, g_ag),     c = bwd / (3 + 2·full)
+        exposed = tp − min(c, g_ag) − min(c, g_ag),     c = bwd / 3
 
     ``tp`` the stage's TP seconds, ``bwd`` the blocks' backward SP all-gathers/reduce-scatters of them
     (:func:`llmcomm.overhead.iteration.comm_items`, ``ub`` items: per block the row-parallel grad output's
-    all-gather, the column-parallel input's re-gather and its dgrad's reduce-scatter, of equal size, plus with
-    full recomputation the recomputed forward's all-gather and reduce-scatter: ``3 + 2·full`` equal calls, ``c``
-    one of each kind summed over the blocks), ``g_ag`` the forward seconds of the qkv and fc1 GEMMs (their dgrad
+    all-gather, the column-parallel input's re-gather and its dgrad's reduce-scatter, of equal size: 3 calls,
+    ``c`` one of each kind summed over the blocks; a recomputed block's replayed forward calls are apart, ``ub``
+    "replay" items, exposed as the forward's are), ``g_ag`` the forward seconds of the qkv and fc1 GEMMs (their dgrad
     and their wgrad each have the forward's FLOPs). The input's all-gather runs while the dgrad GEMM computes and
     the dgrad's reduce-scatter while the wgrad GEMM computes: TransformerEngine v1.8
     transformer_engine/pytorch/module/layernorm_linear.py:444 (``gather_along_first_dim(ln_out, ..., async_op=True)``
@@ -277,14 +277,14 @@ def sp_backward_exposed(tp: np.ndarray, bwd: np.ndarray, g_ag: np.ndarray, full:
     input's all-gather, :708 the grad input's reduce-scatter, both ``async_op=True``). The row-parallel grad output's all-gather (TE base.py ``grad_output_preprocess``, a blocking
     gather) and every forward collective stay exposed. Not counted: the SMs NCCL's kernels take from the GEMMs
     while they overlap. Zero where nothing is SP-gathered (``bwd`` 0: no SP, or tp = 1)."""
-    c = sp_backward_hideable(bwd, full) / 2.0
+    c = sp_backward_hideable(bwd) / 2.0
     return tp - 2.0 * np.minimum(c, g_ag)
 
 
-def sp_backward_hideable(bwd: np.ndarray, full: np.ndarray) -> np.ndarray:
-    """The most :func:`sp_backward_exposed` can hide, whatever the GEMMs: ``2·bwd / (3 + 2·full)`` (the input
-    re-gathers and dgrad reduce-scatters; what the tuner's lower bound may not count, :mod:`llmcomm.tune.bound`)."""
-    return 2.0 * bwd / (3.0 + 2.0 * np.asarray(full, dtype=np.float64))
+def sp_backward_hideable(bwd: np.ndarray) -> np.ndarray:
+    """The most :func:`sp_backward_exposed` can hide, whatever the GEMMs: ``2·bwd / 3`` (the input re-gathers and
+    dgrad reduce-scatters; what the tuner's lower bound may not count, :mod:`llmcomm.tune.bound`)."""
+    return 2.0 * bwd / 3.0
 
 
 def a2a_pair_exposed(dispatch: np.ndarray, combine: np.ndarray, attn: np.ndarray, mlp: np.ndarray) -> np.ndarray:

@@ -87,7 +87,7 @@ def class_seconds(model: ModelSpec, cands: pd.DataFrame, cluster: Cluster, bandw
         fwd, bwd, rec = it.class_times(r["q"], util)
         # TP seconds nothing hides without tp_comm_overlap: SP's async backward collectives may hide up to
         # sp_backward_hideable (llmcomm.overhead.overlap.sp_backward_exposed), whatever the GEMMs
-        tp_kept = np.asarray(r["tp"]) - _overlap.sp_backward_hideable(r["ub_b"], r["q"]["full"])
+        tp_kept = np.asarray(r["tp"]) - _overlap.sp_backward_hideable(r["ub_b"])
         out[cls] = {"compute": fwd + bwd + rec, "tp": tp_kept, "ep": np.asarray(r["ep"]),
                     "pp": np.asarray(r["pp"])}
     return out

@@ -169,10 +169,11 @@ def recomputes_less(a: tuple[Any, Any], b: tuple[Any, Any], partial: frozenset[s
     formulation's time has not been shown monotone, so such pairs are both evaluated. Measured on DeepSeek-MoE 16B
     (dense first layer): ``mlp`` was up to 0.37% faster than ``none`` under ``overlap_grad_reduce`` with
     interleaved stages — a bug, fixed (the chunks' launch times now count back at the slowest stage's pace,
-    :func:`llmcomm.overhead.overlap.stage_grad_reduce`); ``full`` is still up to 0.03–0.04% faster than selective
-    ``moe`` under ``tp_comm_overlap`` with SP (the userbuffers backward pool credits recomputed GEMM capacity under
-    ``full`` only, while selective replays add exposed calls: ``llmcomm.overhead.iteration.tp_overlap_exposed``;
-    not fixed). Safe for pruning because, along this
+    :func:`llmcomm.overhead.overlap.stage_grad_reduce`); ``full`` was up to 0.16% faster than selective ``moe``
+    under ``tp_comm_overlap`` with SP and FSDP (the userbuffers backward credited the recomputed GEMMs under ``full``
+    only) — fixed too: each replayed block's SP calls are timed against its own GEMMs
+    (:func:`llmcomm.overhead.iteration.tp_overlap_exposed`); the rule still leaves these pairs out, as nothing
+    shows every mechanism monotone on them. Safe for pruning because, along this
     order, the formulation's time is non-decreasing and its memory non-increasing (each module recomputed adds
     its forward to the backward and discards what it kept; full recomputation re-runs the whole layer and keeps
     only its input), all else equal; ``tests/test_tune_modules.py`` checks both over full spaces with every

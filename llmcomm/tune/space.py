@@ -368,10 +368,11 @@ def partial_modules(model: ModelSpec) -> frozenset[str]:
     """The modules that recompute on some layers of ``model`` only: those that keep fewer bytes on one kind of its
     layers (dense, MoE) and not on the other (``mlp`` on a model with dense and MoE layers, DeepSeek-MoE 16B's first
     layer; ``moe_act``, ``layernorm``, ``moe``, ``shared_experts`` there too). Their recomputation lengthens the
-    backward of those layers only; the formulation's time has not been shown non-decreasing in them (the
-    grad-reduce pacing case was a bug and is fixed, :func:`llmcomm.overhead.overlap.stage_grad_reduce`; the
-    userbuffers pool's credit under ``full`` against selective ``moe`` remains), so the recompute-dominated rule
-    does not take it as such (:func:`llmcomm.tune.search.recomputes_less`)."""
+    backward of those layers only; the formulation's time has not been shown non-decreasing in them in general
+    (the two cases found were bugs and are fixed: the grad-reduce pacing,
+    :func:`llmcomm.overhead.overlap.stage_grad_reduce`, and the userbuffers backward's credit under ``full``
+    against selective ``moe``, :func:`llmcomm.overhead.iteration.tp_overlap_exposed`), so the recompute-dominated
+    rule does not take it as such (:func:`llmcomm.tune.search.recomputes_less`)."""
     from ..vocab import RECOMPUTE_MODULES
 
     kinds = set(model.moe_layer_pattern())
