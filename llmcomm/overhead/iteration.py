@@ -1065,17 +1065,23 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
             tt, x = times[plain], xs[plain]
             tot.update(_sums_at_once([items[j][0] for j in plain], cnt * tt, tt, cnt, cnt * x))  # tot: zeros
         cp_calls = [(it.tag, times[j], it.count) for j, (it, _) in enumerate(items) if it.term == "cp" and not it.unit]
+    shared = _shared_calls(items) if fast and times is None else {}
     for it, live in (items if times is None else ()):  # many rows: item by item
         # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
         f_op = factors.get((it.op, id(it.size)))
         if f_op is None:
             f_op = factors[(it.op, id(it.size))] = bus_factor(it.op, it.size)
-        x = f_op * it.nbytes
-        if fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
+        same = shared.get(_call_key(it))
+        if same is not None:  # the call of an earlier item (same op, bytes and group arrays): timed once
+            x, tt = _shared_time(bandwidth, it, f_op, live, same)
+        elif fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
+            x = f_op * it.nbytes
             tt = bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
         elif live.all():
+            x = f_op * it.nbytes
             tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
         else:
+            x = f_op * it.nbytes
             tt = np.zeros(n3)
             tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
         if it.unit:
@@ -1125,6 +1131,44 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
                   np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None,
                   stacked=(q3, tuple(per_class[k]["q"] for k in CLASSES)))
+
+
+def _call_key(it: CommItem) -> tuple[str, int, int, int]:
+    """What decides an item's call times (:func:`stages`, many rows): its op and the identities of its bytes, group
+    size and ranks-per-node arrays (items of one :func:`comm_items` call share these arrays; the items hold them,
+    so the identities stay theirs)."""
+    return (it.op, id(it.nbytes), id(it.size), id(it.rpn))
+
+
+def _shared_calls(items: list[tuple[CommItem, Any]]) -> dict[tuple[str, int, int, int], list[Any]]:
+    """The calls several items issue (:func:`_call_key`; e.g. a layer's forward and backward TP all-reduces of one
+    activation), each with the rows where any of them is live: ``{key: [live rows of all, (x, t) or None]}``
+    (:func:`_shared_time` fills the second on first use)."""
+    by: dict[tuple[str, int, int, int], list[np.ndarray]] = {}
+    for it, live in items:
+        if not it.unit:
+            by.setdefault(_call_key(it), []).append(live)
+    return {k: [np.logical_or.reduce(lives) if len(lives) > 2 else lives[0] | lives[1], None]
+            for k, lives in by.items() if len(lives) > 1}
+
+
+def _shared_time(bandwidth: Any, it: CommItem, f_op: np.ndarray, live: np.ndarray, same: list[Any]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, t)`` of a call several items share (:func:`_shared_calls`): the bus bytes ``f_op·nbytes`` and the
+    seconds on the rows any of them is live, computed for the first of them, then ``t`` on this item's ``live``
+    rows (0 elsewhere) — what :meth:`_Timer.time_rows` gives for the item alone, bit for bit (elementwise; each
+    row's value depends on its own bytes and group only). Where a regime of the shared rows cannot be looked up
+    the item is timed alone (only the groups its own rows need, as before)."""
+    if same[1] is None:
+        x = f_op * it.nbytes
+        try:
+            same[1] = (x, bandwidth.time_rows(it.op, x, it.size, it.rpn, same[0]))
+        except (ConfigError, DataError, KeyError, ValueError):
+            same[1] = (x, None)
+    x, t_all = same[1]
+    if t_all is None:
+        return x, bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
+    return x, np.where(live, t_all, 0.0)
 
 
 def _item_sums(it: CommItem) -> list[tuple[str, int]]:
@@ -1769,7 +1813,7 @@ def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster
     r = _evaluate(model, t, cluster, bw, ut, overlap_grad_reduce)
     out = candidates.reset_index(drop=True).copy()
     for k in (*TERMS, "dp_comm_total_s", "critical", "num_microbatches", "comm_bus_bytes"):
-        out[k] = r[k]
+        out[k] = _critical_column(r["critical_index"]) if k == "critical" else r[k]
     out["total_s"] = sum(r[k] for k in TERMS)
     out["exposed_comm_s"] = sum(r[k] for k in COMM_TERMS)
     out["comm_overhead"] = out["exposed_comm_s"] / out["total_s"]
@@ -1777,6 +1821,19 @@ def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster
     if iv is not None:  # the 90 % interval from the calibration residuals (llmcomm.overhead.interval)
         out["total_s_lo"], out["total_s_hi"] = iv
     return out
+
+
+def _critical_column(crit: np.ndarray) -> Any:
+    """The ``critical`` column of :func:`iteration_times` from the critical class's index per row: the column the
+    names ``CLASSES[crit]`` (:func:`combine`'s ``critical``) would make, taken from a column of the three names
+    (the dtype pandas gives those names, built once), not converted from a numpy string array row by row."""
+    return _class_names().take(np.asarray(crit, dtype=np.intp))
+
+
+@lru_cache(maxsize=1)
+def _class_names() -> Any:
+    """:data:`~llmcomm.step.CLASSES` as the array a frame column of them holds (pandas' string dtype)."""
+    return pd.Series(np.asarray(CLASSES)).array
 
 
 def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandwidth: Any = None,
