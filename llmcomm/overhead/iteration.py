@@ -1565,6 +1565,13 @@ class _Timer:
             table = self._regime_rows(op, n, k, inv, uniq)
             if table is not None:
                 starts, base, alpha, beta, floor = table
+                rows = None if every else np.flatnonzero(live)
+                if rows is not None and len(rows) <= LIVE_SHARE_APART * len(x):  # a few live rows: those alone
+                    xl = x.take(rows)
+                    idx = piece_of(xl, [s_.take(rows) for s_ in starts])
+                    idx += base.take(rows)
+                    out[rows] = piece_time(xl, alpha.take(idx), beta.take(idx), floor.take(idx))
+                    return out
                 idx = piece_of(x, starts)
                 idx += base  # row r's piece p is entry p of its group's row of the tables
                 out = piece_time(x, alpha.take(idx), beta.take(idx), floor.take(idx))
@@ -1728,6 +1735,7 @@ def _group_codes(n: np.ndarray, k: np.ndarray, key: np.ndarray) -> tuple[np.ndar
     return lut.take(dense), uniq
 
 
+LIVE_SHARE_APART = 0.3  # _Timer.time_rows: up to this share of live rows, only those are timed (elementwise: equal)
 DENSE_GROUP_CODES = 1 << 20  # _group_codes: a look-up table up to this many (group size, ranks per node) pairs
 CALL_MEMO_SIZE = 200_000  # distinct calls a _Timer keeps (_Timer.calls)
 SMALL_ROWS = 256  # _Timer.time groups this many rows or fewer by a dict (pandas' hashing pays off above)
