@@ -1455,7 +1455,7 @@ class _Timer:
         self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
         self.sorted: dict[tuple[int, int], tuple[Any, Any, np.ndarray, list[int]]] = {}  # _sorted
-        self.tables: dict[tuple[str, int, int], tuple[Any, Any, Any]] = {}  # _regime_rows
+        self.tables: dict[tuple[str, int, int], tuple[Any, Any, _RegimeRows | None]] = {}  # _regime_rows
         self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
         self.prepared: dict[tuple[str, int, int], tuple[Any, Any, Any, float]] = {}  # _prepared
         self.padded: dict[tuple[str, int, int, int], tuple[list[float], list[float], list[float], list[float]]] = {}
@@ -1564,14 +1564,15 @@ class _Timer:
         if len(uniq) > 1:  # several groups: every row with its own group's regime (tables cached per op and arrays)
             table = self._regime_rows(op, n, k, inv, uniq)
             if table is not None:
-                starts, base, alpha, beta, floor = table
+                lo_cols, pieces, alpha, beta, floor = table.lo_cols, table.pieces, table.alpha, table.beta, table.floor
                 rows = None if every else np.flatnonzero(live)
                 if rows is not None and len(rows) <= LIVE_SHARE_APART * len(x):  # a few live rows: those alone
-                    xl = x.take(rows)
-                    idx = piece_of(xl, [s_.take(rows) for s_ in starts])
-                    idx += base.take(rows)
+                    xl, inv_l = x.take(rows), inv.take(rows)
+                    idx = piece_of(xl, [col.take(inv_l) for col in lo_cols])
+                    idx += inv_l * pieces
                     out[rows] = piece_time(xl, alpha.take(idx), beta.take(idx), floor.take(idx))
                     return out
+                starts, base = table.per_row(inv)
                 idx = piece_of(x, starts)
                 idx += base  # row r's piece p is entry p of its group's row of the tables
                 out = piece_time(x, alpha.take(idx), beta.take(idx), floor.take(idx))
@@ -1604,11 +1605,12 @@ class _Timer:
         return out
 
     def _regime_rows(self, op: str, n: np.ndarray, k: np.ndarray, inv: np.ndarray, uniq: np.ndarray
-                     ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+                     ) -> _RegimeRows | None:
         """Each row's regime of ``op`` as tables (:meth:`time_rows`, several groups): the groups' regimes
         ``(x_lo, α, β)`` and floors (:func:`~llmcomm.overhead.bandwidth.piece_floor`) as ``(groups, pieces)`` rows,
         flattened (``α``, ``β``, floor), padded with pieces no bus byte count reaches (lower end ``+∞``); per row
-        the lower ends of its group's pieces after the first and the offset ``group·pieces`` of its group's row.
+        the lower ends of its group's pieces after the first and the offset ``group·pieces`` of its group's row
+        (:meth:`_RegimeRows.per_row`, built on first use: rows timed apart read the groups' columns).
         A group of one rank has ``α = β = 0``: no time, as :meth:`time` gives. Once per op and pair of (group size,
         ranks per node) arrays; ``None`` where a group's regime cannot be looked up (:meth:`time_rows` then asks
         only the groups it needs, as before)."""
@@ -1640,8 +1642,8 @@ class _Timer:
             x_lo, a, b = reg
             lo[g, :len(x_lo)], alpha[g, :len(x_lo)], beta[g, :len(x_lo)] = x_lo, a, b
             floor[g, :len(x_lo)] = piece_floor(x_lo, a, b)
-        table = ([lo[:, j].take(inv) for j in range(1, pieces)], inv * pieces, alpha.ravel(), beta.ravel(),
-                 floor.ravel())
+        table = _RegimeRows([lo[:, j].copy() for j in range(1, pieces)], pieces, alpha.ravel(), beta.ravel(),
+                            floor.ravel())
         self.tables[key] = (n, k, table)
         return table
 
@@ -1714,6 +1716,28 @@ class _Timer:
             sel = slice(None) if len(uniq) == 1 else inv == i
             out[sel] = eval_pieces(x[sel], x_lo, alpha, beta)[0]
         return out
+
+
+@dataclass
+class _RegimeRows:
+    """One op's regimes of several groups as tables (:meth:`_Timer._regime_rows`): per piece after the first the
+    groups' lower ends ``lo_cols`` (``(groups,)`` each), the number of ``pieces`` per group, and ``α``, ``β`` and
+    floors flattened from ``(groups, pieces)``; :meth:`per_row` spreads the lower ends and the offsets
+    ``group·pieces`` over the rows, once."""
+
+    lo_cols: list[np.ndarray]
+    pieces: int
+    alpha: np.ndarray
+    beta: np.ndarray
+    floor: np.ndarray
+    rows: tuple[list[np.ndarray], np.ndarray] | None = None
+
+    def per_row(self, inv: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Each row's lower ends of its group's pieces after the first, and its group's offset ``group·pieces``
+        (``inv``: each row's group; the same array on every call, :meth:`_Timer.time_rows`)."""
+        if self.rows is None:
+            self.rows = ([col.take(inv) for col in self.lo_cols], inv * self.pieces)
+        return self.rows
 
 
 def _group_codes(n: np.ndarray, k: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
