@@ -61,6 +61,8 @@ def _method_bad(v: Any) -> Any:
     runs on every ParallelConfig)."""
     if v is None or isinstance(v, str):
         return v not in (None, "uniform", "block")
+    if isinstance(v, np.ndarray) and v.size >= EACH_DISTINCT_MIN:  # a long column: once per distinct value
+        return _each(v, lambda x: not (x == None or x == "uniform" or x == "block"))  # noqa: E711
     a = np.asarray(v, dtype=object)
     return ~((a == None) | (a == "uniform") | (a == "block"))  # noqa: E711  (elementwise on objects)
 
@@ -73,29 +75,67 @@ def _each(values: Any, fn: Callable[[Any], Any]) -> np.ndarray:
     the per-element predicate of an object column. For a long column ``fn`` runs once per distinct value (equal
     values give equal verdicts): once where every row holds one value (one elementwise ``==``), else per value of
     pandas' hash table, the verdicts spread over the rows; ``None`` rows (which pandas counts as missing, with NaN)
-    get ``fn(None)``, any other missing value its own call."""
+    get ``fn(None)``, any other missing value its own call. The distinct values of a column are found once per
+    :func:`check_table` call (:data:`_DISTINCT`: its rules ask several predicates of one column)."""
     a = np.asarray(values, dtype=object)
     flat = a.reshape(-1)
     if len(flat) < EACH_DISTINCT_MIN:
         return np.array([bool(fn(v)) for v in flat], dtype=bool).reshape(a.shape)
-    first = np.empty(1, dtype=object)
-    first[0] = flat[0]  # compared as one element (a tuple is not spread over an axis)
-    if np.asarray(flat == first, dtype=bool).all():  # one value in every row (a column filled with it)
-        return np.full(a.shape, bool(fn(flat[0])))
-    try:
-        codes, uniq = pd.factorize(flat)
-    except TypeError:  # an unhashable element (a list): one call per element
+    memo = _DISTINCT[-1] if _DISTINCT else None
+    hit = memo.get(id(values)) if memo is not None else None
+    if hit is not None and hit[0] is values:
+        kind = hit[1]
+    else:
+        kind = _distinct(flat)
+        if memo is not None:
+            memo[id(values)] = (values, kind)  # the column held: its id stays its own while the memo lives
+    if kind is None:  # an unhashable element (a list): one call per element
         return np.array([bool(fn(v)) for v in flat], dtype=bool).reshape(a.shape)
+    if len(kind) == 1:  # one value in every row (a column filled with it)
+        return np.full(a.shape, bool(fn(kind[0])))
+    codes, uniq, missing, none = kind
     lut = np.array([bool(fn(u)) for u in uniq] + [False], dtype=bool)  # code -1 (missing) reads the last entry
     out = lut[codes]
-    missing = np.flatnonzero(codes < 0)
     if len(missing):
-        sub = flat[missing]
-        none: np.ndarray = np.array([v is None for v in sub.tolist()], dtype=bool)
         out[missing[none]] = bool(fn(None))
         for i in missing[np.logical_not(none)].tolist():  # NaN, pd.NA, NaT: as they are
             out[i] = bool(fn(flat[i]))
     return out.reshape(a.shape)
+
+
+def _distinct(flat: np.ndarray) -> tuple[Any, ...] | None:
+    """What :func:`_each` needs of a long 1-D object array's values: ``(value,)`` where every element holds one
+    value (one elementwise ``==``), ``None`` where an element is unhashable, else pandas' ``(codes, distinct values,
+    missing rows, which of those are None)``."""
+    first = np.empty(1, dtype=object)
+    first[0] = flat[0]  # compared as one element (a tuple is not spread over an axis)
+    if np.asarray(flat == first, dtype=bool).all():
+        return (flat[0],)
+    try:
+        codes, uniq = pd.factorize(flat)
+    except TypeError:
+        return None
+    missing = np.flatnonzero(codes < 0)
+    none: np.ndarray = np.array([v is None for v in flat[missing].tolist()], dtype=bool)
+    return codes, uniq, missing, none
+
+
+_DISTINCT: list[dict[int, tuple[Any, Any]]] = []  # _each's distinct values per column, one dict per check_table call
+
+
+def _equals(values: Any, value: Any) -> Any:
+    """``np.asarray(values, dtype=object) == value`` (elementwise ``v == value``); a long object array through
+    :func:`_each` (its column's distinct values found once per :func:`check_table` call)."""
+    if isinstance(values, np.ndarray) and values.size >= EACH_DISTINCT_MIN:
+        return _each(values, lambda v: v == value)
+    return np.asarray(values, dtype=object) == value
+
+
+def _differs(values: Any, value: Any) -> Any:
+    """``np.asarray(values, dtype=object) != value`` (elementwise ``v != value``), as :func:`_equals`."""
+    if isinstance(values, np.ndarray) and values.size >= EACH_DISTINCT_MIN:
+        return _each(values, lambda v: v != value)
+    return np.not_equal(np.asarray(values, dtype=object), value)
 
 
 def _opt(v: Any) -> Any:
@@ -220,7 +260,7 @@ def _modules_bad(p: Any) -> Any:
 def _has_module(p: Any, names: tuple[str, ...]) -> Any:
     """Where recomputation is selective and ``recompute_modules`` names one of ``names``."""
     has = _each(_module_sets(p), lambda v: v is not None and any(x in v for x in names))
-    sel = np.asarray(p.recompute) == "selective"
+    sel = _equals(p.recompute, "selective")
     return (has & sel) if isinstance(p.recompute_modules, np.ndarray) else bool(has[0] and sel)
 
 
@@ -320,8 +360,7 @@ RULES: tuple[Rule, ...] = (
          lambda m, r: f"recompute_modules={r.recompute_modules!r} needs recompute='selective', got "
                       f"recompute={r.recompute!r}"),
     Rule("recompute-modules-fp8-delayed", "config", "megatron/core/transformer/transformer_config.py:2000-2005",
-         lambda m, p: np.logical_and.reduce([np.not_equal(np.asarray(p.fp8, dtype=object), None),  # type: ignore[call-overload]
-                                             np.asarray(p.fp8_recipe, dtype=object) == "delayed",
+         lambda m, p: np.logical_and.reduce([_differs(p.fp8, None), _equals(p.fp8_recipe, "delayed"),
                                              _has_module(p, ("moe_act", "layernorm"))]),
          lambda m, r: "recompute_modules moe_act and layernorm with fp8 need an fp8_recipe other than 'delayed' "
                       "(Megatron-LM: 'Delayed scaling does not support moe_act and layernorm recompute for fp8')"),
@@ -334,9 +373,9 @@ RULES: tuple[Rule, ...] = (
          "megatron/training/arguments.py:1425-1428 (no recompute method with selective recomputation) and "
          "megatron/core/transformer/transformer_block.py:662 (the method is read only under recompute granularity "
          "'full'; Megatron ignores it without recomputation, the kit refuses instead)",
-         lambda m, p: np.logical_and(np.logical_or(np.not_equal(np.asarray(p.recompute_method, dtype=object), None),  # type: ignore[call-overload]
+         lambda m, p: np.logical_and(np.logical_or(_differs(p.recompute_method, None),
                                                    np.asarray(_opt(p.recompute_num_layers)) != -1),
-                                     np.asarray(p.recompute) != "full"),
+                                     _differs(p.recompute, "full")),
          lambda m, r: f"recompute_method={r.recompute_method!r} / recompute_num_layers={r.recompute_num_layers!r} "
                       f"need recompute='full', got recompute={r.recompute!r}"),
     Rule("recompute-method-and-num-layers", "config",
@@ -426,7 +465,7 @@ RULES: tuple[Rule, ...] = (
          "TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py:4246 "
          "(AttnFuncWithCPAndQKVOA2A.forward: num_heads % cp_size == 0 for Q and for K, V, on the rank's a/tp and "
          "g/tp heads; TransformerEngine d0067d0)",
-         lambda m, p: np.logical_and.reduce([p.cp > 1, np.asarray(p.cp_comm_type, dtype=object) == "a2a",
+         lambda m, p: np.logical_and.reduce([p.cp > 1, _equals(p.cp_comm_type, "a2a"),
                                              np.logical_or((m.num_attention_heads // p.tp) % p.cp != 0,
                                                            (m.kv_heads // p.tp) % p.cp != 0)]),
          lambda m, r: f"cp_comm_type='a2a' needs cp={r.cp} dividing the heads of each TP rank: "
@@ -501,7 +540,7 @@ RULES: tuple[Rule, ...] = (
          "megatron/core/transformer/transformer_config.py:3020-3023 ('disable full recomputation when enabling "
          "overlap_moe_expert_parallel_comm')",
          lambda m, p: np.logical_and(np.asarray(p.moe_a2a_overlap, dtype=bool),
-                                     np.asarray(p.recompute, dtype=object) == "full"),
+                                     _equals(p.recompute, "full")),
          lambda m, r: "moe_a2a_overlap needs recompute != 'full'"),
     Rule("a2a-overlap-no-moe-recompute", "megatron",
          "megatron/core/transformer/transformer_config.py:3030-3032 ('disable moe in recompute_modules when "
@@ -519,7 +558,7 @@ RULES: tuple[Rule, ...] = (
     Rule("cost-fp8-recipe", "cost",
          "kit: the formulation times the delayed and tensorwise (per-tensor current) scaling recipes; mxfp8 is "
          "Blackwell-only (transformer_config.py:594), blockwise and custom scale per block or by user code",
-         lambda m, p: np.logical_and(np.not_equal(np.asarray(p.fp8, dtype=object), None),  # type: ignore[call-overload]
+         lambda m, p: np.logical_and(_differs(p.fp8, None),
                                      _each(p.fp8_recipe, lambda v: v not in ("delayed", "tensorwise"))),
          lambda m, r: f"fp8_recipe={r.fp8_recipe!r} is not modelled by the iteration-time formulation"),
     Rule("cost-recompute-mla-up-proj", "cost",
@@ -541,9 +580,8 @@ RULES: tuple[Rule, ...] = (
          "H100 measurement in the shared data (DeepEP's published figures are H800: 153 GB/s NVLink at EP 8, "
          "43-58 GB/s RDMA at EP 16-64, DeepEP docs/legacy.md:19-26)",
          lambda m, p: np.logical_and(m.is_moe, np.logical_or(
-             p.moe_token_dispatcher_type != "alltoall",
-             np.not_equal(np.asarray(getattr(p, "moe_flex_dispatcher_backend", None), dtype=object),  # type: ignore[call-overload]
-                          None))),
+             _differs(p.moe_token_dispatcher_type, "alltoall"),
+             _differs(getattr(p, "moe_flex_dispatcher_backend", None), None))),
          lambda m, r: (f"moe_token_dispatcher_type={r.moe_token_dispatcher_type!r}, moe_flex_dispatcher_backend="
                        f"{getattr(r, 'moe_flex_dispatcher_backend', None)!r}: only the alltoall MoE token "
                        "dispatcher is modelled by the iteration-time formulation; the flex dispatcher's DeepEP/"
@@ -654,6 +692,15 @@ def valid(model: Model, table: Any, scopes: Sequence[str]) -> np.ndarray:
 def check_table(model: Model, table: Any, scopes: Sequence[str], what: str = "candidate row") -> None:
     """Raise :class:`ConfigError` naming the first rule (in :data:`RULES` order) that some row breaks, with the
     first such row and its sizes."""
+    _DISTINCT.append({})  # the columns' distinct values, found once for every rule of this call (_each)
+    try:
+        _check_table(model, table, scopes, what)
+    finally:
+        _DISTINCT.pop()
+
+
+def _check_table(model: Model, table: Any, scopes: Sequence[str], what: str) -> None:
+    """:func:`check_table`'s loop over the rules."""
     for r in rules(scopes):
         bad = np.asarray(r.bad(model, table), dtype=bool)
         if bad.any():

@@ -538,12 +538,31 @@ def placement(t: Any, gpus_per_node: int) -> dict[str, tuple[np.ndarray, np.ndar
                                           int(t.expert_tp[0]), str(t.order[0]), gpus_per_node))
     order_codes, order_names = pd.factorize(t.order)
     inv, uniq = factorize([t.tp, t.cp, t.dp, t.pp, t.ep, t.expert_tp, order_codes])
-    per = [_shape_placement(*u[:6], str(order_names[u[6]]), gpus_per_node) for u in uniq]
-    out = {}
-    for key in per[0] if per else ():
-        lut = np.array([d[key] for d in per], np.int64).reshape(-1, 2).T.copy()  # (2, shapes): rows contiguous
-        out[key] = (lut[0].take(inv), lut[1].take(inv))
-    return out
+    per = [_shape_placement_vector(*u[:6], str(order_names[u[6]]), gpus_per_node) for u in uniq]
+    if not per:
+        return {}
+    keys = per[0][0]
+    vectors = [v if k == keys else _in_order(k, v, keys) for k, v in per]
+    # (2·keys, shapes): row 2j the sizes of key j per shape, row 2j + 1 its ranks per node (rows contiguous)
+    lut = np.array(vectors, np.int64).T.copy()
+    return {key: (lut[2 * j].take(inv), lut[2 * j + 1].take(inv)) for j, key in enumerate(keys)}
+
+
+def _in_order(keys: tuple[str, ...], vector: np.ndarray, order: tuple[str, ...]) -> np.ndarray:
+    """A :func:`_shape_placement_vector` of ``keys`` with its pairs in the key order ``order``."""
+    pairs = dict(zip(keys, vector.reshape(-1, 2).tolist(), strict=True))
+    return np.array([pairs[key] for key in order], np.int64).reshape(-1)
+
+
+@lru_cache(maxsize=4096)
+def _shape_placement_vector(tp: int, cp: int, dp: int, pp: int, ep: int, etp: int, order: str, gpus_per_node: int
+                            ) -> tuple[tuple[str, ...], np.ndarray]:
+    """:func:`_shape_placement` as its keys and one read-only int64 vector ``(size, ranks per node)`` per key, side
+    by side (what :func:`placement` stacks over a table's shapes)."""
+    d = _shape_placement(tp, cp, dp, pp, ep, etp, order, gpus_per_node)
+    v = np.array(list(d.values()), np.int64).reshape(-1)
+    v.setflags(write=False)
+    return tuple(d), v
 
 
 def factorize(keys: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]]:

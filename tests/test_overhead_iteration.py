@@ -349,3 +349,26 @@ def test_sums_at_once_is_the_item_by_item_loop():
     assert got["pp"].tolist() == [7.0, 7.0] and got["pp_bus"].tolist() == [20.0, 20.0]  # the receive: no bus bytes
     assert got["pp_sf"].tolist() == [1.0, 1.0] and got["pp_nf"].tolist() == [2.0, 2.0]
     assert got["g_plain"].tolist() == [3.5, 3.5] and got["g_all"].tolist() == [7.0, 7.0]
+
+
+def test_timer_rows_few_live_rows_and_shared_tables_bit_for_bit():
+    """``_Timer.time_rows`` with few live rows (timed apart, ``LIVE_SHARE_APART``) and with many, one after another
+    on the same arrays (the per-row regime tables built by either path and read by the other), gives
+    ``Bandwidth.time``'s seconds exactly, 0 where a row issues no call."""
+    from llmcomm.overhead import Bandwidth
+    from llmcomm.overhead.bandwidth import bus_factor
+    from llmcomm.overhead.iteration import LIVE_SHARE_APART, _Timer
+    from llmcomm.specs import load_cluster
+
+    rng = np.random.default_rng(2)
+    bw = Bandwidth.default(load_cluster("h100-80g-ndr400"))
+    t = _Timer(bw)
+    n = rng.choice([1, 2, 4, 8, 16, 64], 3000)
+    k = np.minimum(n, rng.choice([1, 2, 4, 8], 3000))
+    nbytes = rng.integers(0, 2**31, 3000).astype(float)
+    for op in ("all_reduce", "all_gather", "send"):
+        for share in (0.05, 0.9, LIVE_SHARE_APART / 2, 1.0, 0.0):
+            live = rng.random(3000) < share
+            got = t.time_rows(op, bus_factor(op, n) * nbytes, n, k, live)
+            want = np.where(live, bw.time(op, nbytes, n, k), 0.0)
+            assert np.array_equal(got.view(np.int64), want.view(np.int64)), (op, share)

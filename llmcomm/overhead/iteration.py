@@ -1109,17 +1109,23 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
             tt, x = times[plain], xs[plain]
             tot.update(_sums_at_once([items[j][0] for j in plain], cnt * tt, tt, cnt, cnt * x))  # tot: zeros
         cp_calls = [(it.tag, times[j], it.count) for j, (it, _) in enumerate(items) if it.term == "cp" and not it.unit]
+    shared = _shared_calls(items) if fast and times is None else {}
     for it, live in (items if times is None else ()):  # many rows: item by item
         # nccl-tests bus bytes of one call (0 where the item issues none: it.count is 0 there)
         f_op = factors.get((it.op, id(it.size)))
         if f_op is None:
             f_op = factors[(it.op, id(it.size))] = bus_factor(it.op, it.size)
-        x = f_op * it.nbytes
-        if fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
+        same = shared.get(_call_key(it))
+        if same is not None:  # the call of an earlier item (same op, bytes and group arrays): timed once
+            x, tt = _shared_time(bandwidth, it, f_op, live, same)
+        elif fast:  # the bus bytes once, the rows grouped once per (size, ranks per node) arrays
+            x = f_op * it.nbytes
             tt = bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
         elif live.all():
+            x = f_op * it.nbytes
             tt = bandwidth.time(it.op, it.nbytes, it.size, it.rpn)
         else:
+            x = f_op * it.nbytes
             tt = np.zeros(n3)
             tt[live] = bandwidth.time(it.op, it.nbytes[live], it.size[live], it.rpn[live])
         if it.unit:
@@ -1169,6 +1175,44 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
                   _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
                   np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None,
                   stacked=(q3, tuple(per_class[k]["q"] for k in CLASSES)))
+
+
+def _call_key(it: CommItem) -> tuple[str, int, int, int]:
+    """What decides an item's call times (:func:`stages`, many rows): its op and the identities of its bytes, group
+    size and ranks-per-node arrays (items of one :func:`comm_items` call share these arrays; the items hold them,
+    so the identities stay theirs)."""
+    return (it.op, id(it.nbytes), id(it.size), id(it.rpn))
+
+
+def _shared_calls(items: list[tuple[CommItem, Any]]) -> dict[tuple[str, int, int, int], list[Any]]:
+    """The calls several items issue (:func:`_call_key`; e.g. a layer's forward and backward TP all-reduces of one
+    activation), each with the rows where any of them is live: ``{key: [live rows of all, (x, t) or None]}``
+    (:func:`_shared_time` fills the second on first use)."""
+    by: dict[tuple[str, int, int, int], list[np.ndarray]] = {}
+    for it, live in items:
+        if not it.unit:
+            by.setdefault(_call_key(it), []).append(live)
+    return {k: [np.logical_or.reduce(lives) if len(lives) > 2 else lives[0] | lives[1], None]
+            for k, lives in by.items() if len(lives) > 1}
+
+
+def _shared_time(bandwidth: Any, it: CommItem, f_op: np.ndarray, live: np.ndarray, same: list[Any]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, t)`` of a call several items share (:func:`_shared_calls`): the bus bytes ``f_op·nbytes`` and the
+    seconds on the rows any of them is live, computed for the first of them, then ``t`` on this item's ``live``
+    rows (0 elsewhere) — what :meth:`_Timer.time_rows` gives for the item alone, bit for bit (elementwise; each
+    row's value depends on its own bytes and group only). Where a regime of the shared rows cannot be looked up
+    the item is timed alone (only the groups its own rows need, as before)."""
+    if same[1] is None:
+        x = f_op * it.nbytes
+        try:
+            same[1] = (x, bandwidth.time_rows(it.op, x, it.size, it.rpn, same[0]))
+        except (ConfigError, DataError, KeyError, ValueError):
+            same[1] = (x, None)
+    x, t_all = same[1]
+    if t_all is None:
+        return x, bandwidth.time_rows(it.op, x, it.size, it.rpn, live)
+    return x, np.where(live, t_all, 0.0)
 
 
 def _item_sums(it: CommItem) -> list[tuple[str, int]]:
@@ -1482,7 +1526,7 @@ class _Timer:
         self.cache: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.groups: dict[tuple[int, int], tuple[Any, Any, np.ndarray, np.ndarray]] = {}
         self.sorted: dict[tuple[int, int], tuple[Any, Any, np.ndarray, list[int]]] = {}  # _sorted
-        self.tables: dict[tuple[str, int, int], tuple[Any, Any, Any]] = {}  # _regime_rows
+        self.tables: dict[tuple[str, int, int], tuple[Any, Any, _RegimeRows | None]] = {}  # _regime_rows
         self.memo: dict[tuple[str, int, int, float], tuple[float, float]] = {}  # calls(): one call's time, bus bytes
         self.prepared: dict[tuple[str, int, int], tuple[Any, Any, Any, float]] = {}  # _prepared
         self.padded: dict[tuple[str, int, int, int], tuple[list[float], list[float], list[float], list[float]]] = {}
@@ -1591,7 +1635,15 @@ class _Timer:
         if len(uniq) > 1:  # several groups: every row with its own group's regime (tables cached per op and arrays)
             table = self._regime_rows(op, n, k, inv, uniq)
             if table is not None:
-                starts, base, alpha, beta, floor = table
+                lo_cols, pieces, alpha, beta, floor = table.lo_cols, table.pieces, table.alpha, table.beta, table.floor
+                rows = None if every else np.flatnonzero(live)
+                if rows is not None and len(rows) <= LIVE_SHARE_APART * len(x):  # a few live rows: those alone
+                    xl, inv_l = x.take(rows), inv.take(rows)
+                    idx = piece_of(xl, [col.take(inv_l) for col in lo_cols])
+                    idx += inv_l * pieces
+                    out[rows] = piece_time(xl, alpha.take(idx), beta.take(idx), floor.take(idx))
+                    return out
+                starts, base = table.per_row(inv)
                 idx = piece_of(x, starts)
                 idx += base  # row r's piece p is entry p of its group's row of the tables
                 out = piece_time(x, alpha.take(idx), beta.take(idx), floor.take(idx))
@@ -1624,11 +1676,12 @@ class _Timer:
         return out
 
     def _regime_rows(self, op: str, n: np.ndarray, k: np.ndarray, inv: np.ndarray, uniq: np.ndarray
-                     ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+                     ) -> _RegimeRows | None:
         """Each row's regime of ``op`` as tables (:meth:`time_rows`, several groups): the groups' regimes
         ``(x_lo, α, β)`` and floors (:func:`~llmcomm.overhead.bandwidth.piece_floor`) as ``(groups, pieces)`` rows,
         flattened (``α``, ``β``, floor), padded with pieces no bus byte count reaches (lower end ``+∞``); per row
-        the lower ends of its group's pieces after the first and the offset ``group·pieces`` of its group's row.
+        the lower ends of its group's pieces after the first and the offset ``group·pieces`` of its group's row
+        (:meth:`_RegimeRows.per_row`, built on first use: rows timed apart read the groups' columns).
         A group of one rank has ``α = β = 0``: no time, as :meth:`time` gives. Once per op and pair of (group size,
         ranks per node) arrays; ``None`` where a group's regime cannot be looked up (:meth:`time_rows` then asks
         only the groups it needs, as before)."""
@@ -1660,8 +1713,8 @@ class _Timer:
             x_lo, a, b = reg
             lo[g, :len(x_lo)], alpha[g, :len(x_lo)], beta[g, :len(x_lo)] = x_lo, a, b
             floor[g, :len(x_lo)] = piece_floor(x_lo, a, b)
-        table = ([lo[:, j].take(inv) for j in range(1, pieces)], inv * pieces, alpha.ravel(), beta.ravel(),
-                 floor.ravel())
+        table = _RegimeRows([lo[:, j].copy() for j in range(1, pieces)], pieces, alpha.ravel(), beta.ravel(),
+                            floor.ravel())
         self.tables[key] = (n, k, table)
         return table
 
@@ -1736,6 +1789,28 @@ class _Timer:
         return out
 
 
+@dataclass
+class _RegimeRows:
+    """One op's regimes of several groups as tables (:meth:`_Timer._regime_rows`): per piece after the first the
+    groups' lower ends ``lo_cols`` (``(groups,)`` each), the number of ``pieces`` per group, and ``α``, ``β`` and
+    floors flattened from ``(groups, pieces)``; :meth:`per_row` spreads the lower ends and the offsets
+    ``group·pieces`` over the rows, once."""
+
+    lo_cols: list[np.ndarray]
+    pieces: int
+    alpha: np.ndarray
+    beta: np.ndarray
+    floor: np.ndarray
+    rows: tuple[list[np.ndarray], np.ndarray] | None = None
+
+    def per_row(self, inv: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Each row's lower ends of its group's pieces after the first, and its group's offset ``group·pieces``
+        (``inv``: each row's group; the same array on every call, :meth:`_Timer.time_rows`)."""
+        if self.rows is None:
+            self.rows = ([col.take(inv) for col in self.lo_cols], inv * self.pieces)
+        return self.rows
+
+
 def _group_codes(n: np.ndarray, k: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(code of each row, distinct keys)`` of the rows' (group size ``n``, ranks per node ``k``) pairs, ``key =
     n·2²⁰ + k`` (:meth:`_Timer.time_rows`): through a dense look-up table of the pairs' range where it is small
@@ -1755,6 +1830,7 @@ def _group_codes(n: np.ndarray, k: np.ndarray, key: np.ndarray) -> tuple[np.ndar
     return lut.take(dense), uniq
 
 
+LIVE_SHARE_APART = 0.3  # _Timer.time_rows: up to this share of live rows, only those are timed (elementwise: equal)
 DENSE_GROUP_CODES = 1 << 20  # _group_codes: a look-up table up to this many (group size, ranks per node) pairs
 CALL_MEMO_SIZE = 200_000  # distinct calls a _Timer keeps (_Timer.calls)
 SMALL_ROWS = 256  # _Timer.time groups this many rows or fewer by a dict (pandas' hashing pays off above)
@@ -1840,7 +1916,7 @@ def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster
     r = _evaluate(model, t, cluster, bw, ut, overlap_grad_reduce)
     out = candidates.reset_index(drop=True).copy()
     for k in (*TERMS, "dp_comm_total_s", "critical", "num_microbatches", "comm_bus_bytes"):
-        out[k] = r[k]
+        out[k] = _critical_column(r["critical_index"]) if k == "critical" else r[k]
     out["total_s"] = sum(r[k] for k in TERMS)
     out["exposed_comm_s"] = sum(r[k] for k in COMM_TERMS)
     out["comm_overhead"] = out["exposed_comm_s"] / out["total_s"]
@@ -1848,6 +1924,19 @@ def iteration_times(model: ModelSpec, candidates: pd.DataFrame, cluster: Cluster
     if iv is not None:  # the 90 % interval from the calibration residuals (llmcomm.overhead.interval)
         out["total_s_lo"], out["total_s_hi"] = iv
     return out
+
+
+def _critical_column(crit: np.ndarray) -> Any:
+    """The ``critical`` column of :func:`iteration_times` from the critical class's index per row: the column the
+    names ``CLASSES[crit]`` (:func:`combine`'s ``critical``) would make, taken from a column of the three names
+    (the dtype pandas gives those names, built once), not converted from a numpy string array row by row."""
+    return _class_names().take(np.asarray(crit, dtype=np.intp))
+
+
+@lru_cache(maxsize=1)
+def _class_names() -> Any:
+    """:data:`~llmcomm.step.CLASSES` as the array a frame column of them holds (pandas' string dtype)."""
+    return pd.Series(np.asarray(CLASSES)).array
 
 
 def iteration_time(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, bandwidth: Any = None,
