@@ -73,14 +73,15 @@ def class_seconds(model: ModelSpec, cands: pd.DataFrame, cluster: Cluster, bandw
                   utilization: Any = None) -> dict[str, dict[str, np.ndarray]]:
     """``{class: {"compute": C_k, "tp": .., "ep": .., "pp": ..}}``: the formulation's forward + backward +
     recompute seconds of one micro-batch of each stage class (``first``, ``mid``, ``last``) and its TP, EP and
-    pipeline seconds before any overlap (:func:`llmcomm.overhead.iteration.stages`), for each row of ``cands``
+    pipeline seconds before any overlap (:func:`llmcomm.overhead.iteration.stages`' numbers, through
+    :func:`~llmcomm.overhead.iteration.stage_compute`, which builds no other call), for each row of ``cands``
     (valid configurations)."""
     from ..overhead import iteration as it
     from ..overhead import overlap as _overlap
 
     t = ParallelTable.from_frame(cands.reset_index(drop=True), model)
     bw, util = it._resolve(cluster, bandwidth, utilization)
-    st = it.stages(model, t, cluster, bw)
+    st = it.stage_compute(model, t, cluster, bw)  # stages() without the DP, CP and FSDP calls: the same numbers
     util = it.combine_utilization(st, util)  # the model combine times the stages with
     out = {}
     for cls, r in st.cls.items():
