@@ -1009,11 +1009,14 @@ class Stages:
 
 
 def _stacked_features(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool,
-                      gemm: Any) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], tuple[np.ndarray, np.ndarray],
-                                          np.ndarray, np.ndarray, dict[str, np.ndarray], Any]:
+                      gemm: Any, keep: Any = None
+                      ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], tuple[np.ndarray, np.ndarray],
+                                 np.ndarray, np.ndarray, dict[str, np.ndarray], Any]:
     """``(c, c3, layers3, holds_first3, holds_last3, q3, gemm model)``: the arrays of ``t`` (:func:`arrays`), the
     three stage classes stacked as ``3n`` rows (:func:`stack_classes`), their layer counts and edges, and their
-    utilization features (:func:`_compute`): what :func:`stages` and :func:`stage_compute` share."""
+    utilization features (:func:`_compute`): what :func:`stages` and :func:`stage_compute` share. ``keep``: a
+    function of ``pp`` giving the stacked rows to keep (indices into the ``3n``; the formulas are element-wise,
+    so each kept row's numbers are those of all ``3n``), or ``None``: all of them."""
     c = arrays(model, t, cluster.gpus_per_node)
     peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
     pp = c["pp"]
@@ -1031,6 +1034,11 @@ def _stacked_features(model: ModelSpec, t: ParallelTable, cluster: Cluster, band
         rec = step.recomputed_stage_classes(model, pp, c["vpp"], c["rblock_n"], {k: c[k] for k in step.UNEVEN})
         c3["rec_d"] = np.concatenate([rec[cls][0] for cls in CLASSES])
         c3["rec_m"] = np.concatenate([rec[cls][1] for cls in CLASSES])
+    if keep is not None:
+        rows = keep(pp)
+        n3 = 3 * len(pp)
+        c3 = {k: v[rows] if v.shape == (n3,) else v for k, v in c3.items()}
+        hf3, hl3, layers3 = hf3[rows], hl3[rows], (layers3[0][rows], layers3[1][rows])
     gm = (measured_gemm(cluster) if measured_gemms else None) if gemm is _LOOK_UP else gemm
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
     return c, c3, layers3, hf3, hl3, q3, gm
@@ -1159,7 +1167,8 @@ class StageCompute:
     """Per stage class (``first``, ``mid``, ``last``) the utilization features of one micro-batch (``q``) and
     the TP, EP and pipeline seconds per micro-batch before any overlap (``tp``, ``ep``, ``pp``; ``ub_b``: the
     blocks' backward SP collectives among ``tp``), as :func:`stages` has them, without the DP, CP and FSDP
-    calls or the optimizer's state (:func:`stage_compute`); ``measured_gemm`` as :class:`Stages`'."""
+    calls or the optimizer's state (:func:`stage_compute`), on the rows where the class exists (``mid``:
+    ``pp ≥ 3``, ``last``: ``pp ≥ 2``; 0 elsewhere); ``measured_gemm`` as :class:`Stages`'."""
 
     cls: dict[str, dict[str, Any]]
     measured_gemm: bool = False
@@ -1172,14 +1181,33 @@ def stage_compute(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidt
     """:func:`stages`' features and TP/EP/pipeline seconds of every stage class, the other calls not built nor
     timed (the tuner's lower bound, :mod:`llmcomm.tune.bound`): the same numbers, bit for bit, since each sum of
     :func:`_comm_sums` adds the same calls of its own term in the same order from zero."""
-    c, c3, layers3, hf3, hl3, q3, gm = _stacked_features(model, t, cluster, bandwidth, True, _LOOK_UP)
+    c, c3, layers3, hf3, hl3, q3, gm = _stacked_features(model, t, cluster, bandwidth, True, _LOOK_UP,
+                                                         _existing_classes)
     n = len(c["tp"])
     tot, _ = _comm_sums(model, c3, hf3, hl3, layers3, None, bandwidth, COMPUTE_TERMS)
+    at = _existing_classes(c["pp"])
     per_class: dict[str, dict[str, Any]] = {}
     for i, cls in enumerate(CLASSES):
-        sl = slice(i * n, (i + 1) * n)
-        per_class[cls] = {"q": {k: v[sl] for k, v in q3.items()}, **{k: tot[k][sl] for k in (*COMPUTE_TERMS, "ub_b")}}
+        sel = (at >= i * n) & (at < (i + 1) * n)
+        rows = at[sel] - i * n
+
+        def spread(v: np.ndarray, sel: np.ndarray = sel, rows: np.ndarray = rows) -> np.ndarray:
+            if v.ndim == 0 or v.shape[0] != len(at):  # not one value per kept row (a constant): as it is
+                return v
+            out = np.zeros((n, *v.shape[1:]), v.dtype)
+            out[rows] = v[sel]
+            return out
+
+        per_class[cls] = {"q": {k: spread(v) for k, v in q3.items()},
+                          **{k: spread(tot[k]) for k in (*COMPUTE_TERMS, "ub_b")}}
     return StageCompute(per_class, measured_gemm=gm is not None)
+
+
+def _existing_classes(pp: np.ndarray) -> np.ndarray:
+    """The rows of :func:`stack_classes`' ``3n`` whose stage class exists: every ``first``, ``mid`` where
+    ``pp ≥ 3``, ``last`` where ``pp ≥ 2`` (:func:`stage_compute`; the others are 0 there, and read by nothing)."""
+    n = len(pp)
+    return np.concatenate([np.arange(n), n + np.flatnonzero(pp >= 3), 2 * n + np.flatnonzero(pp >= 2)])
 
 
 def _item_sums(it: CommItem) -> list[tuple[str, int]]:
