@@ -1164,43 +1164,42 @@ def _comm_sums(model: ModelSpec, c3: dict[str, np.ndarray], hf3: np.ndarray, hl3
 
 @dataclass
 class StageCompute:
-    """Per stage class (``first``, ``mid``, ``last``) the utilization features of one micro-batch (``q``) and
-    the TP, EP and pipeline seconds per micro-batch before any overlap (``tp``, ``ep``, ``pp``; ``ub_b``: the
-    blocks' backward SP collectives among ``tp``), as :func:`stages` has them, without the DP, CP and FSDP
-    calls or the optimizer's state (:func:`stage_compute`), on the rows where the class exists (``mid``:
-    ``pp ≥ 3``, ``last``: ``pp ≥ 2``; 0 elsewhere); ``measured_gemm`` as :class:`Stages`'."""
+    """The utilization features of one micro-batch (``q``) and the TP, EP and pipeline seconds per micro-batch
+    before any overlap (``sums``: ``tp``, ``ep``, ``pp``; ``ub_b``: the blocks' backward SP collectives among
+    ``tp``) of the stage classes that exist (``rows``: their positions among :func:`stack_classes`' ``3n``:
+    every ``first``, ``mid`` where ``pp ≥ 3``, ``last`` where ``pp ≥ 2``), as :func:`stages` has them, without the
+    DP, CP and FSDP calls or the optimizer's state (:func:`stage_compute`); ``measured_gemm`` as
+    :class:`Stages`'."""
 
-    cls: dict[str, dict[str, Any]]
+    q: dict[str, np.ndarray]
+    sums: dict[str, np.ndarray]
+    rows: np.ndarray
+    n: int
     measured_gemm: bool = False
+
+    def by_class(self, v: np.ndarray) -> dict[str, np.ndarray]:
+        """``{class: values of its n rows}`` of ``v`` (one value per kept row), 0 where the class does not exist."""
+        out = {}
+        for i, cls in enumerate(CLASSES):
+            sel = (self.rows >= i * self.n) & (self.rows < (i + 1) * self.n)
+            out[cls] = np.zeros(self.n, v.dtype)
+            out[cls][self.rows[sel] - i * self.n] = v[sel]
+        return out
 
 
 COMPUTE_TERMS = frozenset({"tp", "ep", "pp"})  # the communication terms StageCompute holds
 
 
 def stage_compute(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any) -> StageCompute:
-    """:func:`stages`' features and TP/EP/pipeline seconds of every stage class, the other calls not built nor
-    timed (the tuner's lower bound, :mod:`llmcomm.tune.bound`): the same numbers, bit for bit, since each sum of
-    :func:`_comm_sums` adds the same calls of its own term in the same order from zero."""
+    """:func:`stages`' features and TP/EP/pipeline seconds of the stage classes that exist, the other calls not
+    built nor timed (the tuner's lower bound, :mod:`llmcomm.tune.bound`): the same numbers, bit for bit, since
+    the formulas are element-wise and each sum of :func:`_comm_sums` adds the same calls of its own term in the
+    same order from zero."""
     c, c3, layers3, hf3, hl3, q3, gm = _stacked_features(model, t, cluster, bandwidth, True, _LOOK_UP,
                                                          _existing_classes)
-    n = len(c["tp"])
     tot, _ = _comm_sums(model, c3, hf3, hl3, layers3, None, bandwidth, COMPUTE_TERMS)
-    at = _existing_classes(c["pp"])
-    per_class: dict[str, dict[str, Any]] = {}
-    for i, cls in enumerate(CLASSES):
-        sel = (at >= i * n) & (at < (i + 1) * n)
-        rows = at[sel] - i * n
-
-        def spread(v: np.ndarray, sel: np.ndarray = sel, rows: np.ndarray = rows) -> np.ndarray:
-            if v.ndim == 0 or v.shape[0] != len(at):  # not one value per kept row (a constant): as it is
-                return v
-            out = np.zeros((n, *v.shape[1:]), v.dtype)
-            out[rows] = v[sel]
-            return out
-
-        per_class[cls] = {"q": {k: spread(v) for k, v in q3.items()},
-                          **{k: spread(tot[k]) for k in (*COMPUTE_TERMS, "ub_b")}}
-    return StageCompute(per_class, measured_gemm=gm is not None)
+    return StageCompute(q3, {k: tot[k] for k in (*COMPUTE_TERMS, "ub_b")}, _existing_classes(c["pp"]), len(c["tp"]),
+                        measured_gemm=gm is not None)
 
 
 def _existing_classes(pp: np.ndarray) -> np.ndarray:

@@ -51,6 +51,7 @@ import pandas as pd
 from .. import step
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec
+from ..step import CLASSES
 from .space import DIMENSIONS, row_codes
 
 # dimensions the per-micro-batch compute of a stage does not read (llmcomm.overhead.iteration._compute reads
@@ -83,14 +84,13 @@ def class_seconds(model: ModelSpec, cands: pd.DataFrame, cluster: Cluster, bandw
     bw, util = it._resolve(cluster, bandwidth, utilization)
     st = it.stage_compute(model, t, cluster, bw)  # stages() without the DP, CP and FSDP calls: the same numbers
     util = it.combine_utilization(st, util)  # the model combine times the stages with
-    out = {}
-    for cls, r in st.cls.items():
-        fwd, bwd, rec = it.class_times(r["q"], util)
-        # TP seconds nothing hides without tp_comm_overlap: SP's async backward collectives may hide up to
-        # sp_backward_hideable (llmcomm.overhead.overlap.sp_backward_exposed), whatever the GEMMs
-        tp_kept = np.asarray(r["tp"]) - _overlap.sp_backward_hideable(r["ub_b"], r["q"]["full"])
-        out[cls] = {"compute": fwd + bwd + rec, "tp": tp_kept, "ep": np.asarray(r["ep"]),
-                    "pp": np.asarray(r["pp"])}
+    fwd, bwd, rec = it.class_times(st.q, util)  # the stacked rows of the classes that exist (element-wise)
+    # TP seconds nothing hides without tp_comm_overlap: SP's async backward collectives may hide up to
+    # sp_backward_hideable (llmcomm.overhead.overlap.sp_backward_exposed), whatever the GEMMs
+    tp_kept = st.sums["tp"] - _overlap.sp_backward_hideable(st.sums["ub_b"], st.q["full"])
+    per = {"compute": st.by_class(fwd + bwd + rec), "tp": st.by_class(tp_kept), "ep": st.by_class(st.sums["ep"]),
+           "pp": st.by_class(st.sums["pp"])}
+    out = {cls: {k: per[k][cls] for k in per} for cls in CLASSES}
     return out
 
 
