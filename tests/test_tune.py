@@ -278,6 +278,35 @@ def test_lower_bound_is_below_the_time_of_every_candidate(name, gpus, batch, clu
     assert (lb > t["total_s"].min()).mean() > 0.5
 
 
+@pytest.mark.parametrize("name, gpus, batch, cluster, seq, opened", [c for c in BOUND_CASES if not hasattr(c, "marks")])
+def test_the_bounds_stage_seconds_are_those_of_stages(name, gpus, batch, cluster, seq, opened) -> None:  # noqa: ANN001
+    """iteration.stage_compute (the bound's: only the TP/EP/pipeline calls, only the classes that exist) gives
+    stages()' numbers bit for bit: each class's compute (class_times), TP, EP, pipeline and SP-backward seconds on
+    every row where the class exists (mixed pipeline depths, CP, FSDP, FP8, MoE; H100 and A100)."""
+    from llmcomm.overhead import iteration as it
+    from llmcomm.parallel_table import ParallelTable
+
+    model = lc.load_model(name)
+    world = cluster.for_world(gpus)
+    cands = _runnable(enumerate_candidates(model, gpus, batch, seq, space=SearchSpace(**opened).for_cluster(cluster)),
+                      cluster)
+    t = ParallelTable.from_frame(cands.sample(min(len(cands), 3000), random_state=1).reset_index(drop=True), model)
+    bw, util = it._resolve(world, None, None)
+    full, part = it.stages(model, t, world, bw), it.stage_compute(model, t, world, bw)
+    u = it.combine_utilization(full, util)
+    assert it.combine_utilization(part, util) == u
+    fwd, bwd, rec = it.class_times(part.q, u)
+    got = {k: part.by_class(v) for k, v in {"compute": fwd + bwd + rec, **part.sums}.items()}
+    pp = np.asarray(t.pp)
+    assert {1, 2}.issubset(set(pp.tolist())) and (pp >= 3).any()
+    for cls, exists in (("first", pp >= 1), ("mid", pp >= 3), ("last", pp >= 2)):
+        r = full.cls[cls]
+        f, b, c = it.class_times(r["q"], u)
+        want = {"compute": f + b + c, **{k: np.asarray(r[k]) for k in part.sums}}
+        for k, v in want.items():
+            assert np.array_equal(got[k][cls][exists], v[exists]), (cls, k)
+
+
 def test_branch_and_bound_keeps_the_top_rows() -> None:
     """With the bound the first exact_top rows of the table are those of the search without it."""
     for name, gpus, batch, top in (("gpt3-13b", 64, 512, 10), ("mixtral-8x7b", 32, 128, 3)):

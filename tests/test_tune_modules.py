@@ -224,3 +224,23 @@ def test_cli_prints_the_module_set(capsys) -> None:  # noqa: ANN001
                "--constraints", "recompute=selective,modules=layernorm+moe_act"])
     out, _ = capsys.readouterr()
     assert rc == 0 and "selective(moe_act+layernorm)" in out
+
+
+def test_a_refused_module_set_names_its_rule(capsys) -> None:  # noqa: ANN001
+    """A module set asked for that a rule removes from every row holding it is named with that rule (refusals,
+    and the CLI's --constraints error): ``mla_up_proj`` needs multi-latent attention, which LLaMA-3 8B has not
+    (rule recompute-mla-up-proj); before, the set was dropped silently and the search ran without it."""
+    from llmcomm.cli import main
+    from llmcomm.tune.constraints import parse
+    from llmcomm.tune.space import refusals
+
+    m = lc.load_model("llama3-8b")
+    why = refusals(m, 16, 64, None, parse("recompute_modules=core_attn+mla_up_proj/mlp", 16))
+    assert set(why) == {"recompute_modules=core_attn+mla_up_proj"}  # mlp is kept: not named
+    assert why["recompute_modules=core_attn+mla_up_proj"].startswith("rule 'recompute-mla-up-proj':")
+    assert refusals(m, 16, 64, None, parse("recompute_modules=mlp", 16)) == {}
+    rc = main(["tune", "llama3-8b", "--gpus", "16", "--batch", "64", "--cluster", "a100-80g-hdr200", "--top", "2",
+               "--constraints", "recompute_modules=core_attn+mla_up_proj/mlp"])
+    _, err = capsys.readouterr()
+    assert rc != 0 and ("recompute_modules=core_attn+mla_up_proj is refused by rule 'recompute-mla-up-proj'"
+                        in err) and "Traceback" not in err, err

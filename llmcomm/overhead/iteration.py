@@ -373,9 +373,12 @@ def replayed_blocks(model: ModelSpec, c: dict[str, np.ndarray], nd: np.ndarray, 
 
 def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.ndarray, np.ndarray],
                layers: tuple[np.ndarray, np.ndarray],
-               params: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> list[CommItem]:
+               params: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+               terms: frozenset[str] | None = None) -> list[CommItem]:
     """Every communication call of stage class ``cls`` (``first``, ``mid``, ``last``) in closed form, equal to
-    the predictor's stage program (:mod:`llmcomm.predict.program`) aggregated by ``count``::
+    the predictor's stage program (:mod:`llmcomm.predict.program`) aggregated by ``count`` (``terms``: only the
+    calls of those terms, in the same order, e.g. ``{"tp", "ep", "pp"}`` for :func:`stage_compute`; the others
+    are then not built)::
 
         per dense layer and micro-batch (A = b·s·h·act):  no SP: fwd 2 AR(A), bwd 2 AR(A)
                                                           SP:    fwd 2 AG(A) + 2 RS(A), bwd 4 AG(A) + 2 RS(A)
@@ -464,7 +467,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     if amax is not None:  # the current-scaling rows only (amax 0 elsewhere)
         tpc("all_reduce", "forward", amax, blocks * ysp * (amax > 0))
         tpc("all_reduce", "backward", amax, (blocks + rb) * ysp * (amax > 0))
-    items += _cp_items(model, c, T, nd + nm, rec_d + rec_m)
+    if terms is None or "cp" in terms:
+        items += _cp_items(model, c, T, nd + nm, rec_d + rec_m)
     etp = c["etp"]
     if model.is_moe:  # Megatron-LM's alltoall token dispatcher on the expert grid (llmcomm.predict.ep, moe_fold)
         k, E = model.moe_router_topk, model.num_experts
@@ -530,6 +534,8 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
     pon = part.astype(np.int64) * ppon
     tpc("all_gather", "forward", A, (v - f) * pon, "pp")
     tpc("all_gather", "backward", A, 2 * (v - la) * pon, "pp")
+    if terms is not None and not terms & {"dp", "fsdp"}:  # nothing per iteration asked for
+        return [it for it in items if it.term in terms]
     # once per iteration
     dense, expert, repl = params or _stage_params(model, c, nd, nm, holds_first, holds_last)
     # experts share the dense buffer unless ep > 1 or etp != tp (llmcomm.predict.dp.experts_in_own_buffer)
@@ -617,7 +623,7 @@ def comm_items(model: ModelSpec, c: dict[str, np.ndarray], cls: str | tuple[np.n
                               (c["moe_aux_loss_coeff"] > 0) * (tpcp > 1), tpcp, rpn_tpcp, "iteration"))
         items.append(CommItem("dp", "other", "all_reduce", "optimizer", nl, dpon, dp_only, rpn_dp_only, "iteration"))
     items += fsdp_time.comm_items(model, c, holds_first, holds_last, nd, nm)
-    return items
+    return items if terms is None else [it for it in items if it.term in terms]
 
 
 def _cp_items(model: ModelSpec, c: dict[str, np.ndarray], tokens: np.ndarray, layers: np.ndarray,
@@ -1044,14 +1050,16 @@ class Stages:
     stacked: tuple[dict[str, np.ndarray], tuple[Any, ...]] | None = None  # (q3, each class's q dict)
 
 
-def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True, *,
-           gemm: Any = _LOOK_UP) -> Stages:
-    """Features and communication times of every stage class (see :class:`Stages`) of the configurations of
-    ``t`` (checked: :func:`candidate_table`); ``measured_gemms=False`` times the linear GEMMs by ``FLOPs/peak``
-    even where the cluster's GPU has a measured GEMM model (:func:`measured_gemm`; the ablation's baseline).
-    ``gemm``: that lookup's result where the caller already holds it (:func:`_one_stages`)."""
+def _stacked_features(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool,
+                      gemm: Any, keep: Any = None
+                      ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], tuple[np.ndarray, np.ndarray],
+                                 np.ndarray, np.ndarray, dict[str, np.ndarray], Any]:
+    """``(c, c3, layers3, holds_first3, holds_last3, q3, gemm model)``: the arrays of ``t`` (:func:`arrays`), the
+    three stage classes stacked as ``3n`` rows (:func:`stack_classes`), their layer counts and edges, and their
+    utilization features (:func:`_compute`): what :func:`stages` and :func:`stage_compute` share. ``keep``: a
+    function of ``pp`` giving the stacked rows to keep (indices into the ``3n``; the formulas are element-wise,
+    so each kept row's numbers are those of all ``3n``), or ``None``: all of them."""
     c = arrays(model, t, cluster.gpus_per_node)
-    n = len(c["tp"])
     peak, hbm = cluster.peak_bf16_flops, U.hbm_bandwidth(cluster)
     pp = c["pp"]
     layers = step.stage_classes(model, pp, c["vpp"], {k: c[k] for k in step.UNEVEN})
@@ -1068,10 +1076,67 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         rec = step.recomputed_stage_classes(model, pp, c["vpp"], c["rblock_n"], {k: c[k] for k in step.UNEVEN})
         c3["rec_d"] = np.concatenate([rec[cls][0] for cls in CLASSES])
         c3["rec_m"] = np.concatenate([rec[cls][1] for cls in CLASSES])
+    if keep is not None:
+        rows = keep(pp)
+        n3 = 3 * len(pp)
+        c3 = {k: v[rows] if v.shape == (n3,) else v for k, v in c3.items()}
+        hf3, hl3, layers3 = hf3[rows], hl3[rows], (layers3[0][rows], layers3[1][rows])
     gm = (measured_gemm(cluster) if measured_gemms else None) if gemm is _LOOK_UP else gemm
     q3 = _compute(model, c3, layers3, hf3, hl3, peak, hbm, cluster.peak_fp8_flops, gm)
+    return c, c3, layers3, hf3, hl3, q3, gm
+
+
+def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any, measured_gemms: bool = True, *,
+           gemm: Any = _LOOK_UP) -> Stages:
+    """Features and communication times of every stage class (see :class:`Stages`) of the configurations of
+    ``t`` (checked: :func:`candidate_table`); ``measured_gemms=False`` times the linear GEMMs by ``FLOPs/peak``
+    even where the cluster's GPU has a measured GEMM model (:func:`measured_gemm`; the ablation's baseline).
+    ``gemm``: that lookup's result where the caller already holds it (:func:`_one_stages`)."""
+    c, c3, layers3, hf3, hl3, q3, gm = _stacked_features(model, t, cluster, bandwidth, measured_gemms, gemm)
+    n, pp, hbm = len(c["tp"]), c["pp"], U.hbm_bandwidth(cluster)
     params3 = _stage_params(model, c3, *layers3, hf3, hl3)
-    n3 = 3 * n
+    tot, cp_calls = _comm_sums(model, c3, hf3, hl3, layers3, params3, bandwidth)
+    per_class: dict[str, dict[str, np.ndarray]] = {}
+    params = np.zeros(n)
+    shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
+    shard = np.where(c["fsdp"], c["dp"] * c["cp"], shard)  # FSDP shards the optimizer state over dp·cp
+    # the optimizer's bytes per rank, the dense parameters sharded over dp·cp, the experts' over edp (moe_time)
+    dn3 = moe_time.optimizer_bytes(params3[0], params3[1], np.tile(shard, 3), np.tile(
+        np.where(c["distributed_optimizer"] & ~c["fsdp"], moe_fold.expert_dp(c), shard), 3), ADAM_BYTES_PER_PARAM)
+    for i, cls in enumerate(CLASSES):
+        sl = slice(i * n, (i + 1) * n)
+        r: dict[str, Any] = {"q": {k: v[sl] for k, v in q3.items()}}
+        r.update({k: v[sl] for k, v in tot.items()})
+        r["cp_calls"] = [(tag, tt[sl], cnt[sl]) for tag, tt, cnt in cp_calls]
+        r["tp_size"] = c["tp"]
+        per_class[cls] = r
+        exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
+        params = np.maximum(params, np.where(exists, dn3[sl], 0))
+    m = c["global_batch"] // (c["micro_batch"] * c["dp"])
+    # DDP buckets of stage 0: its first chunk split into buckets by the predictor's layout (the one rule:
+    # llmcomm.predict.dp.chunk_is_bucketed, bucket_elements; overlap.bucket_profile), each later chunk one
+    v = c["vpp"]
+    profiles = _overlap.first_chunk_buckets(model, t, c["overlap_grad_reduce"] | c["overlap_param_gather"])
+    nb0 = np.ones(n, np.int64)
+    for rows, ready, _ in profiles:
+        nb0[rows] = len(ready)
+    mlp = _overlap.moe_mlp_share(model, c["seq_len"], c["fused_attention"]) if model.is_moe else None
+    return Stages(per_class, m, pp, v, params, hbm, c["tp_comm_overlap"],
+                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
+                  np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
+                  _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
+                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None,
+                  stacked=(q3, tuple(per_class[k]["q"] for k in CLASSES)))
+
+
+def _comm_sums(model: ModelSpec, c3: dict[str, np.ndarray], hf3: np.ndarray, hl3: np.ndarray,
+               layers3: tuple[np.ndarray, np.ndarray], params3: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+               bandwidth: Any, terms: frozenset[str] | None = None
+               ) -> tuple[dict[str, np.ndarray], list[tuple[str, np.ndarray, np.ndarray]]]:
+    """``(sums, cp_calls)`` of the ``3n`` stacked rows of :func:`stages`: each sum of :func:`_item_sums` over the
+    calls of :func:`comm_items` (``terms``: only those terms' calls; every sum of another term stays 0), and the
+    CP calls (tag, seconds per call, calls) for :func:`llmcomm.overhead.cp_time.exposed`."""
+    n3 = len(c3["tp"])
     sums: tuple[str, ...] = ("tp", "ep", "pp", "dp", "tp_bus", "ep_bus", "pp_bus", "dp_bus", "ub_ag_f", "ub_rs_f", "ub_b", "dp_ag", "cp",
             "cp_bus")
     sums += ("fsdp", "fsdp_bus")  # FSDP per micro-batch (fsdp_time)
@@ -1084,7 +1149,7 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
     tot = dict(zip(sums, np.zeros((len(sums), n3)), strict=True)) if n3 <= 192 else {t: np.zeros(n3) for t in sums}
     cp_calls: list[tuple[str, np.ndarray, np.ndarray]] = []  # (tag, seconds per call, calls): cp_time.exposed
     # a receive is the peer's send, timed once on the sender, except DeepSpeed's blocking pipeline receives
-    calls = _blocking_p2p.timed_calls(comm_items(model, c3, (hf3, hl3), layers3, params3), c3["pipe_partitioned"])
+    calls = _blocking_p2p.timed_calls(comm_items(model, c3, (hf3, hl3), layers3, params3, terms), c3["pipe_partitioned"])
     small = n3 <= 192
     items: list[tuple[CommItem, Any]]
     if small:  # a few rows: which rows call, read as Python values (one comparison and conversion of all counts)
@@ -1144,37 +1209,54 @@ def stages(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any,
         tot["fsdp:" + it.unit] = tot.get("fsdp:" + it.unit, np.zeros(n3)) + tt
         tot["fsdp"] += tt if it.per == "iteration" else it.count * tt
         tot["fsdp_bus"] += it.count * per_mb * x
-    per_class: dict[str, dict[str, np.ndarray]] = {}
-    params = np.zeros(n)
-    shard = np.where(c["distributed_optimizer"], c["dp"] * c["cp"], 1)  # DistOpt shards over dp x cp
-    shard = np.where(c["fsdp"], c["dp"] * c["cp"], shard)  # FSDP shards the optimizer state over dp·cp
-    # the optimizer's bytes per rank, the dense parameters sharded over dp·cp, the experts' over edp (moe_time)
-    dn3 = moe_time.optimizer_bytes(params3[0], params3[1], np.tile(shard, 3), np.tile(
-        np.where(c["distributed_optimizer"] & ~c["fsdp"], moe_fold.expert_dp(c), shard), 3), ADAM_BYTES_PER_PARAM)
-    for i, cls in enumerate(CLASSES):
-        sl = slice(i * n, (i + 1) * n)
-        r: dict[str, Any] = {"q": {k: v[sl] for k, v in q3.items()}}
-        r.update({k: v[sl] for k, v in tot.items()})
-        r["cp_calls"] = [(tag, tt[sl], cnt[sl]) for tag, tt, cnt in cp_calls]
-        r["tp_size"] = c["tp"]
-        per_class[cls] = r
-        exists = np.ones(n, bool) if cls == "first" else (pp >= 3) if cls == "mid" else (pp >= 2)
-        params = np.maximum(params, np.where(exists, dn3[sl], 0))
-    m = c["global_batch"] // (c["micro_batch"] * c["dp"])
-    # DDP buckets of stage 0: its first chunk split into buckets by the predictor's layout (the one rule:
-    # llmcomm.predict.dp.chunk_is_bucketed, bucket_elements; overlap.bucket_profile), each later chunk one
-    v = c["vpp"]
-    profiles = _overlap.first_chunk_buckets(model, t, c["overlap_grad_reduce"] | c["overlap_param_gather"])
-    nb0 = np.ones(n, np.int64)
-    for rows, ready, _ in profiles:
-        nb0[rows] = len(ready)
-    mlp = _overlap.moe_mlp_share(model, c["seq_len"], c["fused_attention"]) if model.is_moe else None
-    return Stages(per_class, m, pp, v, params, hbm, c["tp_comm_overlap"],
-                  c["overlap_param_gather"], c["overlap_grad_reduce"], nb0 + v - 1,
-                  np.asarray(t.overlap_p2p_comm, dtype=bool), np.asarray(t.moe_a2a_overlap, dtype=bool), profiles,
-                  _overlap.vp_last_group(m, pp, np.asarray(t.microbatch_group_size_per_vp_stage)), mlp,
-                  np.asarray(t.align_grad_reduce, dtype=bool), fsdp=c["fsdp"], cp=c["cp"], measured_gemm=gm is not None,
-                  stacked=(q3, tuple(per_class[k]["q"] for k in CLASSES)))
+    return tot, cp_calls
+
+
+@dataclass
+class StageCompute:
+    """The utilization features of one micro-batch (``q``) and the TP, EP and pipeline seconds per micro-batch
+    before any overlap (``sums``: ``tp``, ``ep``, ``pp``; ``ub_b``: the blocks' backward SP collectives among
+    ``tp``) of the stage classes that exist (``rows``: their positions among :func:`stack_classes`' ``3n``:
+    every ``first``, ``mid`` where ``pp ≥ 3``, ``last`` where ``pp ≥ 2``), as :func:`stages` has them, without the
+    DP, CP and FSDP calls or the optimizer's state (:func:`stage_compute`); ``measured_gemm`` as
+    :class:`Stages`'."""
+
+    q: dict[str, np.ndarray]
+    sums: dict[str, np.ndarray]
+    rows: np.ndarray
+    n: int
+    measured_gemm: bool = False
+
+    def by_class(self, v: np.ndarray) -> dict[str, np.ndarray]:
+        """``{class: values of its n rows}`` of ``v`` (one value per kept row), 0 where the class does not exist."""
+        out = {}
+        for i, cls in enumerate(CLASSES):
+            sel = (self.rows >= i * self.n) & (self.rows < (i + 1) * self.n)
+            out[cls] = np.zeros(self.n, v.dtype)
+            out[cls][self.rows[sel] - i * self.n] = v[sel]
+        return out
+
+
+COMPUTE_TERMS = frozenset({"tp", "ep", "pp"})  # the communication terms StageCompute holds
+
+
+def stage_compute(model: ModelSpec, t: ParallelTable, cluster: Cluster, bandwidth: Any) -> StageCompute:
+    """:func:`stages`' features and TP/EP/pipeline seconds of the stage classes that exist, the other calls not
+    built nor timed (the tuner's lower bound, :mod:`llmcomm.tune.bound`): the same numbers, bit for bit, since
+    the formulas are element-wise and each sum of :func:`_comm_sums` adds the same calls of its own term in the
+    same order from zero."""
+    c, c3, layers3, hf3, hl3, q3, gm = _stacked_features(model, t, cluster, bandwidth, True, _LOOK_UP,
+                                                         _existing_classes)
+    tot, _ = _comm_sums(model, c3, hf3, hl3, layers3, None, bandwidth, COMPUTE_TERMS)
+    return StageCompute(q3, {k: tot[k] for k in (*COMPUTE_TERMS, "ub_b")}, _existing_classes(c["pp"]), len(c["tp"]),
+                        measured_gemm=gm is not None)
+
+
+def _existing_classes(pp: np.ndarray) -> np.ndarray:
+    """The rows of :func:`stack_classes`' ``3n`` whose stage class exists: every ``first``, ``mid`` where
+    ``pp ≥ 3``, ``last`` where ``pp ≥ 2`` (:func:`stage_compute`; the others are 0 there, and read by nothing)."""
+    n = len(pp)
+    return np.concatenate([np.arange(n), n + np.flatnonzero(pp >= 3), 2 * n + np.flatnonzero(pp >= 2)])
 
 
 def _call_key(it: CommItem) -> tuple[str, int, int, int]:
@@ -1385,7 +1467,7 @@ def param_gather_exposed(ag: np.ndarray, fwd: np.ndarray, buckets: np.ndarray) -
     return np.maximum(ag / nb, ag - fwd * (nb - 1.0) / nb)
 
 
-def combine_utilization(st: Stages, util: U.Utilization) -> U.Utilization:
+def combine_utilization(st: Stages | StageCompute, util: U.Utilization) -> U.Utilization:
     """The utilization model :func:`combine` times ``st`` with (``θ_gemm = 1`` where the GEMMs are measured; see
     there); also what the tuner's lower bound (:mod:`llmcomm.tune.bound`) times the compute with."""
     if st.measured_gemm and util.coef[U.I["gemm"]] != 1.0:

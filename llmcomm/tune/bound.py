@@ -51,6 +51,7 @@ import pandas as pd
 from .. import step
 from ..parallel_table import ParallelTable
 from ..specs import Cluster, ModelSpec
+from ..step import CLASSES
 from .space import DIMENSIONS, row_codes
 
 # dimensions the per-micro-batch compute of a stage does not read (llmcomm.overhead.iteration._compute reads
@@ -73,23 +74,23 @@ def class_seconds(model: ModelSpec, cands: pd.DataFrame, cluster: Cluster, bandw
                   utilization: Any = None) -> dict[str, dict[str, np.ndarray]]:
     """``{class: {"compute": C_k, "tp": .., "ep": .., "pp": ..}}``: the formulation's forward + backward +
     recompute seconds of one micro-batch of each stage class (``first``, ``mid``, ``last``) and its TP, EP and
-    pipeline seconds before any overlap (:func:`llmcomm.overhead.iteration.stages`), for each row of ``cands``
+    pipeline seconds before any overlap (:func:`llmcomm.overhead.iteration.stages`' numbers, through
+    :func:`~llmcomm.overhead.iteration.stage_compute`, which builds no other call), for each row of ``cands``
     (valid configurations)."""
     from ..overhead import iteration as it
     from ..overhead import overlap as _overlap
 
     t = ParallelTable.from_frame(cands.reset_index(drop=True), model)
     bw, util = it._resolve(cluster, bandwidth, utilization)
-    st = it.stages(model, t, cluster, bw)
+    st = it.stage_compute(model, t, cluster, bw)  # stages() without the DP, CP and FSDP calls: the same numbers
     util = it.combine_utilization(st, util)  # the model combine times the stages with
-    out = {}
-    for cls, r in st.cls.items():
-        fwd, bwd, rec = it.class_times(r["q"], util)
-        # TP seconds nothing hides without tp_comm_overlap: SP's async backward collectives may hide up to
-        # sp_backward_hideable (llmcomm.overhead.overlap.sp_backward_exposed), whatever the GEMMs
-        tp_kept = np.asarray(r["tp"]) - _overlap.sp_backward_hideable(r["ub_b"])
-        out[cls] = {"compute": fwd + bwd + rec, "tp": tp_kept, "ep": np.asarray(r["ep"]),
-                    "pp": np.asarray(r["pp"])}
+    fwd, bwd, rec = it.class_times(st.q, util)  # the stacked rows of the classes that exist (element-wise)
+    # TP seconds nothing hides without tp_comm_overlap: SP's async backward collectives may hide up to
+    # sp_backward_hideable (llmcomm.overhead.overlap.sp_backward_exposed), whatever the GEMMs
+    tp_kept = st.sums["tp"] - _overlap.sp_backward_hideable(st.sums["ub_b"])
+    per = {"compute": st.by_class(fwd + bwd + rec), "tp": st.by_class(tp_kept), "ep": st.by_class(st.sums["ep"]),
+           "pp": st.by_class(st.sums["pp"])}
+    out = {cls: {k: per[k][cls] for k in per} for cls in CLASSES}
     return out
 
 

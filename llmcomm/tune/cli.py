@@ -167,13 +167,13 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     cluster = load_cluster(args.cluster)
     from .constraints import parse
-    from .space import EXPLICIT, refusals
+    from .space import REFUSABLE, refusals
 
     space = SearchSpace(**{d: getattr(args, d) for d in RESTRICTIONS if getattr(args, d) is not None})
     flagged = space
     if args.constraints:
         before, space = space, parse(args.constraints, args.gpus, space)
-        named = {f for f in EXPLICIT if getattr(space, f) != getattr(before, f)}  # what the constraints narrowed
+        named = {f for f in REFUSABLE if getattr(space, f) != getattr(before, f)}  # what the constraints narrowed
         refused = {k: v for k, v in refusals(model, args.gpus, args.global_batch, args.seq_len, space).items()
                    if k.split("=")[0] in named}
         if refused:

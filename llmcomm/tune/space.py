@@ -821,13 +821,23 @@ def base_and_table(model: ModelSpec, gpus: int, global_batch: int, seq_len: int 
 
 EXPLICIT = ("tp", "cp", "pp", "ep", "etp", "micro_batch", "vpp", "fsdp", "attention_backend", "sp", "recompute",
             "distributed_optimizer", "fp8", "cp_comm_type")
+# the dimensions whose values asked for refusals() names the rule of: EXPLICIT and the module sets of selective
+# recomputation (their values tuples, written as --constraints writes them: module_set_text)
+REFUSABLE = (*EXPLICIT, "recompute_modules")
+
+
+def module_set_text(v: tuple[str, ...] | None) -> str:
+    """A module set as ``--constraints recompute_modules=`` writes it: its names joined by ``+``, ``default`` for
+    Megatron-LM's (``None``, :func:`module_set`)."""
+    return "default" if v is None else "+".join(v)
 
 
 def refusals(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None,
              space: SearchSpace) -> dict[str, str]:
-    """``{"cp=2": "rule 'cost-cp': ..."}`` for each value a dimension of ``space`` asks for explicitly that no
-    valid configuration keeps, with the first rule (in :data:`llmcomm.rules.RULES` order) that removed every row
-    holding it, and its message."""
+    """``{"cp=2": "rule 'cost-cp': ..."}`` for each value a dimension of ``space`` asks for explicitly
+    (:data:`REFUSABLE`; a module set of ``recompute_modules`` as ``recompute_modules=core_attn+mla_up_proj``, on
+    the selective rows, which are the ones that hold it) that no valid configuration keeps, with the first rule
+    (in :data:`llmcomm.rules.RULES` order) that removed every row holding it, and its message."""
     df, table = _raw_candidates(model, gpus, global_batch, seq_len, space)
     if not len(df):
         return {}
@@ -836,17 +846,22 @@ def refusals(model: ModelSpec, gpus: int, global_batch: int, seq_len: int | None
     for b in bad.values():
         ok &= ~b
     out: dict[str, str] = {}
-    for dim in EXPLICIT:
+    for dim in REFUSABLE:
         chosen = getattr(space, dim)
         if chosen is None or dim not in df.columns:
             continue
         for v in chosen:
-            holds = (df[dim] == v).to_numpy()
+            if dim == "recompute_modules":  # tuples (or None) compared as values; only selective rows hold a set
+                holds = np.fromiter((x == v for x in df[dim]), bool, len(df)) & (df["recompute"] == "selective"
+                                                                                 ).to_numpy()
+                shown = module_set_text(v)
+            else:
+                holds, shown = (df[dim] == v).to_numpy(), v
             if not holds.any() or (ok & holds).any():
                 continue
             for r in rules.rules(SCOPES):
                 if bad[r.name][holds].all():
                     i = int(np.flatnonzero(holds)[0])
-                    out[f"{dim}={v}"] = f"rule {r.name!r}: {r.message(model, rules._Row(table, i))}"
+                    out[f"{dim}={shown}"] = f"rule {r.name!r}: {r.message(model, rules._Row(table, i))}"
                     break
     return out
