@@ -3,6 +3,7 @@ conditions hold in the formulation, bad input says what would work, and the comm
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -156,10 +157,20 @@ SAFETY = (("gpt3-13b", 64, 512, A100), ("llama3-8b", 32, 256, A100), ("mixtral-8
           ("gpt3-13b", 32, 256, H100), pytest.param("mixtral-8x7b", 32, 128, H100, marks=pytest.mark.slow))
 
 
-def _evaluated(name: str, gpus: int, batch: int, cluster: lc.Cluster):  # noqa: ANN202
-    """Every candidate of the full space (flags, FP8 where the GPU has it), timed."""
+def _evaluated(name: str, gpus: int, batch: int, cluster: lc.Cluster, seq: int | None = None,
+               opened: tuple[tuple[str, tuple[bool, ...]], ...] = ()):  # noqa: ANN202
+    """Every candidate of the full space (flags, FP8 where the GPU has it; ``opened``: SearchSpace fields set),
+    timed. Deterministic, so computed once per session (the rule-safety and lower-bound tests share cases) and
+    handed out as a copy (no test sees another's edits)."""
+    return _evaluated_once(name, gpus, batch, cluster, seq, opened).copy()
+
+
+@functools.cache
+def _evaluated_once(name: str, gpus: int, batch: int, cluster: lc.Cluster, seq: int | None,
+                    opened: tuple[tuple[str, tuple[bool, ...]], ...]):  # noqa: ANN202
     model = lc.load_model(name)
-    cands = _runnable(enumerate_candidates(model, gpus, batch, space=SearchSpace().for_cluster(cluster)), cluster)
+    space = SearchSpace(**dict(opened)).for_cluster(cluster)
+    cands = _runnable(enumerate_candidates(model, gpus, batch, seq, space=space), cluster)
     return iteration_times(model, cands, cluster.for_world(gpus))
 
 
@@ -261,9 +272,7 @@ def test_lower_bound_is_below_the_time_of_every_candidate(name, gpus, batch, clu
     from llmcomm.tune.bound import lower_bounds
 
     model = lc.load_model(name)
-    cands = _runnable(enumerate_candidates(model, gpus, batch, seq, space=SearchSpace(**opened).for_cluster(cluster)),
-                      cluster)
-    t = iteration_times(model, cands, cluster.for_world(gpus))
+    t = _evaluated(name, gpus, batch, cluster, seq, tuple(opened.items()))
     lb = lower_bounds(model, t, cluster.for_world(gpus))
     assert len(t) > 1000 and np.all(lb > 0)
     assert np.all(lb <= t["total_s"].to_numpy()), (t["total_s"].to_numpy() - lb).min()
